@@ -1,0 +1,84 @@
+# grpo-lab. `make` (or `make help`) lists the targets. On a fresh machine: `make test` (CPU), `make smoke` (GPUs).
+#
+# Variables: ARGS="key=value ..." passes overrides to run.py; GPU_PY=python uses an existing GPU environment
+# instead of .venv-gpu; UTILS=0.3,0.4,0.5 are the sweep's values; RUN=<job or sweep dir>; LOG=<log file>.
+
+SHELL := /bin/bash
+ARGS ?=
+UTILS ?= 0.3,0.4,0.5
+HW ?= h200x1
+VENV := .venv
+TEST_PY := $(VENV)/bin/python
+GPU_VENV := .venv-gpu
+GPU_PY ?= $(GPU_VENV)/bin/python
+# the tools that only read files run from whichever environment is there
+# build .venv-gpu only when it is the environment in use
+GPU_DEP := $(if $(filter $(GPU_VENV)/bin/python,$(GPU_PY)),$(GPU_VENV)/.installed,)
+PY := $(shell if [ -x $(GPU_PY) ]; then echo $(GPU_PY); elif [ -x $(TEST_PY) ]; then echo $(TEST_PY); else echo python3; fi)
+
+.DEFAULT_GOAL := help
+.PHONY: help test setup data tiny smoke smoke-tiny train train-4b sweep plan report doctor gpu-check clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV)/.installed: requirements-test.txt
+	python3 -m venv $(VENV)
+	$(TEST_PY) -m pip install -q --upgrade pip
+	$(TEST_PY) -m pip install -q torch==2.13.0
+	$(TEST_PY) -m pip install -q -r requirements-test.txt
+	touch $@
+
+test: $(VENV)/.installed ## run the CPU test suite (makes .venv on first use)
+	$(TEST_PY) -m pytest -q
+
+$(GPU_VENV)/.installed: requirements-gpu.txt
+	python3 -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install -r requirements-gpu.txt
+	touch $@
+
+setup: gpu-check $(GPU_VENV)/.installed ## GPU install: verl 0.9.1 with its vllm extra into .venv-gpu
+
+gpu-check:
+	@nvidia-smi -L >/dev/null 2>&1 || { echo "grpo-lab: no NVIDIA GPU here (nvidia-smi -L failed): the GPU targets need one."; \
+	  echo "  Inspect the config instead: python run.py --cfg job --resolve, or check and plan it: make plan ARGS=\"experiment=smoke\""; exit 2; }
+
+data/gsm8k/train.parquet:
+	$(MAKE) --no-print-directory data
+
+data: ## GSM8K -> data/gsm8k/{train,test}.parquet (LOCAL=<dir> reads local files instead of the hub)
+	$(PY) -m grpo_lab.data gsm8k --out data/gsm8k $(if $(LOCAL),--local-dir $(LOCAL))
+
+tiny: ## offline tiny Qwen3 + synthetic arithmetic data in data/ (no downloads)
+	$(PY) -m grpo_lab.tiny --out data
+
+smoke: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## the guide's smoke test: Qwen3-0.6B, 3 GRPO steps on 4 GPUs
+	$(GPU_PY) run.py experiment=smoke $(ARGS)
+
+smoke-tiny: gpu-check $(GPU_DEP) ## 3 GRPO steps of the tiny offline model on one GPU (HW=h200x1)
+	@[ -f data/tiny-qwen3/config.json ] || $(MAKE) --no-print-directory tiny PY=$(GPU_PY)
+	$(GPU_PY) run.py experiment=smoke_tiny hardware=$(HW) $(ARGS)
+
+train: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## the guide's real run: Qwen3-1.7B, 2 epochs
+	$(GPU_PY) run.py experiment=qwen3_1_7b_gsm8k $(ARGS)
+
+train-4b: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## the guide's Qwen3-4B run
+	$(GPU_PY) run.py experiment=qwen3_4b_gsm8k $(ARGS)
+
+sweep: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## smoke test over rollout gpu_memory_utilization (UTILS=0.3,0.4,0.5)
+	$(GPU_PY) run.py -m experiment=smoke rollout_gpu_mem_util=$(UTILS) $(ARGS)
+
+plan: ## preflight only: batch arithmetic, memory plan, problems; writes plan.json (ARGS="model=qwen3_4b ...")
+	$(PY) run.py preflight.only=true $(ARGS)
+
+report: ## health report of a job, or summary of a sweep: make report RUN=outputs/runs/<job>
+	@[ -n "$(RUN)" ] || { echo "usage: make report RUN=<job or sweep dir under outputs/>"; exit 2; }
+	$(PY) -m grpo_lab.report $(RUN)
+
+doctor: ## diagnose a failed run's log: make doctor LOG=outputs/runs/<job>/train.log
+	@[ -n "$(LOG)" ] || { echo "usage: make doctor LOG=<log file>"; exit 2; }
+	$(PY) -m grpo_lab.doctor $(LOG)
+
+clean: ## remove outputs/ (runs, sweeps, checkpoints)
+	rm -rf outputs/runs outputs/sweeps outputs/checkpoints

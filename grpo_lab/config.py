@@ -1,0 +1,61 @@
+"""From the composed Hydra config to what verl receives: resolve in the driver, split off grpo-lab's own keys.
+
+verl must get a plain, fully resolved config: `${hydra:...}` interpolations fail inside Ray actors, and our own
+namespace (`lab`) and the short knob keys (grpo_lab/knobs.py) mean nothing to verl.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from grpo_lab.knobs import SHORT_KEYS
+
+OUR_KEYS = frozenset({"lab", "preflight"}) | SHORT_KEYS
+
+
+def split(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(verl config, lab config) as plain resolved dicts."""
+    if "hydra" in cfg:  # present when composed with return_hydra_config (tests); never verl's
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    assert isinstance(resolved, dict)
+    lab = dict(resolved.get("lab") or {})
+    lab["preflight"] = resolved.get("preflight") or {}
+    verl = {k: v for k, v in resolved.items() if k not in OUR_KEYS}
+    return verl, lab
+
+
+def checkpoint_key(override_dirname: str) -> str:
+    """A folder name for one sweep job's checkpoints, made from its overrides (same overrides, same folder)."""
+    key = re.sub(r"[^\w.=,+-]", "_", override_dirname) or "defaults"
+    if len(key) > 100:
+        key = key[:80] + "-" + hashlib.sha1(override_dirname.encode()).hexdigest()[:12]
+    return key
+
+
+def get(d: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """d['a']['b'] for 'a.b', or default when any part is missing."""
+    cur: Any = d
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return default
+        cur = cur[part]
+    return cur
+
+
+def put(d: dict[str, Any], dotted: str, value: Any) -> None:
+    """d['a']['b'] = value for 'a.b', making the dicts on the way."""
+    parts = dotted.split(".")
+    cur = d
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = cur[part] = {}
+        cur = nxt
+    cur[parts[-1]] = value

@@ -1,0 +1,202 @@
+"""One job: resolve the composed config, check it, write the job's files, run verl's PPO entrypoint, clean up.
+
+run.py calls `launch_job(cfg)` once per Hydra job (one for a run, one per sweep point in multirun). What a job
+leaves in its output dir: verl_config.yaml (what verl got), plan.json (preflight), train.log (everything printed),
+metrics.jsonl (verl's file logger), status.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from grpo_lab.config import checkpoint_key, get, put, split
+
+
+class GrpoLabError(Exception):
+    """A problem the user can fix; its message says how. Printed without a traceback."""
+
+
+def launch_job(cfg: DictConfig) -> str:
+    hc = HydraConfig.get()
+    job_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    status = JobStatus(job_dir / "status.json")
+    try:
+        with tee_output(job_dir / "train.log"):
+            status.write("running")
+            result = _run(cfg, job_dir, multirun, hc.job.override_dirname)
+        status.write("ok", note=result)
+        return result
+    except GrpoLabError as e:
+        status.write("failed", error=str(e), exit=2)
+        print(f"\ngrpo-lab: {e}", file=sys.stderr)
+        if multirun:
+            raise  # Hydra records the failed job and goes on with the next one
+        raise SystemExit(2) from None
+    except BaseException as e:
+        status.write("failed", error=f"{type(e).__name__}: {e}", exit=1)
+        _diagnose(job_dir / "train.log")
+        raise
+
+
+def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) -> str:
+    try:
+        verl, lab = split(cfg)
+    except MissingMandatoryValue as e:
+        raise GrpoLabError(f"a required value is missing: {e.full_key}. Set it on the command line, "
+                           f"e.g. python run.py {e.full_key}=...") from None
+    if multirun:
+        # each sweep job its own checkpoints, so that none resumes from a sibling's
+        ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(override_dirname))
+        put(verl, "trainer.default_local_dir", ckpt)
+    _add_worker_env(verl, lab, job_dir)
+    _write_yaml(job_dir / "verl_config.yaml", verl)
+
+    from grpo_lab.preflight import run_preflight
+
+    only = bool(lab["preflight"].get("only"))
+    report = run_preflight(verl, lab, launching=not only)
+    _write_json(job_dir / "plan.json", report.to_json())
+    print(report.format())
+    if not report.ok:
+        raise GrpoLabError(f"{len(report.errors)} problem(s) above; nothing was started (plan: {job_dir}/plan.json).")
+    if only:
+        print(f"grpo-lab: preflight only: plan written to {job_dir}/plan.json; nothing was started.")
+        return "planned"
+    run_verl(verl)
+    return "trained"
+
+
+def _add_worker_env(verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) -> None:
+    """Environment for verl's Ray workers (Ray wants string values); the user's own settings win."""
+    env_path = "ray_kwargs.ray_init.runtime_env.env_vars"
+    env = dict(get(verl, env_path) or {})
+    ours = {"VERL_FILE_LOGGER_PATH": str(job_dir.resolve() / "metrics.jsonl")}
+    if "wandb" in (get(verl, "trainer.logger") or []):
+        ours["WANDB_DIR"] = str(job_dir.resolve())
+        ours["WANDB_MODE"] = os.environ.get("WANDB_MODE") or str(get(lab, "wandb.mode", "offline"))
+    if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
+        # vLLM's sampler imports flashinfer unless told not to: "No module named 'flashinfer'" at engine start
+        ours["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    for k, v in ours.items():
+        env.setdefault(k, v)
+    put(verl, env_path, env)
+
+
+def run_verl(verl: dict[str, Any]) -> None:
+    """verl's own main_ppo.main, minus Hydra: validate, then run_ppo with the V1 (or legacy) task runner."""
+    import ray
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    config = OmegaConf.create(verl)
+    OmegaConf.set_struct(config, True)  # as Hydra hands it to verl's own main
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    if config.trainer.use_v1:
+        runner = TaskRunnerV1
+    else:
+        from verl.trainer.main_ppo_v0 import TaskRunner as runner
+    from grpo_lab.doctor import ProgressWatchdog
+
+    watchdog = ProgressWatchdog(Path(os.environ["GRPO_LAB_LOG"])) if os.environ.get("GRPO_LAB_LOG") else None
+    try:
+        if watchdog:
+            watchdog.start()
+        run_ppo(config, task_runner_class=runner)
+    finally:
+        if watchdog:
+            watchdog.stop()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _diagnose(log: Path) -> None:
+    try:
+        from grpo_lab.doctor import diagnose_file
+
+        text = diagnose_file(log)
+        if text:
+            print(text, file=sys.stderr)
+    except Exception as e:  # a diagnosis must never hide the real error
+        print(f"grpo-lab: (no diagnosis: {e})", file=sys.stderr)
+
+
+class JobStatus:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.started = time.time()
+
+    def write(self, status: str, **extra: Any) -> None:
+        now = time.time()
+        data = {
+            "status": status,
+            "started": dt.datetime.fromtimestamp(self.started).isoformat(timespec="seconds"),
+            "ended": None if status == "running" else dt.datetime.fromtimestamp(now).isoformat(timespec="seconds"),
+            "wall_s": round(now - self.started, 1),
+            "error": None,
+            "exit": 0 if status == "ok" else None,
+            **extra,
+        }
+        _write_json(self.path, data)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _write_yaml(path: Path, data: Any) -> None:
+    _atomic_write(path, yaml.safe_dump(data, sort_keys=False))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def tee_output(log_path: Path) -> Iterator[None]:
+    """Copy everything written to this process's stdout and stderr (Ray's forwarded worker output too) to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    tee = subprocess.Popen(["tee", "-a", str(log_path)], stdin=subprocess.PIPE, stdout=saved_out)
+    assert tee.stdin is not None
+    os.dup2(tee.stdin.fileno(), 1)
+    os.dup2(tee.stdin.fileno(), 2)
+    os.environ["GRPO_LAB_LOG"] = str(log_path)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_out)
+        os.close(saved_err)
+        tee.stdin.close()
+        os.environ.pop("GRPO_LAB_LOG", None)
+        try:
+            tee.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a leftover child still holds the pipe
+            tee.kill()

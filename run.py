@@ -1,0 +1,32 @@
+#!/usr/bin/env python
+"""grpo-lab: GRPO with verl, composed from config groups.
+
+    python run.py                                  # the guide's Qwen3-1.7B run on 4x RTX 4080 32 GB
+    python run.py experiment=smoke                 # the guide's 3-step smoke test (make smoke)
+    python run.py model=qwen3_4b variant=dapo      # other group options (see README)
+    python run.py preflight.only=true              # check and plan only, nothing starts (make plan)
+    python run.py --cfg job --resolve              # print the composed config
+    python run.py -m rollout_gpu_mem_util=0.3,0.4,0.5     # a sweep, one job after another
+
+Any verl key can be overridden (actor_rollout_ref.actor.fsdp_config.optimizer_offload=true), and the official
+script's environment variables work too (ROLLOUT_GPU_MEM_UTIL=0.5 python run.py).
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from grpo_lab.knobs import apply_env_knobs
+
+
+@hydra.main(config_path="conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> str:
+    from grpo_lab.launch import launch_job
+
+    return launch_job(cfg)
+
+
+if __name__ == "__main__":
+    sys.argv = apply_env_knobs(sys.argv)
+    main()

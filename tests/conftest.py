@@ -1,0 +1,66 @@
+"""Shared test helpers: compose grpo-lab's config the way run.py does, without launching anything."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+
+
+_INIT = None
+
+
+def compose_cfg(*overrides: str):
+    """The composed config (with `hydra` node, so ${hydra:runtime.cwd} resolves) for these command-line overrides."""
+    global _INIT
+    if _INIT is None or not GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+        _INIT = initialize_config_dir(config_dir=str(CONF), version_base=None)
+        _INIT.__enter__()  # kept for the session: Hydra caches the loaded YAML files between composes
+    cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def compose_split(*overrides: str):
+    """(verl dict, lab dict) as the launcher hands them on."""
+    from grpo_lab.config import split
+
+    return split(compose_cfg(*overrides))
+
+
+def run_py(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
+    """python run.py ARGS as a user types it; returns the finished process (text output)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in _KNOB_ENV}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=full_env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+from grpo_lab.knobs import ENV_NAMES as _KNOB_ENV  # noqa: E402
+
+
+@pytest.fixture
+def tiny_parquet(tmp_path):
+    """A GSM8K-format parquet of 7473 rows (GSM8K's train size), for arithmetic that reads the row count."""
+    import pandas as pd
+
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"q{i}"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(i)}, "extra_info": {"index": i}}
+            for i in range(7473)]
+    path = tmp_path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return path

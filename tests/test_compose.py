@@ -1,0 +1,291 @@
+"""The config tree composes into a verl config that verl's own checks accept, with the guide's numbers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import CONF, compose_cfg, compose_split, options
+from grpo_lab.config import get
+
+GROUPS = ["hardware", "model", "rollout", "variant", "dataset", "logger", "experiment"]
+# vLLM's allowed LoRA ranks (vllm.config.lora.MaxLoRARanks; verl checks a LoRA rank against them when vLLM is there)
+VLLM_LORA_RANKS = {1, 8, 16, 32, 64, 128, 256, 320, 512}
+
+
+def test_every_group_has_the_issue_options():
+    assert {"rtx4080x4", "rtx4080_16gbx4", "h200x1", "a100_80gbx8"} <= set(options("hardware"))
+    assert {"qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_1_7b_base", "qwen3_4b_base", "qwen3_8b_lora"} <= set(
+        options("model"))
+    assert {"tp1_mem04", "tp2_mem06"} <= set(options("rollout"))
+    assert {"grpo", "dapo", "dr_grpo", "gspo"} <= set(options("variant"))
+    assert {"smoke", "smoke_tiny", "qwen3_1_7b_gsm8k", "qwen3_4b_gsm8k"} <= set(options("experiment"))
+
+
+def test_no_option_shadows_verl_config_files():
+    # verl has groups `model` (hf_model) and `rollout` (rollout): an option of ours with the same name would replace
+    # verl's own file wherever ppo_trainer.yaml loads it
+    from grpo_lab.verl_paths import verl_config_dir
+    from pathlib import Path
+
+    verl = Path(verl_config_dir())
+    for group in GROUPS:
+        ours = set(options(group))
+        theirs = {p.stem for p in (verl / group).glob("*.yaml")} if (verl / group).is_dir() else set()
+        assert not ours & theirs, f"conf/{group}/ shadows verl's {ours & theirs}"
+
+
+def test_every_config_file_has_a_header_with_a_command():
+    for path in sorted(CONF.rglob("*.yaml")):
+        lines = [l for l in path.read_text().splitlines() if l.strip()]
+        comments = []
+        for line in lines:
+            if not line.startswith("#"):
+                break
+            comments.append(line)
+        text = "\n".join(comments)
+        assert len(comments) >= 2, f"{path} lacks a comment header"
+        assert "run.py" in text or "make " in text, f"{path}'s header does not show the command that uses it"
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes(group, option):
+    verl, lab = compose_split(f"{group}={option}")
+    assert verl["actor_rollout_ref"]["model"]["path"]
+    assert "lab" not in verl and "rollout_gpu_mem_util" not in verl and "preflight" not in verl
+    assert lab["hardware"]["gpu_memory_gb"] > 0
+
+
+def test_defaults_are_the_guides_real_run():
+    verl, lab = compose_split()
+    assert lab["hardware"]["name"] == "rtx4080x4" and lab["model"]["name"] == "qwen3_1_7b"
+    assert get(verl, "actor_rollout_ref.model.path") == "Qwen/Qwen3-1.7B"
+    assert get(verl, "trainer.n_gpus_per_node") == 4
+    assert get(verl, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 1
+    assert get(verl, "actor_rollout_ref.rollout.gpu_memory_utilization") == 0.4
+    assert get(verl, "data.train_files").endswith("data/gsm8k/train.parquet")
+    assert get(verl, "data.val_files").endswith("data/gsm8k/test.parquet")
+    # the official script's settings (SPEC.md, "Commands the source runs")
+    expected = {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.use_kl_in_reward": False,
+        "actor_rollout_ref.model.use_remove_padding": True,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+        "actor_rollout_ref.actor.use_kl_loss": True,
+        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+        "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+        "actor_rollout_ref.actor.use_dynamic_bsz": True,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 3000,
+        "actor_rollout_ref.actor.optim.lr": 1e-6,
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 4096,
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 8192,
+        "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+        "actor_rollout_ref.rollout.free_cache_engine": True,
+        "actor_rollout_ref.rollout.enable_chunked_prefill": False,
+        "actor_rollout_ref.rollout.n": 5,
+        "actor_rollout_ref.rollout.name": "vllm",
+    }
+    for key, value in expected.items():
+        assert get(verl, key) == value, key
+
+
+def test_hardware_sizes_ray_for_the_v1_trainer():
+    for hw in options("hardware"):
+        verl, lab = compose_split(f"hardware={hw}")
+        gpus = verl["trainer"]["n_gpus_per_node"] * verl["trainer"]["nnodes"]
+        units = get(verl, "transfer_queue.backend.SimpleStorage.num_data_storage_units")
+        need = 3 * gpus + 1 + 1 + units
+        cpus = get(verl, "ray_kwargs.ray_init.num_cpus")
+        assert need <= cpus <= lab["hardware"]["cpu_cores"], (hw, need, cpus)
+        for key in ("gpu_memory_gb", "cpu_cores", "host_ram_gb", "interconnect"):
+            assert key in lab["hardware"], (hw, key)
+        env = get(verl, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
+        assert all(isinstance(v, str) for v in env.values()), env
+    verl, _ = compose_split("hardware=rtx4080x4")
+    assert get(verl, "ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE") == "1"
+
+
+def test_group_files_win_over_the_primary_config():
+    # _self_ comes right after ppo_trainer: a group file's value beats conf/config.yaml's
+    verl, _ = compose_split("model=qwen3_8b_lora")
+    assert get(verl, "actor_rollout_ref.actor.optim.lr") == 3e-6
+    verl, _ = compose_split("rollout=tp2_mem06")
+    assert get(verl, "actor_rollout_ref.rollout.gpu_memory_utilization") == 0.6
+
+
+def test_command_line_reaches_verl_unchanged():
+    verl, _ = compose_split("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                            "trainer.total_training_steps=7")
+    assert get(verl, "actor_rollout_ref.actor.fsdp_config.optimizer_offload") is True
+    assert get(verl, "actor_rollout_ref.model.override_config.attn_implementation") == "sdpa"
+    assert get(verl, "trainer.total_training_steps") == 7
+
+
+def test_smoke_preset_is_the_guides_smoke_test():
+    verl, lab = compose_split("experiment=smoke")
+    assert lab["model"]["name"] == "qwen3_0_6b"
+    assert get(verl, "actor_rollout_ref.model.path") == "Qwen/Qwen3-0.6B"
+    assert get(verl, "trainer.n_gpus_per_node") == 4
+    assert get(verl, "data.train_batch_size") == 32
+    assert get(verl, "actor_rollout_ref.actor.ppo_mini_batch_size") == 16
+    assert get(verl, "actor_rollout_ref.rollout.n") == 4
+    assert get(verl, "data.max_response_length") == 512
+    assert get(verl, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 1
+    assert get(verl, "actor_rollout_ref.rollout.gpu_memory_utilization") == 0.4
+    assert get(verl, "trainer.total_training_steps") == 3
+    assert get(verl, "trainer.val_before_train") is False
+    assert get(verl, "trainer.project_name") == "course_grpo"
+    assert get(verl, "trainer.experiment_name") == "smoke_qwen3_0_6b"
+    assert "console" in get(verl, "trainer.logger")
+
+
+@pytest.mark.parametrize("preset,model", [("qwen3_1_7b_gsm8k", "Qwen/Qwen3-1.7B"), ("qwen3_4b_gsm8k", "Qwen/Qwen3-4B")])
+def test_real_run_presets_are_the_guides(preset, model):
+    verl, _ = compose_split(f"experiment={preset}")
+    assert get(verl, "actor_rollout_ref.model.path") == model
+    numbers = {
+        "data.train_batch_size": 128, "actor_rollout_ref.actor.ppo_mini_batch_size": 64,
+        "actor_rollout_ref.rollout.n": 5, "data.max_prompt_length": 512, "data.max_response_length": 1024,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": 0.4, "trainer.total_epochs": 2,
+        "trainer.test_freq": 10, "trainer.save_freq": 50, "trainer.n_gpus_per_node": 4,
+    }
+    for key, value in numbers.items():
+        assert get(verl, key) == value, key
+
+
+# verl's examples/grpo_trainer/run_qwen3_4b_fsdp.sh with its defaults (NGPUS_PER_NODE=8, TRAIN_BATCH_SIZE=512,
+# PPO_MINI_BATCH_SIZE=256, micro-batches 2, prompt and response 1024, ROLLOUT_TP=2, ROLLOUT_GPU_MEM_UTIL=0.6,
+# ROLLOUT_N=5, SAVE_FREQ=20, TEST_FREQ=5, TOTAL_EPOCHS=15), key by key as the script passes them to verl.
+OFFICIAL_SCRIPT = {
+    "algorithm.adv_estimator": "grpo",
+    "data.train_batch_size": 512,
+    "data.max_prompt_length": 1024,
+    "data.max_response_length": 1024,
+    "data.filter_overlong_prompts": True,
+    "data.truncation": "error",
+    "algorithm.use_kl_in_reward": False,
+    "actor_rollout_ref.model.path": "Qwen/Qwen3-4B",
+    "actor_rollout_ref.model.use_remove_padding": True,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+    "actor_rollout_ref.actor.use_kl_loss": True,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+    "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff": 0,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 3000,
+    "actor_rollout_ref.actor.use_dynamic_bsz": True,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 2,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.6,
+    "actor_rollout_ref.rollout.enable_chunked_prefill": False,
+    "actor_rollout_ref.rollout.enforce_eager": False,
+    "actor_rollout_ref.rollout.free_cache_engine": True,
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": True,
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 4096,
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 4096,
+    "actor_rollout_ref.rollout.n": 5,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 2,
+    "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": True,
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 8192,
+    "trainer.critic_warmup": 0,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.nnodes": 1,
+    "trainer.save_freq": 20,
+    "trainer.test_freq": 5,
+    "trainer.total_epochs": 15,
+}
+
+
+def test_official_script_parity():
+    verl, _ = compose_split("hardware=a100_80gbx8", "rollout=tp2_mem06", "model=qwen3_4b",
+                            "train_batch_size=512", "ppo_mini_batch_size=256", "max_prompt_length=1024",
+                            "max_response_length=1024", "save_freq=20", "test_freq=5", "total_epochs=15")
+    mismatched = {k: (get(verl, k, "<missing>"), v) for k, v in OFFICIAL_SCRIPT.items() if get(verl, k, "<missing>") != v}
+    assert not mismatched
+
+
+def _verl_checks(verl: dict) -> None:
+    """verl's own validation, as its main_ppo runs it, plus the dataclass conversion of actor, rollout, algorithm."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    verl = copy.deepcopy(verl)
+    lora_rank = get(verl, "actor_rollout_ref.model.lora_rank", 0)
+    if lora_rank:
+        # verl checks a LoRA rank against vLLM's list by importing vLLM, which a CPU machine lacks: check it here
+        assert lora_rank in VLLM_LORA_RANKS
+        verl["actor_rollout_ref"]["model"]["lora_rank"] = 0
+    cfg = OmegaConf.create(verl)
+    OmegaConf.set_struct(cfg, True)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    omega_conf_to_dataclass(cfg.algorithm)
+
+
+MODELS = [m for m in options("model")]
+VARIANTS = options("variant")
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_verl_accepts_model_x_variant(model, variant):
+    verl, _ = compose_split(f"model={model}", f"variant={variant}")
+    _verl_checks(verl)
+
+
+@pytest.mark.parametrize("hardware", options("hardware"))
+@pytest.mark.parametrize("rollout", options("rollout"))
+def test_verl_accepts_hardware_x_rollout(hardware, rollout):
+    verl, _ = compose_split(f"hardware={hardware}", f"rollout={rollout}")
+    _verl_checks(verl)
+
+
+def test_verl_rejects_what_it_should():
+    # the check above is real: verl refuses both micro-batch spellings at once (use *_per_gpu, SPEC.md)
+    verl, _ = compose_split("actor_rollout_ref.actor.use_dynamic_bsz=false",
+                            "actor_rollout_ref.actor.ppo_micro_batch_size=8")
+    with pytest.raises(Exception, match="ppo_micro_batch_size_per_gpu"):
+        _verl_checks(verl)
+
+
+def test_variants_set_verl_09_keys():
+    verl, _ = compose_split("variant=dapo")
+    assert get(verl, "algorithm.filter_groups.enable") is True and get(verl, "algorithm.filter_groups.metric") == "acc"
+    assert (get(verl, "actor_rollout_ref.actor.clip_ratio_low"), get(verl, "actor_rollout_ref.actor.clip_ratio_high")) == (0.2, 0.28)
+    assert get(verl, "reward.reward_manager.name") == "dapo"
+    assert get(verl, "reward.reward_kwargs.overlong_buffer_cfg.enable") is True
+    assert get(verl, "reward.reward_kwargs.max_resp_len") == get(verl, "data.max_response_length")
+    verl, _ = compose_split("variant=dr_grpo")
+    assert get(verl, "algorithm.norm_adv_by_std_in_grpo") is False
+    assert get(verl, "actor_rollout_ref.actor.loss_agg_mode") == "seq-mean-token-sum-norm"
+    verl, _ = compose_split("variant=gspo")
+    assert get(verl, "actor_rollout_ref.actor.policy_loss.loss_mode") == "gspo"
+    assert get(verl, "actor_rollout_ref.actor.loss_agg_mode") == "seq-mean-token-mean"
+
+
+def test_lora_model_has_what_makes_it_fit():
+    verl, lab = compose_split("model=qwen3_8b_lora")
+    assert get(verl, "actor_rollout_ref.model.lora_rank") > 0
+    assert get(verl, "actor_rollout_ref.rollout.load_format") == "safetensors"
+    assert get(verl, "actor_rollout_ref.rollout.layered_summon") is True
+    assert get(verl, "actor_rollout_ref.actor.fsdp_config.param_offload") is True
+    assert lab["model"]["tie_word_embeddings"] is False
+
+
+def test_model_files_state_the_architecture():
+    keys = {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "vocab_size", "tie_word_embeddings"}
+    for model in MODELS:
+        _, lab = compose_split(f"model={model}")
+        assert keys <= set(lab["model"]), model
