@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# GPU checks of grpo-lab on the H200 test machine (one GPU, no network), run inside the device tool's `run` calls
+# after verl/vLLM/Ray are staged (docs/gpu-testing.md). Each phase writes logs stamped with seconds since launch
+# into $OUT/logs, a line per run into $OUT/times.txt, and packs the logs into $OUT/<phase>.tgz.
+#
+#   bash benchmarks/gpu/h200_session.sh prepare    # byte-compile the staged packages, make tiny (model + data)
+#   bash benchmarks/gpu/h200_session.sh before     # raw verl, the smoke_tiny job with verl's start-up defaults
+#   bash benchmarks/gpu/h200_session.sh after      # raw verl with the preset's start-up settings, then run.py
+#   bash benchmarks/gpu/h200_session.sh sweep      # run.py -m over rollout_gpu_mem_util
+#   bash benchmarks/gpu/h200_session.sh memplan    # measured vs planned training-phase memory
+#   bash benchmarks/gpu/h200_session.sh learn      # supervised warm-up, then GRPO for a few dozen steps
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ -f /root/site.env ] && source /root/site.env
+OUT=${OUT:-/tmp/grpo-lab-out}
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
+PRESET=(experiment=smoke_tiny hardware=h200x1)
+# verl's own start-up defaults, for the raw "before" run (the preset lowers them for a 3-step check)
+VERL_STARTUP_DEFAULTS=(data.dataloader_num_workers=8 reward.num_workers=8 actor_rollout_ref.rollout.agent.num_workers=8
+  transfer_queue.backend.SimpleStorage.num_data_storage_units=8 ray_kwargs.ray_init.include_dashboard=null)
+
+cleanup() {  # nothing of one run may hold the GPU for the next
+  ray stop --force >/dev/null 2>&1
+  pkill -9 -f "vllm|EngineCore|raylet|ray::" >/dev/null 2>&1
+  sleep 2
+}
+
+timed() {  # timed NAME LIMIT_S CMD...: runs CMD, stamps its output into $LOGS/NAME.log, records rc and wall time
+  local name=$1 limit=$2; shift 2
+  local t0; t0=$(date +%s.%N)
+  timeout -k 10 "$limit" "$@" 2>&1 | python3 benchmarks/gpu/stamp.py "$t0" > "$LOGS/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local t1; t1=$(date +%s.%N)
+  echo "$name rc=$rc wall_s=$(python3 -c "print(round($t1 - $t0, 1))") steps=$(grep -c ' step:[0-9]' "$LOGS/$name.log")" \
+    | tee -a "$OUT/times.txt"
+  cleanup
+}
+
+raw_verl() {  # the preset's job through `python3 -m verl.trainer.main_ppo`, plus extra overrides
+  local args
+  mapfile -t args < <(python3 -m grpo_lab.rawcmd --list "${PRESET[@]}" "$@")
+  python3 -m verl.trainer.main_ppo "${args[@]}"
+}
+
+pack() { tar czf "$OUT/$1.tgz" -C "$LOGS" . && rm -rf "${LOGS:?}"/*; }
+
+case "${1:-}" in
+  prepare)
+    t0=$(date +%s)
+    python3 -m compileall -q -j 16 /root/site >/dev/null 2>&1
+    echo "compileall /root/site: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/times.txt"
+    python3 -m grpo_lab.tiny --out data 2>&1 | tail -5
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+    python3 -c "import torch, vllm, ray, verl, transformers, hydra; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__, 'hydra', hydra.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
+    ;;
+  before)
+    VERL_FILE_LOGGER_PATH=$LOGS/raw_before.metrics.jsonl timed raw_before 480 raw_verl "${VERL_STARTUP_DEFAULTS[@]}"
+    pack before
+    ;;
+  after)
+    VERL_FILE_LOGGER_PATH=$LOGS/raw_after.metrics.jsonl timed raw_after 270 raw_verl
+    timed runpy_after 270 python3 run.py "${PRESET[@]}" hydra.run.dir="$LOGS/runpy_after"
+    pack after
+    ;;
+  sweep)
+    timed sweep 560 python3 run.py -m "${PRESET[@]}" rollout_gpu_mem_util="${UTILS:-0.2,0.3,0.5}" \
+      trainer.total_training_steps="${STEPS:-2}" hydra.sweep.dir="$LOGS/sweep"
+    pack sweep
+    ;;
+  memplan)
+    timed memplan 300 python3 benchmarks/gpu/memplan_bench.py --out "$LOGS/memplan.json" ${MEMPLAN_ARGS:-}
+    pack memplan
+    ;;
+  learn)
+    timed warmup 150 python3 -m grpo_lab.warmup ${WARMUP_ARGS:-}
+    timed learn 420 python3 run.py experiment=learn_tiny hardware=h200x1 hydra.run.dir="$LOGS/learn" ${LEARN_ARGS:-}
+    pack learn
+    ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
+esac

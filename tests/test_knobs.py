@@ -1,0 +1,102 @@
+"""The official script's knobs: short keys, environment variables, and their precedence."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from conftest import compose_split
+from grpo_lab.config import get
+from grpo_lab.knobs import KNOBS, apply_env_knobs, env_overrides, misspelt_env, misspelt_keys
+
+
+def test_each_short_key_feeds_its_verl_key():
+    # one value, not two: setting the short key moves verl's key
+    values = {"model_path": "/models/x", "train_batch_size": 96, "ppo_mini_batch_size": 48, "rollout_n": 3,
+              "max_prompt_length": 300, "max_response_length": 700, "rollout_tp": 2, "rollout_gpu_mem_util": 0.55,
+              "total_epochs": 7, "test_freq": 3, "save_freq": 9, "project_name": "p1", "experiment_name": "e1",
+              "ngpus_per_node": 2, "nnodes": 1, "actor_lr": 2e-6, "kl_loss_coef": 0.01, "entropy_coeff": 0.001,
+              "ppo_max_token_len_per_gpu": 4096, "ppo_micro_batch_size_per_gpu": 4,
+              "log_prob_micro_batch_size_per_gpu": 8, "train_file": "/d/train.parquet", "test_file": "/d/test.parquet"}
+    assert set(values) == {k.key for k in KNOBS}
+    verl, _ = compose_split(*(f"{k}={v}" for k, v in values.items()))
+    for knob in KNOBS:
+        assert get(verl, knob.verl_key) == values[knob.key], knob
+
+
+def test_both_spellings_give_the_same_config():
+    short, _ = compose_split("rollout_gpu_mem_util=0.3")
+    long, _ = compose_split("actor_rollout_ref.rollout.gpu_memory_utilization=0.3")
+    assert short == long
+
+
+def test_env_overrides_come_from_the_environment():
+    env = {"ROLLOUT_GPU_MEM_UTIL": "0.5", "MODEL_PATH": "Qwen/Qwen3-0.6B", "UNRELATED": "1"}
+    assert sorted(env_overrides([], env)) == ["model_path=Qwen/Qwen3-0.6B", "rollout_gpu_mem_util=0.5"]
+
+
+@pytest.mark.parametrize("cli", [["rollout_gpu_mem_util=0.3"], ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"],
+                                 ["-m", "rollout_gpu_mem_util=0.3,0.4"]])
+def test_command_line_beats_environment(cli):
+    assert env_overrides(cli, {"ROLLOUT_GPU_MEM_UTIL": "0.5"}) == []
+
+
+def test_precedence_command_line_over_environment_over_config_files():
+    # config file (experiment=smoke) says 32; the environment says 64; the command line says 16
+    argv = ["run.py", "experiment=smoke"]
+    env = {"TRAIN_BATCH_SIZE": "64"}
+    verl, _ = compose_split(*apply_env_knobs(argv, env, err=io.StringIO())[1:])
+    assert get(verl, "data.train_batch_size") == 64
+    verl, _ = compose_split(*apply_env_knobs(argv + ["train_batch_size=16"], env, err=io.StringIO())[1:])
+    assert get(verl, "data.train_batch_size") == 16
+    verl, _ = compose_split(*apply_env_knobs(argv, {}, err=io.StringIO())[1:])
+    assert get(verl, "data.train_batch_size") == 32
+
+
+def test_odd_values_are_quoted_for_hydra():
+    out = env_overrides([], {"EXPERIMENT_NAME": "my run,v2"})
+    verl, _ = compose_split(*out)
+    assert get(verl, "trainer.experiment_name") == "my run,v2"
+
+
+def _guide_env(**extra):
+    return {k: str(v) for k, v in extra.items()}
+
+
+def test_guides_smoke_command_in_env_spelling_equals_the_preset():
+    # SPEC.md "Commands": the guide's smoke test, written with the official script's variables
+    env = _guide_env(MODEL_PATH="Qwen/Qwen3-0.6B", NGPUS_PER_NODE=4, TRAIN_BATCH_SIZE=32, PPO_MINI_BATCH_SIZE=16,
+                     ROLLOUT_N=4, MAX_RESPONSE_LENGTH=512, ROLLOUT_TP=1, ROLLOUT_GPU_MEM_UTIL=0.4,
+                     PROJECT_NAME="course_grpo", EXPERIMENT_NAME="smoke_qwen3_0_6b", MAX_PROMPT_LENGTH=1024)
+    argv = ["run.py", "model=qwen3_0_6b", "trainer.total_training_steps=3", "trainer.val_before_train=false",
+            "save_freq=-1", "trainer.resume_mode=disable"]
+    via_env, _ = compose_split(*apply_env_knobs(argv, env, err=io.StringIO())[1:])
+    preset, _ = compose_split("experiment=smoke")
+    assert via_env == preset
+
+
+def test_guides_real_run_command_in_env_spelling_equals_the_preset():
+    env = _guide_env(MODEL_PATH="Qwen/Qwen3-1.7B", NGPUS_PER_NODE=4, TRAIN_BATCH_SIZE=128, PPO_MINI_BATCH_SIZE=64,
+                     ROLLOUT_N=5, MAX_PROMPT_LENGTH=512, MAX_RESPONSE_LENGTH=1024, ROLLOUT_TP=1,
+                     ROLLOUT_GPU_MEM_UTIL=0.4, TOTAL_EPOCHS=2, TEST_FREQ=10, SAVE_FREQ=50,
+                     PROJECT_NAME="course_grpo", EXPERIMENT_NAME="qwen3_1_7b_gsm8k")
+    via_env, _ = compose_split(*apply_env_knobs(["run.py"], env, err=io.StringIO())[1:])
+    preset, _ = compose_split("experiment=qwen3_1_7b_gsm8k")
+    assert via_env == preset
+
+
+def test_misspelt_environment_variable_is_pointed_out():
+    err = io.StringIO()
+    apply_env_knobs(["run.py"], {"ROLLOUT_GPU_MEM_UTILS": "0.5", "PATH": "/bin"}, err=err)
+    assert "ROLLOUT_GPU_MEM_UTILS" in err.getvalue() and "ROLLOUT_GPU_MEM_UTIL?" in err.getvalue()
+    assert misspelt_env({"HOME": "/root", "PATH": "/bin", "ROLLOUT_N": "4"}) == {}
+
+
+def test_misspelt_short_key_is_refused_with_the_right_name():
+    assert misspelt_keys(["rollout_gpu_mem_utils=0.5"]) == {"rollout_gpu_mem_utils": "rollout_gpu_mem_util"}
+    assert misspelt_keys(["model=qwen3_4b", "rollout_n=4"]) == {}
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as e:
+        apply_env_knobs(["run.py", "train_batch_sise=4"], {}, err=err)
+    assert e.value.code == 2 and "did you mean 'train_batch_size'" in err.getvalue()
