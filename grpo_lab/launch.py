@@ -67,14 +67,24 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     _add_worker_env(verl, lab, job_dir)
     _write_yaml(job_dir / "verl_config.yaml", verl)
 
+    from grpo_lab.inputs import check_inputs
     from grpo_lab.preflight import run_preflight
 
     only = bool(lab["preflight"].get("only"))
     report = run_preflight(verl, lab, launching=not only)
-    _write_json(job_dir / "plan.json", report.to_json())
+    plan = report.to_json()
+    missing = check_inputs(verl, lab)
+    if only:  # planning on a machine that lacks the files is fine: say so
+        plan["notes"] = list(plan.get("notes", [])) + [f"not there yet: {m}" for m in missing]
+        missing = []
+    plan["errors"] = list(plan.get("errors", [])) + [{"rule": "input_missing", "message": m} for m in missing]
+    _write_json(job_dir / "plan.json", plan)
     print(report.format())
-    if not report.ok:
-        raise GrpoLabError(f"{len(report.errors)} problem(s) above; nothing was started (plan: {job_dir}/plan.json).")
+    for m in missing:
+        print(f"ERROR input_missing: {m}")
+    if not report.ok or missing:
+        n = len(report.errors) + len(missing)
+        raise GrpoLabError(f"{n} problem(s) above; nothing was started (plan: {job_dir}/plan.json).")
     if only:
         print(f"grpo-lab: preflight only: plan written to {job_dir}/plan.json; nothing was started.")
         return "planned"

@@ -53,14 +53,18 @@ def options(group: str) -> list[str]:
 from grpo_lab.knobs import ENV_NAMES as _KNOB_ENV  # noqa: E402
 
 
-@pytest.fixture
-def tiny_parquet(tmp_path):
-    """A GSM8K-format parquet of 7473 rows (GSM8K's train size), for arithmetic that reads the row count."""
+def write_rows(path: Path, n: int) -> Path:
+    """A GSM8K-format parquet of n rows."""
     import pandas as pd
 
-    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"q{i}"}], "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": str(i)}, "extra_info": {"index": i}}
-            for i in range(7473)]
-    path = tmp_path / "train.parquet"
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+             "extra_info": {"split": "train", "index": i}} for i in range(n)]
     pd.DataFrame(rows).to_parquet(path)
     return path
+
+
+@pytest.fixture
+def gsm8k_sized_parquet(tmp_path):
+    """A GSM8K-format parquet of 7473 rows (GSM8K's train size), for arithmetic that reads the row count."""
+    return write_rows(tmp_path / "train.parquet", 7473)

@@ -1,0 +1,55 @@
+"""The files a job reads: train/validation parquet and the model. Missing ones are named with the command that makes them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from grpo_lab.config import get
+
+
+def _files(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(path))
+
+
+def _hub_cache_dir(environ: Mapping[str, str]) -> str:
+    if environ.get("HF_HUB_CACHE"):
+        return environ["HF_HUB_CACHE"]
+    home = environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")
+
+
+def check_inputs(verl: dict[str, Any], lab: dict[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Problems with the job's input files, each with the fix; empty when all are there."""
+    environ = os.environ if environ is None else environ
+    problems = []
+    make = get(lab, "dataset.make", "make data")
+    for key in ("data.train_files", "data.val_files"):
+        for path in _files(get(verl, key)):
+            if path.startswith(("hdfs://", "s3://", "gs://")):
+                continue
+            if not os.path.isfile(os.path.expanduser(path)):
+                problems.append(f"{key}: {path} does not exist. Make it with `{make}`, or point to your own file: "
+                                f"python run.py {'train_file' if 'train' in key else 'test_file'}=/path/to/file.parquet")
+    model = str(get(verl, "actor_rollout_ref.model.path") or "")
+    if _looks_local(model):
+        folder = os.path.expanduser(model)
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            hint = "make tiny" if get(lab, "model.name") == "tiny_qwen3" else \
+                f"huggingface-cli download {get(lab, 'model.hub_id') or '<hub id>'} --local-dir {model}"
+            problems.append(f"actor_rollout_ref.model.path: {model} holds no model (no config.json). Make or fetch "
+                            f"it with `{hint}`, or choose another: python run.py model_path=/path/to/model")
+    elif environ.get("HF_HUB_OFFLINE") == "1" or environ.get("TRANSFORMERS_OFFLINE") == "1":
+        cached = os.path.join(_hub_cache_dir(environ), "models--" + model.replace("/", "--"))
+        if not os.path.isdir(cached):
+            problems.append(f"actor_rollout_ref.model.path: {model} is a hub id, the hub is off (HF_HUB_OFFLINE=1) "
+                            f"and it is not in the cache ({cached}). Download it where there is a network "
+                            f"(huggingface-cli download {model}) or use a local folder: python run.py model_path=/path")
+    return problems

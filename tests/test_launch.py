@@ -1,0 +1,115 @@
+"""run.py end to end on a CPU machine: job folders, sweeps, refusals before Ray, and Ray shut down after a job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_py
+
+
+def _tiny_files(tmp_path: Path) -> list[str]:
+    """Overrides that point the smoke_tiny preset at small files made here (no `make tiny` needed)."""
+    from conftest import write_rows
+
+    train, test = tmp_path / "train.parquet", tmp_path / "test.parquet"
+    write_rows(train, 64)
+    write_rows(test, 8)
+    return [f"train_file={train}", f"test_file={test}"]
+
+
+def _jobs(sweep: Path) -> list[Path]:
+    return sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.startswith("job"))
+
+
+def test_preflight_only_writes_the_plan_and_starts_nothing(tmp_path):
+    out = tmp_path / "run"
+    proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
+                  *_tiny_files(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["batch"]["trajectories_per_step"] == 32 * 4
+    assert (out / "verl_config.yaml").is_file() and (out / "train.log").is_file()
+    assert json.loads((out / "status.json").read_text())["status"] == "ok"
+    assert "ray init kwargs" not in proc.stdout  # verl's run_ppo never ran
+
+
+def test_launch_without_gpus_stops_with_a_clear_message(tmp_path):
+    out = tmp_path / "run"
+    proc = run_py("experiment=smoke_tiny", "hardware=h200x1", f"hydra.run.dir={out}", *_tiny_files(tmp_path),
+                  env={"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2
+    text = proc.stdout + proc.stderr
+    assert "GPU" in text and "nothing was started" in text
+    assert "Traceback" not in text and "ray init kwargs" not in text
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and status["exit"] == 2
+
+
+def test_missing_data_names_the_make_target(tmp_path):
+    out = tmp_path / "run"
+    proc = run_py("experiment=smoke", f"train_file={tmp_path}/nope.parquet", f"test_file={tmp_path}/nope2.parquet",
+                  f"hydra.run.dir={out}")
+    assert proc.returncode == 2
+    assert "make data" in proc.stdout + proc.stderr
+    assert "nope.parquet" in proc.stdout + proc.stderr
+
+
+def test_misspelt_short_key_is_refused_before_hydra(tmp_path):
+    proc = run_py("rollout_gpu_mem_utils=0.5", f"hydra.run.dir={tmp_path}/run")
+    assert proc.returncode == 2 and "did you mean 'rollout_gpu_mem_util'" in proc.stderr
+
+
+def test_sweep_jobs_get_their_own_folders_metrics_and_checkpoints(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_py("-m", "experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true",
+                  "rollout_gpu_mem_util=0.3,0.4,0.5", f"hydra.sweep.dir={sweep}", *_tiny_files(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = _jobs(sweep)
+    assert len(jobs) == 3
+    seen = {"utils": set(), "metrics": set(), "ckpt": set()}
+    for job in jobs:
+        cfg = yaml.safe_load((job / "verl_config.yaml").read_text())
+        env = cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+        assert env["VERL_FILE_LOGGER_PATH"] == str((job / "metrics.jsonl").resolve())
+        seen["utils"].add(cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"])
+        seen["metrics"].add(env["VERL_FILE_LOGGER_PATH"])
+        seen["ckpt"].add(cfg["trainer"]["default_local_dir"])
+        assert (job / "plan.json").is_file()
+    assert seen["utils"] == {0.3, 0.4, 0.5}
+    assert len(seen["metrics"]) == 3 and len(seen["ckpt"]) == 3
+
+
+def test_same_command_same_checkpoint_dir(tmp_path):
+    dirs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}"
+        proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
+                      *_tiny_files(tmp_path))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        dirs.append(yaml.safe_load((out / "verl_config.yaml").read_text())["trainer"]["default_local_dir"])
+    # keyed by the experiment, not by Hydra's timestamped job folder: the same command resumes
+    assert dirs[0] == dirs[1] and "smoke_tiny" in dirs[0] and str(tmp_path) not in dirs[0]
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_ray_is_shut_down_after_a_failed_or_interrupted_job(monkeypatch, exc):
+    import ray
+    import verl.trainer.main_ppo as main_ppo
+
+    from conftest import compose_split
+    from grpo_lab import launch
+
+    def fake_run_ppo(config, task_runner_class):
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        assert ray.is_initialized()
+        raise exc
+
+    monkeypatch.setattr(main_ppo, "run_ppo", fake_run_ppo)
+    verl, _ = compose_split("experiment=smoke_tiny", "hardware=h200x1", "trainer.device=cpu")
+    with pytest.raises(type(exc)):
+        launch.run_verl(verl)
+    assert not ray.is_initialized()
