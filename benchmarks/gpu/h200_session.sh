@@ -37,11 +37,7 @@ timed() {  # timed NAME LIMIT_S CMD...: runs CMD, stamps its output into $LOGS/N
   cleanup
 }
 
-raw_verl() {  # the preset's job through `python3 -m verl.trainer.main_ppo`, plus extra overrides
-  local args
-  mapfile -t args < <(python3 -m grpo_lab.rawcmd --list "${PRESET[@]}" "$@")
-  python3 -m verl.trainer.main_ppo "${args[@]}"
-}
+raw_verl() { bash benchmarks/gpu/raw_verl.sh "$@"; }  # the preset's job through raw verl
 
 pack() { tar czf "$OUT/$1.tgz" -C "$LOGS" . && rm -rf "${LOGS:?}"/*; }
 
@@ -55,13 +51,21 @@ case "${1:-}" in
     python3 -c "import torch, vllm, ray, verl, transformers, hydra; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__, 'hydra', hydra.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
     ;;
   before)
-    VERL_FILE_LOGGER_PATH=$LOGS/raw_before.metrics.jsonl timed raw_before 480 raw_verl "${VERL_STARTUP_DEFAULTS[@]}"
+    VERL_FILE_LOGGER_PATH=$LOGS/raw_before.metrics.jsonl timed raw_before 480 bash benchmarks/gpu/raw_verl.sh "${VERL_STARTUP_DEFAULTS[@]}"
     pack before
     ;;
   after)
-    VERL_FILE_LOGGER_PATH=$LOGS/raw_after.metrics.jsonl timed raw_after 270 raw_verl
+    VERL_FILE_LOGGER_PATH=$LOGS/raw_after.metrics.jsonl timed raw_after 270 bash benchmarks/gpu/raw_verl.sh
     timed runpy_after 270 python3 run.py "${PRESET[@]}" hydra.run.dir="$LOGS/runpy_after"
     pack after
+    ;;
+  ours)
+    timed runpy 300 python3 run.py "${PRESET[@]}" hydra.run.dir="$LOGS/runpy" ${RUN_ARGS:-}
+    pack ours
+    ;;
+  raw)
+    VERL_FILE_LOGGER_PATH=$LOGS/raw.metrics.jsonl timed raw 300 bash benchmarks/gpu/raw_verl.sh ${RAW_ARGS:-}
+    pack raw
     ;;
   sweep)
     timed sweep 560 python3 run.py -m "${PRESET[@]}" rollout_gpu_mem_util="${UTILS:-0.2,0.3,0.5}" \

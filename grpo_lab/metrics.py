@@ -1,0 +1,205 @@
+"""Read verl's `file` logger output (metrics.jsonl) into a pandas DataFrame indexed by step.
+
+verl's FileLogger writes one JSON object per logged step: `{"step": N, "data": {metric: value}}`. A job that is
+still running may have a partial last line; initial validation (trainer.val_before_train) is its own line at step 0;
+a resumed job can log a step twice. All of that is tolerated: lines of the same step are merged (later values win),
+and a line that does not parse is skipped.
+
+Metric names moved between verl versions (`timing_s/gen`, older `timing/gen`; `val-core/<source>/acc/mean@N`,
+older `val/test_score/<source>`): `column()` and the helpers below take either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+import pandas as pd
+
+METRICS_FILE = "metrics.jsonl"
+
+# the name verl 0.9.1 writes first, then older spellings
+ALIASES: dict[str, tuple[str, ...]] = {
+    "timing_s/gen": ("timing_s/gen", "timing/gen"),
+    "timing_s/update_actor": ("timing_s/update_actor", "timing/update_actor"),
+    "timing_s/step": ("timing_s/step", "timing/step", "perf/time_per_step"),
+    "timing_s/old_log_prob": ("timing_s/old_log_prob", "timing/old_log_prob"),
+    "timing_s/ref": ("timing_s/ref", "timing/ref"),
+    "timing_s/update_weights": ("timing_s/update_weights", "timing/update_weights"),
+    "critic/score/mean": ("critic/score/mean",),
+    "perf/throughput": ("perf/throughput",),
+    "actor/entropy": ("actor/entropy",),
+    "actor/pg_clipfrac": ("actor/pg_clipfrac",),
+    "actor/ppo_kl": ("actor/ppo_kl",),
+    "response_length/mean": ("response_length/mean",),
+    "response_length/max": ("response_length/max",),
+    "response_length/clip_ratio": ("response_length/clip_ratio",),
+    "actor/perf/max_memory_allocated_gb": ("actor/perf/max_memory_allocated_gb",),
+    "actor/perf/max_memory_reserved_gb": ("actor/perf/max_memory_reserved_gb",),
+}
+
+VAL_PREFIXES = ("val-core/", "val/test_score/")
+
+
+class MetricsReadResult:
+    """How reading went: lines read, lines skipped (bad JSON), and whether the last line was partial."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.skipped = 0
+        self.partial_last_line = False
+
+
+def metrics_path(run: str | Path) -> Path:
+    """metrics.jsonl of a job dir, or the file itself."""
+    p = Path(run)
+    return p / METRICS_FILE if p.is_dir() else p
+
+
+def read_metrics(run: str | Path, info: MetricsReadResult | None = None) -> pd.DataFrame:
+    """The job's metrics, one row per step (index `step`, sorted), one column per metric; empty when absent."""
+    path = metrics_path(run)
+    info = info if info is not None else MetricsReadResult()
+    rows: dict[int, dict[str, float]] = {}
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return _empty()
+    text = raw.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    # a file that does not end in a newline was cut mid-write (running job) unless the last line parses
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if not line:
+            continue
+        info.lines += 1
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            if i == len(lines) - 1:
+                info.partial_last_line = True
+            else:
+                info.skipped += 1
+            continue
+        step, data = _step_and_data(obj)
+        if step is None:
+            info.skipped += 1
+            continue
+        row = rows.setdefault(step, {})
+        for k, v in data.items():
+            num = _number(v)
+            if num is not None:
+                row[k] = num
+    if not rows:
+        return _empty()
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "step"
+    return df.sort_index()
+
+
+def _empty() -> pd.DataFrame:
+    df = pd.DataFrame()
+    df.index.name = "step"
+    return df
+
+
+def _step_and_data(obj: object) -> tuple[int | None, dict]:
+    if not isinstance(obj, dict):
+        return None, {}
+    data = obj.get("data")
+    if isinstance(data, dict):
+        step = obj.get("step", data.get("training/global_step"))
+    else:  # a flat {"step": N, metric: value} line (other loggers)
+        data = {k: v for k, v in obj.items() if k != "step"}
+        step = obj.get("step")
+    try:
+        return int(step), data
+    except (TypeError, ValueError):
+        return None, {}
+
+
+def _number(v: object) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        f = float(v)
+        return f if not math.isinf(f) else None
+    if isinstance(v, list) and len(v) == 1:
+        return _number(v[0])
+    return None
+
+
+def column(df: pd.DataFrame, name: str) -> str | None:
+    """The column for a metric, under its current or older name (see ALIASES); None when the run has none."""
+    for cand in ALIASES.get(name, (name,)):
+        if cand in df.columns and df[cand].notna().any():
+            return cand
+    return None
+
+
+def series(df: pd.DataFrame, name: str) -> pd.Series:
+    """The metric's values by step, NaNs dropped (empty Series when absent)."""
+    col = column(df, name)
+    if col is None:
+        return pd.Series(dtype=float, name=name)
+    return df[col].dropna()
+
+
+def with_prefix(df: pd.DataFrame, *prefixes: str) -> list[str]:
+    """Columns whose name starts with any of the prefixes, in column order."""
+    return [c for c in df.columns if any(str(c).startswith(p) for p in prefixes)]
+
+
+def timing_columns(df: pd.DataFrame) -> list[str]:
+    """Phase times in seconds: `timing_s/...` (verl >= 0.4) or `timing/...` (older)."""
+    cols = with_prefix(df, "timing_s/")
+    return cols if cols else with_prefix(df, "timing/")
+
+
+def val_core_columns(df: pd.DataFrame) -> list[str]:
+    """Validation metrics: `val-core/...` (current verl) or `val/test_score/...` (older)."""
+    cols = with_prefix(df, "val-core/")
+    return cols if cols else with_prefix(df, "val/test_score/")
+
+
+def primary_val_column(df: pd.DataFrame) -> str | None:
+    """The validation metric to follow: accuracy mean@N, else reward mean@N, else the first val-core column."""
+    cols = [c for c in val_core_columns(df) if df[c].notna().any()]
+    if not cols:
+        return None
+    for needle in ("/acc/mean@", "/reward/mean@", "/mean@"):
+        hits = [c for c in cols if needle in c]
+        if hits:
+            return sorted(hits, key=_at_n)[-1]  # the largest N
+    return cols[0]
+
+
+def _at_n(name: str) -> int:
+    try:
+        return int(name.rsplit("@", 1)[1].split("/")[0])
+    except (IndexError, ValueError):
+        return 0
+
+
+def training_steps(df: pd.DataFrame) -> pd.Index:
+    """Steps that trained (have a reward or a step time); step 0 of val_before_train is validation only."""
+    keys = [c for c in (column(df, "critic/score/mean"), column(df, "timing_s/step")) if c]
+    if not keys:
+        return df.index[df.index > 0]
+    mask = df[keys].notna().any(axis=1)
+    return df.index[mask]
+
+
+def steady_mean(s: pd.Series) -> float | None:
+    """Mean over the steps after the first when there are more than two (step 1 carries warm-up and compile time)."""
+    s = s.dropna()
+    if s.empty:
+        return None
+    if len(s) > 2:
+        s = s.iloc[1:]
+    return float(s.mean())
+
+
+def last(s: pd.Series) -> float | None:
+    s = s.dropna()
+    return float(s.iloc[-1]) if not s.empty else None

@@ -1,0 +1,373 @@
+"""The failure doctor on recorded verl 0.9.1 logs (H200) and synthetic logs built from real error texts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_lab import doctor
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+_spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
+synth = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synth)
+
+SYN = FIXTURES / "synthetic"
+
+
+def ids(text: str, **kw) -> list[str]:
+    return [d.id for d in doctor.diagnose(text, **kw)]
+
+
+def one(path: Path, **kw) -> doctor.Diagnosis:
+    ds = doctor.diagnose(path.read_text(), **kw)
+    assert len(ds) == 1, [d.id for d in ds]
+    return ds[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# recorded logs (verl 0.9.1 + vLLM 0.24.0 + Ray 2.60.0 on an H200)
+
+
+def test_recorded_silent_hang_is_the_cpu_budget():
+    d = one(synth.RECORDED_HANG_LOG)
+    assert d.id == "ray_cpu_budget_hang"
+    # the log's own numbers: num_cpus 8, 1 GPU, 8 storage units: 3 + 1 + 1 + 8 = 13
+    assert "ray_kwargs.ray_init.num_cpus=13" in d.overrides
+    assert "transfer_queue.backend.SimpleStorage.num_data_storage_units=3" in d.overrides
+    assert "= 13" in d.remedy and "given 8" in d.remedy
+    assert "after the config print" in d.remedy
+    assert d.phase is None
+
+
+def test_recorded_flashinfer_start_failure():
+    d = one(synth.RECORDED_FLASHINFER_LOG)
+    assert d.id == "vllm_no_flashinfer"
+    assert d.overrides == ['++ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_FLASHINFER_SAMPLER="0"']
+    assert "VLLM_USE_FLASHINFER_SAMPLER=0" in d.remedy
+    assert "No module named 'flashinfer'" in d.evidence
+    # verl's harmless engine warnings (ModuleNotFoundError("No module named 'torchtitan'")) are not errors
+    assert "torchtitan" not in d.evidence
+
+
+def test_recorded_good_run_has_no_finding():
+    # it ends with "DataLoader worker ... is killed by signal: Killed" after the run finished: harmless
+    assert doctor.diagnose(synth.RECORDED_3STEPS_LOG.read_text()) == []
+
+
+def test_recorded_killed_run_is_not_called_an_error():
+    d = one(synth.RECORDED_LEGACY_LOG)
+    assert d.id == "stopped_without_error"
+    assert "step 1" in d.title
+    assert doctor.failure_class([d]) == "other failure"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CUDA out of memory: the phase decides the remedy
+
+
+TRAINING_ONLY = ("ppo_max_token_len_per_gpu=", "optimizer_offload=true")
+GENERATION_ONLY = ("rollout_n=", "max_response_length=")
+
+
+def _has(overrides: list[str], needle: str) -> bool:
+    return any(needle in o for o in overrides)
+
+
+def test_training_oom_gets_training_remedies_only():
+    d = one(SYN / "oom_training_update_actor.log")
+    assert (d.id, d.phase) == ("oom_training", "training")
+    assert "Tried to allocate 2.32 GiB" in d.evidence
+    for needle in TRAINING_ONLY:
+        assert _has(d.overrides, needle), d.overrides
+    for needle in GENERATION_ONLY:
+        assert not _has(d.overrides, needle), d.overrides
+    assert "rollout_gpu_mem_util=0.3" in d.overrides  # the guide: lower ROLLOUT_GPU_MEM_UTIL too
+    assert doctor.failure_class([d]) == "OOM in training"
+
+
+def test_generation_oom_gets_generation_remedies_only():
+    d = one(SYN / "oom_generation_vllm_sampler.log")
+    assert (d.id, d.phase) == ("oom_generation", "generation")
+    for needle in GENERATION_ONLY:
+        assert _has(d.overrides, needle), d.overrides
+    for needle in TRAINING_ONLY:
+        assert not _has(d.overrides, needle), d.overrides
+    assert doctor.failure_class([d]) == "OOM in generation"
+
+
+OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of "
+            "31.36 GiB of which 812.00 MiB is free.")
+
+
+def test_phase_from_frames_without_process_prefix():
+    # the same error text; only the frames above it differ (no Ray prefix names the process)
+    gen = ("Traceback (most recent call last):\n"
+           '  File "/usr/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 2201, in '
+           "execute_model\n"
+           "    logits = self.model.compute_logits(sample_hidden_states)\n"
+           '  File "/usr/lib/python3.12/site-packages/torch/nn/functional.py", line 2380, in linear\n'
+           f"{OOM_LINE}\n")
+    train = ("Traceback (most recent call last):\n"
+             '  File "/usr/lib/python3.12/site-packages/verl/workers/engine/fsdp/transformer_impl.py", line 767, in '
+             "forward_backward_batch\n    loss.backward()\n"
+             '  File "/usr/lib/python3.12/site-packages/torch/nn/functional.py", line 2380, in linear\n'
+             f"{OOM_LINE}\n")
+    assert [(d.id, d.phase) for d in doctor.diagnose(gen)] == [("oom_generation", "generation")]
+    assert [(d.id, d.phase) for d in doctor.diagnose(train)] == [("oom_training", "training")]
+    # no frame at all: said so, with a memory override, not guessed
+    assert ids(OOM_LINE) == ["oom_unknown_phase"]
+
+
+def test_log_prob_pass_oom_is_training_with_entropy_hint():
+    text = ("ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.actor_rollout_ref_compute_log_prob() "
+            "(pid=1, ip=192.0.2.2)\n"
+            '  File "/root/site/verl/workers/engine_workers.py", line 704, in compute_log_prob\n'
+            "    output = self.actor.infer_batch(data)\n"
+            '  File "/root/site/verl/utils/torch_functional.py", line 148, in entropy_from_logits\n'
+            f"{OOM_LINE}\n")
+    (d,) = doctor.diagnose(text)
+    assert d.phase == "training"
+    assert "entropy_from_logits_with_chunking" in d.remedy
+
+
+def test_oom_values_come_from_the_jobs_config():
+    cfg = synth.verl_config(max_response_length=2048, util=0.5, n=8)
+    (gen,) = doctor.diagnose((SYN / "oom_generation_vllm_sampler.log").read_text(), cfg)
+    assert gen.overrides == ["rollout_n=7", "max_response_length=1536", "rollout_gpu_mem_util=0.4"]
+    cfg["actor_rollout_ref"]["actor"]["ppo_max_token_len_per_gpu"] = 8192
+    (train,) = doctor.diagnose((SYN / "oom_training_update_actor.log").read_text(), cfg)
+    assert train.overrides[0] == "ppo_max_token_len_per_gpu=5376"
+    # without dynamic batching the micro-batch is the knob
+    cfg["actor_rollout_ref"]["actor"].update(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=4)
+    (train,) = doctor.diagnose((SYN / "oom_training_update_actor.log").read_text(), cfg)
+    assert train.overrides[0] == "ppo_micro_batch_size_per_gpu=2"
+
+
+def test_vllm_kv_cache_is_generation_with_its_own_remedy():
+    d = one(SYN / "vllm_no_kv_cache_memory.log")
+    assert (d.id, d.phase) == ("vllm_kv_cache_too_small", "generation")
+    assert "rollout_gpu_mem_util=0.5" in d.overrides  # a larger vLLM share, not a smaller one
+    assert doctor.failure_class([d]) == "OOM in generation"
+    text = ("ValueError: Free memory on device cuda:0 (7.34/31.36 GiB) on startup is less than desired GPU memory "
+            "utilization (0.4, 12.54 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+            "processes.")
+    (d,) = doctor.diagnose(text)
+    assert d.id == "vllm_startup_free_memory" and "rollout_gpu_mem_util=0.3" in d.overrides
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the rest of the guide's table and the other known signatures
+
+
+IMA, FA2 = "cuda_illegal_memory_access_generation.log", "flash_attn2_not_installed.log"
+P2P_OFF = '++ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE="1"'
+
+
+@pytest.mark.parametrize("name, expected_id, override", [
+    ("ray_unable_to_register_worker.log", "ray_register_worker", "ray_kwargs.ray_init.num_cpus=22"),
+    (IMA, "illegal_memory_access", "actor_rollout_ref.rollout.enforce_eager=true"),
+    ("nccl_init_hang_rtx4080.log", "nccl_hang", P2P_OFF),
+    ("triton_compile_module_from_src.log", "triton_compile", "actor_rollout_ref.actor.use_torch_compile=false"),
+    (FA2, "flash_attn_import", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"),
+    ("ray_env_var_not_string.log", "ray_env_var_type", P2P_OFF),
+])
+def test_synthetic_signature(name, expected_id, override):
+    d = one(SYN / name)
+    assert d.id == expected_id
+    assert override in d.overrides, d.overrides
+    assert d.evidence and d.line
+
+
+def test_nccl_hang_evidence_is_where_it_stopped_not_the_ctrl_c():
+    d = one(SYN / "nccl_init_hang_rtx4080.log")
+    assert "NCCL version" in d.evidence and "at initialisation" in d.title
+
+
+def test_illegal_memory_access_in_generation_points_to_vllm():
+    d = one(SYN / "cuda_illegal_memory_access_generation.log")
+    assert d.phase == "generation" and "vLLM's troubleshooting" in d.remedy
+
+
+def test_triton_error_mentions_the_compiler():
+    d = one(SYN / "triton_compile_module_from_src.log")
+    assert "C compiler" in d.remedy
+
+
+def test_nccl_timeout_and_older_flash_attn_text():
+    nccl = ("[rank1]:[E1203 11:02:03.433063423 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) "
+            "ran for 600081 milliseconds before timing out.")
+    assert ids(nccl) == ["nccl_hang"]
+    fa2_4x = ("ImportError: FlashAttention2 has been toggled on, but it cannot be used due to the following error: the "
+              "package flash_attn seems to be not installed. Please refer to the documentation of "
+              "https://huggingface.co/docs/transformers/perf_infer_gpu_one#flashattention-2 to install Flash "
+              "Attention 2.")
+    assert ids(fa2_4x) == ["flash_attn_import"]
+    # the monkey-patch notice every verl run prints is not an import error
+    assert ids("(WorkerDict pid=1) Monkey patch _flash_attention_forward in transformers.integrations.flash_attention\n"
+               "step:1 - a:1\nFinal validation metrics: None") == []
+
+
+def test_hydra_new_key_and_host_ram():
+    text = ("Could not override 'actor_rollout_ref.model.override_config.attn_implementation'.\n"
+            "To append to your config use +actor_rollout_ref.model.override_config.attn_implementation=sdpa\n"
+            "Key 'attn_implementation' is not in struct")
+    (d,) = doctor.diagnose(text)
+    assert d.id == "hydra_new_key"
+    assert d.overrides == ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
+    killed = ("step:1 - a:1\n"
+              "(TaskRunnerV1 pid=3) RuntimeError: DataLoader worker (pid 19058) is killed by signal: Killed.")
+    assert ids(killed) == ["host_ram_oom"]
+
+
+def _config_keys() -> tuple[dict, set[str]]:
+    from grpo_lab.verl_paths import verl_config_dir
+
+    verl = yaml.safe_load((Path(verl_config_dir()) / "_generated_ppo_trainer.yaml").read_text())
+    ours = yaml.safe_load((Path(__file__).resolve().parent.parent / "conf" / "config.yaml").read_text())
+    return verl, set(ours)
+
+
+MISSING = object()
+
+
+def _walk(cfg: dict, path: list[str]):
+    cur = cfg
+    for k in path:
+        if not isinstance(cur, dict) or k not in cur:
+            return MISSING
+        cur = cur[k]
+    return cur
+
+
+def test_every_override_names_a_real_key():
+    verl, short = _config_keys()
+    texts = [p.read_text() for p in sorted(FIXTURES.glob("*/*.log"))]
+    overrides = {o for t in texts for d in doctor.diagnose(t) for o in d.overrides}
+    overrides |= set(doctor.training_oom_overrides(doctor.Values(None)))
+    overrides |= set(doctor.generation_oom_overrides(doctor.Values(None)))
+    assert len(overrides) >= 12
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        bare = key.lstrip("+")
+        parts = bare.split(".")
+        if key.startswith("++"):
+            # ++ adds or overrides; runtime_env is in verl's ray_init (main_ppo merges it into ray.init's)
+            assert bare.startswith("ray_kwargs.ray_init.runtime_env.env_vars."), o
+            assert _walk(verl, ["ray_kwargs", "ray_init", "runtime_env"]) is not MISSING
+        elif key.startswith("+"):
+            assert isinstance(_walk(verl, parts[:-1]), dict), o
+            assert _walk(verl, parts) is MISSING, f"{o}: + on an existing key fails in Hydra"
+        elif len(parts) == 1:
+            assert bare in short, f"{o}: not a grpo-lab knob"
+        else:
+            assert _walk(verl, parts) is not MISSING, f"{o}: not in verl's config"
+    # the brief's key: use_torch_compile really is in verl's actor config
+    assert _walk(verl, ["actor_rollout_ref", "actor", "use_torch_compile"]) is True
+    assert _walk(verl, ["data", "apply_chat_template_kwargs"]) == {}  # the report's thinking-off advice
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# running jobs, files, CLI, watchdog
+
+
+def test_running_log_is_not_a_hang_until_stale():
+    head = "\n".join(synth.RECORDED_HANG_LOG.read_text().split("\n")[:945])  # up to the end of the config print
+    assert "SIGTERM" not in head
+    assert doctor.diagnose(head, idle_s=30, stale_minutes=10) == []
+    assert ids(head, idle_s=1200, stale_minutes=10) == ["ray_cpu_budget_hang"]
+    assert ids(head) == ["ray_cpu_budget_hang"]  # no idle time given: the log is complete
+
+
+def test_diagnose_job_dir_uses_verl_config(tmp_path):
+    job = synth.write_job(tmp_path / "job0", log=SYN / "oom_generation_vllm_sampler.log", status="failed",
+                          verl=synth.verl_config(n=6, max_response_length=512, util=0.35))
+    text = doctor.diagnose_file(job)
+    assert "oom_generation" in text and "rollout_n=5" in text and "max_response_length=384" in text
+    ds = doctor.write_diagnosis(job)
+    saved = json.loads((job / "diagnosis.json").read_text())
+    assert [d["id"] for d in saved["diagnoses"]] == [d.id for d in ds] == ["oom_generation"]
+
+
+def test_finished_job_is_not_called_a_hang(tmp_path):
+    # status ok: no "Final validation metrics" line is needed to believe it finished
+    job = synth.write_job(tmp_path / "ok", log="ray init kwargs: {'num_cpus': 8}\nstep:1 - a:1\n", status="ok")
+    assert doctor.diagnose_path(job)[1] == []
+    job = synth.write_job(tmp_path / "failed", log="ray init kwargs: {'num_cpus': 8}\nstep:1 - a:1\n",
+                          status="failed")
+    assert [d.id for d in doctor.diagnose_path(job)[1]] == ["stopped_without_error"]
+
+
+def test_huge_log_keeps_head_and_tail(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("HEAD\n" + "x" * 200 + "\nTAIL\n")
+    text = doctor.read_log(log, limit=100)
+    assert text.startswith("HEAD") and text.rstrip().endswith("TAIL") and len(text) <= 101
+    assert doctor.read_log(tmp_path / "missing.log") == ""
+
+
+def test_cli(capsys, tmp_path):
+    assert doctor.main([str(synth.RECORDED_HANG_LOG)]) == 0
+    out = capsys.readouterr().out
+    assert "ray_cpu_budget_hang" in out and "ray_kwargs.ray_init.num_cpus=13" in out
+    assert doctor.main([str(SYN / "flash_attn2_not_installed.log"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["id"] == "flash_attn_import"
+    assert doctor.main([str(tmp_path / "missing.log")]) == 2
+
+
+def test_watch_progress(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(synth.RECORDED_HANG_LOG.read_text().split("*** SIGTERM")[0])
+    assert doctor.watch_progress(log, stale_minutes=5) is None  # just written
+    old = time.time() - 15 * 60
+    os.utime(log, (old, old))
+    msg = doctor.watch_progress(log, stale_minutes=5)
+    assert msg and "no progress for 15 minutes" in msg and "no step finished yet" in msg
+    assert "ray_kwargs.ray_init.num_cpus=13" in msg and "NCCL_P2P_DISABLE=1" in msg
+
+
+def test_watchdog_counts_real_lines_not_noise(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("ray init kwargs: {'num_cpus': 8}\n")
+    seen: list[str] = []
+    wd = doctor.ProgressWatchdog(log, stale_minutes=1, out=seen.append)
+    wd._offset, t0 = log.stat().st_size, 1000.0
+    wd._last_progress = t0
+    with log.open("a") as f:  # Ray's autoscaler repeating itself is not progress
+        f.write("(autoscaler +1m) Warning: The following resource request cannot be scheduled right now: "
+                "{'CPU': 1.0}.\n")
+    assert wd.check(now=t0 + 30) is None
+    assert wd.check(now=t0 + 61) is not None and len(seen) == 1
+    assert wd.check(now=t0 + 200) is None and len(seen) == 1  # once
+    wd2 = doctor.ProgressWatchdog(log, stale_minutes=1, out=seen.append)
+    wd2._offset, wd2._last_progress = log.stat().st_size, t0
+    with log.open("a") as f:
+        f.write("(TaskRunnerV1 pid=1) step:1 - critic/score/mean:0.1\n")
+    assert wd2.check(now=t0 + 61) is None  # a real line moved the clock
+    assert wd2._last_progress == t0 + 61
+
+
+def test_watchdog_thread_warns_once_and_stops(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("(TaskRunnerV1 pid=1) NCCL version 2.28.9+cuda13.0\n")
+    seen: list[str] = []
+    wd = doctor.ProgressWatchdog(log, stale_minutes=0.002, interval_s=0.02, out=seen.append).start()
+    deadline = time.time() + 5
+    while not seen and time.time() < deadline:
+        time.sleep(0.02)
+    wd.stop()
+    assert len(seen) == 1 and "no progress" in seen[0]
+    assert not any(t.name == "grpo-lab-watchdog" for t in threading.enumerate())
+    with doctor.ProgressWatchdog(log, stale_minutes=60, interval_s=0.01, out=seen.append):
+        time.sleep(0.05)
+    assert len(seen) == 1
+    assert not any(t.name == "grpo-lab-watchdog" for t in threading.enumerate())

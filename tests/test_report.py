@@ -1,0 +1,245 @@
+"""The health report (and metrics.jsonl reading) on recorded verl 0.9.1 metrics and synthetic curves."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from grpo_lab import metrics as M
+from grpo_lab import report as R
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+_spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
+synth = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synth)
+
+
+def checks_of(job_dir: Path, **kw) -> dict[str, dict]:
+    rep = R.make_report(job_dir, plots=kw.pop("plots", False), **kw)
+    assert set(rep) >= {"checks", "run_dir", "status", "steps"}
+    for c in rep["checks"]:
+        assert set(c) == {"metric", "status", "message"} and c["status"] in ("ok", "warn", "bad")
+    return {c["metric"]: c for c in rep["checks"]}
+
+
+def healthy_job(tmp_path: Path, n: int = 30, **curves) -> Path:
+    cs = synth.healthy_curves(n)
+    cs.update(curves)
+    return synth.write_job(tmp_path / "job", lines=synth.metrics_lines(n, cs), verl=synth.verl_config(),
+                           hydra=synth.hydra_config())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# metrics.jsonl
+
+
+def test_read_recorded_metrics():
+    df = M.read_metrics(synth.RECORDED_3STEPS_METRICS)
+    assert list(df.index) == [1, 2, 3] and df.index.name == "step"
+    assert df["response_length/clip_ratio"].between(0.7, 0.85).all()
+    assert M.column(df, "timing_s/gen") == "timing_s/gen"
+    assert M.read_metrics(FIXTURES / "nowhere").empty
+
+
+def test_partial_last_line_duplicates_and_old_names(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": 0, "data": {"val/test_score/openai/gsm8k": 0.30}}),
+             json.dumps({"step": 1, "data": {"critic/score/mean": 0.1, "timing/gen": 5.0}}),
+             "not json at all",
+             json.dumps({"step": 2, "data": {"critic/score/mean": 0.2, "timing/gen": 6.0}}),
+             json.dumps({"step": 2, "data": {"val/test_score/openai/gsm8k": 0.35}}),
+             '{"step": 3, "data": {"critic/score/mean": 0.']
+    p.write_text("\n".join(lines))
+    info = M.MetricsReadResult()
+    df = M.read_metrics(p, info)
+    assert info.partial_last_line and info.skipped == 1
+    assert list(df.index) == [0, 1, 2]
+    assert df.loc[2, "critic/score/mean"] == 0.2 and df.loc[2, "val/test_score/openai/gsm8k"] == 0.35
+    assert M.column(df, "timing_s/gen") == "timing/gen"  # the older name
+    assert M.primary_val_column(df) == "val/test_score/openai/gsm8k"
+    assert list(M.training_steps(df)) == [1, 2]  # step 0 was validation only
+
+
+def test_val_core_prefers_accuracy_at_largest_n():
+    df = pd.DataFrame({"val-aux/openai/gsm8k/reward/mean@1": [0.1], "val-core/openai/gsm8k/acc/mean@1": [0.2],
+                       "val-core/openai/gsm8k/acc/mean@4": [0.3], "val-core/openai/gsm8k/acc/maj@4/mean": [0.4]})
+    assert M.primary_val_column(df) == "val-core/openai/gsm8k/acc/mean@4"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# verdicts
+
+
+def test_rising_reward_is_called_rising(tmp_path):
+    c = checks_of(healthy_job(tmp_path))
+    assert c["critic/score/mean"]["status"] == "ok"
+    assert c["critic/score/mean"]["message"].startswith("rising")
+
+
+def test_noisy_flat_reward_is_not_called_rising():
+    # pure noise around 0.4, twenty different draws: never "rising"; a falling call only by rare chance (1% level)
+    verdicts = []
+    for seed in range(20):
+        run = R.RunInfo(run_dir=Path("x"), df=pd.DataFrame(
+            {"critic/score/mean": [synth.noisy(lambda s: 0.4, 0.08, seed=seed, lo=0, hi=1)(s) for s in range(1, 31)]},
+            index=range(1, 31)))
+        verdicts.append(R.check_reward(run))
+    assert not any(v.message.startswith("rising") for v in verdicts)
+    flat = [v for v in verdicts if v.status == "warn" and "no clear trend" in v.message]
+    assert len(flat) >= 18, [v.message[:40] for v in verdicts]
+
+
+def test_falling_reward_is_bad(tmp_path):
+    curve = synth.noisy(lambda s: 0.6 - 0.4 * s / 30, 0.03, seed=4, lo=0, hi=1)
+    c = checks_of(healthy_job(tmp_path, **{"critic/score/mean": curve}))["critic/score/mean"]
+    assert c["status"] == "bad" and c["message"].startswith("falling"), c
+
+
+def test_too_few_steps(tmp_path):
+    job = synth.write_job(tmp_path / "j", lines=synth.metrics_lines(2, synth.healthy_curves(2)), status="running")
+    c = checks_of(job)
+    assert "too few steps to judge" in c["critic/score/mean"]["message"]
+    assert c["run"]["status"] == "ok" and "still running" in c["run"]["message"]
+
+
+def test_collapsing_entropy_is_flagged(tmp_path):
+    c = checks_of(healthy_job(tmp_path, **{"actor/entropy": synth.exp_decay(0.6, 0.01, 0.35)}))["actor/entropy"]
+    assert c["status"] == "bad" and "collapse" in c["message"]
+    assert "entropy_coeff=0.001" in c["message"] and "clip_ratio_high" in c["message"]
+    healthy = checks_of(healthy_job(tmp_path / "h"))["actor/entropy"]
+    assert healthy["status"] == "ok"
+    halving = checks_of(healthy_job(tmp_path / "w", **{"actor/entropy": lambda s: 0.6 - 0.3 * s / 30}))
+    assert halving["actor/entropy"]["status"] == "warn" and "falling fast" in halving["actor/entropy"]["message"]
+
+
+def test_recorded_truncation_heavy_run_gets_thinking_advice(tmp_path):
+    # recorded: the random tiny model runs into the 128-token limit (clip ratio ~0.77) and never scores
+    job = synth.write_job(tmp_path / "rec", lines=synth.RECORDED_3STEPS_METRICS.read_text().strip().split("\n"),
+                          log=synth.RECORDED_3STEPS_LOG, status="ok")
+    c = checks_of(job)
+    clip = c["response_length/clip_ratio"]
+    assert clip["status"] == "bad"
+    assert "max_response_length=128" in clip["message"]  # the limit from the config verl printed
+    for advice in ("thinks by default", "max_response_length=256", "model=qwen3_1_7b_base",
+                   "+data.apply_chat_template_kwargs.enable_thinking=false"):
+        assert advice in clip["message"], advice
+    assert c["response_length/max"]["status"] == "warn"
+    score = c["critic/score/mean"]
+    assert score["status"] == "bad" and "cut at max_response_length" in score["message"]
+    # card memory from the worker's "device memory used/total (GB): .../139.80": 2 GB is fine
+    mem = c["actor/perf/max_memory_reserved_gb"]
+    assert mem["status"] == "ok" and "140 GB" in mem["message"]
+    assert c["training/rollout_probs_diff_mean"]["status"] == "ok"
+
+
+def test_truncation_advice_fits_the_model(tmp_path):
+    clip = synth.noisy(lambda s: 0.3, 0.02, seed=5, lo=0)
+    job = synth.write_job(tmp_path / "base", lines=synth.metrics_lines(12, {**synth.healthy_curves(12),
+                                                                             "response_length/clip_ratio": clip}),
+                          verl=synth.verl_config(), hydra=synth.hydra_config(model="qwen3_4b_base", thinking=False))
+    msg = checks_of(job)["response_length/clip_ratio"]["message"]
+    assert "thinks by default" not in msg and "max_response_length=2048" in msg
+    job = synth.write_job(tmp_path / "4b", lines=synth.metrics_lines(12, {**synth.healthy_curves(12),
+                                                                           "response_length/clip_ratio": clip}),
+                          verl=synth.verl_config(), hydra=synth.hydra_config(model="qwen3_4b"))
+    assert "model=qwen3_4b_base" in checks_of(job)["response_length/clip_ratio"]["message"]
+
+
+def test_healthy_run_is_all_ok(tmp_path):
+    c = checks_of(healthy_job(tmp_path))
+    for metric in ("critic/score/mean", "response_length/clip_ratio", "actor/entropy", "actor/pg_clipfrac",
+                   "actor/ppo_kl", "timing_s/gen vs timing_s/update_actor", "perf/throughput",
+                   "actor/perf/max_memory_reserved_gb"):
+        assert c[metric]["status"] == "ok", (metric, c[metric])
+    assert "21 GB reserved" in c["actor/perf/max_memory_reserved_gb"]["message"]
+    assert "of 32 GB" in c["actor/perf/max_memory_reserved_gb"]["message"]
+    assert c["val-core"]["status"] == "warn"  # test_freq=10 but no validation line in this run
+
+
+def test_policy_shift_timing_and_memory_problems(tmp_path):
+    job = healthy_job(tmp_path, **{
+        "actor/pg_clipfrac": lambda s: 0.31,
+        "actor/ppo_kl": lambda s: 0.08,
+        "timing_s/update_actor": lambda s: 90.0,
+        "actor/perf/max_memory_reserved_gb": lambda s: 31.0,
+    })
+    c = checks_of(job)
+    assert c["actor/pg_clipfrac"]["status"] == "bad" and "actor_lr=5e-7" in c["actor/pg_clipfrac"]["message"]
+    assert c["actor/ppo_kl"]["status"] == "warn"
+    assert c["timing_s/gen vs timing_s/update_actor"]["status"] == "warn"
+    mem = c["actor/perf/max_memory_reserved_gb"]
+    assert mem["status"] == "bad" and "optimizer_offload=true" in mem["message"]
+
+
+def test_validation_follows_reward_and_old_names(tmp_path):
+    n = 30
+    cs = synth.healthy_curves(n)
+    lines = synth.metrics_lines(n, cs)
+    rows = [json.loads(x) for x in lines]
+    for r in rows:
+        if r["step"] % 10 == 0:
+            r["data"]["val-core/openai/gsm8k/acc/mean@1"] = 0.3 + 0.01 * r["step"]
+    job = synth.write_job(tmp_path / "v", lines=[json.dumps(r) for r in rows], verl=synth.verl_config())
+    c = checks_of(job)["val-core/openai/gsm8k/acc/mean@1"]
+    assert c["status"] == "ok" and "follows the reward" in c["message"]
+    # older verl names: val/test_score/... and timing/...
+    old = []
+    for r in rows:
+        d = {k.replace("timing_s/", "timing/"): v for k, v in r["data"].items()}
+        if "val-core/openai/gsm8k/acc/mean@1" in d:
+            d["val/test_score/openai/gsm8k"] = 0.5 - 0.02 * r["step"] / 10
+            del d["val-core/openai/gsm8k/acc/mean@1"]
+        old.append(json.dumps({"step": r["step"], "data": d}))
+    c = checks_of(synth.write_job(tmp_path / "old", lines=old, verl=synth.verl_config()))
+    assert c["val/test_score/openai/gsm8k"]["status"] == "bad"  # validation falls while the reward rises
+    assert c["timing/gen vs timing/update_actor"]["status"] == "ok"
+
+
+def test_running_job_reported_as_far_as_it_got(tmp_path):
+    lines = synth.metrics_lines(5, synth.healthy_curves(5))
+    job = synth.write_job(tmp_path / "run", status="running", verl=synth.verl_config(total_steps=116))
+    (job / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[0][:40])  # verl is writing step 6
+    rep = R.make_report(job, plots=False)
+    run = {c["metric"]: c for c in rep["checks"]}["run"]
+    assert rep["steps"] == 5 and "step 5 of 116" in run["message"] and "still being written" in run["message"]
+
+
+def test_failed_job_without_metrics_gets_the_doctor(tmp_path):
+    job = synth.write_job(tmp_path / "f", log=synth.SYNTHETIC / "oom_training_update_actor.log", status="failed",
+                          error="RayTaskError(OutOfMemoryError)")
+    rep = R.make_report(job)  # with plots: none to draw, still a report.json
+    assert [c["metric"] for c in rep["checks"]] == ["run"]
+    assert rep["checks"][0]["status"] == "bad" and "optimizer_offload=true" in rep["checks"][0]["message"]
+    assert rep["diagnoses"][0]["id"] == "oom_training"
+    assert json.loads((job / "report.json").read_text())["checks"][0]["status"] == "bad"
+
+
+def test_cli_writes_json_and_png(tmp_path, capsys):
+    job = healthy_job(tmp_path, n=12)
+    assert R.main([str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "[ok  ] critic/score/mean: rising" in out
+    assert (job / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((job / "report.json").read_text())["plots"] == ["report.png"]
+    assert R.main([str(tmp_path / "nope")]) == 2
+
+
+def test_trend_statistics():
+    assert R.trend(pd.Series([0.1, 0.2])) is None
+    assert R.trend(pd.Series([0.1, 0.2, 0.3], index=[1, 2, 3])).direction == "rising"
+    assert R.trend(pd.Series([0.0, 0.0, 0.0], index=[1, 2, 3])).direction == "flat"
+    zigzag = pd.Series([0.2, 0.6, 0.1, 0.7, 0.2, 0.6], index=range(1, 7))
+    assert R.trend(zigzag).direction == "flat"
+
+
+def test_recorded_one_step_run_is_too_few_to_judge(tmp_path):
+    # recorded: legacy trainer, killed after step 1 (its metrics carry the legacy agent-loop timing names)
+    job = synth.write_job(tmp_path / "legacy", lines=synth.RECORDED_LEGACY_METRICS.read_text().strip().split("\n"),
+                          log=synth.RECORDED_LEGACY_LOG, status=None)
+    c = checks_of(job)
+    assert "too few steps to judge (1" in c["critic/score/mean"]["message"]
+    assert c["run"]["status"] == "warn" and "step 1" in c["run"]["message"]
+    assert c["response_length/clip_ratio"]["status"] == "bad"

@@ -1,0 +1,187 @@
+"""The sweep summary and its Hydra callback, on fake sweep dirs laid out as grpo-lab's multirun writes them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+
+from grpo_lab import report as R
+from grpo_lab import summary as S
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+_spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
+synth = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synth)
+
+BASE = ["experiment=qwen3_1_7b_gsm8k", "trainer.total_training_steps=20"]
+
+
+def make_sweep(root: Path, utils=(0.3, 0.4, 0.5), failed_log: Path | None = None) -> Path:
+    """Three jobs over rollout_gpu_mem_util; the last one failed with the given log and wrote no metrics."""
+    sweep = root / "2026-12-03_10-00-00_qwen3_1_7b_grpo"
+    sweep.mkdir(parents=True)
+    task = [*BASE, "rollout_gpu_mem_util=" + ",".join(map(str, utils))]
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"mode": "MULTIRUN", "overrides": {"task": task}}}))
+    failed_log = failed_log or synth.SYNTHETIC / "oom_training_update_actor.log"
+    for i, u in enumerate(utils):
+        ov = [*BASE, f"rollout_gpu_mem_util={u}"]
+        if i < len(utils) - 1:
+            n = 20
+            curves = synth.healthy_curves(n, seed=i)
+            curves["perf/throughput"] = synth.noisy(lambda s, u=u: 4000 * u, 30, seed=i)
+            curves["timing_s/step"] = synth.noisy(lambda s, u=u: 40 / u, 1, seed=i)
+            synth.write_job(sweep / f"job{i}", lines=synth.metrics_lines(n, curves), overrides=ov,
+                            verl=synth.verl_config(util=u), log="step:1 - x:1\n")
+        else:
+            synth.write_job(sweep / f"job{i}", log=failed_log, status="failed", overrides=ov,
+                            error="RayTaskError(OutOfMemoryError)", verl=synth.verl_config(util=u))
+    return sweep
+
+
+def test_sweep_with_a_failed_job_gets_a_full_summary(tmp_path):
+    sweep = make_sweep(tmp_path)
+    table = S.summarize_sweep(sweep)
+    for name in ("summary.md", "summary.csv", "summary.png"):
+        assert (sweep / name).exists(), name
+    assert (sweep / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    assert list(table["job"]) == ["job0", "job1", "job2"]
+    assert list(table.columns[:2]) == ["job", "rollout_gpu_mem_util"]
+    assert list(table["rollout_gpu_mem_util"]) == ["0.3", "0.4", "0.5"]
+    assert list(table["status"]) == ["ok", "ok", "OOM in training"]
+    assert list(table["steps"]) == [20, 20, 0]
+    ok = table.iloc[1]
+    assert ok["throughput_tok_s_gpu"] == pytest.approx(1600, rel=0.05)
+    assert ok["step_time_s"] == pytest.approx(100, rel=0.05)
+    assert ok["gen_time_s"] == pytest.approx(60, rel=0.1)
+    assert ok["peak_train_mem_gb"] == 18.5 and 0 < ok["last_score"] <= 1
+    assert "rollout_gpu_mem_util=0.4" in ok["overrides"]
+    bad = table.iloc[2]
+    assert pd.isna(bad["throughput_tok_s_gpu"]) and pd.isna(bad["last_score"])
+    assert "training phase" in bad["diagnosis"]
+    md = (sweep / "summary.md").read_text()
+    assert "Swept: `rollout_gpu_mem_util`" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| job")]
+    assert len(rows) == 4 and rows[0].startswith("| job | rollout_gpu_mem_util | status")  # header + 3 jobs
+    assert rows[3].startswith("| job2 | 0.5 | OOM in training | 0 | - |")
+    # the failed job's overrides to try, computed from its own config (util 0.5 -> 0.4)
+    assert "rollout_gpu_mem_util=0.4 actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" in md
+    csv = pd.read_csv(sweep / "summary.csv")
+    assert len(csv) == 3 and csv.loc[2, "status"] == "OOM in training"
+
+
+def test_generation_oom_unfinished_and_empty_jobs(tmp_path):
+    sweep = make_sweep(tmp_path, failed_log=synth.SYNTHETIC / "oom_generation_vllm_sampler.log")
+    # a job still running, and one that never wrote anything but its Hydra dir
+    synth.write_job(sweep / "job3", lines=synth.metrics_lines(4, synth.healthy_curves(4)), status="running",
+                    overrides=[*BASE, "rollout_gpu_mem_util=0.6"])
+    synth.write_job(sweep / "job4", status=None, overrides=[*BASE, "rollout_gpu_mem_util=0.7"])
+    table = S.summarize_sweep(sweep, plots=False)
+    assert list(table["status"]) == ["ok", "ok", "OOM in generation", "unfinished", "unfinished"]
+    assert list(table["steps"]) == [20, 20, 0, 4, 0]
+
+
+def test_hang_without_status_is_other_failure(tmp_path):
+    sweep = make_sweep(tmp_path, failed_log=synth.RECORDED_HANG_LOG)
+    table = S.summarize_sweep(sweep, plots=False)
+    assert table.iloc[2]["status"] == "other failure"
+    assert "too few CPUs" in table.iloc[2]["diagnosis"]
+
+
+def test_swept_keys():
+    assert S.swept_keys([["a=1", "b=2"], ["a=1", "b=3"]]) == ["b"]
+    assert S.swept_keys([["a=1"], ["a=1", "+c=x"]]) == ["c"]
+    assert S.swept_keys([["a=1"], ["a=1"]]) == []
+
+
+def test_report_cli_delegates_sweep_dirs(tmp_path, capsys):
+    sweep = make_sweep(tmp_path)
+    assert R.is_sweep_dir(sweep) and not R.is_sweep_dir(sweep / "job0")
+    assert R.main([str(sweep), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "Sweep summary" in out and "OOM in training" in out
+    assert (sweep / "summary.csv").exists() and not (sweep / "summary.png").exists()
+
+
+def _hydra_cfg(job_dir: Path, sweep_dir: Path, mode: str = "MULTIRUN"):
+    from hydra.types import RunMode
+
+    cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(job_dir)}, "sweep": {"dir": str(sweep_dir)}},
+                            "model_path": "x"})
+    cfg.hydra.mode = RunMode[mode]
+    return cfg
+
+
+def test_callback_remakes_summary_and_diagnoses(tmp_path):
+    sweep = make_sweep(tmp_path)
+    cb = S.SweepSummaryCallback(plots=False)
+    job2 = sweep / "job2"
+    ret = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError("boom"))
+    cb.on_job_end(_hydra_cfg(job2, sweep), ret)
+    assert (job2 / "diagnosis.json").exists()
+    assert json.loads((job2 / "diagnosis.json").read_text())["diagnoses"][0]["id"] == "oom_training"
+    assert "OOM in training" in (sweep / "summary.md").read_text()
+    cb.on_job_end(_hydra_cfg(sweep / "job0", sweep), JobReturn(status=JobStatus.COMPLETED, _return_value="trained"))
+    assert (sweep / "job0" / "report.json").exists()
+    (sweep / "summary.md").unlink()
+    cb.on_multirun_end(_hydra_cfg(sweep, sweep))
+    assert (sweep / "summary.md").exists()
+
+
+def test_callback_never_raises(tmp_path, caplog):
+    cb = S.SweepSummaryCallback()
+    cb.on_job_end(OmegaConf.create({"nothing": 1}), None)  # no hydra node at all
+    cb.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "gone")}}}))
+    assert "sweep summary callback" in caplog.text
+    # a single run (not multirun) writes no sweep summary
+    job = synth.write_job(tmp_path / "runs" / "r1", lines=synth.metrics_lines(3, synth.healthy_curves(3)))
+    S.SweepSummaryCallback(plots=False).on_job_end(_hydra_cfg(job, tmp_path / "runs", mode="RUN"), None)
+    assert (job / "report.json").exists() and not (tmp_path / "runs" / "summary.md").exists()
+
+
+APP = '''
+import importlib.util, sys
+from pathlib import Path
+import hydra
+from hydra.core.hydra_config import HydraConfig
+spec = importlib.util.spec_from_file_location("synth", sys.argv.pop(1))
+synth = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(synth)
+
+@hydra.main(version_base=None, config_path=None, config_name=None)
+def main(cfg):
+    job = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.rollout_gpu_mem_util > 0.45:
+        synth.write_job(job, log=synth.SYNTHETIC / "oom_generation_vllm_sampler.log", status="failed")
+        raise RuntimeError("CUDA out of memory")
+    synth.write_job(job, lines=synth.metrics_lines(5, synth.healthy_curves(5)), status="ok")
+
+main()
+'''
+
+
+def test_callback_in_a_real_hydra_multirun(tmp_path):
+    (tmp_path / "app.py").write_text(APP)
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "app.py", str(FIXTURES / "synth.py"), "-m", "+rollout_gpu_mem_util=0.3,0.4,0.5",
+         "hydra.sweep.dir=sweep", "hydra.sweep.subdir=job${hydra.job.num}",
+         "+hydra.callbacks.summary._target_=grpo_lab.summary.SweepSummaryCallback",
+         "+hydra.callbacks.summary.plots=false"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)})
+    assert "grpo-lab doctor (job2): CUDA out of memory in the generation phase" in proc.stderr + proc.stdout
+    table = pd.read_csv(tmp_path / "sweep" / "summary.csv")
+    assert list(table["rollout_gpu_mem_util"]) == [0.3, 0.4, 0.5]
+    assert list(table["status"]) == ["ok", "ok", "OOM in generation"]
+    assert (tmp_path / "sweep" / "job2" / "diagnosis.json").exists()
+    assert (tmp_path / "sweep" / "job0" / "report.json").exists()
