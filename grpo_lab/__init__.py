@@ -1,3 +1,10 @@
 """grpo-lab: GRPO fine-tuning of Qwen3 with verl on small GPU boxes. See README.md."""
 
+from omegaconf import OmegaConf
+
 __version__ = "0.1.0"
+
+# `${lab_sum:a,b}` in conf/: the one piece of arithmetic the configs need (vLLM's max_model_len = prompt + response).
+# Registered on import of the package, which run.py, the Hydra searchpath plugin and the tests all do first.
+if not OmegaConf.has_resolver("lab_sum"):
+    OmegaConf.register_new_resolver("lab_sum", lambda *xs: sum(xs))

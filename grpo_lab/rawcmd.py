@@ -11,6 +11,7 @@ grpo-lab in the way, and as the baseline in benchmarks/gpu/ (the same job throug
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from typing import Any, Iterator
@@ -53,6 +54,8 @@ def _fmt(value: Any) -> str:
         return "null"
     if isinstance(value, (list, dict)):
         return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, str) and re.fullmatch(r"[-+]?[\d.]+(e[-+]?\d+)?|true|false|null|inf|nan", value, re.I):
+        return f"'{value}'"  # a string that Hydra would read as a number or bool (Ray env vars must stay strings)
     return str(value)
 
 

@@ -1,0 +1,124 @@
+"""use_remove_padding=true without flash-attn (sdpa, eager) is correct only because verl's FSDP engine calls the model
+with use_cache=False: transformers then keeps packed sequences apart (attention_mask=None + position_ids that restart
+per sequence -> a block-diagonal causal mask). This pins it on CPU with a tiny random Qwen3, through verl's own code
+path (verl.workers.utils.padding.left_right_2_no_padding -> FSDPEngineWithLMHead.forward_step ->
+prepare_model_inputs / prepare_model_outputs -> logprobs_from_logits -> no_padding_2_padding), so that an upgrade of
+verl or transformers that breaks it fails here instead of training on log-probs that leak across sequences.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import torch
+
+PROMPT_LENS = [5, 8, 3, 6]
+RESPONSE_LENS = [10, 4, 7, 9]
+P, R = max(PROMPT_LENS), max(RESPONSE_LENS)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from tensordict import TensorDict
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        from verl.utils import tensordict_utils as tu
+        from verl.utils.model import compute_position_id_with_mask
+        from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+        from verl.workers.engine.fsdp import transformer_impl
+        from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    torch.manual_seed(0)
+    # use_cache left at its default (True), as in Qwen3's config.json: verl's explicit use_cache=False must matter
+    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                      attn_implementation="sdpa")
+    assert cfg.use_cache
+    model = Qwen3ForCausalLM(cfg).eval()
+
+    # a rollout batch as verl stores it: prompts left-padded, responses right-padded
+    prompts = torch.zeros(len(PROMPT_LENS), P, dtype=torch.long)
+    responses = torch.zeros(len(PROMPT_LENS), R, dtype=torch.long)
+    pmask, rmask = torch.zeros_like(prompts), torch.zeros_like(responses)
+    seqs = []
+    for i, (pl, rl) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS)):
+        p, r = torch.randint(1, 512, (pl,)), torch.randint(1, 512, (rl,))
+        prompts[i, P - pl:], pmask[i, P - pl:] = p, 1
+        responses[i, :rl], rmask[i, :rl] = r, 1
+        seqs.append(torch.cat([p, r]))
+    attention_mask = torch.cat([pmask, rmask], dim=1)
+    td = TensorDict({"input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
+                     "position_ids": compute_position_id_with_mask(attention_mask), "response_mask": rmask,
+                     "prompts": prompts, "responses": responses}, batch_size=[len(PROMPT_LENS)])
+    td = left_right_2_no_padding(td)  # verl: nested (jagged) input_ids / position_ids, padding dropped
+    for key, value in {"temperature": 1.0, "use_remove_padding": True, "calculate_entropy": False}.items():
+        tu.assign_non_tensor_data(td, key, value)
+
+    # verl's FSDP engine for a language model, without building FSDP: the attributes its forward path reads
+    engine = object.__new__(transformer_impl.FSDPEngineWithLMHead)
+    engine.module = model
+    engine._autocast_dtype = torch.float32  # fp32 on CPU: forward_step skips autocast
+    engine.pad_to_length, engine.pad_to_length_bucket = False, 1024
+    engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size, engine.pass_packed_cu_seqlens = False, 1, False
+    engine.engine_config = types.SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False,
+                                                 entropy_from_logits_chunk_size=2048)
+    engine.compute_entropy_from_logits = entropy_from_logits
+    return types.SimpleNamespace(model=model, td=td, seqs=seqs, engine=engine, impl=transformer_impl,
+                                 no_padding_2_padding=no_padding_2_padding, logprobs_from_logits=logprobs_from_logits)
+
+
+def separate_log_probs(s, i: int, **model_kwargs):
+    """Response log-probs of sequence i run on its own (batch of one, no padding), via verl's logprobs_from_logits."""
+    seq, pl, rl = s.seqs[i], PROMPT_LENS[i], RESPONSE_LENS[i]
+    with torch.no_grad():
+        logits = s.model(input_ids=seq[None], use_cache=False, **model_kwargs).logits[0]
+    return s.logprobs_from_logits(logits[pl - 1: pl + rl - 1], seq[pl: pl + rl])
+
+
+def test_packed_inputs_are_one_row_with_restarting_positions(setup):
+    s = setup
+    inputs, _ = s.engine.prepare_model_inputs(s.td)
+    assert inputs["attention_mask"] is None
+    total = sum(PROMPT_LENS) + sum(RESPONSE_LENS)
+    assert inputs["input_ids"].shape == (1, total)
+    expected = torch.cat([torch.arange(p + r) for p, r in zip(PROMPT_LENS, RESPONSE_LENS)])
+    assert torch.equal(inputs["position_ids"][0], expected)
+
+
+def test_packed_log_probs_equal_separate_ones_through_verls_forward_step(setup, monkeypatch):
+    s = setup
+    # verl picks the device by name; on this CPU-only machine it is the CPU
+    monkeypatch.setattr(s.impl, "get_device_id", lambda: "cpu")
+    monkeypatch.setattr(s.impl, "get_device_name", lambda: "cpu")
+    with torch.no_grad():
+        _, output = s.engine.forward_step(s.td, loss_function=None, forward_only=True)
+    packed = s.no_padding_2_padding(output["model_output"]["log_probs"], s.td)  # (batch, max response)
+    assert packed.shape == (len(PROMPT_LENS), R)
+    for i, rl in enumerate(RESPONSE_LENS):
+        ref = separate_log_probs(s, i)
+        diff = (packed[i, :rl] - ref).abs().max().item()
+        assert diff < 1e-4, f"sequence {i}: packed and separate log-probs differ by {diff:.2e}"
+
+
+def test_the_comparison_detects_sequences_that_see_each_other(setup):
+    """Control: the same packed tokens as ONE causal sequence (what packing without the block mask amounts to)
+    give clearly different log-probs for every sequence after the first, so the check above has teeth."""
+    s = setup
+    inputs, _ = s.engine.prepare_model_inputs(s.td)
+    with torch.no_grad():
+        logits = s.model(input_ids=inputs["input_ids"], use_cache=False).logits[0]  # positions 0..T-1, one sequence
+    start = 0
+    diffs = []
+    for i, (pl, rl) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS)):
+        seq = s.seqs[i]
+        lp = s.logprobs_from_logits(logits[start + pl - 1: start + pl + rl - 1], seq[pl: pl + rl])
+        diffs.append((lp - separate_log_probs(s, i)).abs().max().item())
+        start += pl + rl
+    assert diffs[0] < 1e-4  # the first sequence sees nothing before it either way
+    assert min(diffs[1:]) > 1e-3, diffs
