@@ -753,7 +753,7 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
         return log_path, []
     text = read_log(log_path)
     config = _load_yaml(job_dir / "verl_config.yaml")
-    status = _read_json(job_dir / "status.json")
+    status = read_json(job_dir / "status.json")
     if status.get("status") in ("failed", "ok") or status.get("ended"):
         idle = None  # the job is over: the log is complete
     return log_path, diagnose(text, config, idle_s=idle, stale_minutes=stale_minutes,
@@ -775,7 +775,8 @@ def read_log(path: Path, limit: int = 32 << 20) -> str:
         return ""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file, or {} when it is missing or not one (a job folder may be half written)."""
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}

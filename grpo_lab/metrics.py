@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 import pandas as pd
 
 METRICS_FILE = "metrics.jsonl"
@@ -203,3 +204,12 @@ def steady_mean(s: pd.Series) -> float | None:
 def last(s: pd.Series) -> float | None:
     s = s.dropna()
     return float(s.iloc[-1]) if not s.empty else None
+
+
+def finite_float(v: Any) -> float | None:
+    """v as a float, or None when it is not a finite number."""
+    try:
+        f = float(v)
+        return f if math.isfinite(f) else None
+    except (TypeError, ValueError):
+        return None

@@ -84,7 +84,7 @@ class RunInfo:
 
     @property
     def gpu_memory_gb(self) -> float | None:
-        v = _float(_get(self.hydra, "lab.hardware.gpu_memory_gb"))
+        v = M.finite_float(_get(self.hydra, "lab.hardware.gpu_memory_gb"))
         if v:
             return v
         # verl's worker prints "device memory used/total (GB): 0.51/139.80"
@@ -126,13 +126,6 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def _float(v: Any) -> float | None:
-    try:
-        f = float(v)
-        return f if math.isfinite(f) else None
-    except (TypeError, ValueError):
-        return None
-
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
@@ -144,13 +137,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
 
 def load_run(run_dir: str | Path) -> RunInfo:
     run_dir = Path(run_dir)
@@ -161,7 +147,7 @@ def load_run(run_dir: str | Path) -> RunInfo:
     if not verl and log_text:
         verl = doctor.printed_config(doctor.Log.of(log_text[: 8 << 20]))
     return RunInfo(run_dir=run_dir, df=df, verl=verl, hydra=_read_yaml(run_dir / ".hydra" / "config.yaml"),
-                   status=_read_json(run_dir / "status.json"), plan=_read_json(run_dir / "plan.json"),
+                   status=doctor.read_json(run_dir / "status.json"), plan=doctor.read_json(run_dir / "plan.json"),
                    log_text=log_text, partial_last_line=info.partial_last_line)
 
 
@@ -372,7 +358,7 @@ def check_entropy(run: RunInfo) -> Check:
     s = _train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "not logged.")
-    temp = _float(run.verl_value("actor_rollout_ref.rollout.temperature"))
+    temp = M.finite_float(run.verl_value("actor_rollout_ref.rollout.temperature"))
     hotter = (f", sampling temperature 1.0 instead of {temp:g} (actor_rollout_ref.rollout.temperature=1.0)"
               if temp is not None and temp < 1 else "")
     remedy = (" Keep exploring: entropy_coeff=0.001 (an entropy bonus), clip-higher "
@@ -470,7 +456,7 @@ def check_memory(run: RunInfo) -> Check:
     peak_alloc = float(alloc.max()) if not alloc.empty else None
     card = run.gpu_memory_gb
     planned = _get(run.plan, "memory.phases.training.peak_gb_per_gpu")
-    plan_note = f"; preflight planned {_fmt(_float(planned))} GB" if _float(planned) else ""
+    plan_note = f"; preflight planned {_fmt(M.finite_float(planned))} GB" if M.finite_float(planned) else ""
     head = (f"training-phase peak {_fmt(peak)} GB reserved" +
             (f" ({_fmt(peak_alloc)} GB allocated)" if peak_alloc is not None and not reserved.empty else ""))
     if not card:
@@ -520,7 +506,7 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     if st == "ok" and run.status.get("note") == "planned":
         return Check("run", OK, "preflight only (preflight.only=true): nothing was trained; see plan.json."), diags
     if st == "ok":
-        wall = _float(run.status.get("wall_s"))
+        wall = M.finite_float(run.status.get("wall_s"))
         return Check("run", OK, f"finished: {done}{of} steps" + (f" in {wall:.0f} s." if wall else ".")), diags
     if st == "running" or (st is None and len(steps)):
         partial = " (the last metrics line is still being written)" if run.partial_last_line else ""

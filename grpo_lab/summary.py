@@ -14,7 +14,6 @@ a failed job's diagnosis.json, and never raises.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import re
@@ -98,17 +97,10 @@ def swept_keys(overrides: list[list[str]]) -> list[str]:
     return [k for k in order if len(values[k]) > 1]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
 
 def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
     """(status word, diagnosis text, diagnoses) of one job."""
-    status = _read_json(job_dir / "status.json")
+    status = doctor.read_json(job_dir / "status.json")
     st = status.get("status")
     if st == "ok":
         return OK, "", []
@@ -176,13 +168,6 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
     return table, keys
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-        return f if math.isfinite(f) else None
-    except (TypeError, ValueError):
-        return None
-
 
 def _cell(v: Any) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -234,15 +219,15 @@ def plot_summary(table: pd.DataFrame, keys: list[str], path: Path) -> Path | Non
     else:
         labels = list(table["job"])
         xlabel = "job"
-    numeric = len(keys) == 1 and all(_num(v) is not None for v in table[keys[0]])
-    xs = [_num(v) for v in table[keys[0]]] if numeric else list(range(len(labels)))
+    numeric = len(keys) == 1 and all(M.finite_float(v) is not None for v in table[keys[0]])
+    xs = [M.finite_float(v) for v in table[keys[0]]] if numeric else list(range(len(labels)))
     fig = Figure(figsize=(11, 4.5), dpi=80)
     axes = fig.subplots(1, 2)
     for ax, col, title in ((axes[0], "throughput_tok_s_gpu", "throughput (tokens/s per GPU)"),
                            (axes[1], "step_time_s", "time per step (s)")):
         ok_x, ok_y = [], []
         for x, (_, row) in zip(xs, table.iterrows()):
-            y = _num(row[col])
+            y = M.finite_float(row[col])
             if row["status"] == OK or (y is not None and row["status"] == UNFINISHED):
                 if y is not None:
                     ok_x.append(x)
@@ -325,7 +310,7 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
     def _job_end(self, config: Any, job_return: Any) -> None:
         hydra_cfg = config.hydra
         job_dir = Path(str(hydra_cfg.runtime.output_dir))
-        failed = _job_failed(job_return) or _read_json(job_dir / "status.json").get("status") == "failed"
+        failed = _job_failed(job_return) or doctor.read_json(job_dir / "status.json").get("status") == "failed"
         if failed and (job_dir / "train.log").exists():
             diags = doctor.write_diagnosis(job_dir)
             for d in diags:

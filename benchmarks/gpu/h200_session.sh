@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of grpo-lab on the H200 test machine (one GPU, no network), run inside the device tool's `run` calls
-# after verl/vLLM/Ray are staged (docs/gpu-testing.md). Each phase writes logs stamped with seconds since launch
+# after verl/vLLM/Ray are staged (benchmarks/gpu/README.md). Each phase writes logs stamped with seconds since launch
 # into $OUT/logs, a line per run into $OUT/times.txt, and packs the logs into $OUT/<phase>.tgz.
 #
 #   bash benchmarks/gpu/h200_session.sh prepare    # byte-compile the staged packages, make tiny (model + data)
