@@ -6,7 +6,8 @@ Both run the same job (experiment=smoke_tiny hardware=h200x1 on files made by gr
 overrides grpo_lab.rawcmd derives from the composed config, computed before the clock starts). Everything after
 that line is verl's own code in both, so the difference is the launcher's cost: composing with our groups, the
 preflight, writing the job folder, tee-ing the output. Runs on a CPU machine: CUDA_VISIBLE_DEVICES=0 lets the
-preflight's GPU check pass, and each process is stopped at that line, before Ray starts anything.
+preflight's GPU check pass (with a stand-in `nvidia-smi -L` that lists one GPU), and each process is stopped at that
+line, before Ray starts anything.
 """
 
 from __future__ import annotations
@@ -60,14 +61,21 @@ def main() -> int:
         job = ["experiment=smoke_tiny", "hardware=h200x1", f"model_path={tmp}/tiny-qwen3",
                f"train_file={tmp}/arith_tiny/train.parquet", f"test_file={tmp}/arith_tiny/test.parquet"]
         raw_args = raw_overrides(job, str(ROOT / "conf"))
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+        fake = Path(tmp) / "bin"
+        fake.mkdir()
+        (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in for the launcher benchmark'\n")
+        (fake / "nvidia-smi").chmod(0o755)
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
+               "PATH": f"{fake}:{os.environ['PATH']}"}
         ours_cmd = [sys.executable, "run.py", *job, f"hydra.run.dir={tmp}/job"]
         raw_cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *raw_args]
         ours, raw = [], []
         for _ in range(args.repeat):  # interleaved, so that cache warmth favours neither
             raw.append(time_to_mark(raw_cmd, env))
             ours.append(time_to_mark(ours_cmd, env))
-    subprocess.run(["ray", "stop", "--force"], capture_output=True)
+    ray_cli = Path(sys.executable).with_name("ray")
+    if ray_cli.exists():  # nothing should be left, but never leave a Ray behind
+        subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True)
     r, o = statistics.median(raw), statistics.median(ours)
     print(f"seconds from the command to verl's '{MARK}' (median of {args.repeat}; each: raw {raw}, ours {ours})")
     print(f"  raw verl (python -m verl.trainer.main_ppo): {r:6.2f}")

@@ -22,7 +22,7 @@ Rules (the `rule` id of a Problem):
                 nccl_p2p (warning), model_arch_mismatch (warning)
   (missing data and model files are grpo_lab.inputs' to report)
   memory:       memory_generation, memory_training, memory_weight_sync, memory_host_ram, vllm_kv_cache
-                (predicted OOM: error when lab.preflight.strict, else warning; tight: warning)
+                (predicted OOM: error when preflight.strict, else warning; tight: warning)
 """
 
 from __future__ import annotations
@@ -121,9 +121,9 @@ class _Collector:
         self.warnings.append(Problem(rule, message, fix))
 
     def predicted_oom(self, rule: str, message: str, fix: str = "") -> None:
-        """A predicted out-of-memory: an error under lab.preflight.strict, else a warning."""
+        """A predicted out-of-memory: an error under preflight.strict, else a warning."""
         if self.strict:
-            self.error(rule, message + " (lab.preflight.strict=false makes this a warning)", fix)
+            self.error(rule, message + " (preflight.strict=false makes this a warning)", fix)
         else:
             self.warn(rule, message, fix)
 
@@ -768,7 +768,7 @@ def _pitfalls(verl: Mapping[str, Any], lab: Mapping[str, Any], b: dict[str, Any]
             col.error("visible_gpus",
                       f"trainer.n_gpus_per_node={want} but {count} CUDA GPU(s) are visible ({how}): Ray would wait "
                       f"for GPUs that never come", f"ngpus_per_node={count}" if count else
-                      "run on the GPU machine (python run.py lab.preflight.only=true plans without GPUs)")
+                      "run on the GPU machine, or check and plan here without GPUs: python run.py preflight.only=true (make plan)")
     else:
         col.notes.append("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
                          "n_gpus_per_node")
@@ -898,7 +898,7 @@ def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[st
     """Check a resolved verl config (plain dict) and grpo-lab's `lab` dict; collect every problem.
 
     launching=True: Ray is about to start here, so the environment checks run too (flash-attn importable, visible
-    GPUs, the machine's CPUs when ray num_cpus is null); launching=False (lab.preflight.only on any machine) skips
+    GPUs, the machine's CPUs when ray num_cpus is null); launching=False (preflight.only on any machine) skips
     them and says so in the notes.
     """
     environ = os.environ if environ is None else environ
