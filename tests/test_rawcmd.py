@@ -1,0 +1,38 @@
+"""grpo_lab.rawcmd: the raw verl command it prints gives verl exactly the config run.py gives it."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from conftest import CONF, compose_split
+from grpo_lab.config import split
+from grpo_lab.rawcmd import raw_overrides
+from grpo_lab.verl_paths import verl_config_dir
+
+
+def _raw_config(overrides: list[str]) -> dict:
+    """What `python -m verl.trainer.main_ppo <overrides>` composes (verl's own Hydra main, config ppo_trainer)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+        verl, _ = split(compose("ppo_trainer", overrides=overrides))
+    GlobalHydra.instance().clear()
+    return verl
+
+
+@pytest.mark.parametrize("job", [["hardware=rtx4080x4"], ["experiment=smoke_tiny", "hardware=h200x1"],
+                                 ["model=qwen3_8b_lora", "variant=dapo"]])
+def test_raw_command_round_trips(job):
+    args = raw_overrides(job, str(CONF))
+    GlobalHydra.instance().clear()
+    ours, _ = compose_split(*job)
+    GlobalHydra.instance().clear()
+    assert _raw_config(args) == ours
+
+
+def test_string_env_vars_stay_strings():
+    # seen on the GPU machine: NCCL_P2P_DISABLE=1 unquoted became an int, and Ray refuses non-string env vars
+    args = raw_overrides(["hardware=rtx4080x4"], str(CONF))
+    assert "++ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE='1'" in args
+    assert _raw_config(args)["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["NCCL_P2P_DISABLE"] == "1"
