@@ -16,6 +16,10 @@ GPU_PY ?= $(GPU_VENV)/bin/python
 GPU_DEP := $(if $(filter $(GPU_VENV)/bin/python,$(GPU_PY)),$(GPU_VENV)/.installed,)
 PY := $(shell if [ -x $(GPU_PY) ]; then echo $(GPU_PY); elif [ -x $(TEST_PY) ]; then echo $(TEST_PY); else echo python3; fi)
 
+# verl defaults to flash-attention 2; where flash-attn is not installed (verl[vllm] does not bring it), run on torch's
+# sdpa instead (expanded when a recipe runs, after .venv-gpu exists)
+ATTN = $(shell $(GPU_PY) -c "import flash_attn" >/dev/null 2>&1 || echo ++actor_rollout_ref.model.override_config.attn_implementation=sdpa)
+
 .DEFAULT_GOAL := help
 .PHONY: help test setup data tiny smoke smoke-tiny train train-4b sweep plan report doctor gpu-check clean
 
@@ -45,7 +49,7 @@ gpu-check:
 	  echo "  Inspect the config instead: python run.py --cfg job --resolve, or check and plan it: make plan ARGS=\"experiment=smoke\""; exit 2; }
 
 data/gsm8k/train.parquet:
-	$(MAKE) --no-print-directory data
+	$(MAKE) --no-print-directory data PY=$(GPU_PY)
 
 data: ## GSM8K -> data/gsm8k/{train,test}.parquet (LOCAL=<dir> reads local files instead of the hub)
 	$(PY) -m grpo_lab.data gsm8k --out data/gsm8k $(if $(LOCAL),--local-dir $(LOCAL))
@@ -54,20 +58,20 @@ tiny: ## offline tiny Qwen3 + synthetic arithmetic data in data/ (no downloads)
 	$(PY) -m grpo_lab.tiny --out data
 
 smoke: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## the guide's smoke test: Qwen3-0.6B, 3 GRPO steps on 4 GPUs
-	$(GPU_PY) run.py experiment=smoke $(ARGS)
+	$(GPU_PY) run.py experiment=smoke $(ATTN) $(ARGS)
 
 smoke-tiny: gpu-check $(GPU_DEP) ## 3 GRPO steps of the tiny offline model on one GPU (HW=h200x1)
 	@[ -f data/tiny-qwen3/config.json ] || $(MAKE) --no-print-directory tiny PY=$(GPU_PY)
-	$(GPU_PY) run.py experiment=smoke_tiny hardware=$(HW) $(ARGS)
+	$(GPU_PY) run.py experiment=smoke_tiny hardware=$(HW) $(ATTN) $(ARGS)
 
 train: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## the guide's real run: Qwen3-1.7B, 2 epochs
-	$(GPU_PY) run.py experiment=qwen3_1_7b_gsm8k $(ARGS)
+	$(GPU_PY) run.py experiment=qwen3_1_7b_gsm8k $(ATTN) $(ARGS)
 
 train-4b: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## the guide's Qwen3-4B run
-	$(GPU_PY) run.py experiment=qwen3_4b_gsm8k $(ARGS)
+	$(GPU_PY) run.py experiment=qwen3_4b_gsm8k $(ATTN) $(ARGS)
 
 sweep: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## smoke test over rollout gpu_memory_utilization (UTILS=0.3,0.4,0.5)
-	$(GPU_PY) run.py -m experiment=smoke rollout_gpu_mem_util=$(UTILS) $(ARGS)
+	$(GPU_PY) run.py -m experiment=smoke rollout_gpu_mem_util=$(UTILS) $(ATTN) $(ARGS)
 
 plan: ## preflight only: batch arithmetic, memory plan, problems; writes plan.json (ARGS="model=qwen3_4b ...")
 	$(PY) run.py preflight.only=true $(ARGS)
