@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import subprocess
 import sys
@@ -36,6 +38,17 @@ def compose_split(*overrides: str):
     from grpo_lab.config import split
 
     return split(compose_cfg(*overrides))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed_no_files(*overrides: str):
+    return compose_split(*overrides, "train_file=/nonexistent/train.parquet", "test_file=/nonexistent/test.parquet")
+
+
+def composed(*overrides: str):
+    """(verl, lab) plain dicts of a composed config with no data files; each call a fresh copy to edit."""
+    verl, lab = _composed_no_files(*overrides)
+    return copy.deepcopy(verl), copy.deepcopy(lab)
 
 
 def run_py(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:

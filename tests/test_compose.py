@@ -7,7 +7,7 @@ import copy
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose_cfg, compose_split, options
+from conftest import CONF, compose_split, options
 from grpo_lab.config import get
 
 GROUPS = ["hardware", "model", "rollout", "variant", "dataset", "logger", "experiment"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, run_py
+from conftest import run_py
 
 
 def _tiny_files(tmp_path: Path) -> list[str]:

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 from dataclasses import replace
 
 import pytest
 
-from conftest import ROOT, compose_split
+from conftest import ROOT, composed
 from grpo_lab import memplan
 from grpo_lab.memplan import Arch, Settings, memory_plan, settings_from_verl
 
 
-@functools.lru_cache(maxsize=None)
-def _composed(*overrides: str):
-    return compose_split(*overrides, "train_file=/nonexistent/train.parquet", "test_file=/nonexistent/test.parquet")
-
-
-def composed(*overrides: str):
-    verl, lab = _composed(*overrides)
-    return copy.deepcopy(verl), copy.deepcopy(lab)
 
 
 def plan_for(*overrides: str) -> dict:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 import subprocess
 import sys
@@ -13,20 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, compose_split, run_py
+from conftest import ROOT, composed, run_py
 from grpo_lab import preflight
 from grpo_lab.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
 
 
-@functools.lru_cache(maxsize=None)
-def _composed(*overrides: str):
-    return compose_split(*overrides, "train_file=/nonexistent/train.parquet", "test_file=/nonexistent/test.parquet")
-
-
-def composed(*overrides: str):
-    """(verl, lab) plain dicts of a composed config; each call a fresh copy to edit."""
-    verl, lab = _composed(*overrides)
-    return copy.deepcopy(verl), copy.deepcopy(lab)
 
 
 def put(d: dict, dotted: str, value) -> None:
