@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -39,14 +40,14 @@ def checkpoint_key(override_dirname: str) -> str:
     return key
 
 
-def get(d: dict[str, Any], dotted: str, default: Any = None) -> Any:
-    """d['a']['b'] for 'a.b', or default when any part is missing."""
+def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
+    """d['a']['b'] for 'a.b', or default when any part is missing or the value is None."""
     cur: Any = d
     for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
+        if not isinstance(cur, Mapping) or part not in cur:
             return default
         cur = cur[part]
-    return cur
+    return default if cur is None else cur
 
 
 def put(d: dict[str, Any], dotted: str, value: Any) -> None:

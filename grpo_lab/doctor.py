@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from grpo_lab.config import get as _get
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the result
 
@@ -142,15 +144,6 @@ def _ray_init_kwargs(log: Log) -> dict[str, Any]:
         return d if isinstance(d, dict) else {}
     except (ValueError, SyntaxError):
         return {}
-
-
-def _get(cfg: dict[str, Any] | None, path: str, default: Any = None) -> Any:
-    cur: Any = cfg or {}
-    for key in path.split("."):
-        if not isinstance(cur, dict) or key not in cur:
-            return default
-        cur = cur[key]
-    return default if cur is None else cur
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -65,6 +65,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from grpo_lab.config import get as _get
+
 GB = 1e9
 MiB = 1 << 20
 
@@ -255,15 +257,6 @@ class Settings:
     def vllm_sleep_level(self) -> int:
         # verl: level 1 for LoRA adapters (not merged) and layered_summon, else level 2 (vLLM >= 0.18)
         return 1 if (self.lora_rank > 0 or self.layered_summon) else 2
-
-
-def _get(d: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
-    cur: Any = d
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return default
-        cur = cur[part]
-    return default if cur is None and default is not None else cur
 
 
 def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Settings:

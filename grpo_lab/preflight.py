@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from grpo_lab import memplan
+from grpo_lab.config import get as _get
 
 # A Qwen3 chat model thinks first (<think>...</think>); the answer's "#### n" comes after the trace. Qwen's model card
 # recommends output budgets of 32k tokens for thinking, and on GSM8K-level problems the traces commonly run past
@@ -86,15 +87,6 @@ class PreflightReport:
 # ---------------------------------------------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------------------------------------------
-
-def _get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
-    cur: Any = d
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return default
-        cur = cur[part]
-    return default if cur is None else cur
-
 
 def _int(x: Any, default: int = 0) -> int:
     try:

@@ -24,6 +24,7 @@ import pandas as pd
 
 from grpo_lab import doctor
 from grpo_lab import metrics as M
+from grpo_lab.config import get as _get
 
 OK, WARN, BAD = "ok", "warn", "bad"
 
@@ -108,15 +109,6 @@ class RunInfo:
         if "base" in name:
             return False
         return None
-
-
-def _get(d: Any, path: str, default: Any = None) -> Any:
-    cur = d
-    for k in path.split("."):
-        if not isinstance(cur, dict) or k not in cur:
-            return default
-        cur = cur[k]
-    return default if cur is None else cur
 
 
 def _int(v: Any) -> int | None:
