@@ -9,10 +9,18 @@ from typing import Any
 from grpo_lab.config import get
 
 
-def _files(value: Any) -> list[str]:
-    if value is None:
-        return []
-    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+def local_files(value: Any) -> list[str] | None:
+    """Local paths of data.train_files / val_files (a string or a list); None when any is remote (hdfs://, s3://)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in items:
+        if item is None:
+            continue
+        s = str(item)
+        if "://" in s and not s.startswith("file://"):
+            return None
+        out.append(os.path.expanduser(s.removeprefix("file://")))
+    return out
 
 
 def _looks_local(path: str) -> bool:
@@ -32,10 +40,10 @@ def check_inputs(verl: dict[str, Any], lab: dict[str, Any], environ: Mapping[str
     problems = []
     make = get(lab, "dataset.make", "make data")
     for key in ("data.train_files", "data.val_files"):
-        for path in _files(get(verl, key)):
-            if path.startswith(("hdfs://", "s3://", "gs://")):
-                continue
-            if not os.path.isfile(os.path.expanduser(path)):
+        value = get(verl, key)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for path in (p for item in items for p in (local_files(item) or [])):  # remote files are not checked
+            if not os.path.isfile(path):
                 problems.append(f"{key}: {path} does not exist. Make it with `{make}`, or point to your own file: "
                                 f"python run.py {'train_file' if 'train' in key else 'test_file'}=/path/to/file.parquet")
     model = str(get(verl, "actor_rollout_ref.model.path") or "")

@@ -42,6 +42,7 @@ from typing import Any, Mapping
 
 from grpo_lab import memplan
 from grpo_lab.config import get as _get
+from grpo_lab.inputs import local_files
 
 # A Qwen3 chat model thinks first (<think>...</think>); the answer's "#### n" comes after the trace. Qwen's model card
 # recommends output budgets of 32k tokens for thinking, and on GSM8K-level problems the traces commonly run past
@@ -173,18 +174,26 @@ def _skip(buf: bytes, pos: int, ttype: int) -> int:
     if ttype == 12:              # struct
         fid = 0
         while True:
-            head = buf[pos]
-            pos += 1
-            if head == 0:
+            fid, ft, pos = _field_header(buf, pos, fid)
+            if ft == 0:
                 return pos
-            delta, ft = head >> 4, head & 0x0F
-            if delta:
-                fid += delta
-            else:
-                raw, pos = _varint(buf, pos)
-                fid = _zigzag(raw)
             pos = _skip(buf, pos, ft)
     raise ValueError(f"unknown thrift type {ttype}")
+
+
+def _field_header(buf: bytes, pos: int, fid: int) -> tuple[int, int, int]:
+    """The next field header of a thrift-compact struct: (field id, type, position after it); type 0 ends it."""
+    head = buf[pos]
+    pos += 1
+    if head == 0:
+        return fid, 0, pos
+    delta, ft = head >> 4, head & 0x0F
+    if delta:
+        fid += delta
+    else:
+        raw, pos = _varint(buf, pos)
+        fid = _zigzag(raw)
+    return fid, ft, pos
 
 
 def parquet_num_rows(path: str | os.PathLike) -> int:
@@ -205,16 +214,9 @@ def parquet_num_rows(path: str | os.PathLike) -> int:
     try:
         pos, fid = 0, 0
         while True:
-            head = buf[pos]
-            pos += 1
-            if head == 0:
+            fid, ft, pos = _field_header(buf, pos, fid)
+            if ft == 0:
                 break
-            delta, ft = head >> 4, head & 0x0F
-            if delta:
-                fid += delta
-            else:
-                raw, pos = _varint(buf, pos)
-                fid = _zigzag(raw)
             if fid == 3 and ft == 6:  # FileMetaData.num_rows: i64
                 raw, pos = _varint(buf, pos)
                 return _zigzag(raw)
@@ -224,20 +226,6 @@ def parquet_num_rows(path: str | os.PathLike) -> int:
     import pyarrow.parquet as pq  # slow import (~0.3 s): only when the footer is unusual
 
     return int(pq.ParquetFile(path).metadata.num_rows)
-
-
-def _local_files(value: Any) -> list[str] | None:
-    """Local paths of data.train_files / val_files (a string or a list); None when any is remote."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for item in items:
-        if item is None:
-            continue
-        s = str(item)
-        if "://" in s and not s.startswith("file://"):
-            return None
-        out.append(os.path.expanduser(s.removeprefix("file://")))
-    return out
 
 
 def _proc_gpus() -> int | None:
@@ -522,7 +510,7 @@ def _ref_used(verl: Mapping[str, Any]) -> bool:
 
 
 def _steps(verl: Mapping[str, Any], b: dict[str, Any], lab: Mapping[str, Any], col: _Collector) -> None:
-    files = _local_files(_get(verl, "data.train_files"))
+    files = local_files(_get(verl, "data.train_files"))
     if files is None:
         col.notes.append("data.train_files is remote: steps per epoch unknown until verl reads it")
         return
