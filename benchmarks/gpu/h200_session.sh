@@ -9,6 +9,9 @@
 #   bash benchmarks/gpu/h200_session.sh sweep      # run.py -m over rollout_gpu_mem_util
 #   bash benchmarks/gpu/h200_session.sh memplan    # measured vs planned training-phase memory
 #   bash benchmarks/gpu/h200_session.sh learn      # supervised warm-up, then GRPO for a few dozen steps
+#   bash benchmarks/gpu/h200_session.sh bg PHASE... # the phases one after another in a new process session (setsid):
+#                                                   # they outlive the device call; results under $BG_OUT
+#   bash benchmarks/gpu/h200_session.sh collect S   # wait up to S seconds for the bg chain, copy what is new to $OUT
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/site.env ] && source /root/site.env
@@ -29,7 +32,7 @@ cleanup() {  # nothing of one run may hold the GPU for the next
 timed() {  # timed NAME LIMIT_S CMD...: runs CMD, stamps its output into $LOGS/NAME.log, records rc and wall time
   local name=$1 limit=$2; shift 2
   local t0; t0=$(date +%s.%N)
-  timeout -k 10 "$limit" "$@" 2>&1 | python3 benchmarks/gpu/stamp.py "$t0" > "$LOGS/$name.log"
+  timeout -k 10 "$limit" "$@" </dev/null 2>&1 | python3 benchmarks/gpu/stamp.py "$t0" > "$LOGS/$name.log"
   local rc=${PIPESTATUS[0]}
   local t1; t1=$(date +%s.%N)
   echo "$name rc=$rc wall_s=$(python3 -c "print(round($t1 - $t0, 1))") steps=$(grep -c ' step:[0-9]' "$LOGS/$name.log")" \
@@ -37,7 +40,12 @@ timed() {  # timed NAME LIMIT_S CMD...: runs CMD, stamps its output into $LOGS/N
   cleanup
 }
 
-raw_verl() { bash benchmarks/gpu/raw_verl.sh "$@"; }  # the preset's job through raw verl
+# the preset's job through raw verl; its overrides are derived once, before the clock starts (a user would paste them)
+export RAW_ARGS_FILE=$OUT/raw_args.txt
+raw_args() { [ -s "$RAW_ARGS_FILE" ] || python3 -m grpo_lab.rawcmd --list "${PRESET[@]}" > "$RAW_ARGS_FILE"; }
+# vLLM's own start-up log lines (verl sets WARN for its workers unless the launching shell sets the variable)
+export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
+BG_OUT=${BG_OUT:-/tmp/grpo-lab-bg}
 
 pack() { tar czf "$OUT/$1.tgz" -C "$LOGS" . && rm -rf "${LOGS:?}"/*; }
 
@@ -46,15 +54,17 @@ case "${1:-}" in
     t0=$(date +%s)
     python3 -m compileall -q -j 16 /root/site >/dev/null 2>&1
     echo "compileall /root/site: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/times.txt"
-    python3 -m grpo_lab.tiny --out data 2>&1 | tail -5
+    python3 -m grpo_lab.tiny --out data --variant all 2>&1 | tail -5
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
     python3 -c "import torch, vllm, ray, verl, transformers, hydra; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__, 'hydra', hydra.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
     ;;
   before)
+    raw_args
     VERL_FILE_LOGGER_PATH=$LOGS/raw_before.metrics.jsonl timed raw_before 480 bash benchmarks/gpu/raw_verl.sh "${VERL_STARTUP_DEFAULTS[@]}"
     pack before
     ;;
   after)
+    raw_args
     VERL_FILE_LOGGER_PATH=$LOGS/raw_after.metrics.jsonl timed raw_after 270 bash benchmarks/gpu/raw_verl.sh
     timed runpy_after 270 python3 run.py "${PRESET[@]}" hydra.run.dir="$LOGS/runpy_after"
     pack after
@@ -64,12 +74,14 @@ case "${1:-}" in
     pack ours
     ;;
   raw)
+    raw_args
     VERL_FILE_LOGGER_PATH=$LOGS/raw.metrics.jsonl timed raw 300 bash benchmarks/gpu/raw_verl.sh ${RAW_ARGS:-}
     pack raw
     ;;
   sweep)
-    timed sweep 560 python3 run.py -m "${PRESET[@]}" rollout_gpu_mem_util="${UTILS:-0.2,0.3,0.5}" \
-      trainer.total_training_steps="${STEPS:-2}" hydra.sweep.dir="$LOGS/sweep"
+    # job0 (util 0.4) is the preset itself: run.py's twin of the raw verl run of the `after` phase
+    timed sweep 800 python3 run.py -m "${PRESET[@]}" rollout_gpu_mem_util="${UTILS:-0.4,0.2,0.6}" \
+      ${STEPS:+trainer.total_training_steps=$STEPS} hydra.sweep.dir="$LOGS/sweep"
     pack sweep
     ;;
   memplan)
@@ -77,9 +89,39 @@ case "${1:-}" in
     pack memplan
     ;;
   learn)
-    timed warmup 150 python3 -m grpo_lab.warmup ${WARMUP_ARGS:-}
-    timed learn 420 python3 run.py experiment=learn_tiny hardware=h200x1 hydra.run.dir="$LOGS/learn" ${LEARN_ARGS:-}
+    timed warmup 150 python3 -m grpo_lab.warmup ${WARMUP_ARGS:---model data/tiny-qwen3-learn --data data/arith_tiny \
+      --out data/tiny-qwen3-sft --steps 400 --device cuda}
+    cp data/tiny-qwen3-sft/grpo_lab_warmup.json "$LOGS/" 2>/dev/null
+    timed learn 600 python3 run.py experiment=learn_tiny hardware=h200x1 hydra.run.dir="$LOGS/learn" ${LEARN_ARGS:-}
     pack learn
     ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  raw_after)  # the `after` phase's raw verl run alone (run.py's twin: the sweep's job0)
+    raw_args
+    VERL_FILE_LOGGER_PATH=$LOGS/raw_after.metrics.jsonl timed raw_after 300 bash benchmarks/gpu/raw_verl.sh
+    pack raw_after
+    ;;
+  chain)  # chain PHASE...: run the phases in order; `done` marks the end
+    shift
+    for phase in "$@"; do bash "$0" "$phase"; echo "$phase finished" >> "$OUT/chain.txt"; done
+    touch "$OUT/done"
+    ;;
+  bg)
+    shift
+    mkdir -p "$BG_OUT"
+    OUT=$BG_OUT setsid nohup bash "$0" chain "$@" > "$BG_OUT/chain.log" 2>&1 < /dev/null &
+    echo "started in the background: $* (results under $BG_OUT)"
+    ;;
+  collect)  # collect S: wait for the bg chain up to S seconds, then copy what was not delivered yet to $OUT
+    end=$(( $(date +%s) + ${2:-500} ))
+    while [ ! -f "$BG_OUT/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
+    mkdir -p "$BG_OUT/.delivered"
+    for f in "$BG_OUT"/*.tgz; do
+      [ -f "$f" ] && [ ! -f "$BG_OUT/.delivered/$(basename "$f")" ] && cp "$f" "$OUT/" && touch "$BG_OUT/.delivered/$(basename "$f")"
+    done
+    cp "$BG_OUT"/times.txt "$BG_OUT"/chain.txt "$OUT/" 2>/dev/null
+    tail -c 3000 "$BG_OUT/chain.log" > "$OUT/chain_tail.log" 2>/dev/null
+    for f in "$BG_OUT"/logs/*.log; do [ -f "$f" ] && echo "== $f" && tail -n 3 "$f" | cut -c1-200; done
+    cat "$BG_OUT"/times.txt 2>/dev/null; [ -f "$BG_OUT/done" ] && echo "chain done"
+    ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
 esac
