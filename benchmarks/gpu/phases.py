@@ -18,7 +18,13 @@ MILESTONES = [
     ("worker group created", r"create worker group"),
     ("actor+ref initialized", r"actor and ref model engine initialized"),
     ("vLLM server process up", r"\(vLLMHttpServer pid=\d+\)"),
+    # the next five need vLLM's INFO lines (VLLM_LOGGING_LEVEL=INFO in the launching shell; verl sets WARN)
+    ("vLLM config resolved", r"Resolved architecture"),
     ("vLLM engine core up", r"\(EngineCore pid=\d+\)|EngineCore"),
+    ("vLLM worker process up", r"\(Worker pid=\d+\)"),
+    ("vLLM model loaded", r"Model loading took"),
+    ("vLLM engine initialized", r"init engine \(profile"),
+    ("vLLM server serving", r"Detected the chat template content format|api_router"),
     ("ready to fit", r"all initialize finished, ready to fit"),
     ("step 1 done", r"step:1 "),
     ("step 2 done", r"step:2 "),
