@@ -19,12 +19,13 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from grpo_lab import doctor
 from grpo_lab import metrics as M
+
+if TYPE_CHECKING:  # pandas is imported where used: Hydra instantiates the callback before every run
+    import pandas as pd
 
 try:  # Hydra is a dependency of grpo-lab; the summary itself works without it
     from hydra.experimental.callback import Callback as _HydraCallback
@@ -164,6 +165,8 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
         ov = dict(kv for kv in (_split_override(o) for o in read_overrides(d)) if kv)
         for k in keys:
             row[k] = ov.get(k)
+    import pandas as pd
+
     table = pd.DataFrame(rows, columns=["job", *keys, *COLUMNS[1:]])
     return table, keys
 

@@ -185,3 +185,12 @@ def test_callback_in_a_real_hydra_multirun(tmp_path):
     assert list(table["status"]) == ["ok", "ok", "OOM in generation"]
     assert (tmp_path / "sweep" / "job2" / "diagnosis.json").exists()
     assert (tmp_path / "sweep" / "job0" / "report.json").exists()
+
+
+def test_callback_module_does_not_import_pandas():
+    # Hydra instantiates the callback before every run, the refusals of a bad config too: pandas only when used
+    code = "import sys, grpo_lab.summary; print(sorted({'pandas', 'numpy'} & set(sys.modules)))"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
