@@ -133,3 +133,13 @@ def test_refusal_imports_nothing_heavy(tmp_path):
     imported = _imported(proc.stderr)
     assert "hydra" in imported and "grpo_lab" in imported  # the importtime lines were read
     assert not imported & HEAVY, sorted(imported & HEAVY)
+
+
+def test_verl_group_options_still_work_on_the_command_line():
+    # verl's ppo_trainer is served composed (grpo_lab/verl_cache.py); run.py walks verl's own tree for these
+    proc = run_py("--cfg", "job", "model_engine=veomni")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert yaml.safe_load(proc.stdout)["actor_rollout_ref"]["actor"]["strategy"] == "veomni"
+    proc = run_py("--cfg", "job", "actor@actor_rollout_ref.actor=veomni_actor")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert yaml.safe_load(proc.stdout)["actor_rollout_ref"]["actor"]["strategy"] == "veomni"
