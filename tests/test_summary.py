@@ -187,9 +187,9 @@ def test_callback_in_a_real_hydra_multirun(tmp_path):
     assert (tmp_path / "sweep" / "job0" / "report.json").exists()
 
 
-def test_callback_module_does_not_import_pandas():
-    # Hydra instantiates the callback before every run, the refusals of a bad config too: pandas only when used
-    code = "import sys, grpo_lab.summary; print(sorted({'pandas', 'numpy'} & set(sys.modules)))"
+def test_callback_module_imports_pandas_and_the_doctor_only_when_used():
+    # Hydra instantiates the callback before every run, the refusals of a bad config too
+    code = "import sys, grpo_lab.summary; print(sorted({'pandas', 'numpy', 'grpo_lab.doctor'} & set(sys.modules)))"
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
