@@ -4,17 +4,20 @@ Composing verl/trainer/config/ppo_trainer.yaml through its defaults lists takes 
 run.py` composes twice (Hydra's mode detection, then the run). verl's files change only when verl does, so
 hydra_plugins/grpo_lab_searchpath serves `ppo_trainer` from here: the config Hydra composes from verl's files, not
 resolved, stored as one YAML file. The config a job gets is the same key for key, in the same order
-(tests/test_verl_cache.py compares them).
+(tests/test_verl_searchpath.py compares them); only Hydra's record of the group choices it walked
+(hydra.runtime.choices in .hydra/hydra.yaml) no longer lists verl's.
 
     cache key:  this format, verl's version, Hydra's and OmegaConf's versions, Hydra's version_base, verl's config
-                folder and every YAML file in it (path, mtime, size); a changed verl gets a new file
+                folder and every YAML file in it (path, mtime, size); a changed verl gets a new file (~40 KB each;
+                old ones stay until deleted)
     where:      $GRPO_LAB_CACHE_DIR, else $XDG_CACHE_HOME/grpo-lab, else ~/.cache/grpo-lab; written as a temp file
                 and renamed. Where it cannot be written, the composed config serves this process only.
     off:        GRPO_LAB_VERL_CACHE=0, and by itself for a command line that needs verl's own defaults tree
                 (tree_needed): an option of one of verl's config groups (model_engine=megatron,
-                actor@actor_rollout_ref.actor=..., optim@actor_rollout_ref.actor.optim=...), --info, --cfg hydra|all,
-                --config-dir, hydra.searchpath. Set it by hand when a config file of yours picks an option of a verl
-                group, or a config folder of yours replaces one of verl's files.
+                actor@actor_rollout_ref.actor=veomni_actor, ~model_engine), --info, --cfg hydra|all, --config-dir,
+                hydra.searchpath. Set it by hand when a config file of yours picks an option of a verl group, or a
+                config folder of yours replaces one of verl's files: the cached ppo_trainer has no defaults list
+                left to override (Hydra: "Could not override 'model_engine'. No match in the defaults list").
 
 Never imports verl (that takes seconds); Hydra, OmegaConf and PyYAML are imported only when a config is composed.
 """
@@ -125,7 +128,7 @@ def _read(path: Path, key: str) -> dict | None:
     yaml, loader, _ = _yaml()
     try:
         doc = yaml.load(path.read_text(), Loader=loader)
-    except (OSError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):  # absent, not text, not YAML: built again
         return None
     if not isinstance(doc, dict) or doc.get("key") != key or not isinstance(doc.get(CONFIG_NAME), dict):
         return None
@@ -136,7 +139,8 @@ def _write(path: Path, key: str, data: dict) -> None:
     """Atomically (temp file + rename); a cache that cannot be written is skipped."""
     yaml, _, dumper = _yaml()
     text = (f"# grpo-lab: verl's {CONFIG_NAME} as Hydra composes it from verl's files (grpo_lab/verl_cache.py); "
-            "a cache, safe to delete\n" + yaml.dump({"key": key, CONFIG_NAME: data}, Dumper=dumper, sort_keys=False, allow_unicode=True))
+            "a cache, safe to delete\n"
+            + yaml.dump({"key": key, CONFIG_NAME: data}, Dumper=dumper, sort_keys=False, allow_unicode=True))
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -231,9 +235,7 @@ def tree_needed(args: Sequence[str], conf_dir: str | os.PathLike) -> str | None:
         key, package = m.group(2), m.group(3)
         if key == "hydra.searchpath":
             return a
-        # verl's nested groups are addressed through their parent: actor/../optim@actor_rollout_ref.actor.optim
-        groups = {key.split("/")[0], os.path.normpath(key)}
-        if groups & theirs and (package or key not in ours):
+        if key.split("/")[0] in theirs and (package or key not in ours):
             return a
     return None
 

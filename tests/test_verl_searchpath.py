@@ -42,7 +42,8 @@ def test_cached_ppo_trainer_composes_the_identical_config(monkeypatch, overrides
     # the cache was in use (its source on the searchpath, no verl group choices recorded) and verl's tree was not
     assert {s["schema"] for s in cached_hydra["runtime"]["config_sources"]} >= {"grpolab-verl"}
     assert "grpolab-verl" not in {s["schema"] for s in tree_hydra["runtime"]["config_sources"]}
-    assert "model_engine" in tree_hydra["runtime"]["choices"] and "model_engine" not in cached_hydra["runtime"]["choices"]
+    assert "model_engine" in tree_hydra["runtime"]["choices"]
+    assert "model_engine" not in cached_hydra["runtime"]["choices"]
     # key for key, value for value, in the same order (verl_config.yaml and .hydra/config.yaml read the same)
     assert yaml.safe_dump(cached, sort_keys=False) == yaml.safe_dump(tree, sort_keys=False)
     assert cached_split == tree_split
