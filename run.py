@@ -12,12 +12,14 @@ Any verl key can be overridden (actor_rollout_ref.actor.fsdp_config.optimizer_of
 script's environment variables work too (ROLLOUT_GPU_MEM_UTIL=0.5 python run.py).
 """
 
+import os
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from grpo_lab.knobs import apply_env_knobs
+from grpo_lab.verl_cache import tree_if_needed
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
@@ -29,4 +31,6 @@ def main(cfg: DictConfig) -> str:
 
 if __name__ == "__main__":
     sys.argv = apply_env_knobs(sys.argv)
-    main()
+    # verl's composed ppo_trainer is cached (grpo_lab/verl_cache.py); picking a verl group option needs its own tree
+    with tree_if_needed(sys.argv[1:], os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):
+        main()

@@ -6,7 +6,10 @@
 
 For grpo-lab it prints the wall time from the command to its refusal, the share of it spent importing Python modules
 (`python -X importtime`, top-level imports summed), the interpreter's own start-up, and where the rest goes (Hydra
-composing the config, the preflight itself), and checks that the error names the mistake and that Ray never started.
+composing the config, twice in run mode, the preflight itself), and checks that the error names the mistake and that
+Ray never started. The runs share a cache folder of their own (grpo_lab/verl_cache.py): the first one composes verl's
+~40 config files and stores the result, and is reported on its own line (what the first command after installing or
+changing verl costs); the median is of the runs after it. --no-verl-cache measures with the cache off.
 Then it runs raw verl with the same settings and the same mistake (the overrides grpo_lab.rawcmd derives from the
 composed config) until its first error or --raw-timeout seconds, and prints the same columns. Both get the same
 GSM8K-sized train/test parquet files (made in a temporary folder) and HF_HUB_OFFLINE=1, so neither waits on a
@@ -126,6 +129,7 @@ def _kill_session(proc: subprocess.Popen) -> None:
 
 def ours(args, train: Path, test: Path, tmp: Path, env: dict) -> dict:
     base = [sys.executable, str(ROOT / "run.py"), args.mistake, f"train_file={train}", f"test_file={test}"]
+    first = run_timed(base + [f"hydra.run.dir={tmp / 'job_first'}"], env, timeout=120)
     runs = []
     for i in range(args.repeat):
         runs.append(run_timed(base + [f"hydra.run.dir={tmp / f'job{i}'}"], env, timeout=120))
@@ -133,10 +137,11 @@ def ours(args, train: Path, test: Path, tmp: Path, env: dict) -> dict:
     imp = subprocess.run([sys.executable, "-X", "importtime", *base[1:], f"hydra.run.dir={tmp / 'job_imp'}"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     startup = min(_wall([sys.executable, "-c", "pass"], env) for _ in range(3))
-    phases = in_process_phases(args, train, test)
+    phases = in_process_phases(args, train, test, env)
     last = runs[-1]
     rule = rule_for(args.mistake)
     return {"name": "grpo-lab: python run.py", "wall_s": round(statistics.median(walls), 2), "walls": walls,
+            "first_run_s": first["wall_s"],
             "returncode": last["returncode"], "ray_started": any(r["ray_started"] for r in runs),
             "names_the_mistake": bool(rule and f"[{rule}]" in last["output"]),
             "import_s": round(import_seconds(imp.stderr), 2), "python_startup_s": round(startup, 3),
@@ -151,8 +156,8 @@ def _wall(cmd: list[str], env: dict) -> float:
     return time.time() - t
 
 
-def in_process_phases(args, train: Path, test: Path) -> dict:
-    """Hydra compose + split, and the preflight itself, timed in a fresh interpreter."""
+def in_process_phases(args, train: Path, test: Path, env: dict) -> dict:
+    """In a fresh interpreter: Hydra composing twice (as run.py does: hydra.get_mode, then the run), split, preflight."""
     code = f"""
 import json, sys, time
 t0 = time.time()
@@ -161,18 +166,22 @@ from hydra.core.hydra_config import HydraConfig
 from grpo_lab.config import split
 t1 = time.time()
 with initialize_config_dir(config_dir={str(ROOT / 'conf')!r}, version_base=None):
-    cfg = compose("config", overrides={[args.mistake, f'train_file={train}', f'test_file={test}']!r},
-                  return_hydra_config=True)
+    overrides = {[args.mistake, f'train_file={train}', f'test_file={test}']!r}
+    compose("config", overrides=overrides, return_hydra_config=True)
+    t2 = time.time()
+    cfg = compose("config", overrides=overrides, return_hydra_config=True)
+t3 = time.time()
 HydraConfig.instance().set_config(cfg)
 verl, lab = split(cfg)
-t2 = time.time()
+t4 = time.time()
 from grpo_lab.preflight import run_preflight
 r = run_preflight(verl, lab, launching=True)
-t3 = time.time()
-print(json.dumps({{"import_hydra_s": round(t1 - t0, 3), "compose_and_resolve_s": round(t2 - t1, 3),
-                  "preflight_s": round(t3 - t2, 3)}}))
+t5 = time.time()
+print(json.dumps({{"import_hydra_s": round(t1 - t0, 3), "compose_1_s": round(t2 - t1, 3),
+                  "compose_2_s": round(t3 - t2, 3), "resolve_s": round(t4 - t3, 3), "preflight_s": round(t5 - t4, 3)}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -238,28 +247,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw-timeout", type=float, default=120, help="seconds raw verl gets to reach an error")
     ap.add_argument("--skip-raw", action="store_true", help="only grpo-lab")
     ap.add_argument("--json", help="write the measurements here")
+    ap.add_argument("--no-verl-cache", action="store_true",
+                    help="GRPO_LAB_VERL_CACHE=0: Hydra composes verl's ~40 config files on every run")
     args = ap.parse_args(argv)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_VISIBLE", "ROLLOUT_", "PPO_"))}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                "RAY_USAGE_STATS_ENABLED": "0"})
+                "RAY_USAGE_STATS_ENABLED": "0", "GRPO_LAB_VERL_CACHE": "0" if args.no_verl_cache else "1"})
     with tempfile.TemporaryDirectory(prefix="preflight_speed_") as d:
         tmp = Path(d)
+        env["GRPO_LAB_CACHE_DIR"] = str(tmp / "cache")  # empty: the first run builds it
         train, test = write_data(tmp)
         rows = [ours(args, train, test, tmp, env)]
         if not args.skip_raw:
             rows.append(raw(args, train, test, env))
     text = table(rows)
-    print(f"mistake: {args.mistake}   machine: {os.cpu_count()} CPUs   python {sys.version.split()[0]}")
+    cache = "off (GRPO_LAB_VERL_CACHE=0)" if args.no_verl_cache else "on"
+    print(f"mistake: {args.mistake}   machine: {os.cpu_count()} CPUs   python {sys.version.split()[0]}   "
+          f"verl config cache: {cache}")
     print(text)
     o = rows[0]
     ph = o["phases_s"]
-    print(f"\ngrpo-lab: median of {args.repeat} = {o['wall_s']} s {o['walls']}; "
+    print(f"\ngrpo-lab: median of {args.repeat} = {o['wall_s']} s {o['walls']}; first run "
+          f"{o['first_run_s']} s{'' if args.no_verl_cache else ' (builds the cache)'}; "
           f"python start-up {o['python_startup_s']} s; "
-          f"in a fresh interpreter: import hydra+grpo_lab {ph.get('import_hydra_s')} s, compose+resolve "
-          f"{ph.get('compose_and_resolve_s')} s, preflight {ph.get('preflight_s')} s "
-          f"(the rest: Hydra composes the config a second time in run mode, in hydra.get_mode, then sets up the "
-          f"job: output dir, .hydra/*.yaml, logs)")
+          f"in a fresh interpreter: import hydra+grpo_lab {ph.get('import_hydra_s')} s, compose "
+          f"{ph.get('compose_1_s')} s, compose again {ph.get('compose_2_s')} s (run.py composes twice: "
+          f"hydra.get_mode, then the run), resolve {ph.get('resolve_s')} s, preflight {ph.get('preflight_s')} s "
+          f"(the rest: the job's set-up: output dir, .hydra/*.yaml, logs, the output tee)")
     print(f"grpo-lab's error: {o['first_error']}")
     if len(rows) > 1:
         r = rows[1]

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
-import pandas as pd
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pandas is imported where used: the Hydra callback loads this module before every job
+    import pandas as pd
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -59,6 +61,8 @@ def metrics_path(run: str | Path) -> Path:
 
 def read_metrics(run: str | Path, info: MetricsReadResult | None = None) -> pd.DataFrame:
     """The job's metrics, one row per step (index `step`, sorted), one column per metric; empty when absent."""
+    import pandas as pd
+
     path = metrics_path(run)
     info = info if info is not None else MetricsReadResult()
     rows: dict[int, dict[str, float]] = {}
@@ -99,6 +103,8 @@ def read_metrics(run: str | Path, info: MetricsReadResult | None = None) -> pd.D
 
 
 def _empty() -> pd.DataFrame:
+    import pandas as pd
+
     df = pd.DataFrame()
     df.index.name = "step"
     return df
@@ -142,6 +148,8 @@ def series(df: pd.DataFrame, name: str) -> pd.Series:
     """The metric's values by step, NaNs dropped (empty Series when absent)."""
     col = column(df, name)
     if col is None:
+        import pandas as pd
+
         return pd.Series(dtype=float, name=name)
     return df[col].dropna()
 

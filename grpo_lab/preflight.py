@@ -303,7 +303,8 @@ def known_model_keys() -> tuple[frozenset[str], str]:
     if yml.is_file():
         import yaml
 
-        keys |= set((yaml.safe_load(yml.read_text()) or {}).keys())
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when there: ~20 ms less
+        keys |= set((yaml.load(yml.read_text(), Loader=loader) or {}).keys())
         sources.append("verl/trainer/config/model/hf_model.yaml")
     src = Path(root).parent.parent / "workers" / "config" / "model.py"
     if src.is_file():

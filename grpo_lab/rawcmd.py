@@ -21,6 +21,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
 from grpo_lab.config import split
+from grpo_lab.verl_cache import tree_if_needed
 from grpo_lab.verl_paths import verl_config_dir
 
 _MISSING = object()
@@ -61,7 +62,7 @@ def _fmt(value: Any) -> str:
 
 def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=conf_dir, version_base=None):
+    with tree_if_needed(overrides, conf_dir), initialize_config_dir(config_dir=conf_dir, version_base=None):
         ours_cfg = compose("config", overrides=overrides, return_hydra_config=True)
         HydraConfig.instance().set_config(ours_cfg)
         ours, _ = split(ours_cfg)

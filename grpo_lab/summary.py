@@ -19,12 +19,14 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from grpo_lab import doctor
 from grpo_lab import metrics as M
+
+if TYPE_CHECKING:  # pandas and the doctor are imported where used: Hydra instantiates the callback before every run
+    import pandas as pd
+
+    from grpo_lab import doctor
 
 try:  # Hydra is a dependency of grpo-lab; the summary itself works without it
     from hydra.experimental.callback import Callback as _HydraCallback
@@ -100,6 +102,8 @@ def swept_keys(overrides: list[list[str]]) -> list[str]:
 
 def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
     """(status word, diagnosis text, diagnoses) of one job."""
+    from grpo_lab import doctor
+
     status = doctor.read_json(job_dir / "status.json")
     st = status.get("status")
     if st == "ok":
@@ -164,6 +168,8 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
         ov = dict(kv for kv in (_split_override(o) for o in read_overrides(d)) if kv)
         for k in keys:
             row[k] = ov.get(k)
+    import pandas as pd
+
     table = pd.DataFrame(rows, columns=["job", *keys, *COLUMNS[1:]])
     return table, keys
 
@@ -308,6 +314,8 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
             log.warning("grpo-lab: sweep summary callback: %s: %s", type(e).__name__, e)
 
     def _job_end(self, config: Any, job_return: Any) -> None:
+        from grpo_lab import doctor
+
         hydra_cfg = config.hydra
         job_dir = Path(str(hydra_cfg.runtime.output_dir))
         failed = _job_failed(job_return) or doctor.read_json(job_dir / "status.json").get("status") == "failed"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
+
+# this session's cache of verl's composed config (grpo_lab/verl_cache.py), for the run.py subprocesses too
+if not os.environ.get("GRPO_LAB_CACHE_DIR"):
+    os.environ["GRPO_LAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo-lab-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["GRPO_LAB_CACHE_DIR"], True)
 
 
 _INIT = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,32 @@ def test_ray_is_shut_down_after_a_failed_or_interrupted_job(monkeypatch, exc):
     with pytest.raises(type(exc)):
         launch.run_verl(verl)
     assert not ray.is_initialized()
+
+
+HEAVY = {"pandas", "numpy", "pyarrow", "torch", "ray", "verl", "vllm", "transformers", "matplotlib"}
+
+
+def _imported(importtime_stderr: str) -> set[str]:
+    """Top-level package names in `python -X importtime` output."""
+    names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", importtime_stderr, re.M)
+    return {n.split(".")[0] for n in names}
+
+
+def test_refusal_imports_nothing_heavy(tmp_path):
+    # the refusal must come before pandas, numpy, pyarrow, torch, ray or verl are imported (each costs seconds)
+    proc = run_py("ppo_mini_batch_size=7", f"hydra.run.dir={tmp_path}/run", *_tiny_files(tmp_path),
+                  env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 2 and "[mini_batch_divisibility]" in proc.stdout, proc.stderr[-2000:]
+    imported = _imported(proc.stderr)
+    assert "hydra" in imported and "grpo_lab" in imported  # the importtime lines were read
+    assert not imported & HEAVY, sorted(imported & HEAVY)
+
+
+def test_verl_group_options_still_work_on_the_command_line():
+    # verl's ppo_trainer is served composed (grpo_lab/verl_cache.py); run.py walks verl's own tree for these
+    proc = run_py("--cfg", "job", "model_engine=veomni")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert yaml.safe_load(proc.stdout)["actor_rollout_ref"]["actor"]["strategy"] == "veomni"
+    proc = run_py("--cfg", "job", "actor@actor_rollout_ref.actor=veomni_actor")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert yaml.safe_load(proc.stdout)["actor_rollout_ref"]["actor"]["strategy"] == "veomni"

@@ -185,3 +185,12 @@ def test_callback_in_a_real_hydra_multirun(tmp_path):
     assert list(table["status"]) == ["ok", "ok", "OOM in generation"]
     assert (tmp_path / "sweep" / "job2" / "diagnosis.json").exists()
     assert (tmp_path / "sweep" / "job0" / "report.json").exists()
+
+
+def test_callback_module_imports_pandas_and_the_doctor_only_when_used():
+    # Hydra instantiates the callback before every run, the refusals of a bad config too
+    code = "import sys, grpo_lab.summary; print(sorted({'pandas', 'numpy', 'grpo_lab.doctor'} & set(sys.modules)))"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
