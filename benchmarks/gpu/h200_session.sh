@@ -4,7 +4,8 @@
 # into $OUT/logs, a line per run into $OUT/times.txt, and packs the logs into $OUT/<phase>.tgz.
 #
 #   bash benchmarks/gpu/h200_session.sh prepare    # byte-compile the staged packages, make tiny (model + data)
-#   bash benchmarks/gpu/h200_session.sh before     # raw verl, the smoke_tiny job with verl's start-up defaults
+#   bash benchmarks/gpu/h200_session.sh before     # run.py, the smoke_tiny job with verl's start-up defaults
+#   bash benchmarks/gpu/h200_session.sh raw_before # the same through raw verl
 #   bash benchmarks/gpu/h200_session.sh after      # raw verl with the preset's start-up settings, then run.py
 #   bash benchmarks/gpu/h200_session.sh sweep      # run.py -m over rollout_gpu_mem_util
 #   bash benchmarks/gpu/h200_session.sh memplan    # measured vs planned training-phase memory
@@ -19,7 +20,8 @@ OUT=${OUT:-/tmp/grpo-lab-out}
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
 PRESET=(experiment=smoke_tiny hardware=h200x1)
-# verl's own start-up defaults, for the raw "before" run (the preset lowers them for a 3-step check)
+# verl's own start-up defaults, for the "before" runs (the preset lowers them for a 3-step check); `before` is
+# compared with the sweep's job0 (the preset at util 0.4, also through run.py), so the launcher is the same
 VERL_STARTUP_DEFAULTS=(data.dataloader_num_workers=8 reward.num_workers=8 actor_rollout_ref.rollout.agent.num_workers=8
   transfer_queue.backend.SimpleStorage.num_data_storage_units=8 ray_kwargs.ray_init.include_dashboard=null)
 
@@ -59,9 +61,13 @@ case "${1:-}" in
     python3 -c "import torch, vllm, ray, verl, transformers, hydra; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__, 'hydra', hydra.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
     ;;
   before)
+    timed runpy_before 480 python3 run.py "${PRESET[@]}" "${VERL_STARTUP_DEFAULTS[@]}" hydra.run.dir="$LOGS/runpy_before"
+    pack before
+    ;;
+  raw_before)
     raw_args
     VERL_FILE_LOGGER_PATH=$LOGS/raw_before.metrics.jsonl timed raw_before 480 bash benchmarks/gpu/raw_verl.sh "${VERL_STARTUP_DEFAULTS[@]}"
-    pack before
+    pack raw_before
     ;;
   after)
     raw_args
