@@ -129,5 +129,5 @@ case "${1:-}" in
     for f in "$BG_OUT"/logs/*.log; do [ -f "$f" ] && echo "== $f" && tail -n 3 "$f" | cut -c1-200; done
     cat "$BG_OUT"/times.txt 2>/dev/null; [ -f "$BG_OUT/done" ] && echo "chain done"
     ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac
