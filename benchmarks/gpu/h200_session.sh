@@ -44,7 +44,11 @@ timed() {  # timed NAME LIMIT_S CMD...: runs CMD, stamps its output into $LOGS/N
 
 # the preset's job through raw verl; its overrides are derived once, before the clock starts (a user would paste them)
 export RAW_ARGS_FILE=$OUT/raw_args.txt
-raw_args() { [ -s "$RAW_ARGS_FILE" ] || python3 -m grpo_lab.rawcmd --list "${PRESET[@]}" > "$RAW_ARGS_FILE"; }
+raw_run() {  # raw_run NAME LIMIT_S [override ...]: the preset through raw verl, timed, metrics into $LOGS/NAME.metrics.jsonl
+  local name=$1 limit=$2; shift 2
+  [ -s "$RAW_ARGS_FILE" ] || python3 -m grpo_lab.rawcmd --list "${PRESET[@]}" > "$RAW_ARGS_FILE"
+  VERL_FILE_LOGGER_PATH=$LOGS/$name.metrics.jsonl timed "$name" "$limit" bash benchmarks/gpu/raw_verl.sh "$@"
+}
 # vLLM's own start-up log lines (verl sets WARN for its workers unless the launching shell sets the variable)
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 BG_OUT=${BG_OUT:-/tmp/grpo-lab-bg}
@@ -65,13 +69,11 @@ case "${1:-}" in
     pack before
     ;;
   raw_before)
-    raw_args
-    VERL_FILE_LOGGER_PATH=$LOGS/raw_before.metrics.jsonl timed raw_before 480 bash benchmarks/gpu/raw_verl.sh "${VERL_STARTUP_DEFAULTS[@]}"
+    raw_run raw_before 480 "${VERL_STARTUP_DEFAULTS[@]}"
     pack raw_before
     ;;
   after)
-    raw_args
-    VERL_FILE_LOGGER_PATH=$LOGS/raw_after.metrics.jsonl timed raw_after 270 bash benchmarks/gpu/raw_verl.sh
+    raw_run raw_after 270
     timed runpy_after 270 python3 run.py "${PRESET[@]}" hydra.run.dir="$LOGS/runpy_after"
     pack after
     ;;
@@ -80,8 +82,7 @@ case "${1:-}" in
     pack ours
     ;;
   raw)
-    raw_args
-    VERL_FILE_LOGGER_PATH=$LOGS/raw.metrics.jsonl timed raw 300 bash benchmarks/gpu/raw_verl.sh ${RAW_ARGS:-}
+    raw_run raw 300 ${RAW_ARGS:-}
     pack raw
     ;;
   sweep)
@@ -102,8 +103,7 @@ case "${1:-}" in
     pack learn
     ;;
   raw_after)  # the `after` phase's raw verl run alone (run.py's twin: the sweep's job0)
-    raw_args
-    VERL_FILE_LOGGER_PATH=$LOGS/raw_after.metrics.jsonl timed raw_after 300 bash benchmarks/gpu/raw_verl.sh
+    raw_run raw_after 300
     pack raw_after
     ;;
   chain)  # chain PHASE...: run the phases in order; `done` marks the end
