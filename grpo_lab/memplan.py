@@ -83,12 +83,25 @@ HOST_PER_GPU_WORKER_GB = 3.0     # RSS of one FSDP worker process (torch, CUDA l
 HOST_PER_VLLM_WORKER_GB = 3.0    # RSS of one vLLM worker process
 HOST_BASE_GB = 6.0               # Ray, TaskRunner, reward workers, data loaders
 
+# verl's LoRA example (and conf/model/qwen3_8b_lora.yaml), as overrides: rank 64 on all linear layers, safetensors
+# loading for vLLM; for models above 6B also the frozen base and the adapters' Adam state to RAM
+LORA_OVERRIDES = ("actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32 "
+                  "actor_rollout_ref.rollout.load_format=safetensors")
+OFFLOAD_OVERRIDES = ("actor_rollout_ref.actor.fsdp_config.param_offload=true "
+                     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
 class Arch:
-    """The architecture facts the plan needs (Qwen3 / Llama-style decoder with SwiGLU MLP and q/k norms)."""
+    """The architecture facts the plan needs (Qwen3 / Llama-style decoder with SwiGLU MLP and q/k norms).
+
+    Mixture of experts (Qwen3-MoE's config.json: num_experts, num_experts_per_tok, moe_intermediate_size,
+    decoder_sparse_step, mlp_only_layers): a sparse layer holds num_experts SwiGLU experts and a router; every expert
+    is a parameter, so weights, gradients, Adam state and vLLM's weights count them all (`params()`), while a token
+    passes through num_experts_per_tok of them, so activations use the active width (`active_intermediate`).
+    """
 
     num_hidden_layers: int
     hidden_size: int
@@ -101,6 +114,10 @@ class Arch:
     max_position_embeddings: int | None = None
     qk_norm: bool = True
     source: str = ""
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    sparse_layers: int = 0  # decoder layers with experts (the others have the dense MLP)
 
     FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "vocab_size")
@@ -111,26 +128,56 @@ class Arch:
         heads = int(d["num_attention_heads"])
         head_dim = d.get("head_dim") or int(d["hidden_size"]) // heads
         kv = d.get("num_key_value_heads") or heads
+        layers = int(d["num_hidden_layers"])
+        experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
+        sparse = 0
+        if experts > 0:
+            step = int(d.get("decoder_sparse_step") or 1)
+            dense_only = set(d.get("mlp_only_layers") or ())
+            sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+        moe_i = int(d.get("moe_intermediate_size") or 0) if experts else 0
         return cls(
-            num_hidden_layers=int(d["num_hidden_layers"]), hidden_size=int(d["hidden_size"]),
+            num_hidden_layers=layers, hidden_size=int(d["hidden_size"]),
             num_attention_heads=heads, num_key_value_heads=int(kv), head_dim=int(head_dim),
-            intermediate_size=int(d["intermediate_size"]), vocab_size=int(d["vocab_size"]),
+            intermediate_size=int(d.get("intermediate_size") or moe_i), vocab_size=int(d["vocab_size"]),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             max_position_embeddings=(int(d["max_position_embeddings"]) if d.get("max_position_embeddings") else None),
-            qk_norm=str(d.get("model_type", "qwen3")).startswith("qwen3"), source=source)
+            qk_norm=str(d.get("model_type", "qwen3")).startswith("qwen3"), source=source,
+            num_experts=experts, num_experts_per_tok=int(d.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate_size=moe_i, sparse_layers=sparse)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.sparse_layers > 0
 
     # ---- parameter counts ----
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) of each linear layer of one decoder layer."""
-        h, i = self.hidden_size, self.intermediate_size
+    def linear_shapes(self, intermediate: int | None = None) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one decoder layer (of one expert's MLP for a sparse layer)."""
+        h, i = self.hidden_size, self.intermediate_size if intermediate is None else intermediate
         q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
+    def _attention_params(self) -> int:
+        shapes = self.linear_shapes()
+        return sum(a * b for k, (a, b) in shapes.items() if k.endswith(("q_proj", "k_proj", "v_proj", "o_proj")))
+
+    def _norm_params(self) -> int:
+        return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+
+    def _dense_layer_params(self) -> int:
+        return sum(a * b for a, b in self.linear_shapes().values()) + self._norm_params()
+
+    def _sparse_layer_params(self, experts: int) -> int:
+        expert = 3 * self.hidden_size * self.moe_intermediate_size
+        router = self.hidden_size * self.num_experts
+        return self._attention_params() + experts * expert + router + self._norm_params()
+
     def layer_params(self) -> int:
-        linear = sum(a * b for a, b in self.linear_shapes().values())
-        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        return linear + norms
+        """Parameters of the largest decoder layer (what FSDP gathers at once for one layer)."""
+        if self.is_moe:
+            return self._sparse_layer_params(self.num_experts)
+        return self._dense_layer_params()
 
     def root_params(self) -> int:
         """Parameters outside the decoder layers: embeddings, lm_head (unless tied), final norm (FSDP's root unit)."""
@@ -138,19 +185,43 @@ class Arch:
         return emb * (1 if self.tie_word_embeddings else 2) + self.hidden_size
 
     def params(self) -> int:
+        """All parameters (every expert of an MoE): what weights, gradients, optimizer and vLLM hold."""
+        if self.is_moe:
+            dense = self.num_hidden_layers - self.sparse_layers
+            return (dense * self._dense_layer_params() + self.sparse_layers * self._sparse_layer_params(
+                self.num_experts) + self.root_params())
         return self.num_hidden_layers * self.layer_params() + self.root_params()
 
+    def active_params(self) -> int:
+        """Parameters one token passes through (num_experts_per_tok experts of each sparse layer)."""
+        if not self.is_moe:
+            return self.params()
+        dense = self.num_hidden_layers - self.sparse_layers
+        return (dense * self._dense_layer_params() + self.sparse_layers * self._sparse_layer_params(
+            self.num_experts_per_tok) + self.root_params())
+
+    @property
+    def active_intermediate(self) -> int:
+        """The MLP width one token's activations see: num_experts_per_tok x moe_intermediate_size in a sparse layer."""
+        if self.is_moe:
+            return max(self.intermediate_size if self.sparse_layers < self.num_hidden_layers else 0,
+                       self.num_experts_per_tok * self.moe_intermediate_size)
+        return self.intermediate_size
+
     def lora_params(self, rank: int, target_modules: Any = "all-linear") -> int:
-        """Adapter parameters: rank x (in + out) per targeted linear layer (PEFT's A and B matrices)."""
+        """Adapter parameters: rank x (in + out) per targeted linear layer (PEFT's A and B matrices; every expert's)."""
         if rank <= 0:
             return 0
-        shapes = self.linear_shapes()
+        shapes = self.linear_shapes(self.moe_intermediate_size if self.is_moe else None)
         if target_modules in (None, "all-linear", "all_linear"):
             names = list(shapes)
         else:
             wanted = [target_modules] if isinstance(target_modules, str) else list(target_modules)
             names = [n for n in shapes if any(w == n or n.endswith(str(w)) for w in wanted)]
-        return self.num_hidden_layers * sum(rank * (shapes[n][0] + shapes[n][1]) for n in names)
+        per_expert = self.num_experts if self.is_moe else 1
+        return self.num_hidden_layers * sum(
+            rank * (shapes[n][0] + shapes[n][1]) * (per_expert if n in ("gate_proj", "up_proj", "down_proj") else 1)
+            for n in names)
 
     # ---- per-token sizes ----
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
@@ -159,13 +230,13 @@ class Arch:
 
     def layer_activation_bytes_per_token(self) -> int:
         """What one decoder layer saves for its backward per token (bf16 tensors, fp32 RMSNorm inputs)."""
-        h, i = self.hidden_size, self.intermediate_size
+        h, i = self.hidden_size, self.active_intermediate
         heads = (self.num_attention_heads + self.num_key_value_heads) * self.head_dim
         return 16 * h + 8 * i + 12 * heads
 
     def layer_forward_bytes_per_token(self) -> int:
         """Transient of one layer's forward without autograd (hidden, qkv, MLP gate/up and product)."""
-        h, i = self.hidden_size, self.intermediate_size
+        h, i = self.hidden_size, self.active_intermediate
         qkv = (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim
         return 2 * (4 * h + qkv + 3 * i)
 
@@ -176,7 +247,8 @@ class Settings:
 
     n_gpus: int
     card_gb: float
-    host_ram_gb: float | None = None
+    host_ram_gb: float | None = None  # per node
+    nnodes: int = 1
     fsdp_size: int = -1
     sp_size: int = 1
     # actor
@@ -272,7 +344,10 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Setti
         card_gb=float(_get(lab, "hardware.gpu_memory_gb", 0) or 0),
         host_ram_gb=_get(lab, "hardware.host_ram_gb"),
         fsdp_size=int(_get(verl, a + "actor.fsdp_config.fsdp_size", -1)),
-        sp_size=int(_get(verl, a + "actor.ulysses_sequence_parallel_size", 1) or 1),
+        nnodes=max(1, int(_get(verl, "trainer.nnodes", 1) or 1)),
+        # verl 0.9.1: fsdp_config.ulysses_sequence_parallel_size; the deprecated actor key wins when above 1
+        sp_size=max(int(_get(verl, a + "actor.ulysses_sequence_parallel_size", 1) or 1),
+                    int(_get(verl, a + "actor.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)),
         lora_rank=int(_get(verl, a + "model.lora_rank", 0) or 0),
         lora_targets=_get(verl, a + "model.target_modules", "all-linear"),
         param_offload=bool(_get(verl, a + "actor.fsdp_config.param_offload", False)),
@@ -473,7 +548,7 @@ def vllm_batched_tokens(arch: Arch, s: Settings) -> int:
 def vllm_activation(arch: Arch, s: Settings) -> float:
     """vLLM's profiled activation peak: one layer over max_num_batched_tokens tokens + sampler logits."""
     t = vllm_batched_tokens(arch, s)
-    h, i = arch.hidden_size, arch.intermediate_size
+    h, i = arch.hidden_size, arch.active_intermediate
     return t * (8 * h + 6 * i) / s.tp + s.max_num_seqs * arch.vocab_size * 4 * 3
 
 
@@ -630,27 +705,31 @@ def training_phase(arch: Arch, s: Settings) -> dict[str, Any]:
 
 
 def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
-    """Node-wide host RAM: offloaded state, the CPU-resident reference, vLLM level-1 sleep, processes."""
+    """Host RAM of one node: its share of the offloaded state, of the CPU-resident reference and of vLLM's level-1
+    sleep, its processes, and (on the first node) rank 0 loading the full model at start-up."""
     n = arch.params()
     n_lora = arch.lora_params(s.lora_rank, s.lora_targets)
     trainable = n_lora if s.lora_rank > 0 else n
     groups = max(1, s.n_gpus // s.fsdp)  # replicas of the actor state across FSDP groups (HSDP)
+    nodes = max(1, s.nnodes)
+    gpus_here = max(1, s.n_gpus // nodes)
     parts = {
-        "optimizer_offload": 2 * param_bytes(s) * trainable * groups if s.optimizer_offload else 0.0,
-        "param_offload": param_bytes(s) * (n + n_lora) * groups if s.param_offload else 0.0,
-        "reference_model": 4.0 * n * groups if (s.ref_used and s.lora_rank == 0) else 0.0,
+        "optimizer_offload": 2 * param_bytes(s) * trainable * groups / nodes if s.optimizer_offload else 0.0,
+        "param_offload": param_bytes(s) * (n + n_lora) * groups / nodes if s.param_offload else 0.0,
+        "reference_model": 4.0 * n * groups / nodes if (s.ref_used and s.lora_rank == 0) else 0.0,
         # each vLLM replica's bf16 weights go to RAM while it sleeps at level 1
-        "vllm_sleep_level1_weights": 2.0 * n * max(1, s.n_gpus // s.tp) if s.vllm_sleep_level == 1 else 0.0,
-        "activation_offload": (s.update_tokens * arch.num_hidden_layers * arch.hidden_size * 2.0 * s.n_gpus
+        "vllm_sleep_level1_weights": (2.0 * n * max(1, s.n_gpus // s.tp) / nodes
+                                      if s.vllm_sleep_level == 1 else 0.0),
+        "activation_offload": (s.update_tokens * arch.num_hidden_layers * arch.hidden_size * 2.0 * gpus_here
                                if s.activation_offload else 0.0),
-        "processes": (HOST_BASE_GB + s.n_gpus * (HOST_PER_GPU_WORKER_GB + HOST_PER_VLLM_WORKER_GB)) * GB,
+        "processes": (HOST_BASE_GB + gpus_here * (HOST_PER_GPU_WORKER_GB + HOST_PER_VLLM_WORKER_GB)) * GB,
     }
     steady = sum(parts.values())
     # start-up: rank 0 loads the full model on the CPU in its model dtype, before anything is offloaded
     startup = parts["processes"] + param_bytes(s) * n
     total = max(steady, startup)
     cap = float(s.host_ram_gb or 0)
-    return {"total_gb": _gb(total), "steady_gb": _gb(steady), "startup_gb": _gb(startup),
+    return {"total_gb": _gb(total), "steady_gb": _gb(steady), "startup_gb": _gb(startup), "per_node": nodes > 1,
             "components_gb": {k: _gb(v) for k, v in parts.items()},
             "capacity_gb": cap or None, "verdict": verdict_of(total / GB, cap)}
 
@@ -677,6 +756,10 @@ def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, 
         "fsdp_size": s.fsdp,
         "params": arch.params(),
         "params_b": round(arch.params() / 1e9, 3),
+        "active_params": arch.active_params(),
+        "moe": ({"num_experts": arch.num_experts, "num_experts_per_tok": arch.num_experts_per_tok,
+                 "sparse_layers": arch.sparse_layers, "active_params_b": round(arch.active_params() / 1e9, 3)}
+                if arch.is_moe else None),
         "trainable_params": n_lora if s.lora_rank > 0 else arch.params(),
         "architecture_source": arch.source,
         "actor_state_gb_per_gpu": round(actor_state_gb_per_gpu(arch, s), 2),
@@ -778,9 +861,7 @@ def candidates(arch: Arch, s: Settings) -> list[tuple[str, Settings]]:
         out.append(("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", replace(s, optimizer_offload=True)))
     if s.lora_rank == 0:
         big = arch.params() > 6e9
-        override = ("model=qwen3_8b_lora" if big else
-                    "actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32 "
-                    "actor_rollout_ref.rollout.load_format=safetensors")
+        override = LORA_OVERRIDES + (" " + OFFLOAD_OVERRIDES if big else "")
         out.append((override, replace(s, lora_rank=64, param_offload=big or s.param_offload,
                                       optimizer_offload=big or s.optimizer_offload)))
     tp2 = s.tp * 2

@@ -67,7 +67,7 @@ def test_guide_table_verdicts():
     full8 = plan_for("model=qwen3_8b_lora", "actor_rollout_ref.model.lora_rank=0")
     assert full8["actor_state_full_gb_per_gpu"] > 32
     assert full8["verdict"]["training"] == "oom"
-    assert any(r["override"] == "model=qwen3_8b_lora" and r["verdict"] != "oom"
+    assert any(r["override"].startswith(memplan.LORA_OVERRIDES) and r["verdict"] != "oom"
                for r in full8["remedies"]["training"])
 
 
