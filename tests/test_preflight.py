@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, composed, run_py
-from grpo_lab import preflight
+from grpo_lab import facts, preflight
+from grpo_lab import memplan
 from grpo_lab.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
 
 
@@ -115,7 +116,8 @@ def test_train_batch_not_dividing_over_gpus():
     put(verl, "actor_rollout_ref.actor.ppo_mini_batch_size", 65)
     p = only(check(verl, lab).errors, "batch_divisibility")
     assert "650 trajectories" in p.message and "4 data-parallel GPUs" in p.message
-    assert p.fix == "train_batch_size=128"
+    # train batch and mini-batch chosen together: 2 updates of 64 x 5 = 320 = 80 per GPU
+    assert p.fix.split("  or  ")[0] == "train_batch_size=128 ppo_mini_batch_size=64"
 
 
 def test_train_batch_smaller_than_mini_batch():
@@ -188,8 +190,8 @@ def test_token_budget_advice_note():
 # ---- pitfalls -----------------------------------------------------------------------------------------------------
 
 def test_flash_attn_missing_at_launch(monkeypatch):
-    monkeypatch.setattr(preflight, "_module_available", lambda name: False)
-    monkeypatch.setattr(preflight, "_proc_gpus", lambda: 4)
+    monkeypatch.setattr(facts, "module_available", lambda name: False)
+    monkeypatch.setattr(facts, "_proc_gpus", lambda: 4)
     verl, lab = composed()
     r = check(verl, lab, launching=True)
     p = only(r.errors, "flash_attn_missing")
@@ -203,13 +205,13 @@ def test_flash_attn_missing_at_launch(monkeypatch):
     assert "flash_attn_missing" not in rules(r.errors)
     assert any("environment checks skipped" in n for n in r.notes)
     # installed: fine
-    monkeypatch.setattr(preflight, "_module_available", lambda name: True)
+    monkeypatch.setattr(facts, "module_available", lambda name: True)
     assert "flash_attn_missing" not in rules(check(verl, lab, launching=True).errors)
 
 
 def test_visible_gpus_at_launch(monkeypatch):
-    monkeypatch.setattr(preflight, "_module_available", lambda name: True)
-    monkeypatch.setattr(preflight, "_proc_gpus", lambda: 4)
+    monkeypatch.setattr(facts, "module_available", lambda name: True)
+    monkeypatch.setattr(facts, "_proc_gpus", lambda: 4)
     verl, lab = composed()
     assert "visible_gpus" not in rules(check(verl, lab, launching=True).errors)
     p = only(check(verl, lab, launching=True, environ={"CUDA_VISIBLE_DEVICES": "0,1"}).errors, "visible_gpus")
@@ -218,15 +220,15 @@ def test_visible_gpus_at_launch(monkeypatch):
 
 
 def test_visible_gpu_count_without_torch(monkeypatch):
-    monkeypatch.setattr(preflight, "_proc_gpus", lambda: 4)
-    assert preflight.visible_gpus({})[0] == 4
-    assert preflight.visible_gpus({"CUDA_VISIBLE_DEVICES": "1,3"})[0] == 2
-    assert preflight.visible_gpus({"CUDA_VISIBLE_DEVICES": ""})[0] == 0
-    assert preflight.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"})[0] == 0
-    assert preflight.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"})[0] == 4
-    monkeypatch.setattr(preflight, "_proc_gpus", lambda: None)
-    monkeypatch.setattr(preflight, "_smi_gpus", lambda: None)
-    assert preflight.visible_gpus({})[0] == 0
+    monkeypatch.setattr(facts, "_proc_gpus", lambda: 4)
+    assert facts.visible_gpus({})[0] == 4
+    assert facts.visible_gpus({"CUDA_VISIBLE_DEVICES": "1,3"})[0] == 2
+    assert facts.visible_gpus({"CUDA_VISIBLE_DEVICES": ""})[0] == 0
+    assert facts.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"})[0] == 0
+    assert facts.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"})[0] == 4
+    monkeypatch.setattr(facts, "_proc_gpus", lambda: None)
+    monkeypatch.setattr(facts, "_smi_gpus", lambda: None)
+    assert facts.visible_gpus({})[0] == 0
 
 
 def test_ray_cpu_budget_v1_trainer():
@@ -255,9 +257,9 @@ def test_ray_cpu_budget_from_the_hardware_file_or_the_machine(monkeypatch):
     put(verl, "ray_kwargs.ray_init.num_cpus", None)  # Ray takes the machine's cores: the hardware file's 8
     lab["hardware"]["cpu_cores"] = 8
     assert "lab.hardware.cpu_cores=8" in only(check(verl, lab).errors, "ray_cpus").message
-    monkeypatch.setattr(preflight, "machine_cpus", lambda: 64)  # launching: the real machine counts
-    monkeypatch.setattr(preflight, "_module_available", lambda name: True)
-    monkeypatch.setattr(preflight, "_proc_gpus", lambda: 4)
+    monkeypatch.setattr(facts, "machine_cpus", lambda: 64)  # launching: the real machine counts
+    monkeypatch.setattr(facts, "module_available", lambda name: True)
+    monkeypatch.setattr(facts, "_proc_gpus", lambda: 4)
     assert "ray_cpus" not in rules(check(verl, lab, launching=True).errors)
 
 
@@ -289,7 +291,7 @@ def test_misspelt_model_key():
     verl["actor_rollout_ref"]["model"]["override_config"] = {"attn_implementation": "sdpa", "rope_theta": 1e6}
     verl["actor_rollout_ref"]["model"]["target_parameters"] = None
     assert "model_key_unknown" not in rules(check(verl, lab).errors)
-    keys, source = preflight.known_model_keys()
+    keys, source = facts.known_model_keys()
     assert {"path", "use_remove_padding", "enable_gradient_checkpointing", "override_config", "lora_rank"} <= keys
     assert "hf_model.yaml" in source and "HFModelConfig" in source
 
@@ -350,7 +352,9 @@ def test_full_finetune_of_8b_refused_with_a_pointer_to_lora():
     verl, lab = composed("model=qwen3_8b_lora", "actor_rollout_ref.model.lora_rank=0")
     r = check(verl, lab)
     p = only(r.errors, "full_finetune_too_big")
-    assert "8.2B" in p.message and "16 B per parameter" in p.message and p.fix == "model=qwen3_8b_lora"
+    assert "8.2B" in p.message and "16 B per parameter" in p.message and "model=qwen3_8b_lora" in p.message
+    # the fix is the LoRA recipe as overrides (re-checkable), not a group choice
+    assert p.fix == (memplan.LORA_OVERRIDES + " " + memplan.OFFLOAD_OVERRIDES) and p.checked.startswith("re-checked")
     # strict=false: the predicted OOMs become warnings, nothing else blocks
     lab["preflight"]["strict"] = False
     r = check(verl, lab)
@@ -402,9 +406,19 @@ def test_architecture_from_a_local_config_json(tmp_path):
 
 def test_model_path_that_disagrees_with_the_model_group():
     verl, lab = composed()
-    put(verl, "actor_rollout_ref.model.path", "Qwen/Qwen3-8B")
+    put(verl, "actor_rollout_ref.model.path", "someone/Unknown-7B")
     p = only(check(verl, lab, environ={"HF_HOME": "/nonexistent"}).warnings, "model_arch_mismatch")
-    assert "Qwen/Qwen3-8B" in p.message and "qwen3_1_7b" in p.message
+    assert "someone/Unknown-7B" in p.message and "qwen3_1_7b" in p.message
+
+
+def test_model_path_naming_a_known_model_plans_that_model():
+    """MODEL_PATH=Qwen/Qwen3-0.6B with the default 1.7B group: the 0.6B is planned, no mismatch warning."""
+    verl, lab = composed()
+    put(verl, "actor_rollout_ref.model.path", "Qwen/Qwen3-0.6B")
+    r = check(verl, lab, environ={"HF_HOME": "/nonexistent"})
+    assert "model_arch_mismatch" not in rules(r.warnings)
+    assert r.memory["params_b"] == pytest.approx(0.596, abs=0.01)
+    assert "qwen3_0_6b" in r.memory["architecture_source"] and r.title.startswith("qwen3_0_6b")
 
 
 # ---- the report ---------------------------------------------------------------------------------------------------
@@ -433,7 +447,7 @@ def test_to_json_is_plan_json():
     assert set(out) == {"batch", "memory", "errors", "warnings", "notes"}
     assert {"trajectories_per_step", "updates_per_step", "trajectories_per_gpu", "steps_per_epoch"} <= set(out["batch"])
     assert {"actor_state_gb_per_gpu", "phases", "kv_cache", "host_ram_gb", "verdict"} <= set(out["memory"])
-    assert all(set(p) == {"rule", "message", "fix"} for p in out["warnings"])
+    assert all({"rule", "message", "fix"} <= set(p) <= {"rule", "message", "fix", "checked"} for p in out["warnings"])
     json.loads(json.dumps(out))
 
 

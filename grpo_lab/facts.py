@@ -1,0 +1,327 @@
+"""Facts grpo-lab reads in more than one place, written once: the Ray CPU formula, the Hugging Face cache path,
+atomic file writes, and what the machine, the files and the config folder say (cheaply: no torch, verl, ray).
+
+    ray_cpus_needed(gpus_per_node, use_v1, storage_units)   the CPUs verl's Ray placement groups ask for
+    hf_hub_cache(environ), hf_model_cache_dir(repo, environ) where huggingface_hub keeps (and verl finds) models
+    atomic_write(path, text)                                 temp file + rename: no half-written file
+    visible_gpus(environ), machine_cpus(), module_available(name)
+    parquet_num_rows(path)                                   from the footer, without pyarrow
+    known_model_keys()                                       keys verl accepts under actor_rollout_ref.model
+    model_groups()                                           conf/model/*.yaml: model_path -> the group's lab.model
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import math
+import os
+import re
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ray's CPUs. verl 0.9.1 asks, per GPU, for 3 CPUs in its worker placement groups (actor/rollout/ref colocated);
+# once per job 1 for the TaskRunner; the V1 trainer adds 1 TransferQueue controller and one CPU per SimpleStorage
+# storage unit (verl's default 8). Seen on the H200: num_cpus=8 with 1 GPU and 8 units hung silently, 16 ran.
+# ---------------------------------------------------------------------------------------------------------------
+
+CPUS_PER_GPU = 3
+TASK_RUNNER_CPUS = 1
+TQ_CONTROLLER_CPUS = 1
+
+
+def ray_cpus_per_job(use_v1: bool, storage_units: int) -> int:
+    """The CPUs asked for once per job (wherever Ray places them): TaskRunner (+ TransferQueue when V1)."""
+    return TASK_RUNNER_CPUS + ((TQ_CONTROLLER_CPUS + storage_units) if use_v1 else 0)
+
+
+def ray_cpus_needed(gpus_per_node: int, use_v1: bool, storage_units: int) -> int:
+    """The CPUs one node needs when it also hosts the once-per-job actors (a single node always does)."""
+    return CPUS_PER_GPU * gpus_per_node + ray_cpus_per_job(use_v1, storage_units)
+
+
+def ray_cpus_formula(gpus_per_node: int, use_v1: bool, storage_units: int) -> str:
+    if use_v1:
+        return (f"{CPUS_PER_GPU} per GPU x {gpus_per_node} + 1 TaskRunner + 1 TransferQueue controller + "
+                f"{storage_units} storage units")
+    return f"{CPUS_PER_GPU} per GPU x {gpus_per_node} + 1 TaskRunner"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the Hugging Face cache (huggingface_hub's rule: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)
+# ---------------------------------------------------------------------------------------------------------------
+
+def hf_hub_cache(environ: Mapping[str, str]) -> str:
+    if environ.get("HF_HUB_CACHE"):
+        return environ["HF_HUB_CACHE"]
+    home = environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")
+
+
+def hf_model_cache_dir(repo_id: str, environ: Mapping[str, str]) -> Path:
+    return Path(hf_hub_cache(environ)) / ("models--" + repo_id.replace("/", "--"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# atomic writes
+# ---------------------------------------------------------------------------------------------------------------
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write a file whole or not at all (a unique temp file beside it, then rename); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the model groups: conf/model/*.yaml, read as files (no Hydra): which model_path each one plans
+# ---------------------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def model_groups() -> dict[str, dict[str, Any]]:
+    """{model_path or hub id: that group's lab.model} for the files in conf/model/ (local paths: their folder name)."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    out: dict[str, dict[str, Any]] = {}
+    for f in sorted((ROOT / "conf" / "model").glob("*.yaml")):
+        try:
+            doc = yaml.load(f.read_text(), Loader=loader) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        model = (doc.get("lab") or {}).get("model") or {}
+        if not isinstance(model, dict) or not model.get("name"):
+            continue
+        for key in (doc.get("model_path"), model.get("hub_id")):
+            if isinstance(key, str) and key and "${" not in key:
+                out.setdefault(key, dict(model))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# files and the machine, cheaply
+# ---------------------------------------------------------------------------------------------------------------
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def _skip(buf: bytes, pos: int, ttype: int) -> int:
+    """Skip one thrift-compact value of type `ttype`."""
+    if ttype in (1, 2):          # bool inside a struct: value is in the type nibble
+        return pos
+    if ttype == 3:               # byte
+        return pos + 1
+    if ttype in (4, 5, 6):       # i16, i32, i64: varints
+        return _varint(buf, pos)[1]
+    if ttype == 7:               # double
+        return pos + 8
+    if ttype == 8:               # binary/string
+        n, pos = _varint(buf, pos)
+        return pos + n
+    if ttype in (9, 10):         # list, set
+        head = buf[pos]
+        pos += 1
+        size, etype = head >> 4, head & 0x0F
+        if size == 15:
+            size, pos = _varint(buf, pos)
+        for _ in range(size):
+            pos = pos + 1 if etype in (1, 2) else _skip(buf, pos, etype)
+        return pos
+    if ttype == 11:              # map
+        size, pos = _varint(buf, pos)
+        if size:
+            kv = buf[pos]
+            pos += 1
+            for _ in range(size):
+                pos = _skip(buf, pos, kv >> 4)
+                pos = _skip(buf, pos, kv & 0x0F)
+        return pos
+    if ttype == 12:              # struct
+        fid = 0
+        while True:
+            fid, ft, pos = _field_header(buf, pos, fid)
+            if ft == 0:
+                return pos
+            pos = _skip(buf, pos, ft)
+    raise ValueError(f"unknown thrift type {ttype}")
+
+
+def _field_header(buf: bytes, pos: int, fid: int) -> tuple[int, int, int]:
+    """The next field header of a thrift-compact struct: (field id, type, position after it); type 0 ends it."""
+    head = buf[pos]
+    pos += 1
+    if head == 0:
+        return fid, 0, pos
+    delta, ft = head >> 4, head & 0x0F
+    if delta:
+        fid += delta
+    else:
+        raw, pos = _varint(buf, pos)
+        fid = _zigzag(raw)
+    return fid, ft, pos
+
+
+def parquet_num_rows(path: str | os.PathLike) -> int:
+    """Row count from a parquet file's footer (FileMetaData.num_rows), without pyarrow: reads only the footer.
+
+    Falls back to pyarrow's metadata when the footer is not the plain thrift-compact kind (e.g. encrypted).
+    """
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] != b"PAR1":
+            raise ValueError(f"{path} is not a plain parquet file")
+        (footer_len,) = struct.unpack("<I", tail[:4])
+        f.seek(size - 8 - footer_len)
+        buf = f.read(footer_len)
+    try:
+        pos, fid = 0, 0
+        while True:
+            fid, ft, pos = _field_header(buf, pos, fid)
+            if ft == 0:
+                break
+            if fid == 3 and ft == 6:  # FileMetaData.num_rows: i64
+                raw, pos = _varint(buf, pos)
+                return _zigzag(raw)
+            pos = _skip(buf, pos, ft)
+    except (IndexError, ValueError):
+        pass
+    import pyarrow.parquet as pq  # slow import (~0.3 s): only when the footer is unusual
+
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def _proc_gpus() -> int | None:
+    path = "/proc/driver/nvidia/gpus"
+    try:
+        return len([e for e in os.listdir(path) if not e.startswith(".")])
+    except OSError:
+        return None
+
+
+def _smi_gpus() -> int | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def visible_gpus(environ: Mapping[str, str]) -> tuple[int, str]:
+    """How many CUDA GPUs this process would see, without importing torch: (count, how it was found)."""
+    physical, source = _proc_gpus(), "/proc/driver/nvidia/gpus"
+    if physical is None:
+        physical, source = _smi_gpus(), "nvidia-smi -L"
+    if physical is None:
+        physical, source = 0, "no NVIDIA driver found (/proc/driver/nvidia, nvidia-smi)"
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return physical, source
+    entries = []
+    for e in cvd.split(","):  # CUDA stops at the first invalid entry
+        e = e.strip()
+        if not e or e.startswith("-"):
+            break
+        entries.append(e)
+    return min(len(entries), physical), f"CUDA_VISIBLE_DEVICES={cvd!r} of {physical} ({source})"
+
+
+def machine_cpus() -> int:
+    """CPUs Ray would find when num_cpus is null: the affinity mask, capped by a cgroup v2 quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+def module_available(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def known_model_keys() -> tuple[frozenset[str], str]:
+    """Keys verl accepts under actor_rollout_ref.model: verl's model/hf_model.yaml + HFModelConfig's fields."""
+    from grpo_lab.verl_paths import verl_config_dir
+
+    root = verl_config_dir()
+    if root is None:
+        return frozenset(), "verl is not installed"
+    keys: set[str] = set()
+    sources = []
+    yml = Path(root) / "model" / "hf_model.yaml"
+    if yml.is_file():
+        import yaml
+
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when there: ~20 ms less
+        keys |= set((yaml.load(yml.read_text(), Loader=loader) or {}).keys())
+        sources.append("verl/trainer/config/model/hf_model.yaml")
+    src = Path(root).parent.parent / "workers" / "config" / "model.py"
+    if src.is_file():
+        tree = ast.parse(src.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == "HFModelConfig":
+                for stmt in node.body:
+                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                        keys.add(stmt.target.id)
+        sources.append("HFModelConfig in verl/workers/config/model.py")
+    return frozenset(k for k in keys if not k.startswith("__")), " + ".join(sources)
+
+
+def hf_cached_config(repo_id: str, environ: Mapping[str, str]) -> Path | None:
+    """config.json of a hub model already in the local Hugging Face cache (what verl would download), if any."""
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
+        return None
+    base = hf_model_cache_dir(repo_id, environ)
+    try:
+        ref = (base / "refs" / "main").read_text().strip()
+        cfg = base / "snapshots" / ref / "config.json"
+        if cfg.is_file():
+            return cfg
+        return next(iter(sorted(base.glob("snapshots/*/config.json"))), None)
+    except OSError:
+        return None

@@ -1,0 +1,335 @@
+"""Rules on the batch arithmetic, the token budgets and the train file (the guide's "batch arithmetic")."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterable
+
+from grpo_lab import facts
+from grpo_lab.config import get as _get
+from grpo_lab.inputs import local_files
+from grpo_lab.rules import A, ALT, Ctx, Problem, error, note, rule
+
+
+def as_int(x: Any, default: int = 0) -> int:
+    """An integer config value; `default` when it is not one (values.* rules name the bad ones)."""
+    if isinstance(x, bool):
+        return default
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, str):
+        try:
+            return int(x.strip())
+        except ValueError:
+            return default
+    return default
+
+
+def num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
+
+
+def sp_size(c: Ctx) -> int:
+    """Ulysses sequence-parallel size as verl 0.9.1 takes it: actor.fsdp_config.ulysses_sequence_parallel_size, unless
+    the deprecated actor.ulysses_sequence_parallel_size is above 1 (FSDPActorConfig.__post_init__ copies it over)."""
+    old = as_int(c.get(A + "actor.ulysses_sequence_parallel_size", 1), 1)
+    new = as_int(c.get(A + "actor.fsdp_config.ulysses_sequence_parallel_size", 1), 1)
+    return max(1, old if old > 1 else new)
+
+
+def ref_used(c: Ctx) -> bool:
+    return bool(c.get(A + "actor.use_kl_loss", False)) or bool(c.get("algorithm.use_kl_in_reward", False))
+
+
+def batch_facts(c: Ctx) -> dict[str, Any]:
+    per_node = as_int(c.get("trainer.n_gpus_per_node", 1), 1)
+    nnodes = max(1, as_int(c.get("trainer.nnodes", 1), 1))
+    n_gpus = max(1, per_node * nnodes)
+    sp = sp_size(c)
+    dp = max(1, n_gpus // sp)
+    tb = as_int(c.get("data.train_batch_size", 0))
+    n = as_int(c.get(A + "rollout.n", 1), 1)
+    mini = as_int(c.get(A + "actor.ppo_mini_batch_size", 0))
+    prompt = as_int(c.get("data.max_prompt_length", 0))
+    resp = as_int(c.get("data.max_response_length", 0))
+    tp = max(1, as_int(c.get(A + "rollout.tensor_model_parallel_size", 1), 1))
+    rdp = max(1, as_int(c.get(A + "rollout.data_parallel_size", 1), 1))
+    rpp = max(1, as_int(c.get(A + "rollout.pipeline_model_parallel_size", 1), 1))
+    traj, mini_traj, replica = tb * n, mini * n, tp * rdp * rpp
+    replicas = n_gpus // replica if replica else 0
+    return {
+        "n_gpus": n_gpus, "n_gpus_per_node": per_node, "nnodes": nnodes, "sequence_parallel_size": sp,
+        "data_parallel_size": dp, "train_batch_size": tb, "rollout_n": n, "ppo_mini_batch_size": mini,
+        "ppo_epochs": as_int(c.get(A + "actor.ppo_epochs", 1), 1),
+        "trajectories_per_step": traj, "mini_batch_trajectories": mini_traj,
+        "updates_per_step": (tb // mini if mini > 0 and tb % mini == 0 else round(tb / mini, 3) if mini > 0 else None),
+        "trajectories_per_gpu": (mini_traj // dp if mini_traj % dp == 0 else round(mini_traj / dp, 3)),
+        "trajectories_per_gpu_per_step": (traj // dp if traj % dp == 0 else round(traj / dp, 3)),
+        "sequence_length": prompt + resp, "rollout_replica_gpus": replica, "rollout_replicas": replicas,
+        "trajectories_per_replica": math.ceil(traj / replicas) if replicas else None,
+        "train_rows": None, "steps_per_epoch": None,
+        "total_epochs": as_int(c.get("trainer.total_epochs", 1), 1),
+        "total_training_steps": c.get("trainer.total_training_steps"),
+    }
+
+
+def _sizes_ok(c: Ctx) -> bool:
+    b = c.batch
+    return b["train_batch_size"] > 0 and b["ppo_mini_batch_size"] > 0 and b["rollout_n"] > 0
+
+
+# ---- one fix for the four batch rules: train batch and mini-batch chosen together --------------------------------
+
+def batch_fix(tb: int, mini: int, n: int, dp: int, max_tb: int | None = None) -> tuple[int, int]:
+    """(train batch, mini-batch) nearest to (tb, mini) with a whole number of updates per step and each mini-batch's
+    trajectories splitting over the data-parallel GPUs (then the step's do too); about as many updates as before."""
+    q = dp // math.gcd(dp, max(1, n))  # the mini-batch must be a multiple of q
+    want = max(1, round(tb / mini)) if mini > 0 else 1
+    best: tuple[float, int, int] | None = None
+    hi = max(tb, mini, q) * 2 + q
+    for m in range(q, hi + 1, q):
+        for t in {tb, want * m}:
+            if t <= 0 or t % m or (max_tb is not None and t > max_tb):
+                continue
+            cost = abs(t // m - want) / want + abs(t - tb) / max(1, tb) + abs(m - mini) / max(1, mini)
+            if best is None or cost < best[0]:
+                best = (cost, t, m)
+    return (best[1], best[2]) if best else (tb, mini)
+
+
+def _batch_fix_text(c: Ctx, max_tb: int | None = None) -> str:
+    b = c.batch
+    tb, mini, n, dp = b["train_batch_size"], b["ppo_mini_batch_size"], b["rollout_n"], b["data_parallel_size"]
+    t, m = batch_fix(tb, mini, n, dp, max_tb)
+    parts = ([f"train_batch_size={t}"] if t != tb else []) + ([f"ppo_mini_batch_size={m}"] if m != mini else [])
+    text = " ".join(parts)
+    # or fewer GPUs on each node, with the batch as it is
+    per_node, nnodes, sp = b["n_gpus_per_node"], b["nnodes"], b["sequence_parallel_size"]
+    for k in range(per_node - 1, 0, -1):
+        d = max(1, k * nnodes // sp)
+        if (k * nnodes) % sp == 0 and (tb * n) % d == 0 and (mini * n) % d == 0 and tb % mini == 0 \
+                and (max_tb is None or tb <= max_tb):
+            text = (text + ALT if text else "") + f"ngpus_per_node={k}"
+            break
+    return text
+
+
+@rule("train_batch_vs_mini_batch")
+def train_batch_vs_mini_batch(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    if _sizes_ok(c) and b["train_batch_size"] < b["ppo_mini_batch_size"]:
+        yield error(f"the train batch ({b['train_batch_size']} prompts) is smaller than the PPO mini-batch "
+                    f"({b['ppo_mini_batch_size']} prompts): there is not one full update per step (verl refuses it)",
+                    _batch_fix_text(c))
+
+
+@rule("updates_per_step_integer")
+def updates_per_step_integer(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
+    if _sizes_ok(c) and tb >= mini and tb % mini:
+        yield error(f"the train batch ({tb} prompts) is not a whole number of PPO mini-batches ({mini}): "
+                    f"{tb}/{mini} = {tb / mini:.2f} updates per step. verl's V1 trainer then pads the step with "
+                    f"synthetic no-op samples up to lcm(data-parallel size, mini-batch x n) = "
+                    f"{math.lcm(b['data_parallel_size'], b['mini_batch_trajectories'])} trajectories: compute spent "
+                    f"on nothing", _batch_fix_text(c))
+
+
+@rule("batch_divisibility")
+def batch_divisibility(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    traj, dp = b["trajectories_per_step"], b["data_parallel_size"]
+    if _sizes_ok(c) and traj % dp:
+        yield error(f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do "
+                    f"not split over the {dp} data-parallel GPUs ({traj}/{dp} = {traj / dp:.2f})", _batch_fix_text(c))
+
+
+@rule("mini_batch_divisibility")
+def mini_batch_divisibility(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    mt, dp = b["mini_batch_trajectories"], b["data_parallel_size"]
+    if _sizes_ok(c) and mt % dp:
+        yield error(f"mini-batch {b['ppo_mini_batch_size']} x {b['rollout_n']} = {mt} trajectories do not split over "
+                    f"the {dp} data-parallel GPUs ({mt}/{dp} = {mt / dp:.2f} per GPU); verl normalises the "
+                    f"mini-batch per GPU", _batch_fix_text(c))
+
+
+@rule("rollout_parallel")
+def rollout_parallel(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    replica, n_gpus = b["rollout_replica_gpus"], b["n_gpus"]
+    if replica > n_gpus or n_gpus % replica:
+        tp = max(d for d in (1, 2, 4, 8) if n_gpus % d == 0 and d <= n_gpus)
+        yield error(f"a vLLM replica spans tensor x data x pipeline parallel = {replica} GPUs, which does not divide "
+                    f"the {n_gpus} GPUs", f"rollout_tp={tp}")
+
+
+def _divisor_le(n: int, limit: int) -> int:
+    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
+
+
+@rule("micro_batch")
+def micro_batch(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    if not _sizes_ok(c) or c.get(A + "actor.use_dynamic_bsz", False):
+        return
+    dp = b["data_parallel_size"]
+    per_gpu_mini = b["mini_batch_trajectories"] / dp
+    micro = c.get(A + "actor.ppo_micro_batch_size_per_gpu")
+    old = c.get(A + "actor.ppo_micro_batch_size")
+    if old is not None:
+        yield error(f"actor.ppo_micro_batch_size={old} is the deprecated global form; verl wants the per-GPU "
+                    f"actor.ppo_micro_batch_size_per_gpu (performance sizes are local per GPU)",
+                    f"~actor_rollout_ref.actor.ppo_micro_batch_size "
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), max(1, as_int(old) // dp))}")
+        return
+    if micro is None:
+        yield error("dynamic batch size is off and actor.ppo_micro_batch_size_per_gpu is not set",
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
+        return
+    micro = as_int(micro)
+    if micro <= 0:
+        yield error(f"actor.ppo_micro_batch_size_per_gpu={micro} must be positive",
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
+    elif micro > per_gpu_mini:
+        yield error(f"the micro-batch ({micro} per GPU) is larger than the mini-batch's share of a GPU "
+                    f"({num(per_gpu_mini)} trajectories)",
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), micro)}")
+    elif per_gpu_mini.is_integer() and int(per_gpu_mini) % micro:
+        yield error(f"each GPU's {int(per_gpu_mini)} trajectories per mini-batch do not split into micro-batches of "
+                    f"{micro}: verl requires the per-GPU mini-batch to be divisible by the micro-batch",
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(int(per_gpu_mini), micro)}")
+    if micro > 0 and per_gpu_mini.is_integer():
+        b["micro_batches_per_update"] = int(per_gpu_mini) // micro
+
+
+@rule("log_prob_micro_batch")
+def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    if not _sizes_ok(c):
+        return
+    per_gpu_step = b["trajectories_per_step"] / b["data_parallel_size"]
+    for key in ("rollout", "ref"):
+        if c.get(A + f"{key}.log_prob_use_dynamic_bsz", False) or (key == "ref" and not ref_used(c)):
+            continue
+        micro = c.get(A + f"{key}.log_prob_micro_batch_size_per_gpu")
+        if micro is None:
+            yield error(f"{key}.log_prob_use_dynamic_bsz is off and {key}.log_prob_micro_batch_size_per_gpu is not set",
+                        f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
+                        f"{_divisor_le(max(1, int(per_gpu_step)), 4)}")
+        elif per_gpu_step.is_integer() and int(per_gpu_step) % max(1, as_int(micro, 1)):
+            yield error(f"each GPU's {int(per_gpu_step)} trajectories per step do not split into log-prob "
+                        f"micro-batches of {micro} ({key}.log_prob_micro_batch_size_per_gpu)",
+                        f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
+                        f"{_divisor_le(int(per_gpu_step), as_int(micro, 1))}")
+
+
+# ---- the train file ---------------------------------------------------------------------------------------------
+
+@rule("data_files")
+def data_files(c: Ctx) -> Iterable[Problem]:
+    """Steps per epoch from the train file's row count; a file verl cannot read, or smaller than one batch: refused."""
+    b = c.batch
+    for key in ("data.train_files", "data.val_files"):
+        files = local_files(c.get(key))
+        for f in files or ():
+            if not os.path.isfile(f):
+                continue
+            low = f.lower()
+            if low.endswith((".json", ".jsonl")):
+                continue  # verl reads these too (datasets' json loader)
+            bad = not low.endswith(".parquet")
+            if not bad:
+                try:
+                    with open(f, "rb") as fh:
+                        fh.seek(-4, os.SEEK_END)
+                        bad = fh.read(4) != b"PAR1"
+                except OSError:
+                    bad = True
+            if bad:
+                what = "has no parquet footer (PAR1)" if low.endswith(".parquet") else "is not a .parquet file"
+                flag = "train_file" if "train" in key else "test_file"
+                yield error(f"{key}: {f} {what}: verl's RLHFDataset reads .parquet (or .json/.jsonl) files and "
+                            f"stops with 'Unsupported file format' after Ray has started",
+                            f"point {flag} at a parquet file: `make data` writes data/gsm8k/train.parquet and "
+                            f"test.parquet (python run.py {flag}=/path/to/file.parquet)")
+    files = local_files(c.get("data.train_files"))
+    if files is None:
+        yield note("data.train_files is remote: steps per epoch unknown until verl reads it")
+        return
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:  # a missing file is grpo_lab.inputs' to report (with the command that makes it)
+        make = _get(c.lab, "dataset.make")
+        yield note(f"train file not there yet ({', '.join(missing)}): steps_per_epoch unknown"
+                   + (f"; make it with `{make}`" if make else ""))
+        return
+    parquet = [f for f in files if f.lower().endswith(".parquet")]
+    if len(parquet) != len(files):
+        yield note("steps per epoch unknown: the train file is not parquet (its rows are not counted here)")
+        return
+    try:
+        rows = sum(facts.parquet_num_rows(f) for f in files)
+    except (OSError, ValueError, ImportError):
+        return  # named above
+    b["train_rows"] = rows
+    tb = b["train_batch_size"]
+    if tb > 0:
+        b["steps_per_epoch"] = rows // tb  # verl's train dataloader drops the last partial batch
+        if b["total_training_steps"] is None:
+            b["total_training_steps"] = b["steps_per_epoch"] * b["total_epochs"]
+        if rows < tb:
+            yield error(f"the train file has {rows} rows, fewer than one train batch ({tb}): verl's dataloader "
+                        f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
+
+
+# ---- token budgets ----------------------------------------------------------------------------------------------
+
+def _budget_checks(c: Ctx) -> list[tuple[str, str, str, str, str]]:
+    checks = [("actor", "actor.use_dynamic_bsz", "actor.ppo_max_token_len_per_gpu", "ppo_max_token_len_per_gpu",
+               "the actor update"),
+              ("rollout", "rollout.log_prob_use_dynamic_bsz", "rollout.log_prob_max_token_len_per_gpu",
+               A + "rollout.log_prob_max_token_len_per_gpu", "the old-log-prob pass")]
+    if ref_used(c):
+        checks.append(("ref", "ref.log_prob_use_dynamic_bsz", "ref.log_prob_max_token_len_per_gpu",
+                       A + "ref.log_prob_max_token_len_per_gpu", "the reference log-prob pass"))
+    return checks
+
+
+@rule("token_budget")
+def token_budget(c: Ctx) -> Iterable[Problem]:
+    """Dynamic batching packs up to max_token_len_per_gpu x Ulysses SP size tokens per micro-batch: verl 0.9.1,
+    verl/workers/engine/utils.py prepare_micro_batches (`max_token_len = max_token_len_per_gpu * sp_size`)."""
+    b = c.batch
+    seq, sp = b["sequence_length"], b["sequence_parallel_size"]
+    budgets = {}
+    for name, dyn_key, key, override, what in _budget_checks(c):
+        if not c.get(A + dyn_key, False):
+            continue
+        budget = as_int(c.get(A + key, 0))
+        budgets[name] = budget
+        if budget * sp < seq:
+            need = math.ceil(seq / sp)
+            with_sp = f" x Ulysses SP {sp} = {budget * sp}" if sp > 1 else ""
+            yield error(f"{A}{key}={budget}{with_sp} cannot hold one full sequence of max_prompt_length + "
+                        f"max_response_length = {seq} tokens: verl asserts max_token_len >= the longest sequence, so "
+                        f"{what} fails the first time a long answer appears (mid-run)", f"{override}={need}")
+    b["token_budgets"] = budgets
+    if "actor" in budgets and isinstance(b["trajectories_per_gpu"], int):
+        per_gpu_tokens = b["trajectories_per_gpu"] * seq
+        b["max_tokens_per_gpu_per_update"] = per_gpu_tokens
+        b["micro_batches_per_update_max"] = math.ceil(per_gpu_tokens / max(1, budgets["actor"] * sp))
+
+
+@rule("token_budget_advice")
+def token_budget_advice(c: Ctx) -> Iterable[Problem]:
+    seq, sp = c.batch["sequence_length"], c.batch["sequence_parallel_size"]
+    for _, dyn_key, key, _, _ in _budget_checks(c):
+        budget = as_int(c.get(A + key, 0))
+        if c.get(A + dyn_key, False) and seq <= budget * sp < 2 * seq:
+            yield note(f"{key}={budget} is below 2 x (prompt + response) = {2 * seq}: verl's tuning guide advises "
+                       f"ppo_max_token_len_per_gpu >= 2 x (max_prompt_length + max_response_length) so that a "
+                       f"micro-batch packs at least two full sequences (the official script's 3000 is a cautious "
+                       f"choice on 32 GB cards; raise it if memory allows)")

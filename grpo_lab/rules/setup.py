@@ -1,0 +1,279 @@
+"""Rules on the set-up around the numbers: Ray's CPUs and environment, verl's keys, recipes, the model, the machine."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from typing import Any, Iterable, Mapping
+
+from grpo_lab import facts
+from grpo_lab.config import get as _get
+from grpo_lab.rules import A, ALT, Ctx, Problem, error, note, rule, warn
+from grpo_lab.rules.batch import as_int, ref_used
+
+# A Qwen3 chat model thinks first (<think>...</think>); the answer's "#### n" comes after the trace. Qwen's model card
+# recommends output budgets of 32k tokens for thinking, and on GSM8K-level problems the traces commonly run past
+# 1000 tokens (the guide: answers cut before "####" at its 1024). Below this many response tokens, warn.
+THINKING_MIN_RESPONSE = 2048
+
+ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+
+
+def env_str(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return "" if v is None else str(v)
+
+
+def override_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        return str(v)
+    if v is None:
+        return "null"
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def attn_impl(c: Ctx) -> str:
+    override = c.get(A + "model.override_config", {}) or {}
+    if isinstance(override, Mapping):
+        inner = override.get("model_config") if isinstance(override.get("model_config"), Mapping) else override
+        return str(inner.get("attn_implementation") or "flash_attention_2")
+    return "flash_attention_2"
+
+
+@rule("gpu_memory_utilization_range")
+def gpu_memory_utilization_range(c: Ctx) -> Iterable[Problem]:
+    util = c.get(A + "rollout.gpu_memory_utilization")
+    try:
+        u = float(util) if not isinstance(util, bool) else None
+    except (TypeError, ValueError):
+        u = None
+    if u is None or not 0.0 < u < 1.0:
+        yield error(f"actor_rollout_ref.rollout.gpu_memory_utilization={util!r} is outside (0, 1): it is the fraction "
+                    f"of each card's total memory vLLM may take (on 32 GB cards the guide starts at 0.4)",
+                    "rollout_gpu_mem_util=0.4")
+
+
+# ---- Ray --------------------------------------------------------------------------------------------------------
+
+def joins_cluster(c: Ctx) -> str | None:
+    """Where ray.init connects to an existing cluster (ray_init.address, else RAY_ADDRESS), or None: it starts one."""
+    addr = c.get("ray_kwargs.ray_init.address")
+    if addr not in (None, "", "local"):
+        return f"ray_kwargs.ray_init.address={addr}"
+    env = c.environ.get("RAY_ADDRESS")
+    if addr is None and env and env != "local":
+        return f"RAY_ADDRESS={env}"
+    return None
+
+
+@rule("ray_join_num_cpus")
+def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
+    """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
+    where = joins_cluster(c)
+    num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
+    if where and num_cpus is not None:
+        yield error(f"ray.init connects to an existing Ray cluster ({where}) and ray_kwargs.ray_init.num_cpus="
+                    f"{num_cpus} is set (the hardware file sets it for a Ray started here): Ray raises 'When "
+                    f"connecting to an existing cluster, num_cpus and num_gpus must not be provided'. The cluster's "
+                    f"nodes declare their own CPUs", "ray_kwargs.ray_init.num_cpus=null")
+
+
+@rule("ray_cpus")
+def ray_cpus(c: Ctx) -> Iterable[Problem]:
+    """Per node: each node's GPU workers (3 CPUs per GPU) fit its CPUs, and the job's once-per-job actors fit the
+    cluster. Ray's CPUs: ray_init.num_cpus, else the node's cores (this machine's when launching, else
+    lab.hardware.cpu_cores). Not checked when joining an existing cluster (its nodes declare their CPUs)."""
+    b = c.batch
+    per_node, nnodes = max(0, b["n_gpus_per_node"]), b["nnodes"]
+    v1 = bool(c.get("trainer.use_v1", True))
+    storage = c.get("transfer_queue.backend.storage_backend", "SimpleStorage")
+    units = as_int(c.get("transfer_queue.backend.SimpleStorage.num_data_storage_units", 8), 8)
+    units = units if storage == "SimpleStorage" else 0
+    once = facts.ray_cpus_per_job(v1, units)
+    need_node = facts.ray_cpus_needed(per_node, v1, units) if nnodes == 1 else \
+        facts.CPUS_PER_GPU * per_node + math.ceil(once / nnodes)
+    where = joins_cluster(c)
+    num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
+    if where:
+        b["ray_cpus"] = {"needed": need_node, "available": None, "source": f"the cluster's nodes ({where})",
+                         "use_v1": v1, "per_node": nnodes > 1}
+        return
+    if num_cpus is not None:
+        have, source = as_int(num_cpus), f"ray_kwargs.ray_init.num_cpus={num_cpus}"
+    elif c.launching:
+        have, source = facts.machine_cpus(), "this node's CPUs (ray_kwargs.ray_init.num_cpus is null)"
+    else:
+        have = as_int(_get(c.lab, "hardware.cpu_cores", 0))
+        source = f"lab.hardware.cpu_cores={have} (ray_kwargs.ray_init.num_cpus is null: Ray takes the node's cores)"
+    b["ray_cpus"] = {"needed": need_node, "available": have, "source": source, "use_v1": v1, "per_node": nnodes > 1}
+    if not have or need_node <= have:
+        return
+    how = facts.ray_cpus_formula(per_node, v1, units)
+    if nnodes > 1:
+        how = (f"{facts.CPUS_PER_GPU} per GPU x {per_node} GPUs of each node + its share of the {once} once-per-job "
+               f"CPUs ({facts.ray_cpus_formula(0, v1, units).split(' + ', 1)[1]}) over {nnodes} nodes")
+    fixes = []
+    if v1 and units > 1 and nnodes == 1 and have - facts.CPUS_PER_GPU * per_node - 2 >= 1:
+        fixes.append(f"transfer_queue.backend.SimpleStorage.num_data_storage_units="
+                     f"{have - facts.CPUS_PER_GPU * per_node - 2}")
+    fixes.append(f"ray_kwargs.ray_init.num_cpus={need_node}")
+    if v1 and facts.ray_cpus_needed(per_node, False, 0) <= have:
+        fixes.append("trainer.use_v1=false")
+    node = " per node" if nnodes > 1 else ""
+    yield error(f"Ray's CPU budget cannot hold the job: it needs {need_node} CPUs{node} ({how}) but has {have}{node} "
+                f"({source}). Ray's placement groups then wait forever: verl prints its config and hangs silently "
+                f"(seen on the H200: num_cpus=8 hung for 8 minutes, 16 ran)", ALT.join(fixes))
+
+
+@rule("ray_env_vars")
+def ray_env_vars(c: Ctx) -> Iterable[Problem]:
+    env_vars = c.get(ENV_VARS, {}) or {}
+    if isinstance(env_vars, Mapping):
+        for k, v in env_vars.items():
+            if not isinstance(v, str):
+                yield error(f"{ENV_VARS}.{k}={v!r} is a {type(v).__name__}: Ray's runtime_env takes string values "
+                            f"only and ray.init fails", f"'{ENV_VARS}.{k}=\"{env_str(v)}\"'")
+
+
+# ---- verl's keys and recipes ------------------------------------------------------------------------------------
+
+@rule("dynamic_bsz_mismatch")
+def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
+    actor_dyn = bool(c.get(A + "actor.use_dynamic_bsz", False))
+    others = {"rollout": bool(c.get(A + "rollout.log_prob_use_dynamic_bsz", False))}
+    if ref_used(c):
+        others["ref"] = bool(c.get(A + "ref.log_prob_use_dynamic_bsz", False))
+    wrong = [k for k, v in others.items() if v != actor_dyn]
+    if wrong:
+        val = "true" if actor_dyn else "false"
+        yield error(f"actor.use_dynamic_bsz={str(actor_dyn).lower()} but "
+                    + ", ".join(f"{k}.log_prob_use_dynamic_bsz={str(others[k]).lower()}" for k in wrong)
+                    + ": the update and the log-prob passes batch differently, and verl validates the log-prob "
+                      "micro-batch sizes only when the actor's dynamic batching is off, so a missing one fails inside "
+                      "the workers after start-up",
+                    " ".join(f"actor_rollout_ref.{k}.log_prob_use_dynamic_bsz={val}" for k in wrong))
+
+
+@rule("model_key_unknown")
+def model_key_unknown(c: Ctx) -> Iterable[Problem]:
+    model_cfg = c.get(A + "model", {}) or {}
+    known, source = facts.known_model_keys()
+    if not known:
+        yield note(f"actor_rollout_ref.model keys not checked: {source}")
+        return
+    if not isinstance(model_cfg, Mapping):
+        return
+    for key in model_cfg:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        fix = f"~actor_rollout_ref.model.{key}" + (
+            f" actor_rollout_ref.model.{close[0]}={override_value(model_cfg[key])}" if close else "")
+        yield error(f"actor_rollout_ref.model.{key} is not a key verl knows ({source}){hint} verl would fail on it "
+                    f"inside a worker, after Ray and the model have started", fix)
+
+
+@rule("lora_load_format")
+def lora_load_format(c: Ctx) -> Iterable[Problem]:
+    lora = as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
+    load_format = str(c.get(A + "rollout.load_format", "dummy"))
+    if lora > 0 and load_format != "safetensors":
+        yield error(f"LoRA (lora_rank={lora}) with actor_rollout_ref.rollout.load_format={load_format}: verl's LoRA "
+                    f"recipe loads the base weights into vLLM from the checkpoint (safetensors); with "
+                    f"{load_format!r} vLLM starts without them", "actor_rollout_ref.rollout.load_format=safetensors")
+
+
+@rule("dapo_filter_metric")
+def dapo_filter_metric(c: Ctx) -> Iterable[Problem]:
+    fg = c.get("algorithm.filter_groups", {}) or {}
+    if not (isinstance(fg, Mapping) and fg.get("enable")):
+        return
+    metric = fg.get("metric")
+    manager = c.get("reward.reward_manager.name", "naive")
+    if not metric:
+        yield error("algorithm.filter_groups.enable=true without algorithm.filter_groups.metric: DAPO's dynamic "
+                    "sampling has nothing to compare the answers of a group by (verl raises after start-up)",
+                    ALT.join(["algorithm.filter_groups.metric=acc reward.reward_manager.name=dapo",
+                              "algorithm.filter_groups.metric=reward"]))
+    elif metric not in ("reward",) and manager != "dapo":
+        yield warn(f"algorithm.filter_groups.metric={metric!r} must be reported by the reward function's extra info; "
+                   f"the {manager!r} reward manager reports only the score (metric 'reward'): verl stops with "
+                   f"'Finished groups are missing DAPO metric' after the first generation",
+                   ALT.join(["algorithm.filter_groups.metric=reward", "reward.reward_manager.name=dapo"]))
+
+
+@rule("thinking_response_length")
+def thinking_response_length(c: Ctx) -> Iterable[Problem]:
+    m = c.model
+    info = m.info if m else {}
+    thinking = bool(info.get("thinking", False))
+    path = str(c.get(A + "model.path", ""))
+    if path.rstrip("/").lower().endswith("-base"):
+        thinking = False
+    tmpl = c.get("data.apply_chat_template_kwargs", {}) or {}
+    if isinstance(tmpl, Mapping) and tmpl.get("enable_thinking") is False:
+        thinking = False
+    resp = as_int(c.get("data.max_response_length", 0))
+    if thinking and 0 < resp < THINKING_MIN_RESPONSE:
+        name = info.get("name") or "the model"
+        base = {"qwen3_1_7b": "model=qwen3_1_7b_base", "qwen3_4b": "model=qwen3_4b_base"}.get(str(name))
+        yield warn(f"{name} is a Qwen3 chat model with thinking on, and max_response_length={resp} is below "
+                   f"{THINKING_MIN_RESPONSE}: Qwen3 reasons in <think>...</think> before answering, and on GSM8K-level "
+                   f"problems those traces often run past 1000 tokens (Qwen recommends budgets of up to 32k for "
+                   f"thinking), so many answers are cut before '#### n' and score 0. Watch response_length/clip_ratio",
+                   ALT.join([f"max_response_length={THINKING_MIN_RESPONSE}"] + ([base] if base else [])
+                            + ["+data.apply_chat_template_kwargs.enable_thinking=false"]))
+
+
+@rule("nccl_p2p")
+def nccl_p2p(c: Ctx) -> Iterable[Problem]:
+    env_vars = c.get(ENV_VARS, {}) or {}
+    if _get(c.lab, "hardware.p2p", True) is False and c.batch["n_gpus"] > 1:
+        set_in = (isinstance(env_vars, Mapping) and "NCCL_P2P_DISABLE" in env_vars) or "NCCL_P2P_DISABLE" in c.environ
+        if not set_in:
+            yield warn(f"{_get(c.lab, 'hardware.name', 'this hardware')} has no GPU peer-to-peer "
+                       f"(lab.hardware.p2p=false): NCCL can hang at initialisation unless NCCL_P2P_DISABLE=1 reaches "
+                       f"the Ray workers", f"'+{ENV_VARS}.NCCL_P2P_DISABLE=\"1\"'")
+
+
+# ---- the machine (only when launching: Ray is about to start here) ---------------------------------------------
+
+@rule("environment_skipped")
+def environment_skipped(c: Ctx) -> Iterable[Problem]:
+    if not c.launching:
+        yield note("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
+                   "n_gpus_per_node")
+    if attn_impl(c) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
+        yield note(f"use_remove_padding with attn_implementation={attn_impl(c)} is correct because verl's FSDP engine "
+                   f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
+
+
+@rule("flash_attn_missing", launching_only=True)
+def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
+    impl = attn_impl(c)
+    if not impl.startswith("flash_attention"):
+        return
+    mods = ("flash_attn_interface",) if impl == "flash_attention_3" else ("flash_attn", "flash_attn_2_cuda")
+    if not all(facts.module_available(m) for m in mods):
+        yield error(f"the actor would load with attn_implementation={impl} (verl's default when "
+                    f"actor_rollout_ref.model.override_config.attn_implementation is not set), but the flash-attn "
+                    f"package is not installed; verl fails when it builds the model. sdpa is correct with "
+                    f"use_remove_padding (verl calls the model with use_cache=False)",
+                    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa")
+
+
+@rule("visible_gpus", launching_only=True)
+def visible_gpus(c: Ctx) -> Iterable[Problem]:
+    count, how = facts.visible_gpus(c.environ)
+    want = c.batch["n_gpus_per_node"]
+    c.batch["visible_gpus"] = count
+    if count < want:
+        yield error(f"trainer.n_gpus_per_node={want} but {count} CUDA GPU(s) are visible ({how}): Ray would wait for "
+                    f"GPUs that never come", f"ngpus_per_node={count}" if count else
+                    "run on the GPU machine, or check and plan here without GPUs: python run.py preflight.only=true "
+                    "(make plan)")
