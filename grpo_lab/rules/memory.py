@@ -196,9 +196,19 @@ def memory_host_ram(c: Ctx) -> Iterable[Problem]:
     host = plan["host_ram"]
     node = " per node" if host.get("per_node") else ""
     if host["verdict"] == "oom":
+        fix = _fix_for(plan, "host_ram")
+        if not fix:  # no override of the model's settings helps: each GPU's processes take ~6 GB of the node's RAM
+            s = plan["_settings"]
+            per_gpu = memplan.HOST_PER_GPU_WORKER_GB + memplan.HOST_PER_VLLM_WORKER_GB
+            fixed = max(host["total_gb"] - s.n_gpus // max(1, s.nnodes) * per_gpu, memplan.HOST_BASE_GB)
+            k = int((host["capacity_gb"] - fixed) // per_gpu)
+            per_node = s.n_gpus // max(1, s.nnodes)
+            fix = (f"ngpus_per_node={k}" if 1 <= k < per_node else
+                   f"run where a node has at least {host['total_gb']:.0f} GB of RAM (lab.hardware.host_ram_gb is "
+                   f"what the hardware file assumes)")
         yield oom(f"host RAM{node}: predicted {host['total_gb']} GB of {host['capacity_gb']} GB "
                   f"({', '.join(f'{k} {v}' for k, v in host['components_gb'].items() if v)})."
-                  f"{_alternatives(plan, 'host_ram')}", _fix_for(plan, "host_ram"))
+                  f"{_alternatives(plan, 'host_ram')}", fix)
     elif host["verdict"] == "tight":
         yield warn(f"host RAM{node} is tight: predicted {host['total_gb']} GB of {host['capacity_gb']} GB",
                    _fix_for(plan, "host_ram"))

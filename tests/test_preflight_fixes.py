@@ -1,0 +1,194 @@
+"""Fixes that fix (grpo_lab/fixes.py): for a corpus of bad configurations, the fix the preflight prints, typed back on
+the command line, passes the preflight. Function level through Hydra's compose (the fix's overrides are composed as a
+user's would be), and a few through `python run.py ... preflight.only=true` (apply the printed fix, expect exit 0)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import composed, run_py
+from grpo_lab import facts, fixes
+from grpo_lab.preflight import run_preflight
+
+STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
+          "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
+H200 = ("experiment=smoke_tiny", "hardware=h200x1")
+
+# (overrides, the error rule(s) it must raise): the issue's cases first, then one per error rule
+CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
+    (("ngpus_per_node=3",), {"batch_divisibility", "mini_batch_divisibility"}),
+    ((*H200, "ngpus_per_node=0"), {"value_range"}),
+    (("actor_lr=-1e-6",), {"value_range"}),
+    (("actor_lr=0",), {"value_range"}),
+    (("actor_lr=abc",), {"value_types"}),
+    (("rollout_n=1",), {"group_size"}),
+    (("total_epochs=-1",), {"value_range"}),
+    (("max_response_length=0",), {"value_range"}),
+    (("train_batch_size=abc",), {"value_types"}),
+    (("ppo_mini_batch_size=7",), {"mini_batch_divisibility", "updates_per_step_integer"}),
+    (("train_batch_size=32",), {"train_batch_vs_mini_batch"}),
+    (("train_batch_size=130", "ppo_mini_batch_size=65"), {"batch_divisibility", "mini_batch_divisibility"}),
+    (("rollout_tp=3",), {"rollout_parallel"}),
+    ((*STATIC, "ppo_micro_batch_size_per_gpu=3"), {"micro_batch"}),
+    ((*STATIC, "actor_rollout_ref.actor.ppo_micro_batch_size=8"), {"micro_batch"}),
+    ((*STATIC, "log_prob_micro_batch_size_per_gpu=3"), {"log_prob_micro_batch"}),
+    (("ppo_max_token_len_per_gpu=1000",), {"token_budget"}),
+    (("rollout_gpu_mem_util=1.5",), {"gpu_memory_utilization_range"}),
+    ((*H200, "ray_kwargs.ray_init.num_cpus=8", "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"),
+     {"ray_cpus"}),
+    ((*H200, "++ray_kwargs.ray_init.address=auto"), {"ray_join_num_cpus"}),
+    (("++ray_kwargs.ray_init.runtime_env.env_vars.FOO=1",), {"ray_env_vars"}),
+    (("actor_rollout_ref.actor.use_dynamic_bsz=false",), {"dynamic_bsz_mismatch"}),
+    (("+actor_rollout_ref.model.use_remove_paddin=true",), {"model_key_unknown"}),
+    (("model=qwen3_8b_lora", "actor_rollout_ref.rollout.load_format=dummy"), {"lora_load_format"}),
+    (("variant=dapo", "algorithm.filter_groups.metric=null"), {"dapo_filter_metric"}),
+    (("model=qwen3_8b_lora", "actor_rollout_ref.model.lora_rank=0"), {"full_finetune_too_big"}),
+    (("model=qwen3_4b", "rollout_gpu_mem_util=0.85"), {"memory_generation"}),
+    (("model=qwen3_4b", "actor_rollout_ref.rollout.max_model_len=null"), {"vllm_kv_cache"}),
+    (("lab.hardware.host_ram_gb=34",), {"memory_host_ram"}),
+    (("ngpus_per_node=3", "actor_lr=-1", "rollout_gpu_mem_util=1.5"),
+     {"batch_divisibility", "value_range", "gpu_memory_utilization_range"}),
+]
+
+
+def check(verl, lab, launching=False, environ=None):
+    return run_preflight(verl, lab, launching=launching, environ={} if environ is None else environ)
+
+
+def printed_fix(r) -> str:
+    """What a user would type: `Fix all ... together` with several errors, else the error's first alternative."""
+    if r.fix_all:
+        assert r.fix_all_passes, r.format()
+        return r.fix_all
+    (p,) = r.errors
+    assert not p.fix.startswith("no single fix"), p.fix
+    return p.alternatives[0]
+
+
+@pytest.mark.parametrize("overrides,expected", CORPUS, ids=[" ".join(o) for o, _ in CORPUS])
+def test_the_printed_fix_passes_the_preflight(overrides, expected):
+    verl, lab = composed(*overrides)
+    r = check(verl, lab)
+    assert expected <= {p.rule for p in r.errors}, r.format()
+    for p in r.errors:
+        assert p.fix and p.checked.startswith("re-checked: the preflight passes"), (p.rule, p.fix, p.checked)
+    fix = printed_fix(r)
+    verl2, lab2 = composed(*overrides, *shlex.split(fix))  # through Hydra's compose, as typed
+    r2 = check(verl2, lab2)
+    assert r2.ok, (fix, r2.format())
+
+
+def test_ngpus_per_node_3_gets_one_fix_that_keeps_two_updates():
+    """The issue's acceptance example: train batch and mini-batch change together (126 = 2 x 63, 63 x 5 / 3 = 105)."""
+    r = check(*composed("ngpus_per_node=3"))
+    assert r.fix_all == "train_batch_size=126 ppo_mini_batch_size=63"
+    assert {p.alternatives[0] for p in r.errors} == {"train_batch_size=126 ppo_mini_batch_size=63"}
+    assert all("ngpus_per_node=2" in p.alternatives for p in r.errors)
+    r2 = check(*composed("ngpus_per_node=3", "train_batch_size=126", "ppo_mini_batch_size=63"))
+    assert r2.ok and r2.batch["updates_per_step"] == 2 and r2.batch["trajectories_per_gpu"] == 105
+
+
+def test_a_fix_that_causes_a_new_error_is_combined_or_replaced():
+    """rollout_n=1's plain fix (rollout_n=5) on 3 GPUs would break the batch split: the printed fix carries both."""
+    verl, lab = composed("rollout_n=1", "ngpus_per_node=3", "train_batch_size=126", "ppo_mini_batch_size=63")
+    r = check(verl, lab)
+    p = next(p for p in r.errors if p.rule == "group_size")
+    verl2, lab2 = composed("rollout_n=1", "ngpus_per_node=3", "train_batch_size=126", "ppo_mini_batch_size=63",
+                           *shlex.split(p.alternatives[0]))
+    assert check(verl2, lab2).ok
+
+
+def test_no_single_fix_is_said_plainly(monkeypatch):
+    """When re-checking finds no alternative that passes, the fix says so instead of printing one that fails."""
+    from grpo_lab.rules import Problem
+
+    verl, lab = composed("ngpus_per_node=3")
+    checker = fixes.FixChecker(verl, lab, launching=False, environ={}, problems=check(verl, lab).errors)
+    p = checker.check(Problem("batch_divisibility", "x", "train_batch_size=129"))
+    assert p.fix.startswith("no single fix is known: train_batch_size=129 still fails")
+    assert p.checked == "re-checked: no single fix passes"
+
+
+def test_words_and_group_choices_are_not_applied_but_marked():
+    verl, lab = composed()
+    checker = fixes.FixChecker(verl, lab, launching=False, environ={}, problems=[])
+    from grpo_lab.rules import Problem
+
+    p = checker.check(Problem("x", "y", "model=qwen3_4b  or  point train_file at a parquet file", "warn"))
+    assert p.fix == "model=qwen3_4b  or  point train_file at a parquet file"
+    assert p.checked.startswith("not re-checked")
+
+
+def test_apply_follows_derived_values():
+    """A fix that changes the response length re-derives vLLM's max_model_len (prompt + response), as conf does."""
+    verl, lab = composed()
+    v, _ = fixes.apply(verl, lab, fixes.parse("max_response_length=2048"))
+    assert v["data"]["max_response_length"] == 2048 and v["actor_rollout_ref"]["rollout"]["max_model_len"] == 2560
+    # a short key sets every verl key conf/config.yaml builds from it (log-prob micro-batch: rollout and ref)
+    v, _ = fixes.apply(verl, lab, fixes.parse("log_prob_micro_batch_size_per_gpu=4"))
+    assert v["actor_rollout_ref"]["rollout"]["log_prob_micro_batch_size_per_gpu"] == 4
+    assert v["actor_rollout_ref"]["ref"]["log_prob_micro_batch_size_per_gpu"] == 4
+    # the input is not changed
+    assert verl["data"]["max_response_length"] == 1024
+    assert fixes.parse("model=qwen3_4b") is None and fixes.parse("run on the GPU machine") is None
+
+
+def test_visible_gpus_fix_rechecked_at_launch(monkeypatch):
+    monkeypatch.setattr(facts, "module_available", lambda name: True)
+    monkeypatch.setattr(facts, "_proc_gpus", lambda: 4)
+    verl, lab = composed()
+    r = check(verl, lab, launching=True, environ={"CUDA_VISIBLE_DEVICES": "0,1"})
+    p = next(p for p in r.errors if p.rule == "visible_gpus")
+    assert p.fix == "ngpus_per_node=2" and p.checked.startswith("re-checked: the preflight passes")
+
+
+def test_fix_rechecks_stay_fast():
+    """The preflight with its re-checks stays well under 0.2 s per config (three errors, their fixes, fix all)."""
+    verl, lab = composed("ngpus_per_node=3", "actor_lr=-1", "rollout_gpu_mem_util=1.5")
+    check(verl, lab)
+    t = time.perf_counter()
+    for _ in range(3):
+        check(verl, lab)
+    assert (time.perf_counter() - t) / 3 < 0.2
+
+
+# ---- through run.py: the printed fix typed back on the command line ----------------------------------------------
+
+@pytest.mark.parametrize("bad", [("ngpus_per_node=3",), ("train_batch_size=abc",), (*H200, "ngpus_per_node=0")],
+                         ids=lambda b: " ".join(b))
+def test_run_py_printed_fix_passes(tmp_path, bad):
+    out = run_py("preflight.only=true", *bad, f"hydra.run.dir={tmp_path / 'bad'}")
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert "fix: " in text and "Traceback" not in text
+    plan = json.loads((tmp_path / "bad" / "plan.json").read_text())
+    fix = plan["fix_all"]["overrides"] if "fix_all" in plan else plan["errors"][0]["fix"].split("  or  ")[0]
+    assert fix in text
+    good = run_py("preflight.only=true", *bad, *shlex.split(fix), f"hydra.run.dir={tmp_path / 'good'}")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "preflight: OK" in good.stdout
+
+
+def test_non_parquet_train_file_is_refused(tmp_path):
+    bad = tmp_path / "train.csv"
+    bad.write_text("prompt,answer\n1+1,2\n")
+    fake = tmp_path / "fake.parquet"
+    fake.write_text("not parquet")
+    def with_train(path):
+        verl, lab = composed()  # (composed() points the data at /nonexistent; the train file is set here)
+        verl["data"]["train_files"] = str(path)
+        return check(verl, lab)
+
+    for f in (bad, fake):
+        p = next(p for p in with_train(f).errors if p.rule == "data_files")
+        assert str(f) in p.message and "make data" in p.fix and "not re-checked" in p.checked
+    real = tmp_path / "ok.parquet"
+    pq.write_table(pa.table({"x": list(range(200))}), real)
+    r = with_train(real)
+    assert "data_files" not in {p.rule for p in r.errors} and r.batch["train_rows"] == 200
