@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from grpo_lab import facts
 from grpo_lab.config import get as _get
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -231,8 +232,8 @@ class Values:
         return f"ppo_micro_batch_size_per_gpu={max(1, self.micro // 2)}"
 
     def cpus_needed(self) -> int:
-        """Ray CPUs the V1 trainer's placement groups need: 3 per GPU + TaskRunner + TQ controller + storage units."""
-        return 3 * self.gpus + 1 + (1 + self.storage_units if self.use_v1 else 0)
+        """Ray CPUs the job's placement groups need (grpo_lab.facts: 3 per GPU + TaskRunner + TQ controller + units)."""
+        return facts.ray_cpus_needed(self.gpus, self.use_v1, self.storage_units)
 
 
 def _env_override(name: str, value: str) -> str:
@@ -609,13 +610,11 @@ _UNSCHEDULABLE = re.compile(r"resource request cannot be scheduled right now")
 def _cpu_budget_hang(log: Log, v: Values, evidence: str, line: int | None, where: str) -> Diagnosis:
     need = v.cpus_needed()
     have = v.num_cpus
-    units_fit = (have - 3 * v.gpus - 2) if have is not None else None
+    units_fit = (have - facts.ray_cpus_needed(v.gpus, True, 0)) if have is not None else None
     overrides = [f"ray_kwargs.ray_init.num_cpus={need}"]
     if v.use_v1 and units_fit is not None and 1 <= units_fit < v.storage_units:
         overrides.append(f"transfer_queue.backend.SimpleStorage.num_data_storage_units={units_fit}")
-    arithmetic = (f"3 CPUs per GPU x {v.gpus} + 1 (TaskRunner) + 1 (TransferQueue controller) + "
-                  f"{v.storage_units} (TransferQueue storage units) = {need}" if v.use_v1 else
-                  f"3 CPUs per GPU x {v.gpus} + 1 (TaskRunner) = {need}")
+    arithmetic = f"{facts.ray_cpus_formula(v.gpus, v.use_v1, v.storage_units)} = {need}"
     return Diagnosis(
         id="ray_cpu_budget_hang",
         title="Silent hang: Ray has too few CPUs, a placement group never becomes ready",
@@ -795,7 +794,7 @@ def write_diagnosis(job_dir: str | Path) -> list[Diagnosis]:
     job_dir = Path(job_dir)
     _, ds = diagnose_path(job_dir)
     out = {"log": "train.log", "diagnoses": [d.to_dict() for d in ds]}
-    (job_dir / "diagnosis.json").write_text(json.dumps(out, indent=2) + "\n")
+    facts.atomic_write(job_dir / "diagnosis.json", json.dumps(out, indent=2) + "\n")
     return ds
 
 

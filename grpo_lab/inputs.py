@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpo_lab.config import get
+from grpo_lab.facts import hf_model_cache_dir
 
 
 def local_files(value: Any) -> list[str] | None:
@@ -25,13 +26,6 @@ def local_files(value: Any) -> list[str] | None:
 
 def _looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(path))
-
-
-def _hub_cache_dir(environ: Mapping[str, str]) -> str:
-    if environ.get("HF_HUB_CACHE"):
-        return environ["HF_HUB_CACHE"]
-    home = environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return os.path.join(home, "hub")
 
 
 def check_inputs(verl: dict[str, Any], lab: dict[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
@@ -55,7 +49,7 @@ def check_inputs(verl: dict[str, Any], lab: dict[str, Any], environ: Mapping[str
             problems.append(f"actor_rollout_ref.model.path: {model} holds no model (no config.json). Make or fetch "
                             f"it with `{hint}`, or choose another: python run.py model_path=/path/to/model")
     elif environ.get("HF_HUB_OFFLINE") == "1" or environ.get("TRANSFORMERS_OFFLINE") == "1":
-        cached = os.path.join(_hub_cache_dir(environ), "models--" + model.replace("/", "--"))
+        cached = str(hf_model_cache_dir(model, environ))
         if not os.path.isdir(cached):
             problems.append(f"actor_rollout_ref.model.path: {model} is a hub id, the hub is off (HF_HUB_OFFLINE=1) "
                             f"and it is not in the cache ({cached}). Download it where there is a network "

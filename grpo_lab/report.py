@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from grpo_lab import doctor
+from grpo_lab import doctor, facts
 from grpo_lab import metrics as M
 from grpo_lab.config import get as _get
 
@@ -654,7 +654,7 @@ def make_report(run_dir: str | Path, *, plots: bool = True, write: bool = True) 
                     report["plots"].append(png.name)
             except Exception as e:  # a plot must not cost the verdicts
                 report["plot_error"] = f"{type(e).__name__}: {e}"
-        (run.run_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        facts.atomic_write(run.run_dir / "report.json", json.dumps(report, indent=2) + "\n")
     return report
 
 

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo_lab import facts
 from grpo_lab import metrics as M
 
 if TYPE_CHECKING:  # pandas and the doctor are imported where used: Hydra instantiates the callback before every run
@@ -263,8 +264,8 @@ def summarize_sweep(sweep_dir: str | Path, *, plots: bool = True) -> pd.DataFram
     sweep_dir = Path(sweep_dir)
     diagnoses: dict[str, list[doctor.Diagnosis]] = {}
     table, keys = summary_table(sweep_dir, diagnoses)
-    table.to_csv(sweep_dir / "summary.csv", index=False)
-    (sweep_dir / "summary.md").write_text(to_markdown(table, keys, sweep_dir, diagnoses))
+    facts.atomic_write(sweep_dir / "summary.csv", table.to_csv(index=False))
+    facts.atomic_write(sweep_dir / "summary.md", to_markdown(table, keys, sweep_dir, diagnoses))
     if plots:
         try:
             plot_summary(table, keys, sweep_dir / "summary.png")

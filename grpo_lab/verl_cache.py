@@ -30,9 +30,10 @@ import logging
 import os
 import pickle
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
+
+from grpo_lab.facts import atomic_write
 
 ENV = "GRPO_LAB_VERL_CACHE"
 DIR_ENV = "GRPO_LAB_CACHE_DIR"
@@ -141,18 +142,10 @@ def _write(path: Path, key: str, data: dict) -> None:
     text = (f"# grpo-lab: verl's {CONFIG_NAME} as Hydra composes it from verl's files (grpo_lab/verl_cache.py); "
             "a cache, safe to delete\n"
             + yaml.dump({"key": key, CONFIG_NAME: data}, Dumper=dumper, sort_keys=False, allow_unicode=True))
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
     except OSError as e:
         log.debug("grpo-lab: verl config cache not written (%s): %s", path, e)
-        if tmp and os.path.exists(tmp):
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
 
 
 def _build(verl_dir: str) -> dict | None:
