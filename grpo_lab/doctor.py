@@ -712,8 +712,12 @@ def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float |
 
 
 def failure_class(diagnoses: Iterable[Diagnosis]) -> str:
-    """The sweep summary's status word for a failed job: OOM in generation / OOM in training / other failure."""
+    """The sweep summary's status word for a failed job: refused: <rules> / OOM in generation / OOM in training /
+    other failure."""
     ds = list(diagnoses)
+    for d in ds:
+        if d.id == "preflight_refused":
+            return "refused: " + d.title[d.title.find("(") + 1:d.title.find(")")]
     for d in ds:  # the first memory error decides
         if d.id.startswith("oom_") or d.id.startswith("vllm_kv") or d.id == "vllm_startup_free_memory":
             if d.phase == "training":
@@ -734,11 +738,42 @@ def _load_yaml(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def refusal(job_dir: str | Path) -> Diagnosis | None:
+    """The preflight's refusal of a job (status.json failed before anything started, plan.json's errors), or None.
+
+    A refused job never started Ray: its log stops after the preflight report, which is no hang and no crash. What
+    it needs is the rules that refused it and their fixes (plan.json), not a guess from the log.
+    """
+    job_dir = Path(job_dir)
+    status, plan = read_json(job_dir / "status.json"), read_json(job_dir / "plan.json")
+    errors = [e for e in plan.get("errors") or [] if isinstance(e, dict) and e.get("rule")]
+    if status.get("status") != "failed" or not errors or "nothing was started" not in str(status.get("error", "")):
+        return None
+    rules = list(dict.fromkeys(e["rule"] for e in errors))
+    lines = [f"[{e['rule']}] {e.get('message', '')}" + (f"\n  fix: {e['fix']}" if e.get("fix") else "")
+             for e in errors]
+    fix_all = (plan.get("fix_all") or {}).get("overrides")
+    first_fix = next((e["fix"].split("  or  ")[0] for e in errors if e.get("fix")), "")
+    overrides = shlex.split(fix_all or first_fix) if (fix_all or first_fix) and "=" in (fix_all or first_fix) else []
+    return Diagnosis(
+        id="preflight_refused",
+        title=f"Refused by the preflight ({', '.join(rules)}): nothing was started",
+        evidence=str(status.get("error")),
+        remedy="\n".join(lines + ([f"all together: {fix_all}"] if fix_all else [])
+                         + [f"(from {job_dir / 'plan.json'}; check again with preflight.only=true / make plan)"]),
+        overrides=overrides)
+
+
 def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Path, list[Diagnosis]]:
-    """Diagnose a log file or a job dir (its train.log, with its verl_config.yaml). Returns (log path, diagnoses)."""
+    """Diagnose a log file or a job dir (its train.log, with its verl_config.yaml). Returns (log path, diagnoses).
+
+    A job the preflight refused gets that refusal (its rules and fixes from plan.json), not a reading of its log."""
     p = Path(path)
     job_dir = p if p.is_dir() else p.parent
     log_path = p / "train.log" if p.is_dir() else p
+    refused = refusal(job_dir)
+    if refused is not None:
+        return log_path, [refused]
     try:
         idle: float | None = time.time() - log_path.stat().st_mtime
     except OSError:

@@ -505,6 +505,9 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
         word = "still running" if st == "running" else "no status.json"
         return Check("run", OK if st == "running" else WARN,
                      f"{word}: reported as far as it got, step {done}{of}{partial}."), diags
+    refused = next((d for d in diags if d.id == "preflight_refused"), None)
+    if refused is not None:
+        return Check("run", BAD, f"{refused.title}; the rules and their fixes are below (plan.json)."), diags
     if st == "failed":
         err = run.status.get("error") or "no error recorded"
         what = ("; ".join(f"{d.title} -> try {' '.join(d.overrides)}" for d in diags)
@@ -633,6 +636,16 @@ def is_sweep_dir(path: str | Path) -> bool:
     return any(d.is_dir() and d.name.startswith("job") for d in p.iterdir()) if p.is_dir() else False
 
 
+def writes_allowed(path: str | Path) -> bool:
+    """Whether `make report` may write into this folder: anywhere but the repository's own files, i.e. under the
+    project's outputs/ or outside the repository; a recorded run committed under benchmarks/ is only printed."""
+    p = Path(path).resolve()
+    root = facts.ROOT.resolve()
+    if not p.is_relative_to(root):
+        return True
+    return p.is_relative_to(root / "outputs")
+
+
 def make_report(run_dir: str | Path, *, plots: bool = True, write: bool = True) -> dict[str, Any]:
     """Run the checks on a job dir; write report.json (and report.png) beside metrics.jsonl. Returns the report."""
     run = load_run(run_dir)
@@ -645,6 +658,7 @@ def make_report(run_dir: str | Path, *, plots: bool = True, write: bool = True) 
         "checks": [c.to_dict() for c in checks],
         "diagnoses": [d.to_dict() for d in diags],
         "plots": [],
+        "written": write,
     }
     if write:
         if plots:
@@ -670,8 +684,9 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("plots"):
         out.append("  plots: " + ", ".join(str(Path(report["run_dir"]) / p) for p in report["plots"]))
     counts = {s: sum(c["status"] == s for c in report["checks"]) for s in (OK, WARN, BAD)}
-    out.append(f"  {counts[OK]} ok, {counts[WARN]} warn, {counts[BAD]} bad; written to "
-               f"{Path(report['run_dir']) / 'report.json'}")
+    where = (f"written to {Path(report['run_dir']) / 'report.json'}" if report.get("written", True) else
+             "nothing written: a recorded run outside outputs/ (--write writes report.json and report.png there)")
+    out.append(f"  {counts[OK]} ok, {counts[WARN]} warn, {counts[BAD]} bad; {where}")
     return "\n".join(out)
 
 
@@ -680,18 +695,22 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Health report of a job dir, or the summary of a sweep dir.")
     ap.add_argument("run_dir")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG")
+    ap.add_argument("--write", action="store_true",
+                    help="write report.json/.png (or the sweep summary) even into a folder of the repository outside "
+                         "outputs/, e.g. a recorded run under benchmarks/ (by default those are only printed)")
     args = ap.parse_args(argv)
     path = Path(args.run_dir)
     if not path.is_dir():
         print(f"grpo-lab report: {path} is not a directory", file=sys.stderr)
         return 2
+    write = args.write or writes_allowed(path)
     if is_sweep_dir(path):
         from grpo_lab.summary import format_summary, summarize_sweep
 
-        table = summarize_sweep(path, plots=not args.no_plots)
-        print(format_summary(path, table))
+        table = summarize_sweep(path, plots=not args.no_plots, write=write)
+        print(format_summary(path, table, written=write))
         return 0
-    report = make_report(path, plots=not args.no_plots)
+    report = make_report(path, plots=not args.no_plots, write=write)
     print(format_report(report))
     return 0
 

@@ -2,8 +2,8 @@
 
     python -m grpo_lab.summary SWEEP_DIR      (make report RUN=outputs/sweeps/<sweep> does the same)
 
-Each row: the job's overrides, its status (ok / OOM in generation / OOM in training / other failure / unfinished;
-failed jobs are read by the doctor), steps done, time per step, generation time, throughput, peak training memory and
+Each row: the job's overrides, its status (ok / refused: <rule> / OOM in generation / OOM in training / other
+failure / unfinished; failed jobs are read by the doctor, refused ones from their plan.json), steps done, time per step, generation time, throughput, peak training memory and
 last score. The swept key is the override whose value differs across the jobs' .hydra/overrides.yaml.
 summary.png plots throughput and step time against it.
 
@@ -111,6 +111,9 @@ def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
         return OK, "", []
     if st == "running":
         return UNFINISHED, "", []
+    refused = doctor.refusal(job_dir)
+    if refused is not None:  # the preflight refused it: its rules, not a traceback
+        return doctor.failure_class([refused]), refused.title, [refused]
     log_path = job_dir / "train.log"
     diags: list[doctor.Diagnosis] = []
     if log_path.exists():
@@ -259,13 +262,16 @@ def plot_summary(table: pd.DataFrame, keys: list[str], path: Path) -> Path | Non
     return path
 
 
-def summarize_sweep(sweep_dir: str | Path, *, plots: bool = True) -> pd.DataFrame:
-    """Write summary.md, summary.csv and summary.png into the sweep dir; return the table."""
+def summarize_sweep(sweep_dir: str | Path, *, plots: bool = True, write: bool = True) -> pd.DataFrame:
+    """Write summary.md, summary.csv and summary.png into the sweep dir (write=False: none); return the table."""
     sweep_dir = Path(sweep_dir)
     diagnoses: dict[str, list[doctor.Diagnosis]] = {}
     table, keys = summary_table(sweep_dir, diagnoses)
+    table.attrs["markdown"] = to_markdown(table, keys, sweep_dir, diagnoses)
+    if not write:
+        return table
     facts.atomic_write(sweep_dir / "summary.csv", table.to_csv(index=False))
-    facts.atomic_write(sweep_dir / "summary.md", to_markdown(table, keys, sweep_dir, diagnoses))
+    facts.atomic_write(sweep_dir / "summary.md", table.attrs["markdown"])
     if plots:
         try:
             plot_summary(table, keys, sweep_dir / "summary.png")
@@ -274,9 +280,11 @@ def summarize_sweep(sweep_dir: str | Path, *, plots: bool = True) -> pd.DataFram
     return table
 
 
-def format_summary(sweep_dir: str | Path, table: pd.DataFrame) -> str:
+def format_summary(sweep_dir: str | Path, table: pd.DataFrame, written: bool = True) -> str:
     sweep_dir = Path(sweep_dir)
-    text = (sweep_dir / "summary.md").read_text() if (sweep_dir / "summary.md").exists() else table.to_string()
+    text = table.attrs.get("markdown") or table.to_string()
+    if not written:
+        return f"{text}\nnot written: {sweep_dir} is a recorded sweep outside outputs/ (--write writes it)"
     files = ", ".join(str(sweep_dir / f) for f in ("summary.md", "summary.csv", "summary.png")
                       if (sweep_dir / f).exists())
     return f"{text}\nwritten: {files}"
