@@ -1,0 +1,203 @@
+"""One test group per preflight rule id that tests/test_preflight.py does not already cover, and a check that every
+registered rule id is exercised by a test in tests/test_preflight*.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, composed
+from grpo_lab import facts, memplan
+from grpo_lab.preflight import run_preflight
+from grpo_lab.rules import ids, run_rules, Ctx
+
+MOE = ROOT / "tests" / "fixtures" / "synthetic" / "qwen3_30b_a3b"
+
+
+def check(verl, lab, launching=False, environ=None):
+    return run_preflight(verl, lab, launching=launching, environ={} if environ is None else environ)
+
+
+def rules(problems):
+    return [p.rule for p in problems]
+
+
+def only(problems, rule):
+    found = [p for p in problems if p.rule == rule]
+    assert len(found) == 1, (rule, [(p.rule, p.message) for p in problems])
+    return found[0]
+
+
+def put(d, dotted, value):
+    *head, last = dotted.split(".")
+    for part in head:
+        d = d.setdefault(part, {})
+    d[last] = value
+
+
+def test_every_rule_id_has_a_test():
+    text = "".join(p.read_text() for p in (ROOT / "tests").glob("test_preflight*.py"))
+    untested = [r for r in ids() if f'"{r}"' not in text]
+    assert untested == []
+
+
+def test_rules_cannot_change_the_config():
+    verl, lab = composed()
+    c = Ctx.of(verl, lab, launching=False, environ={})
+    with pytest.raises(TypeError):
+        c.verl["data"]["train_batch_size"] = 1  # type: ignore[index]
+    run_rules(c)
+    assert verl == composed()[0]
+
+
+# ---- value_types / value_range / group_size ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override,key", [("train_batch_size=abc", "data.train_batch_size"),
+                                          ("actor_lr=abc", "actor_rollout_ref.actor.optim.lr"),
+                                          ("rollout_n=five", "actor_rollout_ref.rollout.n")])
+def test_value_types(override, key):
+    r = check(*composed(override))
+    p = only(r.errors, "value_types")
+    assert key in p.message and "is not a" in p.message
+    assert not any("internal error" in n for n in r.notes)  # named, not read as 0
+
+
+@pytest.mark.parametrize("override,fix,why", [
+    ("ngpus_per_node=0", "ngpus_per_node=1", "Bundles must be a non-empty list"),
+    ("actor_lr=0", "actor_lr=1e-06", "never changes"),
+    ("actor_lr=-1e-6", "actor_lr=1e-06", "away from reward"),
+    ("total_epochs=-1", "total_epochs=1", "no training step runs"),
+    ("max_response_length=0", "max_response_length=1024", "empty"),
+])
+def test_value_range(override, fix, why):
+    p = only(check(*composed(override)).errors, "value_range")
+    assert p.fix == fix and why in p.message
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline"])
+def test_group_size(estimator):
+    p = only(check(*composed("rollout_n=1", f"algorithm.adv_estimator={estimator}")).errors, "group_size")
+    assert "rollout.n=1" in p.message and p.fix == "rollout_n=5"
+    assert "group_size" not in rules(check(*composed("rollout_n=1", "algorithm.adv_estimator=gae")).errors)
+
+
+# ---- Ray: several nodes, joining a cluster -------------------------------------------------------------------------
+
+def test_ray_cpus_counts_per_node():
+    """4 nodes x 4 GPUs with 16 CPUs each: 12 per node + (1 + 1 + 2) / 4 = 13 <= 16, not 52 > 16."""
+    verl, lab = composed("nnodes=4")
+    r = check(verl, lab)
+    assert "ray_cpus" not in rules(r.errors)
+    assert r.batch["ray_cpus"]["needed"] == 13 and r.batch["ray_cpus"]["per_node"]
+    put(verl, "ray_kwargs.ray_init.num_cpus", None)  # Ray takes each node's cores (the hardware file's 16)
+    assert "ray_cpus" not in rules(check(verl, lab).errors)
+    put(verl, "ray_kwargs.ray_init.num_cpus", 12)  # 12 per GPU workers + a share of the rest > 12
+    p = only(check(verl, lab).errors, "ray_cpus")
+    assert "per node" in p.message and "ray_kwargs.ray_init.num_cpus=13" in p.fix
+
+
+def test_ray_join_num_cpus():
+    verl, lab = composed()
+    assert "ray_join_num_cpus" not in rules(check(verl, lab).errors)
+    p = only(check(verl, lab, environ={"RAY_ADDRESS": "10.0.0.1:6379"}).errors, "ray_join_num_cpus")
+    assert "RAY_ADDRESS=10.0.0.1:6379" in p.message and p.fix == "ray_kwargs.ray_init.num_cpus=null"
+    put(verl, "ray_kwargs.ray_init.address", "local")  # starts its own Ray: num_cpus is fine
+    assert "ray_join_num_cpus" not in rules(check(verl, lab, environ={"RAY_ADDRESS": "x:1"}).errors)
+
+
+# ---- Ulysses sequence parallelism ----------------------------------------------------------------------------------
+
+def test_token_budget_with_sequence_parallelism():
+    """verl packs max_token_len_per_gpu x SP size tokens (verl/workers/engine/utils.py): 1000 x 2 >= 1536."""
+    verl, lab = composed("ppo_max_token_len_per_gpu=1000")
+    assert "token_budget" in rules(check(verl, lab).errors)
+    put(verl, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", 2)
+    r = check(verl, lab)
+    assert "token_budget" not in rules(r.errors)
+    assert r.batch["sequence_parallel_size"] == 2 and r.batch["data_parallel_size"] == 2
+
+
+def test_data_parallel_size_reads_the_non_deprecated_key():
+    verl, lab = composed()
+    put(verl, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", 4)
+    assert check(verl, lab).batch["data_parallel_size"] == 1
+    put(verl, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", 2)  # deprecated, wins when > 1 (as verl)
+    assert check(verl, lab).batch["data_parallel_size"] == 2
+
+
+def notes_of(rule_id, *overrides):
+    c = Ctx.of(*composed(*overrides), launching=False, environ={})
+    return [p.message for p in run_rules(c, only=[rule_id]) if p.level == "note"]
+
+
+def test_token_budget_advice():
+    assert any("below 2 x (prompt + response)" in n for n in notes_of("token_budget_advice"))
+    assert notes_of("token_budget_advice", "ppo_max_token_len_per_gpu=4096", "actor_rollout_ref.rollout."
+                    "log_prob_max_token_len_per_gpu=4096", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=4096"
+                    ) == []
+    r = check(*composed())
+    assert not any("below 2 x" in n for n in check(*composed("ppo_max_token_len_per_gpu=4096")).notes
+                   if n.startswith("actor.ppo_max_token_len_per_gpu"))
+
+
+def test_environment_skipped():
+    assert any("environment checks skipped" in n for n in notes_of("environment_skipped"))
+
+
+# ---- memory: several nodes, MoE, the model named -------------------------------------------------------------------
+
+def test_memory_host_ram_per_node():
+    """Host RAM is per node: 4 nodes do not put four nodes' reference models into one node's RAM."""
+    one = check(*composed("model=qwen3_4b")).memory["host_ram"]
+    four = check(*composed("model=qwen3_4b", "nnodes=4")).memory["host_ram"]
+    assert four["per_node"] and four["components_gb"]["processes"] == one["components_gb"]["processes"]
+    # the reference model is sharded over all 16 GPUs: a quarter of it on each node
+    assert four["components_gb"]["reference_model"] == pytest.approx(one["components_gb"]["reference_model"] / 4,
+                                                                      abs=0.05)
+    verl, lab = composed("lab.hardware.host_ram_gb=34")
+    p = only(check(verl, lab).errors, "memory_host_ram")
+    assert "host RAM" in p.message and p.fix.startswith("ngpus_per_node=")
+
+
+def notes_of_ctx(verl, lab, rule_id):
+    return [p.message for p in run_rules(Ctx.of(verl, lab, launching=False, environ={}), only=[rule_id])]
+
+
+def test_moe_fixture_counts_total_and_active_parameters():
+    import json
+
+    arch = memplan.Arch.from_mapping(json.loads((MOE / "config.json").read_text()))
+    assert arch.is_moe and arch.sparse_layers == 48
+    assert arch.params() / 1e9 == pytest.approx(30.5, abs=0.15)
+    assert arch.active_params() / 1e9 == pytest.approx(3.3, abs=0.1)
+    assert arch.active_intermediate == 8 * 768
+
+
+def test_memory_notes_moe_planned_with_all_experts():
+    verl, lab = composed()
+    put(verl, "actor_rollout_ref.model.path", str(MOE))
+    r = check(verl, lab)
+    m = r.memory
+    assert m["params_b"] == pytest.approx(30.5, abs=0.15) and m["moe"]["active_params_b"] == pytest.approx(3.3, abs=0.1)
+    # the state is the whole model's: 16 B x 30.5B / 4 GPUs = 122 GB per card, not a 3.3B dense plan's 13 GB
+    assert m["actor_state_gb_per_gpu"] == pytest.approx(16 * m["params"] / 4 / 1e9, abs=0.05)
+    assert any("mixture of experts" in n and "30.5B" in n for n in notes_of_ctx(verl, lab, "memory_notes"))
+    assert "full_finetune_too_big" in rules(r.errors)
+    assert "mixture of experts: 128 experts" in r.format()
+
+
+def test_memory_weight_sync_tight_is_a_warning():
+    verl, lab = composed("model=qwen3_4b")
+    put(verl, "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", 16384)
+    r = check(verl, lab)
+    p = only(r.warnings + r.errors, "memory_weight_sync")
+    assert "weight-sync" in p.message and "bucket" in p.message
+
+
+def test_memory_training_oom_fix_is_rechecked():
+    verl, lab = composed("model=qwen3_4b", "ppo_max_token_len_per_gpu=32768")
+    r = check(verl, lab)
+    p = only(r.errors, "memory_training")
+    assert p.fix and p.checked.startswith("re-checked: the preflight passes")
