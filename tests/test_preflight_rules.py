@@ -3,13 +3,10 @@ registered rule id is exercised by a test in tests/test_preflight*.py."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
 from conftest import ROOT, composed
-from grpo_lab import facts, memplan
+from grpo_lab import memplan
 from grpo_lab.preflight import run_preflight
 from grpo_lab.rules import ids, run_rules, Ctx
 
