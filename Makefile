@@ -1,11 +1,13 @@
 # grpo-lab. `make` (or `make help`) lists the targets. On a fresh machine: `make test` (CPU), `make smoke` (GPUs).
 #
 # Variables: ARGS="key=value ..." passes overrides to run.py; GPU_PY=python uses an existing GPU environment
-# instead of .venv-gpu; UTILS=0.3,0.4,0.5 are the sweep's values; RUN=<job or sweep dir>; LOG=<log file>.
+# instead of .venv-gpu; UTILS=0.3,0.4,0.5 are the sweep's values; RUN=<job or sweep dir>; LOG=<log file>;
+# IN=<your .jsonl or .csv>, DATA_ARGS, OWN_OUT for own-data.
 
 SHELL := /bin/bash
 ARGS ?=
 UTILS ?= 0.3,0.4,0.5
+OWN_OUT ?= data/own_qa
 HW ?= h200x1
 VENV := .venv
 TEST_PY := $(VENV)/bin/python
@@ -21,7 +23,7 @@ PY := $(shell if [ -x $(GPU_PY) ]; then echo $(GPU_PY); elif [ -x $(TEST_PY) ]; 
 ATTN = $(shell $(GPU_PY) -c "import flash_attn" >/dev/null 2>&1 || echo ++actor_rollout_ref.model.override_config.attn_implementation=sdpa)
 
 .DEFAULT_GOAL := help
-.PHONY: help test setup data tiny smoke smoke-tiny train train-4b sweep plan report doctor gpu-check clean
+.PHONY: help test setup data own-data tiny smoke smoke-tiny train train-4b sweep plan report doctor gpu-check clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -53,6 +55,10 @@ data/gsm8k/train.parquet:
 
 data: ## GSM8K -> data/gsm8k/{train,test}.parquet (LOCAL=<dir> reads local files instead of the hub)
 	$(PY) -m grpo_lab.data gsm8k --out data/gsm8k $(if $(LOCAL),--local-dir $(LOCAL))
+
+own-data: ## your own pairs (.jsonl/.csv) -> data/own_qa: make own-data IN=my_qa.jsonl [DATA_ARGS="--answer-field x"]
+	@[ -n "$(IN)" ] || { echo "usage: make own-data IN=<your .jsonl or .csv> [DATA_ARGS=\"--test-input t.jsonl --instruction ...\"] [OWN_OUT=data/own_qa]"; exit 2; }
+	$(PY) -m grpo_lab.data own --input $(IN) --out $(OWN_OUT) $(DATA_ARGS)
 
 tiny: ## offline tiny Qwen3 + synthetic arithmetic data in data/ (no downloads)
 	$(PY) -m grpo_lab.tiny --out data

@@ -2,6 +2,7 @@
 
     python -m grpo_lab.data gsm8k --out data/gsm8k                      # from the hub: openai/gsm8k, config "main"
     python -m grpo_lab.data gsm8k --out data/gsm8k --local-dir DIR      # offline, from files you already have
+    python -m grpo_lab.data own --input my_qa.jsonl --out data/own_qa   # your own pairs: see grpo_lab/own_data.py
 
 --local-dir reads either the hub's parquet files (train-*.parquet and test-*.parquet, also under a `main/` folder as
 in the hub repository) or the jsonl files of the GSM8K GitHub release (train.jsonl, test.jsonl), each record having
@@ -193,7 +194,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="read train/test from this folder (train.jsonl/test.jsonl or train-*.parquet/test-*.parquet) "
                         "instead of the hub")
     g.add_argument("--force", action="store_true", help="rewrite the output files when they already exist")
+    from grpo_lab import own_data
+
+    o = sub.add_parser("own", help="your own question/answer pairs (.jsonl or .csv) -> OUT/{train,test}.parquet",
+                       description=own_data.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    own_data.add_arguments(o)
     args = parser.parse_args(argv)
+    if args.dataset == "own":
+        return _main_own(args)
 
     try:
         counts = convert_gsm8k(args.out, args.local_dir, args.force)
@@ -206,6 +214,25 @@ def main(argv: list[str] | None = None) -> int:
     source = args.local_dir or f"hub {HUB_ID}"
     for split, n in counts.items():
         print(f"{split}: {n} rows -> {Path(args.out) / f'{split}.parquet'}  (from {source})")
+    return 0
+
+
+def _main_own(args: argparse.Namespace) -> int:
+    from grpo_lab import own_data
+
+    try:
+        result = own_data.run(args)
+    except own_data.DataError as exc:  # grpo_lab.data's class, also when this file runs as __main__
+        print(f"error: {exc}", file=sys.stderr)
+        print("nothing was written", file=sys.stderr)
+        return 2
+    for w in result.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    for split, n in result.counts.items():
+        print(f"{split}: {n} rows -> {result.paths[split]}")
+    note = own_data.scorer_note(args.data_source)
+    if note:
+        print(f"note: {note}")
     return 0
 
 

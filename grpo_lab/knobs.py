@@ -107,7 +107,10 @@ def misspelt_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 def misspelt_keys(args: list[str]) -> dict[str, str]:
     """Top-level command-line keys close to a short key, e.g. rollout_gpu_mem_utils=0.5."""
     top = [k for k in override_keys(args) if "." not in k and "/" not in k]
-    return near_misses(top, SHORT_KEYS)
+    # a config group (rollout=sglang_tp1_mem04) is no misspelt short key (rollout_n), however close the names are
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    groups = {d for d in os.listdir(conf) if os.path.isdir(os.path.join(conf, d))} if os.path.isdir(conf) else set()
+    return near_misses([k for k in top if k not in groups], SHORT_KEYS)
 
 
 def apply_env_knobs(argv: list[str], environ: dict[str, str] | None = None, err=sys.stderr) -> list[str]:

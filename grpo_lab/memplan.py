@@ -19,7 +19,8 @@ engine_workers.py, vllm_rollout/*), and what the plan assumes for each phase:
   offload lowers the generation and weight-sync peaks, not the update peak; only LoRA or fewer tokens lower that.
 * Generation: the actor's resident state + vLLM's budget `gpu_memory_utilization x card` (vLLM >= 0.7 measures it
   against the card's total memory; weights, activations, CUDA graphs and KV cache live inside it) + two CUDA contexts
-  (trainer process and vLLM worker process: ~0.75 GB and ~0.5 GB).
+  (trainer process and vLLM worker process: ~0.75 GB and ~0.5 GB). SGLang (rollout.name: sglang) reads the same key as
+  a fraction of the memory free when it starts, for weights + KV only, activations on top: grpo_lab/engines.py.
 * KV cache = budget - vLLM weights (bf16, / TP) - vLLM activation profile (max_num_batched_tokens tokens through one
   layer: ~8H + 6I bytes per token, plus sampler logits for max_num_seqs rows) - CUDA graph pool (~0.4 GB unless
   enforce_eager). KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x 2 (bf16), / TP.
@@ -65,6 +66,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from grpo_lab import engines
 from grpo_lab.config import get as _get
 
 GB = 1e9
@@ -281,6 +283,7 @@ class Settings:
     ref_log_prob_micro_batch_size_per_gpu: int | None = None
     ref_entropy_chunking: bool = False
     # rollout
+    rollout_engine: str = "vllm"  # rollout.name: vllm or sglang (grpo_lab/engines.py: what util means to each)
     gpu_memory_utilization: float = 0.5
     tp: int = 1
     rollout_dp: int = 1
@@ -375,6 +378,7 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Setti
         ref_log_prob_max_token_len_per_gpu=int(_get(verl, a + "ref.log_prob_max_token_len_per_gpu", 16384)),
         ref_log_prob_micro_batch_size_per_gpu=_get(verl, a + "ref.log_prob_micro_batch_size_per_gpu"),
         ref_entropy_chunking=bool(_get(verl, a + "ref.entropy_from_logits_with_chunking", False)),
+        rollout_engine=str(_get(verl, a + "rollout.name", "vllm")),
         gpu_memory_utilization=float(_get(verl, a + "rollout.gpu_memory_utilization", 0.5)),
         tp=int(_get(verl, a + "rollout.tensor_model_parallel_size", 1) or 1),
         rollout_dp=int(_get(verl, a + "rollout.data_parallel_size", 1) or 1),
@@ -577,13 +581,25 @@ def _gb(x: float) -> float:
     return round(x / GB, 2)
 
 
+# ---- rollout engine hook (grpo_lab/engines.py): vLLM's budget is util x card and holds its activations; SGLang's
+# is util x the memory free when it starts (after the actor's parameters), for weights + KV, activations on top ----
+def engine_budget(arch: Arch, s: Settings) -> tuple[float, float, str]:
+    """(static budget bytes, bytes the engine adds on top of it while generating, one-sentence rule) per GPU."""
+    at_start = ((0.0 if s.param_offload else actor_state(arch, s).params) / GB
+                + TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB)
+    e, u = s.rollout_engine, s.gpu_memory_utilization
+    extra = 0.0 if engines.budget_holds_activations(e) else (
+        vllm_activation(arch, replace(s, enable_chunked_prefill=True))  # SGLang chunks its prefill by default
+        + (0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB))
+    return engines.static_budget_gb(e, u, s.card_gb, at_start) * GB, extra, engines.explain(e, u, s.card_gb, at_start)
+
+
 def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
-    card = s.card_gb * GB
-    budget = s.gpu_memory_utilization * card
+    budget, on_top, rule = engine_budget(arch, s)  # engine hook
     graphs = 0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB
     weights = vllm_weights(arch, s)
     act = vllm_activation(arch, s)
-    kv_bytes_gpu = budget - weights - act - graphs
+    kv_bytes_gpu = budget - weights - (0.0 if on_top else act + graphs)  # engine hook: SGLang's are outside
     per_token_gpu = arch.kv_bytes_per_token() / s.tp
     tokens = int(kv_bytes_gpu // per_token_gpu) if kv_bytes_gpu > 0 else 0
     seq = s.seq_len
@@ -595,6 +611,8 @@ def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
     concurrent = min(sequences, s.max_num_seqs)
     waves = math.ceil(per_replica / concurrent) if concurrent > 0 else None
     return {
+        "engine": s.rollout_engine,  # engine hook
+        "budget_rule": rule,  # engine hook
         "budget_gb": _gb(budget),
         "vllm_weights_gb": _gb(weights),
         "vllm_activation_gb": _gb(act),
@@ -606,7 +624,8 @@ def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
         "sequences": sequences,
         "max_model_len": vllm_max_model_len(arch, s),
         "max_num_batched_tokens": vllm_batched_tokens(arch, s),
-        "fits_max_model_len": tokens >= vllm_max_model_len(arch, s),
+        # engine hook: vLLM refuses to start below one max_model_len sequence; SGLang needs one GRPO sequence
+        "fits_max_model_len": tokens >= (vllm_max_model_len(arch, s) if not on_top else seq),
         "replicas": replicas,
         "trajectories_per_replica": per_replica,
         "concurrent_sequences": concurrent,
@@ -616,11 +635,12 @@ def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
 
 def generation_phase(arch: Arch, s: Settings) -> dict[str, Any]:
     resident = resident_between_phases(arch, s)
-    vllm = s.gpu_memory_utilization * s.card_gb * GB
+    vllm, on_top, _ = engine_budget(arch, s)  # engine hook
     ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
-    peak = resident + vllm + ctx
+    peak = resident + vllm + on_top + ctx
+    engine = {"vllm_budget": _gb(vllm)} if not on_top else {"sglang_static": _gb(vllm), "sglang_activations": _gb(on_top)}
     return {"peak_gb_per_gpu": _gb(peak),
-            "components_gb": {"actor_resident": _gb(resident), "vllm_budget": _gb(vllm), "cuda_contexts": _gb(ctx)}}
+            "components_gb": {"actor_resident": _gb(resident), **engine, "cuda_contexts": _gb(ctx)}}
 
 
 def weight_sync_phase(arch: Arch, s: Settings) -> dict[str, Any]:
@@ -692,7 +712,7 @@ def training_phase(arch: Arch, s: Settings) -> dict[str, Any]:
              "old_log_prob": "old-log-prob forward", "ref_log_prob": "reference forward"}
     worst_name = max(totals, key=totals.get)
     asleep = (VLLM_CUDA_CONTEXT_GB + (0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB)) * GB
-    vllm = asleep if s.free_cache_engine else s.gpu_memory_utilization * s.card_gb * GB + VLLM_CUDA_CONTEXT_GB * GB
+    vllm = asleep if s.free_cache_engine else sum(engine_budget(arch, s)[:2]) + VLLM_CUDA_CONTEXT_GB * GB  # engine hook
     ctx = TRAINER_CUDA_CONTEXT_GB * GB
     peak = totals[worst_name] + vllm + ctx
     return {"peak_gb_per_gpu": _gb(peak),
