@@ -10,7 +10,6 @@ from omegaconf import OmegaConf
 
 from conftest import compose_cfg, compose_split, run_py
 from grpo_lab import slurm
-from grpo_lab.cluster import cluster_problems
 from grpo_lab.config import get
 
 
@@ -47,18 +46,6 @@ def test_one_node_cluster_plans_through_run_py(tmp_path):
     p = run_py("hardware=ray_cluster", "nnodes=1", "preflight.only=true", cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "on ray_cluster" in p.stdout and "preflight: OK" in p.stdout
-
-
-def test_cluster_rules():
-    verl, _ = compose_split("hardware=ray_cluster")
-    assert cluster_problems(verl) == []
-    verl["ray_kwargs"]["ray_init"]["num_cpus"] = 16
-    (rule, message, fix), = cluster_problems(verl)
-    assert rule == "ray_join_num_cpus" and "refuses num_cpus=16" in message and fix == "ray_kwargs.ray_init.num_cpus=null"
-    verl, _ = compose_split("nnodes=2")  # the course machine's own one-node Ray, asked for two nodes
-    (rule, message, fix), = cluster_problems(verl)
-    assert rule == "ray_nnodes_without_cluster" and "2 nodes (8 GPUs)" in message and "hardware=ray_cluster" in fix
-    assert cluster_problems(compose_split()[0]) == []
 
 
 # ---- hydra/launcher=slurm ------------------------------------------------------------------------------------------

@@ -104,6 +104,16 @@ def test_ray_join_num_cpus():
     assert "ray_join_num_cpus" not in rules(check(verl, lab, environ={"RAY_ADDRESS": "x:1"}).errors)
 
 
+def test_ray_nnodes_without_cluster():
+    verl, lab = composed("nnodes=2")  # the course machine's own Ray, asked for two nodes
+    p = only(check(verl, lab).errors, "ray_nnodes_without_cluster")
+    assert "2 nodes (8 GPUs)" in p.message and p.fix == "hardware=ray_cluster nnodes=2"
+    # joining a cluster (RAY_ADDRESS) is what it asks for
+    assert "ray_nnodes_without_cluster" not in rules(check(verl, lab, environ={"RAY_ADDRESS": "10.0.0.1:6379"}).errors)
+    verl, lab = composed()
+    assert "ray_nnodes_without_cluster" not in rules(check(verl, lab).errors)
+
+
 # ---- Ulysses sequence parallelism ----------------------------------------------------------------------------------
 
 def test_token_budget_with_sequence_parallelism():

@@ -82,6 +82,18 @@ def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
                     f"nodes declare their own CPUs", "ray_kwargs.ray_init.num_cpus=null")
 
 
+@rule("ray_nnodes_without_cluster")
+def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
+    """trainer.nnodes > 1 needs a Ray cluster of that many nodes; without an address ray.init starts one of this
+    machine alone, and verl's resource pool waits for GPUs that never come."""
+    nnodes, gpus = c.batch["nnodes"], c.batch["n_gpus_per_node"]
+    if nnodes > 1 and not joins_cluster(c):
+        yield error(f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes ({nnodes * gpus} GPUs), but "
+                    f"ray_kwargs.ray_init.address is not set (nor RAY_ADDRESS): ray.init() would start a cluster of "
+                    f"this machine alone. Start Ray on the nodes first (README, 'More than one machine') and join it",
+                    f"hardware=ray_cluster nnodes={nnodes}")
+
+
 @rule("ray_cpus")
 def ray_cpus(c: Ctx) -> Iterable[Problem]:
     """Per node: each node's GPU workers (3 CPUs per GPU) fit its CPUs, and the job's once-per-job actors fit the
