@@ -92,6 +92,54 @@ def short_key_targets() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
+@functools.lru_cache(maxsize=None)
+def verl_followers() -> dict[str, tuple[str, ...]]:
+    """verl key -> the keys verl's own config sets to exactly `${key}` or `${oc.select:key,default}` (from the
+    composed, unresolved ppo_trainer of grpo_lab/verl_cache.py): e.g. rollout.response_length follows
+    data.max_response_length, ref.entropy_from_logits_with_chunking follows the actor's."""
+    from grpo_lab.verl_cache import composed_ppo_trainer
+    from grpo_lab.verl_paths import verl_config_dir
+
+    root = verl_config_dir()
+    cfg = composed_ppo_trainer(root) if root else None
+    if cfg is None:
+        return {}
+    from omegaconf import OmegaConf
+
+    out: dict[str, list[str]] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        elif isinstance(node, str):
+            m = re.fullmatch(r"\$\{(?:oc\.select:)?([A-Za-z_][\w.]*)(?:,[^}]*)?\}", node)
+            if m:
+                out.setdefault(m.group(1), []).append(prefix[:-1])
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return {k: tuple(v) for k, v in out.items()}
+
+
+_MISSING = object()
+
+
+def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool) -> None:
+    """Set a verl key, and the keys verl interpolates from it that still hold its old value (they followed it)."""
+    old = _get(verl, key, _MISSING)
+    _set(verl, key, value, delete)
+    if delete or old is _MISSING:
+        return
+    todo, seen = [key], {key}
+    while todo:
+        src = todo.pop()
+        for f in verl_followers().get(src, ()):
+            if f not in seen and _get(verl, f, _MISSING) == old:
+                seen.add(f)
+                _set(verl, f, value, False)
+                todo.append(f)
+
+
 def _parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[str, Any, bool]]:
     """(key, value, delete) from Hydra override strings (Hydra's own parser) or a {key: value} mapping."""
     if isinstance(overrides, Mapping):
@@ -107,8 +155,10 @@ def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
     """(verl, lab) with these overrides applied, as composing them on the command line would give; inputs untouched.
 
     `overrides`: Hydra override strings (`key=value`, `+key=value`, `~key`) or a {key: value} mapping. A short key
-    (grpo_lab/knobs.py) sets every verl key that conf/config.yaml interpolates from it; `lab.*` and `preflight.*`
-    go to the lab dict; vLLM's max_model_len follows prompt + response when either changes and it is not set too.
+    (grpo_lab/knobs.py) sets every verl key that conf/config.yaml interpolates from it; a verl key also sets the
+    keys verl's own config interpolates from it while they still hold its old value (`verl_followers`); `lab.*` and
+    `preflight.*` go to the lab dict; vLLM's max_model_len follows prompt + response when either changes and it is
+    not set too.
     Config-group choices (model=...) need a compose and are refused.
     """
     verl, lab = copy.deepcopy(dict(verl)), copy.deepcopy(dict(lab))
@@ -134,8 +184,8 @@ def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
             lengths_changed |= key in ("data.max_prompt_length", "data.max_response_length")
             mml_set |= key == A + "rollout.max_model_len"
         for t in targets:
-            _set(verl, t, value, delete)
-    if lengths_changed and not mml_set:
+            _set_following(verl, t, value, delete)
+    if lengths_changed and not mml_set:  # conf/config.yaml: ${lab_sum:${max_prompt_length},${max_response_length}}
         total = int(_get(verl, "data.max_prompt_length", 0)) + int(_get(verl, "data.max_response_length", 0))
         _put(verl, A + "rollout.max_model_len", total)
     return verl, lab
