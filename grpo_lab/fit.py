@@ -615,15 +615,18 @@ def _smallest_card(ctx: Ctx, s: memplan.Settings) -> float | None:
     return float(math.ceil(hi))
 
 
-def _fewest_gpus(ctx: Ctx, s: memplan.Settings, traj: int, mini_traj: int) -> tuple[int, bool] | None:
-    """(GPUs, batch splits over them) for the fewest GPUs of this card (up to 16x as many) that fit."""
+def _fewest_gpus(ctx: Ctx, s: memplan.Settings, traj: int, mini_traj: int) -> tuple[int | None, int | None]:
+    """(fewest GPUs of this card that fit the memory, fewest that fit and split the batch), up to 16x as many."""
+    first = None
     for k in range(2, 17):
         n = s.n_gpus * k
         # more nodes bring their own RAM: the plan's host RAM is node-wide, so scale the capacity with the nodes
         ram = s.host_ram_gb * k if s.host_ram_gb else s.host_ram_gb
         if _fits_with(ctx, replace(s, n_gpus=n, host_ram_gb=ram)) is not None:
-            return n, (traj % n == 0 and mini_traj % n == 0)
-    return None
+            first = first or n
+            if traj % n == 0 and mini_traj % n == 0:
+                return first, n
+    return first, None
 
 
 def _model_options() -> list[tuple[str, dict[str, Any]]]:
@@ -665,15 +668,16 @@ def way_out(ctx: Ctx, s: memplan.Settings, verl: Mapping[str, Any], *, lora_fits
         lines.append(f"a bigger card: no card up to 1024 GB fits {what} on {s.n_gpus} GPU(s)")
     traj = s.train_batch_size * s.rollout_n
     mini_traj = ctx.mini * s.rollout_n
-    more = _fewest_gpus(ctx, s, traj, mini_traj)
-    if more:
-        n, splits = more
-        per = int(_get(verl, "trainer.n_gpus_per_node", s.n_gpus) or s.n_gpus)
-        how = (f"trainer.nnodes={n // per} with {per} each" if n % per == 0 else f"ngpus_per_node={n}")
+    first, n = _fewest_gpus(ctx, s, traj, mini_traj)
+    per = int(_get(verl, "trainer.n_gpus_per_node", s.n_gpus) or s.n_gpus)
+    if n:
+        how = f"nnodes={n // per} with {per} each" if n % per == 0 else f"ngpus_per_node={n}"
         lines.append(f"more GPUs: {n} GPUs of {s.card_gb:g} GB ({how}) fit {what}: FSDP shards the actor state over "
-                     f"all of them" + ("" if splits else
-                                       f"; then the {traj} trajectories per step (mini-batch {mini_traj}) must split "
-                                       f"over {n} GPUs too: change the batch sizes"))
+                     f"all of them" + (f" ({first} would hold the memory, but the {traj} trajectories per step and "
+                                       f"the mini-batch's {mini_traj} do not split over {first})" if first != n else ""))
+    elif first:
+        lines.append(f"more GPUs: {first} GPUs of {s.card_gb:g} GB would hold {what}, but the {traj} trajectories per "
+                     f"step (mini-batch {mini_traj}) must split over them too: change the batch sizes")
     else:
         lines.append(f"more GPUs: not even {s.n_gpus * 16} GPUs of {s.card_gb:g} GB fit {what}")
     if s.lora_rank == 0:
@@ -701,9 +705,10 @@ def way_out(ctx: Ctx, s: memplan.Settings, verl: Mapping[str, Any], *, lora_fits
     if smaller:
         smaller.sort(key=lambda x: (-x[0], x[1]))
         p, name, best = smaller[0]
-        extra = " ".join(_override_strs(best.values, None))
-        lines.append(f"a smaller model: model={name} ({p / 1e9:.1f}B) fits" + (f" with {extra}" if extra else "")
-                     + (f" (also: {', '.join('model=' + n for _, n, _ in smaller[1:])})" if len(smaller) > 1 else ""))
+        hw = _get(ctx.lab, "hardware.name")
+        lines.append(f"a smaller model: model={name} ({p / 1e9:.1f}B) fits these cards"
+                     + (f" (also: {', '.join('model=' + n for _, n, _ in smaller[1:])})" if len(smaller) > 1 else "")
+                     + f"; its own command: make fit ARGS=\"model={name}" + (f" hardware={hw}" if hw else "") + '"')
     else:
         lines.append("a smaller model: none of conf/model/ fits these cards either")
     return lines
