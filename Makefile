@@ -82,6 +82,10 @@ sweep: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## smoke test over rollout 
 plan: ## preflight only: batch arithmetic, memory plan, problems; writes plan.json (ARGS="model=qwen3_4b ...")
 	$(PY) run.py preflight.only=true $(ARGS)
 
+.PHONY: fit
+fit: ## search settings that fit every phase, print one command (ARGS="model=qwen3_4b ..." WRITE=<name> saves it)
+	$(PY) run.py preflight.fit=true $(ARGS) $(if $(WRITE),preflight.fit_write=$(WRITE)) $(if $(OVERWRITE),preflight.fit_overwrite=true)
+
 report: ## health report of a job, or summary of a sweep: make report RUN=outputs/runs/<job>
 	@[ -n "$(RUN)" ] || { echo "usage: make report RUN=<job or sweep dir under outputs/>"; exit 2; }
 	$(PY) -m grpo_lab.report $(RUN)

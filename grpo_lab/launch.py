@@ -64,6 +64,12 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
         # each sweep job its own checkpoints, so that none resumes from a sibling's
         ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(override_dirname))
         put(verl, "trainer.default_local_dir", ckpt)
+    # --- fit hook (make fit; grpo_lab/fit.py): search settings that fit every phase, print one command, never launch
+    if lab["preflight"].get("fit") or lab["preflight"].get("fit_write"):
+        from grpo_lab.fit import fit_job
+
+        return fit_job(cfg, verl, lab, job_dir)
+    # --- end of fit hook
     _add_worker_env(verl, lab, job_dir)
     _write_yaml(job_dir / "verl_config.yaml", verl)
 

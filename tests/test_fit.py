@@ -1,0 +1,230 @@
+"""make fit / preflight.fit (grpo_lab/fit.py): every model on every hardware option gets one command that passes the
+preflight with the batch arithmetic unchanged, or a message naming what would fit; the real entry points too."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from conftest import CONF, ROOT, compose_split, composed, options, run_py
+from grpo_lab import fit as F
+from grpo_lab import memplan
+from grpo_lab.preflight import run_preflight
+
+GRID = [(m, h) for m in options("model") for h in options("hardware")]
+# what the fit may set without changing what is trained (LoRA aside, said loudly)
+ALLOWED = {
+    "actor_rollout_ref.rollout.max_model_len", "actor_rollout_ref.rollout.free_cache_engine",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+    "actor_rollout_ref.model.enable_gradient_checkpointing", "ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload", "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "rollout_gpu_mem_util", "rollout_tp", "actor_rollout_ref.ref.fsdp_config.param_offload",
+    "ppo_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.actor.entropy_checkpointing",
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking", "actor_rollout_ref.rollout.layered_summon",
+}
+LORA_KEYS = {"actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora_alpha",
+             "actor_rollout_ref.rollout.load_format"}
+BATCH = ("train_batch_size", "rollout_n", "ppo_mini_batch_size", "updates_per_step", "sequence_length")
+WAY_OUT = re.compile(r"a bigger card: .* \d+ GB|more GPUs: \d+ GPUs|LoRA|a smaller model: model=\w+")
+
+
+def _keys(overrides):
+    return {o.split("=", 1)[0] for o in overrides}
+
+
+@pytest.mark.parametrize("model,hardware", GRID, ids=[f"{m}-{h}" for m, h in GRID])
+def test_every_model_on_every_hardware_fits_or_says_what_would(model, hardware):
+    verl, lab = composed(f"model={model}", f"hardware={hardware}")
+    res = F.fit(verl, lab)
+    text = F.format_result(res, "python run.py ...")
+    assert not res.blocked, text
+    if not res.ok:
+        assert res.after is None, text  # a result that fails its own check is a bug, not "nothing fits"
+        assert res.way_out and all(WAY_OUT.search(w) or "does not fit" in w or "not even" in w or "no card" in w
+                                   for w in res.way_out), text
+        assert any(WAY_OUT.search(w) for w in res.way_out), text
+        assert "The command:" not in text
+        return
+    # the printed overrides, applied to verl's config, pass the whole preflight with the batch arithmetic unchanged
+    v2, l2 = F.apply_overrides(verl, lab, res.overrides)
+    before = run_preflight(verl, lab, launching=False)
+    after = run_preflight(v2, l2, launching=False)
+    assert after.ok, [p.message for p in after.errors]
+    assert {k: after.batch[k] for k in BATCH} == {k: before.batch[k] for k in BATCH}
+    assert after.memory["verdict"]["overall"] == "fits"
+    for ph in ("generation", "training", "weight_sync"):
+        assert after.memory["phases"][ph]["peak_gb_per_gpu"] <= memplan.TIGHT_FRACTION * lab["hardware"]["gpu_memory_gb"]
+    # only settings that keep what is trained, unless LoRA, which is then said loudly
+    extra = _keys(res.overrides) - ALLOWED
+    if res.lora:
+        assert extra == LORA_KEYS, extra
+        assert "WHAT IS TRAINED CHANGES" in text and "What would fit full fine-tuning" in text
+    else:
+        assert not extra, extra
+    if before.ok and before.memory["verdict"]["overall"] == "fits":
+        assert res.overrides == [] and "No change needed" in text
+    if res.overrides:  # the command line, composed as typed, is the config that was checked
+        args = [f"model={model}", f"hardware={hardware}"]
+        assert composed(*F.fitted_args(args, res.overrides))[0] == v2
+
+
+def test_the_course_machine_4b_gets_the_guides_optimizer_offload():
+    verl, lab = composed("model=qwen3_4b", "hardware=rtx4080x4")
+    res = F.fit(verl, lab)
+    assert res.ok and not res.lora
+    assert res.overrides == ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]
+    (change,) = res.changes
+    # the cost in numbers: Adam's 8 B/param over FSDP 4, there and back, at the PCIe 4 assumption
+    adam_gb = 8 * memplan.Arch.from_mapping(lab["model"]).params() / 4 / 1e9
+    assert f"{adam_gb:.2f} GB per card" in change.cost and "25 GB/s" in change.cost
+    assert f"about {2 * adam_gb / 25:.1f} s more per step" in change.cost
+
+
+def test_a_gen_only_problem_moves_util_and_says_what_the_kv_cache_becomes():
+    verl, lab = composed("model=qwen3_0_6b", "hardware=rtx4080_16gbx4", "rollout_gpu_mem_util=0.85")
+    res = F.fit(verl, lab)
+    assert res.ok and not res.lora
+    (change,) = [c for c in res.changes if c.move == "util"]
+    u = float(change.overrides[0].split("=")[1])
+    assert change.overrides[0].startswith("rollout_gpu_mem_util=") and u < 0.85
+    assert re.search(r"KV cache from \d+ to \d+ tokens, i\.e\. \d+ -> \d+ concurrent sequences", change.cost)
+
+
+def test_the_search_keeps_dynamic_batch_off_and_uses_micro_batches():
+    verl, lab = composed("model=qwen3_1_7b", "hardware=rtx4080_16gbx4", "ppo_micro_batch_size_per_gpu=16",
+                         "actor_rollout_ref.actor.use_dynamic_bsz=false",
+                         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
+                         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",
+                         "actor_rollout_ref.model.enable_gradient_checkpointing=false")
+    res = F.fit(verl, lab)
+    assert res.ok, F.format_result(res, None)
+    v2, l2 = F.apply_overrides(verl, lab, res.overrides)
+    assert run_preflight(v2, l2, launching=False).ok
+    assert v2["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is False
+    # gradient checkpointing comes first in the guide's order
+    assert res.changes[0].move == "grad_ckpt"
+
+
+def test_apply_overrides_matches_compose():
+    """Short keys set every verl key config.yaml interpolates from them; max_model_len follows prompt + response."""
+    args = ("model=qwen3_0_6b", "hardware=h200x1")
+    extra = ["log_prob_micro_batch_size_per_gpu=4", "max_response_length=2048", "rollout_gpu_mem_util=0.55",
+             "actor_rollout_ref.actor.fsdp_config.param_offload=true", "+actor_rollout_ref.model.override_config.x=1"]
+    verl, lab = composed(*args)
+    mine, _ = F.apply_overrides(verl, lab, extra)
+    theirs, _ = composed(*args, *extra)
+    assert mine == theirs
+    assert mine["actor_rollout_ref"]["rollout"]["max_model_len"] == 512 + 2048
+    assert verl["actor_rollout_ref"]["rollout"]["max_model_len"] == 512 + 1024  # the input is untouched
+    _, lab2 = F.apply_overrides(verl, lab, ["preflight.strict=false", "lab.hardware.gpu_memory_gb=24"])
+    assert lab2["preflight"]["strict"] is False and lab2["hardware"]["gpu_memory_gb"] == 24
+    with pytest.raises(ValueError, match="config group"):
+        F.apply_overrides(verl, lab, ["model=qwen3_4b"])
+
+
+def test_nothing_fits_names_a_bigger_card_more_gpus_and_a_smaller_model():
+    verl, lab = composed("model=qwen3_8b_lora", "hardware=rtx4080_16gbx4")
+    res = F.fit(verl, lab)
+    assert not res.ok and res.after is None
+    text = "\n".join(res.way_out)
+    card = int(re.search(r"cards of (\d+) GB", text).group(1))
+    assert 16 < card <= 32
+    # the card found is the smallest: one GB less does not fit, that size does
+    s = memplan.settings_from_verl(verl, lab)
+    ctx = F.Ctx(memplan.Arch.from_mapping(lab["model"]), s, lab, mini=64)
+    assert F._fits_with(ctx, replace(s, card_gb=card)) is not None
+    assert F._fits_with(ctx, replace(s, card_gb=card - 1)) is None
+    assert re.search(r"more GPUs: \d+ GPUs of 16 GB", text)
+    assert re.search(r"a smaller model: model=qwen3_\w+", text)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# through the real entry points
+# ---------------------------------------------------------------------------------------------------------------
+
+def _command(stdout: str) -> list[str]:
+    m = re.search(r"^The command:\n  (python run\.py .*)$", stdout, re.M)
+    assert m, stdout[-3000:]
+    return shlex.split(m.group(1))[2:]
+
+
+def test_run_py_fit_prints_one_command_that_passes_the_preflight(tmp_path):
+    proc = run_py("preflight.fit=true", "model=qwen3_1_7b", "hardware=rtx4080_16gbx4", f"hydra.run.dir={tmp_path}/a")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "generation" in out and "-> " in out and "checked: the preflight passes" in out
+    assert re.search(r"optimizer offload: about [\d.]+ s more per step", out)
+    assert "Not taken" in out
+    args = _command(out)
+    assert "preflight.fit=true" not in args and "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" in args
+    # the printed command, as typed, passes the preflight (which refused the original)
+    before = run_py("preflight.only=true", "model=qwen3_1_7b", "hardware=rtx4080_16gbx4",
+                    f"hydra.run.dir={tmp_path}/b")
+    assert "tight" in before.stdout
+    after = run_py("preflight.only=true", *[a for a in args if not a.startswith("hydra.run.dir=")],
+                   f"hydra.run.dir={tmp_path}/c")
+    assert after.returncode == 0 and "preflight: OK" in after.stdout, after.stdout[-3000:]
+    assert "overall: fits" in after.stdout
+    assert (tmp_path / "a" / "fit.json").is_file()
+
+
+def test_run_py_fit_when_nothing_fits_exits_2_with_the_way_out(tmp_path):
+    proc = run_py("preflight.fit=true", "model=qwen3_8b_lora", "hardware=rtx4080_16gbx4", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text and "The command:" not in text
+    assert "a bigger card" in text and "more GPUs" in text and "a smaller model: model=" in text
+
+
+def test_fit_write_saves_an_experiment_that_composes_to_the_fitted_config(tmp_path):
+    name = f"zz_fit_test_{uuid.uuid4().hex[:8]}"
+    path = CONF / "experiment" / f"{name}.yaml"
+    user = ["model=qwen3_4b", "hardware=rtx4080_16gbx4", "train_batch_size=64"]
+    try:
+        proc = run_py(f"preflight.fit_write={name}", *user, f"hydra.run.dir={tmp_path}/a")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        text = path.read_text()
+        assert text.startswith("# @package _global_\n")
+        assert f"python run.py experiment={name}" in text and "made with: python run.py" in text
+        assert "  - override /model: qwen3_4b" in text and "  - override /hardware: rtx4080_16gbx4" in text
+        assert re.search(r"#   training: [\d.]+ GB oom -> [\d.]+ GB fits", text)
+        # composing the file gives the verl config of the printed command line, and it passes the preflight
+        args = [a for a in _command(proc.stdout) if not a.startswith("hydra.")]
+        v_file, l_file = compose_split(f"experiment={name}", "train_file=/x/train.parquet", "test_file=/x/t.parquet")
+        v_cmd, _ = compose_split(*args, "train_file=/x/train.parquet", "test_file=/x/t.parquet")
+        assert v_file == v_cmd
+        assert v_file["data"]["train_batch_size"] == 64
+        assert run_preflight(v_file, l_file, launching=False).ok
+        ran = run_py(f"experiment={name}", "preflight.only=true", f"hydra.run.dir={tmp_path}/b")
+        assert ran.returncode == 0 and "preflight: OK" in ran.stdout, ran.stdout[-2000:]
+        # an existing file is not replaced without preflight.fit_overwrite=true, and nothing else is written
+        again = run_py(f"preflight.fit_write={name}", *user, f"hydra.run.dir={tmp_path}/c")
+        assert again.returncode == 2 and "fit_overwrite=true" in again.stderr
+        assert path.read_text() == text
+        bad = run_py("preflight.fit_write=../evil", *user, f"hydra.run.dir={tmp_path}/d")
+        assert bad.returncode == 2 and "letters, digits" in bad.stderr
+        assert not (CONF / "evil.yaml").exists()
+        assert not [p for p in (CONF / "experiment").iterdir() if p.name.endswith(".tmp")]
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_make_fit_prints_the_lora_command_loudly(tmp_path):
+    env = {k: v for k, v in os.environ.items()}
+    proc = subprocess.run(["make", "--no-print-directory", "fit", f"PY={sys.executable}",
+                           f"ARGS=model=qwen3_4b hardware=rtx4080_16gbx4 hydra.run.dir={tmp_path}"],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WHAT IS TRAINED CHANGES" in proc.stdout
+    assert "What would fit full fine-tuning" in proc.stdout and "a bigger card" in proc.stdout
+    args = _command(proc.stdout)
+    assert "actor_rollout_ref.model.lora_rank=64" in args and "model=qwen3_4b" in args
