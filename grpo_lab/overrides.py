@@ -403,6 +403,10 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
     if parts[0] not in top:
         if adding and not _closest(parts[0], top, NEAR_MISS):
             return  # a new top-level key on purpose
+        knob = next((k for k in KNOBS if k.env == parts[0]), None)
+        if knob is not None:  # ROLLOUT_N=3 after `python run.py`: an environment variable written as an argument
+            raise OverrideError(f"'{parts[0]}' is an environment variable, not a config key: write "
+                                f"{knob.key}={_value_text(o)} (or {parts[0]}={_value_text(o)} before python run.py)")
         raise OverrideError(f"'{parts[0]}' is not a config key, a short key or a config group"
                             f"{_did_you_mean(parts[0], top)} (the override: {o.input_line})")
     if len(parts) == 1 or not tree_ok:

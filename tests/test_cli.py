@@ -189,6 +189,7 @@ def test_documented_command(cmd, tmp_path):
     (["++actor_rollout_ref.actor.ppo_mini_batch=8"], "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'"),
     (["+data.max_prompt_lenght=3"], "did you mean 'data.max_prompt_length'"),
     (["preflight.onlly=true"], "did you mean 'preflight.only'"),
+    (["ROLLOUT_N=3"], "write rollout_n=3"),
 ])
 def test_mistakes_are_refused_before_composing(args, says, tmp_path):
     proc = run_py(*args, f"hydra.run.dir={tmp_path}/run")
