@@ -18,7 +18,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from grpo_lab.knobs import apply_env_knobs
+from grpo_lab.overrides import prepare
 from grpo_lab.verl_cache import tree_if_needed
 
 
@@ -30,7 +30,10 @@ def main(cfg: DictConfig) -> str:
 
 
 if __name__ == "__main__":
-    sys.argv = apply_env_knobs(sys.argv)
+    # the command line parsed once (grpo_lab/overrides.py): a mistake is refused here, before composing; the
+    # environment's knobs are added as overrides
+    cli = prepare(sys.argv)
+    sys.argv = [sys.argv[0], *cli.argv]
     # verl's composed ppo_trainer is cached (grpo_lab/verl_cache.py); picking a verl group option needs its own tree
-    with tree_if_needed(sys.argv[1:], os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):
+    with tree_if_needed(cli, os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):
         main()

@@ -8,3 +8,9 @@ __version__ = "0.1.0"
 # Registered on import of the package, which run.py, the Hydra searchpath plugin and the tests all do first.
 if not OmegaConf.has_resolver("lab_sum"):
     OmegaConf.register_new_resolver("lab_sum", lambda *xs: sum(xs))
+
+# `${lab_unique_dir:path}` in conf/config.yaml's hydra.run.dir and hydra.sweep.dir: one folder per run (grpo_lab/config.py)
+if not OmegaConf.has_resolver("lab_unique_dir"):
+    from grpo_lab.config import unique_dir
+
+    OmegaConf.register_new_resolver("lab_unique_dir", unique_dir, use_cache=True)

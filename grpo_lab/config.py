@@ -7,6 +7,7 @@ namespace (`lab`) and the short knob keys (grpo_lab/knobs.py) mean nothing to ve
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -60,3 +61,23 @@ def put(d: dict[str, Any], dotted: str, value: Any) -> None:
             nxt = cur[part] = {}
         cur = nxt
     cur[parts[-1]] = value
+
+
+def unique_dir(path: str) -> str:
+    """`path`, created now; `path_2`, `path_3`, ... when it exists (two runs started in the same second).
+
+    The `lab_unique_dir` resolver of hydra.run.dir / hydra.sweep.dir. Registered with use_cache: a job resolves its
+    folder once, and a sweep's jobs get the sweep's folder (Hydra copies the resolver cache into each job's config).
+    mkdir is atomic: of two processes that try the same name, one gets it and the other moves on to the next one.
+    """
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    candidate, n = path, 1
+    while True:
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = f"{path}_{n}"

@@ -1,8 +1,8 @@
 """One job: resolve the composed config, check it, write the job's files, run verl's PPO entrypoint, clean up.
 
 run.py calls `launch_job(cfg)` once per Hydra job (one for a run, one per sweep point in multirun). What a job
-leaves in its output dir: verl_config.yaml (what verl got), plan.json (preflight), train.log (everything printed),
-metrics.jsonl (verl's file logger), status.json.
+leaves in its output dir: verl_config.yaml (what verl got), plan.json (preflight, and the values that differ from
+verl's defaults), train.log (everything printed), metrics.jsonl (verl's file logger), status.json.
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     only = bool(lab["preflight"].get("only"))
     report = run_preflight(verl, lab, launching=not only)
     plan = report.to_json()
+    from grpo_lab.provenance import for_job
+
+    plan["changed_defaults"] = changed = for_job(verl, multirun=multirun)
     missing = check_inputs(verl, lab)
     if only:  # planning on a machine that lacks the files is fine: say so
         plan["notes"] = list(plan.get("notes", [])) + [f"not there yet: {m}" for m in missing]
@@ -86,6 +89,8 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     plan["errors"] = list(plan.get("errors", [])) + [{"rule": "input_missing", "message": m} for m in missing]
     _write_json(job_dir / "plan.json", plan)
     print(report.format())
+    print(f"grpo-lab: {len(changed)} value(s) differ from verl's defaults, each with verl's value, ours and what set "
+          f"it: \"changed_defaults\" in {job_dir}/plan.json")
     for m in missing:
         print(f"ERROR input_missing: {m}")
     if not report.ok or missing:
@@ -93,9 +98,22 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
         raise GrpoLabError(f"{n} problem(s) above; nothing was started (plan: {job_dir}/plan.json).")
     if only:
         print(f"grpo-lab: preflight only: plan written to {job_dir}/plan.json; nothing was started.")
+        if not multirun:
+            print(f"next: {next_command()}")
         return "planned"
     run_verl(verl)
     return "trained"
+
+
+def next_command() -> str:
+    """The command that starts what `preflight.only=true` checked: this command line without it."""
+    import shlex
+
+    from grpo_lab import overrides
+
+    args = overrides.LAST.args if overrides.LAST is not None else list(HydraConfig.get().overrides.task)
+    keep = [a for a in args if a.split("=", 1)[0].lstrip("+") != "preflight.only"]
+    return "python run.py " + " ".join(shlex.quote(a) for a in keep) if keep else "python run.py"
 
 
 def _add_worker_env(verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) -> None:

@@ -2,6 +2,9 @@
 
     python -m grpo_lab.rawcmd experiment=smoke_tiny hardware=h200x1
     python -m grpo_lab.rawcmd --list experiment=smoke     (one override a line)
+    python -m grpo_lab.rawcmd --help
+
+The overrides are read as run.py reads them (grpo_lab/overrides.py: the same checks, the environment's knobs added).
 
 Composes grpo-lab's config and verl's bare ppo_trainer, and prints every value that differs from verl's default
 (`+key=value` where verl has no such key). Useful to see what a preset changes, to file a bug against verl without
@@ -10,8 +13,6 @@ grpo-lab in the way, and as the baseline in benchmarks/gpu/ (the same job throug
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
 import sys
 from typing import Any, Iterator
@@ -21,6 +22,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
 from grpo_lab.config import split
+from grpo_lab.overrides import OverrideError, check, parse, quote
 from grpo_lab.verl_cache import tree_if_needed
 from grpo_lab.verl_paths import verl_config_dir
 
@@ -48,18 +50,6 @@ def _lookup(d: dict, dotted: str) -> tuple[Any, bool]:
     return cur, True
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, separators=(",", ":"))
-    if isinstance(value, str) and re.fullmatch(r"[-+]?[\d.]+(e[-+]?\d+)?|true|false|null|inf|nan", value, re.I):
-        return f"'{value}'"  # a string that Hydra would read as a number or bool (Ray env vars must stay strings)
-    return str(value)
-
-
 def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
     GlobalHydra.instance().clear()
     with tree_if_needed(overrides, conf_dir), initialize_config_dir(config_dir=conf_dir, version_base=None):
@@ -75,18 +65,35 @@ def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
             continue
         default, parent_ok = _lookup(base, key)
         if default is _MISSING:
-            out.append(f"+{key}={_fmt(value)}" if parent_ok else f"++{key}={_fmt(value)}")
+            out.append(f"+{key}={quote(value)}" if parent_ok else f"++{key}={quote(value)}")
         elif default != value:
-            out.append(f"{key}={_fmt(value)}")
+            out.append(f"{key}={quote(value)}")
     return out
 
 
-def main(argv: list[str]) -> int:
+USAGE = """usage: python -m grpo_lab.rawcmd [--list] [OVERRIDE ...]
+
+Prints the raw `python3 -m verl.trainer.main_ppo ...` command that gives verl the config `python run.py OVERRIDE ...`
+gives it: every value that differs from verl's default. --list: one override a line. The overrides (and the
+environment's knobs, MODEL_PATH=...) are read as run.py reads them.
+"""
+
+
+def main(argv: list[str], environ: dict[str, str] | None = None) -> int:
     import os
 
+    if "--help" in argv or "-h" in argv:
+        print(USAGE, end="")
+        return 0
     conf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
     as_list = "--list" in argv  # one argument a line, for `mapfile -t args < <(python -m grpo_lab.rawcmd --list ...)`
-    args = raw_overrides([a for a in argv if a != "--list"], conf_dir)
+    try:
+        cli = parse([a for a in argv if a != "--list"], os.environ if environ is None else environ, flags=False)
+        check(cli, conf_dir)
+    except OverrideError as e:
+        print(f"grpo-lab: error: {e}", file=sys.stderr)
+        return 2
+    args = raw_overrides(cli.argv, conf_dir)
     if as_list:
         print("\n".join(args))
         return 0

@@ -184,57 +184,45 @@ def _groups(config_dir: str | os.PathLike) -> set[str]:
         return set()
 
 
-# Hydra flags followed by a value (python run.py --help lists them)
-_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--package", "-p", "--experimental-rerun"}
-_OVERRIDE = re.compile(r"^(~|\+\+|\+)?([\w./-]+)(@[\w.:-]*)?(=|$)")
-
-
-def tree_needed(args: Sequence[str], conf_dir: str | os.PathLike) -> str | None:
+def tree_needed(args: "Sequence[str] | Any", conf_dir: str | os.PathLike) -> str | None:
     """The first command-line argument that needs verl's own defaults tree; None when the composed cache serves.
 
+    args: the command line (flags and overrides), or grpo_lab.overrides.CommandLine as run.py parsed it.
     conf_dir: the primary config folder; its groups (model, rollout) share names with verl's, and `model=...` without
     a package is ours.
     """
+    from grpo_lab import overrides as ov
     from grpo_lab.verl_paths import verl_config_dir
 
-    verl_dir = verl_config_dir()
-    if verl_dir is None:
+    if verl_config_dir() is None:
         return None
-    theirs, ours = _groups(verl_dir), _groups(conf_dir)
-    i = 0
-    while i < len(args):
-        a = args[i]
-        i += 1
-        flag, _, value = a.partition("=") if a.startswith("--") else (a, "", "")
-        if flag in ("--info", "-i"):
-            return a
-        if flag in ("--cfg", "-c"):
-            if not value and i < len(args):
-                value = args[i]
-                i += 1
-            if value in ("hydra", "all"):
-                return f"{flag} {value}"
-            continue
-        if flag in ("--config-dir", "-cd"):
-            return a
-        if flag in _VALUE_FLAGS:
-            i += 0 if value else 1
-            continue
-        if a.startswith("-"):
-            continue
-        m = _OVERRIDE.match(a)
-        if not m:
-            continue
-        key, package = m.group(2), m.group(3)
-        if key == "hydra.searchpath":
-            return a
-        if key.split("/")[0] in theirs and (package or key not in ours):
-            return a
+    cli = args if isinstance(args, ov.CommandLine) else ov.parse(list(args))
+    flags = vars(cli.flags)
+    if flags.get("info") is not None:
+        return _typed(cli.args, ("--info", "-i"))
+    if flags.get("cfg") in ("hydra", "all"):
+        return _typed(cli.args, ("--cfg", "-c"), flags["cfg"])
+    if flags.get("config_dir"):
+        return _typed(cli.args, ("--config-dir", "-cd"))
+    for o in cli.overrides + ov.parse_overrides(cli.env):
+        if o.key_or_group == "hydra.searchpath" or ov.picks_verl_group(o, conf_dir):
+            return o.input_line
     return None
 
 
+def _typed(args: Sequence[str], names: tuple[str, ...], value: str | None = None) -> str:
+    """The flag as it was typed (`-c all`, `--cfg=hydra`, `--info`)."""
+    for i, a in enumerate(args):
+        flag = a.partition("=")[0]
+        if flag in names:
+            if value is not None and "=" not in a and i + 1 < len(args):
+                return f"{a} {args[i + 1]}"
+            return a
+    return names[0]
+
+
 @contextlib.contextmanager
-def tree_if_needed(args: Sequence[str], conf_dir: str | os.PathLike) -> Iterator[str | None]:
+def tree_if_needed(args: "Sequence[str] | Any", conf_dir: str | os.PathLike) -> Iterator[str | None]:
     """Within: the cache off (GRPO_LAB_VERL_CACHE=0) if tree_needed(args) says so; yields that argument."""
     arg = tree_needed(args, conf_dir) if enabled() else None
     old = os.environ.get(ENV)

@@ -29,23 +29,28 @@ if not os.environ.get("GRPO_LAB_CACHE_DIR"):
 _INIT = None
 
 
-def compose_cfg(*overrides: str):
-    """The composed config (with `hydra` node, so ${hydra:runtime.cwd} resolves) for these command-line overrides."""
+def compose_cfg(*overrides: str, environ: dict[str, str] | None = None):
+    """The composed config (with `hydra` node, so ${hydra:runtime.cwd} resolves) for these command-line overrides,
+    read and checked as run.py reads them (grpo_lab.overrides), with the knobs of `environ` added."""
     global _INIT
+    from grpo_lab.overrides import check, parse
+
+    cli = parse(list(overrides), environ or {}, flags=False)
+    check(cli, CONF)
     if _INIT is None or not GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
         _INIT = initialize_config_dir(config_dir=str(CONF), version_base=None)
         _INIT.__enter__()  # kept for the session: Hydra caches the loaded YAML files between composes
-    cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    cfg = compose("config", overrides=cli.argv, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     return cfg
 
 
-def compose_split(*overrides: str):
+def compose_split(*overrides: str, environ: dict[str, str] | None = None):
     """(verl dict, lab dict) as the launcher hands them on."""
     from grpo_lab.config import split
 
-    return split(compose_cfg(*overrides))
+    return split(compose_cfg(*overrides, environ=environ))
 
 
 @functools.lru_cache(maxsize=None)

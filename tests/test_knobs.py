@@ -1,4 +1,5 @@
-"""The official script's knobs: short keys, environment variables, and their precedence."""
+"""The official script's knobs: short keys, environment variables, their precedence, and derived values that follow
+whichever spelling set them (issue 10, item 2)."""
 
 from __future__ import annotations
 
@@ -6,58 +7,82 @@ import io
 
 import pytest
 
-from conftest import compose_split
+from conftest import compose_split, run_py
 from grpo_lab.config import get
-from grpo_lab.knobs import KNOBS, apply_env_knobs, env_overrides, misspelt_env, misspelt_keys
+from grpo_lab.knobs import KNOBS, misspelt_env
+from grpo_lab.overrides import parse, prepare
+
+# a value for every knob, unlike the config's own (so that a knob that does not reach verl shows)
+VALUES = {"model_path": "/models/x", "train_batch_size": 96, "ppo_mini_batch_size": 48, "rollout_n": 3,
+          "max_prompt_length": 300, "max_response_length": 700, "rollout_tp": 2, "rollout_gpu_mem_util": 0.55,
+          "total_epochs": 7, "test_freq": 3, "save_freq": 9, "project_name": "p1", "experiment_name": "e1",
+          "ngpus_per_node": 2, "nnodes": 1, "actor_lr": 2e-6, "kl_loss_coef": 0.01, "entropy_coeff": 0.001,
+          "ppo_max_token_len_per_gpu": 4096, "ppo_micro_batch_size_per_gpu": 4,
+          "log_prob_micro_batch_size_per_gpu": 8, "train_file": "/d/train.parquet", "test_file": "/d/test.parquet"}
 
 
 def test_each_short_key_feeds_its_verl_key():
-    # one value, not two: setting the short key moves verl's key
-    values = {"model_path": "/models/x", "train_batch_size": 96, "ppo_mini_batch_size": 48, "rollout_n": 3,
-              "max_prompt_length": 300, "max_response_length": 700, "rollout_tp": 2, "rollout_gpu_mem_util": 0.55,
-              "total_epochs": 7, "test_freq": 3, "save_freq": 9, "project_name": "p1", "experiment_name": "e1",
-              "ngpus_per_node": 2, "nnodes": 1, "actor_lr": 2e-6, "kl_loss_coef": 0.01, "entropy_coeff": 0.001,
-              "ppo_max_token_len_per_gpu": 4096, "ppo_micro_batch_size_per_gpu": 4,
-              "log_prob_micro_batch_size_per_gpu": 8, "train_file": "/d/train.parquet", "test_file": "/d/test.parquet"}
-    assert set(values) == {k.key for k in KNOBS}
-    verl, _ = compose_split(*(f"{k}={v}" for k, v in values.items()))
+    assert set(VALUES) == {k.key for k in KNOBS}
+    verl, _ = compose_split(*(f"{k}={v}" for k, v in VALUES.items()))
     for knob in KNOBS:
-        assert get(verl, knob.verl_key) == values[knob.key], knob
+        assert get(verl, knob.verl_key) == VALUES[knob.key], knob
 
 
-def test_both_spellings_give_the_same_config():
-    short, _ = compose_split("rollout_gpu_mem_util=0.3")
-    long, _ = compose_split("actor_rollout_ref.rollout.gpu_memory_utilization=0.3")
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.key)
+def test_short_key_verl_key_and_environment_give_the_same_verl_config(knob):
+    # every value grpo-lab derives (max_model_len, the ref's micro-batch, DAPO's max_resp_len, ...) follows the value
+    # verl uses, whichever of the three spellings set it; variant=dapo so that DAPO's max_resp_len is in the config
+    value = VALUES[knob.key]
+    short, _ = compose_split("variant=dapo", f"{knob.key}={value}")
+    long, _ = compose_split("variant=dapo", f"{knob.verl_key}={value}")
+    env, _ = compose_split("variant=dapo", environ={knob.env: str(value)})
+    assert get(short, knob.verl_key) == value
     assert short == long
+    assert short == env
+
+
+def test_long_prompts_and_answers_move_vllms_context_and_dapos_limit():
+    # issue 10 item 2: data.max_prompt_length=2048 data.max_response_length=8192 gave max_model_len 1536
+    verl, _ = compose_split("variant=dapo", "data.max_prompt_length=2048", "data.max_response_length=8192")
+    assert get(verl, "actor_rollout_ref.rollout.max_model_len") == 10240
+    assert get(verl, "reward.reward_kwargs.max_resp_len") == 8192
+
+
+def test_cfg_job_resolve_shows_the_context_verl_gets():
+    proc = run_py("data.max_prompt_length=2048", "data.max_response_length=8192", "--cfg", "job", "--resolve")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "    max_model_len: 10240\n" in proc.stdout
 
 
 def test_env_overrides_come_from_the_environment():
     env = {"ROLLOUT_GPU_MEM_UTIL": "0.5", "MODEL_PATH": "Qwen/Qwen3-0.6B", "UNRELATED": "1"}
-    assert sorted(env_overrides([], env)) == ["model_path=Qwen/Qwen3-0.6B", "rollout_gpu_mem_util=0.5"]
+    assert sorted(parse([], env).env) == ["model_path=Qwen/Qwen3-0.6B", "rollout_gpu_mem_util=0.5"]
 
 
 @pytest.mark.parametrize("cli", [["rollout_gpu_mem_util=0.3"], ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"],
-                                 ["-m", "rollout_gpu_mem_util=0.3,0.4"]])
+                                 ["-m", "rollout_gpu_mem_util=0.3,0.4"], ["+rollout_gpu_mem_util=0.3"]])
 def test_command_line_beats_environment(cli):
-    assert env_overrides(cli, {"ROLLOUT_GPU_MEM_UTIL": "0.5"}) == []
+    assert parse(cli, {"ROLLOUT_GPU_MEM_UTIL": "0.5"}).env == []
 
 
 def test_precedence_command_line_over_environment_over_config_files():
     # config file (experiment=smoke) says 32; the environment says 64; the command line says 16
-    argv = ["run.py", "experiment=smoke"]
     env = {"TRAIN_BATCH_SIZE": "64"}
-    verl, _ = compose_split(*apply_env_knobs(argv, env, err=io.StringIO())[1:])
+    verl, _ = compose_split("experiment=smoke", environ=env)
     assert get(verl, "data.train_batch_size") == 64
-    verl, _ = compose_split(*apply_env_knobs(argv + ["train_batch_size=16"], env, err=io.StringIO())[1:])
+    verl, _ = compose_split("experiment=smoke", "train_batch_size=16", environ=env)
     assert get(verl, "data.train_batch_size") == 16
-    verl, _ = compose_split(*apply_env_knobs(argv, {}, err=io.StringIO())[1:])
+    verl, _ = compose_split("experiment=smoke", "data.train_batch_size=16", environ=env)
+    assert get(verl, "data.train_batch_size") == 16
+    verl, _ = compose_split("experiment=smoke")
     assert get(verl, "data.train_batch_size") == 32
 
 
 def test_odd_values_are_quoted_for_hydra():
-    out = env_overrides([], {"EXPERIMENT_NAME": "my run,v2"})
-    verl, _ = compose_split(*out)
+    cli = parse([], {"EXPERIMENT_NAME": "my run,v2", "ACTOR_LR": "1e-6"})
+    verl, _ = compose_split(*cli.env)
     assert get(verl, "trainer.experiment_name") == "my run,v2"
+    assert get(verl, "actor_rollout_ref.actor.optim.lr") == 1e-6  # a number, as `actor_lr=$ACTOR_LR` reads it
 
 
 def _guide_env(**extra):
@@ -69,9 +94,8 @@ def test_guides_smoke_command_in_env_spelling_equals_the_preset():
     env = _guide_env(MODEL_PATH="Qwen/Qwen3-0.6B", NGPUS_PER_NODE=4, TRAIN_BATCH_SIZE=32, PPO_MINI_BATCH_SIZE=16,
                      ROLLOUT_N=4, MAX_RESPONSE_LENGTH=512, ROLLOUT_TP=1, ROLLOUT_GPU_MEM_UTIL=0.4,
                      PROJECT_NAME="course_grpo", EXPERIMENT_NAME="smoke_qwen3_0_6b", MAX_PROMPT_LENGTH=1024)
-    argv = ["run.py", "model=qwen3_0_6b", "trainer.total_training_steps=3", "trainer.val_before_train=false",
-            "save_freq=-1", "trainer.resume_mode=disable"]
-    via_env, _ = compose_split(*apply_env_knobs(argv, env, err=io.StringIO())[1:])
+    via_env, _ = compose_split("model=qwen3_0_6b", "trainer.total_training_steps=3", "trainer.val_before_train=false",
+                               "save_freq=-1", "trainer.resume_mode=disable", environ=env)
     preset, _ = compose_split("experiment=smoke")
     assert via_env == preset
 
@@ -81,22 +105,20 @@ def test_guides_real_run_command_in_env_spelling_equals_the_preset():
                      ROLLOUT_N=5, MAX_PROMPT_LENGTH=512, MAX_RESPONSE_LENGTH=1024, ROLLOUT_TP=1,
                      ROLLOUT_GPU_MEM_UTIL=0.4, TOTAL_EPOCHS=2, TEST_FREQ=10, SAVE_FREQ=50,
                      PROJECT_NAME="course_grpo", EXPERIMENT_NAME="qwen3_1_7b_gsm8k")
-    via_env, _ = compose_split(*apply_env_knobs(["run.py"], env, err=io.StringIO())[1:])
+    via_env, _ = compose_split(environ=env)
     preset, _ = compose_split("experiment=qwen3_1_7b_gsm8k")
     assert via_env == preset
 
 
 def test_misspelt_environment_variable_is_pointed_out():
     err = io.StringIO()
-    apply_env_knobs(["run.py"], {"ROLLOUT_GPU_MEM_UTILS": "0.5", "PATH": "/bin"}, err=err)
+    prepare(["run.py"], {"ROLLOUT_GPU_MEM_UTILS": "0.5", "PATH": "/bin"}, err=err)
     assert "ROLLOUT_GPU_MEM_UTILS" in err.getvalue() and "ROLLOUT_GPU_MEM_UTIL?" in err.getvalue()
     assert misspelt_env({"HOME": "/root", "PATH": "/bin", "ROLLOUT_N": "4"}) == {}
 
 
 def test_misspelt_short_key_is_refused_with_the_right_name():
-    assert misspelt_keys(["rollout_gpu_mem_utils=0.5"]) == {"rollout_gpu_mem_utils": "rollout_gpu_mem_util"}
-    assert misspelt_keys(["model=qwen3_4b", "rollout_n=4"]) == {}
     err = io.StringIO()
     with pytest.raises(SystemExit) as e:
-        apply_env_knobs(["run.py", "train_batch_sise=4"], {}, err=err)
+        prepare(["run.py", "train_batch_sise=4"], {}, err=err)
     assert e.value.code == 2 and "did you mean 'train_batch_size'" in err.getvalue()

@@ -143,3 +143,44 @@ def test_verl_group_options_still_work_on_the_command_line():
     proc = run_py("--cfg", "job", "actor@actor_rollout_ref.actor=veomni_actor")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert yaml.safe_load(proc.stdout)["actor_rollout_ref"]["actor"]["strategy"] == "veomni"
+
+
+def test_plan_lists_every_changed_default_with_what_set_it(tmp_path):
+    out = tmp_path / "run"
+    proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
+                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", *_tiny_files(tmp_path),
+                  env={"ROLLOUT_N": "3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    changed = {c["key"]: c for c in json.loads((out / "plan.json").read_text())["changed_defaults"]}
+    # verl's value, ours, and the layer that set it
+    assert changed["actor_rollout_ref.rollout.gpu_memory_utilization"] == {
+        "key": "actor_rollout_ref.rollout.gpu_memory_utilization", "verl": 0.5, "ours": 0.3, "set_by": "command line"}
+    assert changed["actor_rollout_ref.rollout.n"]["set_by"] == "environment (ROLLOUT_N)"
+    assert changed["data.train_batch_size"]["set_by"] == "conf/experiment/smoke_tiny.yaml (train_batch_size)"
+    assert changed["actor_rollout_ref.rollout.enable_chunked_prefill"] == {
+        "key": "actor_rollout_ref.rollout.enable_chunked_prefill", "verl": True, "ours": False,
+        "set_by": "conf/config.yaml"}
+    assert changed["data.filter_overlong_prompts"]["verl"] is False
+    assert "actor_rollout_ref.actor.use_dynamic_bsz" in changed
+    assert "trainer.nnodes" not in changed  # 1 is verl's default too
+    # every changed value is listed: the verl config minus the listed keys equals verl's defaults there
+    from grpo_lab.provenance import flatten, lookup, verl_defaults
+
+    verl = yaml.safe_load((out / "verl_config.yaml").read_text())
+    defaults = verl_defaults()
+    for key, value in flatten(verl):
+        if key not in changed and not key.endswith("_target_"):
+            assert lookup(defaults, key) == value, key
+    # make plan's line: how many, and where
+    assert f'{len(changed)} value(s) differ from verl\'s defaults' in proc.stdout
+    assert "changed_defaults" in proc.stdout
+
+
+def test_preflight_only_prints_the_command_that_starts_it(tmp_path):
+    out = tmp_path / "run"
+    proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
+                  *_tiny_files(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nxt = [l for l in proc.stdout.splitlines() if l.startswith("next: ")]
+    assert nxt and nxt[0].startswith("next: python run.py experiment=smoke_tiny hardware=h200x1 hydra.run.dir=")
+    assert "preflight.only" not in nxt[0]

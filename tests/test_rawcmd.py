@@ -36,3 +36,24 @@ def test_string_env_vars_stay_strings():
     args = raw_overrides(["hardware=rtx4080x4"], str(CONF))
     assert "++ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE='1'" in args
     assert _raw_config(args)["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["NCCL_P2P_DISABLE"] == "1"
+
+
+def test_help_and_mistakes_get_messages_not_tracebacks(capsys):
+    from grpo_lab.rawcmd import main
+
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m grpo_lab.rawcmd")
+    assert main(["rollout_gpu_mem_utils=0.5"], environ={}) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'rollout_gpu_mem_util'" in err and "Traceback" not in err
+
+
+def test_environment_knobs_reach_the_raw_command():
+    from grpo_lab.rawcmd import main
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["--list", "hardware=rtx4080x4"], environ={"ROLLOUT_N": "3"}) == 0
+    assert "actor_rollout_ref.rollout.n=3" in buf.getvalue().splitlines()
