@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import functools
 import itertools
 import math
 import os
@@ -41,9 +40,10 @@ from typing import Any, Callable, Iterable, Mapping
 import yaml
 
 from grpo_lab import memplan
+from grpo_lab.apply import apply_overrides, groups as _conf_groups, short_key_targets
 from grpo_lab.config import get as _get
 from grpo_lab.config import put as _put
-from grpo_lab.knobs import KNOBS, SHORT_KEYS
+from grpo_lab.knobs import KNOBS
 
 A = "actor_rollout_ref."
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -59,153 +59,6 @@ PCIE_GB_S = {"pcie3": 12.0, "pcie4": 25.0, "pcie5": 50.0}
 PCIE_DEFAULT = ("pcie4", 25.0)
 LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors"}
 MAX_COMBO = 3
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# applying overrides to a resolved verl config
-# ---------------------------------------------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def short_key_targets() -> dict[str, tuple[str, ...]]:
-    """Short key -> the verl keys that conf/config.yaml sets to exactly `${short_key}` (KNOBS' key as fallback)."""
-    out: dict[str, list[str]] = {k.key: [] for k in KNOBS}
-    try:
-        tree = yaml.safe_load((CONF / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        tree = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if prefix == "" and k in ("hydra", "lab", "preflight", "defaults"):
-                    continue
-                walk(v, f"{prefix}{k}.")
-        elif isinstance(node, str):
-            m = re.fullmatch(r"\$\{(\w+)\}", node)
-            if m and m.group(1) in out:
-                out[m.group(1)].append(prefix[:-1])
-
-    walk(tree, "")
-    for k in KNOBS:
-        if not out[k.key]:
-            out[k.key].append(k.verl_key)
-    return {k: tuple(v) for k, v in out.items()}
-
-
-@functools.lru_cache(maxsize=None)
-def verl_followers() -> dict[str, tuple[str, ...]]:
-    """verl key -> the keys verl's own config sets to exactly `${key}` or `${oc.select:key,default}` (from the
-    composed, unresolved ppo_trainer of grpo_lab/verl_cache.py): e.g. rollout.response_length follows
-    data.max_response_length, ref.entropy_from_logits_with_chunking follows the actor's."""
-    from grpo_lab.verl_cache import composed_ppo_trainer
-    from grpo_lab.verl_paths import verl_config_dir
-
-    root = verl_config_dir()
-    cfg = composed_ppo_trainer(root) if root else None
-    if cfg is None:
-        return {}
-    from omegaconf import OmegaConf
-
-    out: dict[str, list[str]] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}{k}.")
-        elif isinstance(node, str):
-            m = re.fullmatch(r"\$\{(?:oc\.select:)?([A-Za-z_][\w.]*)(?:,[^}]*)?\}", node)
-            if m:
-                out.setdefault(m.group(1), []).append(prefix[:-1])
-
-    walk(OmegaConf.to_container(cfg, resolve=False), "")
-    return {k: tuple(v) for k, v in out.items()}
-
-
-_MISSING = object()
-
-
-def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool) -> None:
-    """Set a verl key, and the keys verl interpolates from it that still hold its old value (they followed it)."""
-    old = _get(verl, key, _MISSING)
-    _set(verl, key, value, delete)
-    if delete or old is _MISSING:
-        return
-    todo, seen = [key], {key}
-    while todo:
-        src = todo.pop()
-        for f in verl_followers().get(src, ()):
-            if f not in seen and _get(verl, f, _MISSING) == old:
-                seen.add(f)
-                _set(verl, f, value, False)
-                todo.append(f)
-
-
-def _parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[str, Any, bool]]:
-    """(key, value, delete) from Hydra override strings (Hydra's own parser) or a {key: value} mapping."""
-    if isinstance(overrides, Mapping):
-        return [(k, v, False) for k, v in overrides.items()]
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
-    return [(o.key_or_group, None if o.is_delete() else o.value(), o.is_delete()) for o in parsed]
-
-
-def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
-                    overrides: Iterable[str] | Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(verl, lab) with these overrides applied, as composing them on the command line would give; inputs untouched.
-
-    `overrides`: Hydra override strings (`key=value`, `+key=value`, `~key`) or a {key: value} mapping. A short key
-    (grpo_lab/knobs.py) sets every verl key that conf/config.yaml interpolates from it; a verl key also sets the
-    keys verl's own config interpolates from it while they still hold its old value (`verl_followers`); `lab.*` and
-    `preflight.*` go to the lab dict; vLLM's max_model_len follows prompt + response when either changes and it is
-    not set too.
-    Config-group choices (model=...) need a compose and are refused.
-    """
-    verl, lab = copy.deepcopy(dict(verl)), copy.deepcopy(dict(lab))
-    lab.setdefault("preflight", {})
-    items = _parse_overrides(overrides)
-    groups = _conf_groups()
-    lengths_changed = mml_set = False
-    for key, value, delete in items:
-        if key in groups:
-            raise ValueError(f"{key}={value} picks a config group option: compose it (python run.py {key}={value}) "
-                             f"instead of applying it to a resolved config")
-        if key in SHORT_KEYS:
-            targets = short_key_targets()[key]
-            lengths_changed |= key in ("max_prompt_length", "max_response_length")
-        elif key.startswith("lab."):
-            targets = ()
-            _set(lab, key[4:], value, delete)
-        elif key.startswith("preflight."):
-            targets = ()
-            _set(lab["preflight"], key[len("preflight."):], value, delete)
-        else:
-            targets = (key,)
-            lengths_changed |= key in ("data.max_prompt_length", "data.max_response_length")
-            mml_set |= key == A + "rollout.max_model_len"
-        for t in targets:
-            _set_following(verl, t, value, delete)
-    if lengths_changed and not mml_set:  # conf/config.yaml: ${lab_sum:${max_prompt_length},${max_response_length}}
-        total = int(_get(verl, "data.max_prompt_length", 0)) + int(_get(verl, "data.max_response_length", 0))
-        _put(verl, A + "rollout.max_model_len", total)
-    return verl, lab
-
-
-def _set(d: dict[str, Any], dotted: str, value: Any, delete: bool) -> None:
-    if not delete:
-        _put(d, dotted, copy.deepcopy(value))
-        return
-    parts = dotted.split(".")
-    cur: Any = d
-    for p in parts[:-1]:
-        cur = cur.get(p) if isinstance(cur, dict) else None
-    if isinstance(cur, dict):
-        cur.pop(parts[-1], None)
-
-
-@functools.lru_cache(maxsize=None)
-def _conf_groups() -> frozenset[str]:
-    return frozenset(p.name for p in CONF.iterdir() if p.is_dir())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -827,19 +680,15 @@ class FitResult:
 
 
 def _fmt_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
+    from grpo_lab.overrides import quote
+
+    return quote(v)
 
 
 def _emit_key(verl_key: str, cfg: Any) -> str:
     """The short key when it feeds this verl key in the composed config (cfg: unresolved DictConfig), else verl's."""
     knob = next((k for k in KNOBS if k.verl_key == verl_key), None)
-    if knob is None or short_key_targets().get(knob.key) != (verl_key,):
+    if knob is None or short_key_targets(knob.key) != (verl_key,):
         return verl_key
     if cfg is None:
         return knob.key
@@ -857,20 +706,6 @@ def _override_strs(values: Mapping[str, Any], cfg: Any) -> list[str]:
     return [f"{_emit_key(k, cfg)}={_fmt_value(v)}" for k, v in values.items()]
 
 
-class _Notes:
-    """Stands in for the preflight's collector where resolve_arch wants one: keeps its notes and warnings."""
-
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-        self.warnings: list[Any] = []
-
-    def warn(self, rule: str, message: str, fix: str = "") -> None:
-        self.warnings.append((rule, message, fix))
-
-    def error(self, rule: str, message: str, fix: str = "") -> None:
-        self.warnings.append((rule, message, fix))
-
-
 class FitError(Exception):
     """The fit cannot run on this config (no architecture facts, no card size): the message says why."""
 
@@ -878,12 +713,13 @@ class FitError(Exception):
 def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
         environ: Mapping[str, str] | None = None) -> FitResult:
     """Search the settings that make every phase fit; verify the result with the preflight."""
-    from grpo_lab.preflight import resolve_arch, run_preflight
+    from grpo_lab.preflight import run_preflight
+    from grpo_lab.rules import Ctx as RuleCtx
 
     environ = os.environ if environ is None else environ
     lab = copy.deepcopy(dict(lab))
     lab["preflight"] = {**(lab.get("preflight") or {}), "strict": True}
-    arch = resolve_arch(verl, lab, environ, _Notes())
+    arch = RuleCtx.of(verl, lab, launching=False, environ=environ).model.arch  # the model the preflight plans
     if arch is None:
         raise FitError("no architecture facts for this model (no local config.json, no lab.model): nothing to plan. "
                        "Pick a model group (model=qwen3_1_7b) or point model_path at a folder with its config.json")
@@ -1246,6 +1082,6 @@ def fit_job(cfg: Any, verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) 
             raise GrpoLabError(f"fit: not saved: {e}") from None
         print(f"\nsaved: {path.relative_to(CONF.parent)}; run it with: python run.py experiment={name}")
     else:
-        print(f"\nsave it as conf/experiment/<name>.yaml: add preflight.fit_write=<name> (make fit ARGS=\"...\" "
-              f"WRITE=<name>)")
+        print("\nsave it as conf/experiment/<name>.yaml: add preflight.fit_write=<name> (make fit ARGS=\"...\" "
+              "WRITE=<name>)")
     return "fitted"

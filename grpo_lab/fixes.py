@@ -15,14 +15,13 @@ printed as it is and marked as not re-checked.
 
 from __future__ import annotations
 
-import functools
 import re
 import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from grpo_lab.knobs import KNOBS, SHORT_KEYS
+from grpo_lab.apply import apply_overrides, parse
 from grpo_lab.rules import ALT, Ctx, Problem, run_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,124 +32,9 @@ MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
 LENGTHS = ("data.max_prompt_length", "data.max_response_length")
 
 
-@functools.lru_cache(maxsize=None)
-def fed_by_short_key() -> dict[str, tuple[str, ...]]:
-    """{short key: the verl keys conf/config.yaml sets to exactly `${short key}`} (+ the KNOBS table's verl key)."""
-    out: dict[str, set[str]] = {k.key: {k.verl_key} for k in KNOBS}
-    try:
-        import yaml
-
-        doc = yaml.load((ROOT / "conf" / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except Exception:
-        doc = {}
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if path == "" and k in ("hydra", "defaults", "lab", "preflight"):
-                    continue
-                walk(v, f"{path}.{k}" if path else str(k))
-        elif isinstance(node, str):
-            m = re.fullmatch(r"\$\{(\w+)\}", node.strip())
-            if m and m.group(1) in SHORT_KEYS and "." in path:
-                out.setdefault(m.group(1), set()).add(path)
-
-    walk(doc or {}, "")
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
-def parse_value(text: str) -> Any:
-    t = text.strip()
-    low = t.lower()
-    if low in ("null", "~", "none"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-        return t[1:-1]
-    try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        return float(t)
-    except ValueError:
-        return t
-
-
-def parse(alternative: str) -> list[tuple[str, str, Any]] | None:
-    """[(op, key, value)] of one alternative; None when it is not all overrides (words, a config-group choice)."""
-    try:
-        tokens = shlex.split(alternative)
-    except ValueError:
-        return None
-    out = []
-    for tok in tokens:
-        m = _TOKEN.match(tok)
-        if not m:
-            return None
-        op, key, value = m.group(1) or "", m.group(2), m.group(3)
-        if key.split(".")[0] in GROUPS and "." not in key:
-            return None  # a config group: only Hydra can apply it
-        if value is None and op != "~":
-            return None
-        out.append((op, key, parse_value(value) if value is not None else None))
-    return out or None
-
-
-def _copy(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {k: _copy(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_copy(v) for v in x]
-    return x
-
-
-def _put(d: dict, dotted: str, value: Any, delete: bool = False) -> None:
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        nxt = d.get(p)
-        if not isinstance(nxt, dict):
-            nxt = d[p] = {}
-        d = nxt
-    if delete:
-        d.pop(parts[-1], None)
-    else:
-        d[parts[-1]] = value
-
-
-def _get(d: Mapping, dotted: str) -> Any:
-    for p in dotted.split("."):
-        if not isinstance(d, Mapping) or p not in d:
-            return None
-        d = d[p]
-    return d
-
-
 def apply(verl: Mapping, lab: Mapping, overrides: list[tuple[str, str, Any]]) -> tuple[dict, dict]:
-    """Copies of (verl, lab) with the overrides applied and derived values derived again."""
-    v, lb = _copy(verl), _copy(lab)
-    touched: set[str] = set()
-    fed = fed_by_short_key()
-    for op, key, value in overrides:
-        if key in fed:
-            targets = [(v, k) for k in fed[key]]
-        elif key.startswith("preflight."):
-            targets = [(lb, key)]
-        elif key.startswith("lab."):
-            targets = [(lb, key[4:])]
-        else:
-            targets = [(v, key)]
-        for d, k in targets:
-            _put(d, k, value, delete=op == "~")
-            touched.add(k)
-    mml, old = _get(verl, MAX_MODEL_LEN), [_get(verl, k) for k in LENGTHS]
-    if MAX_MODEL_LEN not in touched and touched & set(LENGTHS) and all(isinstance(x, int) for x in old) \
-            and mml == sum(old):
-        new = [_get(v, k) for k in LENGTHS]
-        if all(isinstance(x, int) for x in new):
-            _put(v, MAX_MODEL_LEN, sum(new))  # conf/config.yaml: max_model_len = prompt + response
-    return v, lb
+    """Copies of (verl, lab) with the overrides applied and derived values derived again (grpo_lab/apply.py)."""
+    return apply_overrides(verl, lab, overrides)
 
 
 def merge(*alternatives: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any]]:
@@ -163,20 +47,19 @@ def merge(*alternatives: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any
 
 
 def text(overrides: list[tuple[str, str, Any]]) -> str:
-    from grpo_lab.rules.setup import override_value
+    """The overrides as typed after `python run.py`: values quoted for Hydra (grpo_lab.overrides.quote), and a token
+    the shell would split or expand quoted for the shell."""
+    from grpo_lab.overrides import quote
 
     out = []
     for op, key, value in overrides:
-        if op == "~":
-            out.append(f"~{key}")
-            continue
-        s = override_value(value)
-        if isinstance(value, str) and (value == "" or re.search(r"[\s'\"=,]", value) or
-                                       parse_value(value) != value):
-            s = '"' + value.replace('"', '\\"') + '"'
-            out.append(shlex.quote(f"{op}{key}={s}"))
-            continue
-        out.append(f"{op}{key}={s}")
+        tok = f"~{key}" if op == "~" else f"{op}{key}={quote(value)}"
+        if re.fullmatch(r"[\w.+~=@/:,-]+", tok):
+            out.append(tok)
+        elif not re.search(r"[\"$`!\\]", tok):
+            out.append(f'"{tok}"')  # key='1': the shell keeps Hydra's quotes inside double quotes
+        else:
+            out.append(shlex.quote(tok))
     return " ".join(out)
 
 

@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from grpo_lab.facts import atomic_write
 from grpo_lab.config import checkpoint_key, get, put, split
 
 
@@ -193,20 +194,13 @@ class JobStatus:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    _atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _write_yaml(path: Path, data: Any) -> None:
     # libyaml's emitter when PyYAML has it: the pure-Python one takes ~0.1 s for verl's config
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    _atomic_write(path, yaml.dump(data, Dumper=dumper, sort_keys=False))
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, yaml.dump(data, Dumper=dumper, sort_keys=False))
 
 
 @contextlib.contextmanager

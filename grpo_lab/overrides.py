@@ -455,12 +455,15 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
     """Raise OverrideError for the first override that is not what the user can mean (see the module doc)."""
     overrides = cli.overrides + parse_overrides(cli.env)
     tree_ok = not any(_group_of(o, conf_dir) == "verl" and picks_verl_group(o, conf_dir) for o in overrides)
+    added: set[str] = set()  # keys an earlier `+key=` of the same command line brought in (a later `key=` may set it)
     for o in overrides:
         kind = _group_of(o, conf_dir)
         if kind == "ours" and o.package is None and "/" not in o.key_or_group:
             _check_our_group(o, conf_dir)
-        elif kind is None:
+        elif kind is None and not any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in added):
             _check_key(o, conf_dir, tree_ok)
+        if o.is_add() or o.is_force_add():
+            added.add(o.key_or_group)
 
 
 def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=sys.stderr,

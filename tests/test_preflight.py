@@ -268,7 +268,7 @@ def test_ray_env_vars_must_be_strings():
     put(verl, "ray_kwargs.ray_init.runtime_env.env_vars", {"NCCL_P2P_DISABLE": 1, "OK": "1"})
     p = only(check(verl, lab).errors, "ray_env_vars")
     assert "NCCL_P2P_DISABLE=1 is a int" in p.message
-    assert p.fix == "'ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE=\"1\"'"
+    assert p.fix == "\"ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE='1'\""
 
 
 def test_dynamic_batch_settings_that_disagree():

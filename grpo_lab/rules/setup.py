@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from typing import Any, Iterable, Mapping
 
@@ -27,13 +26,9 @@ def env_str(v: Any) -> str:
 
 
 def override_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (int, float)):
-        return str(v)
-    if v is None:
-        return "null"
-    return v if isinstance(v, str) else json.dumps(v)
+    from grpo_lab.overrides import quote
+
+    return quote(v)
 
 
 def attn_impl(c: Ctx) -> str:
