@@ -68,8 +68,22 @@ NOT_RUN = {
     "make data": "downloads GSM8K from the hub (no hub downloads in tests); tests/test_data.py covers the converter",
     "make setup": "installs the GPU environment",
     "make tiny": "writes the tiny model into data/ of the checkout; tests/test_tiny.py runs grpo_lab.tiny itself",
+    "make own-data": "reads the user's own file; tests/test_own_data.py runs it on files it writes",
+    "make doctor": "reads a run's log; tests/test_doctor.py and tests/test_refusals.py run it",
+    "make report": "reads a run's folder; tests/test_report.py and tests/test_refusals.py run it",
+    "make smollm2": "writes the converted model into data/ of the checkout; tests/test_smollm2.py converts into a tmp dir",
+    "make arith-oneshot": "writes data/ of the checkout; tests/test_arith.py runs the generator",
+}
+# commands for the user's own files or machines, by their first words
+NOT_RUN_PREFIX = {
+    "python -m grpo_lab.data own": "reads the user's own file; tests/test_own_data.py runs it on files it writes",
+    "ray ": "starts, lists or stops a Ray cluster on the user's nodes",
+    "python run.py experiment=my_4b": "runs the file that `make fit ... WRITE=my_4b` writes; tests/test_fit.py "
+                                      "composes and plans a written file",
 }
 GPU_TARGETS = {"smoke", "smoke-tiny", "train", "train-4b", "sweep"}
+# CPU targets run as written (through make): plan and fit (WRITE= would write into conf/ of the checkout)
+CPU_TARGETS = {"plan", "fit"}
 
 
 def header_commands() -> set[str]:
@@ -143,10 +157,15 @@ def test_documented_command(cmd, tmp_path):
     env, words = _split_env(cmd)
     if words[0] == "make" and " ".join(words[:2]) in NOT_RUN:
         pytest.skip(f"{cmd}: {NOT_RUN[' '.join(words[:2])]}")  # a documented reason, not a missing feature
-    if words[0] == "make" and words[1] == "plan":  # CPU: run as written, through make
+    for prefix, why in NOT_RUN_PREFIX.items():
+        if " ".join(words).startswith(prefix):
+            pytest.skip(f"{cmd}: {why}")
+    if words[0] == "make" and words[1] == "fit" and any(w.startswith("WRITE=") for w in words):
+        pytest.skip(f"{cmd}: writes conf/experiment/ of the checkout; tests/test_fit.py runs fit_write")
+    if words[0] == "make" and words[1] in CPU_TARGETS:  # CPU: run as written, through make
         args = [w for w in words[2:] if not w.startswith("ARGS=")]
         extra = [w[5:] for w in words[2:] if w.startswith("ARGS=")]
-        argv = ["make", "-C", str(ROOT), "plan", *args, f"PY={sys.executable}",
+        argv = ["make", "-C", str(ROOT), words[1], *args, f"PY={sys.executable}",
                 "ARGS=" + " ".join(extra + [f"hydra.run.dir={tmp_path}/run"])]
     elif words[0] == "make":
         assert words[1] in GPU_TARGETS, f"unknown make target in the docs: {cmd} (add it to a rule of this test)"
@@ -156,11 +175,11 @@ def test_documented_command(cmd, tmp_path):
     else:
         assert words[:2] == ["python", "run.py"], cmd
         argv = [sys.executable, str(ROOT / "run.py"), *words[2:]]
-    if "--cfg" not in argv and words[1] != "plan":
+    if "--cfg" not in argv and words[1] not in CPU_TARGETS:
         argv.append("preflight.only=true")
-    if words[1] != "plan" and "--cfg" not in argv:
+    if words[1] not in CPU_TARGETS and "--cfg" not in argv:
         argv.append(f"hydra.sweep.dir={tmp_path}/sweep" if "-m" in argv else f"hydra.run.dir={tmp_path}/run")
-    if "-m" in argv:
+    if "-m" in argv and "--cfg" not in argv:
         argv.append("~hydra.callbacks.sweep_summary")  # as in the group test: the summary is test_summary.py's
     full_env = {k: v for k, v in os.environ.items() if not k.isupper() or k in ("PATH", "HOME", "GRPO_LAB_CACHE_DIR")}
     full_env.update(env)
@@ -168,7 +187,10 @@ def test_documented_command(cmd, tmp_path):
     text = proc.stdout + proc.stderr
     assert not BAD.search(text), f"{cmd}\n{text[-4000:]}"
     if "--cfg" in argv:
-        assert proc.returncode == 0 and "actor_rollout_ref:" in proc.stdout, text[-3000:]
+        assert proc.returncode == 0 and ("actor_rollout_ref:" in proc.stdout or "launcher:" in proc.stdout), text[-3000:]
+        return
+    if "hydra/launcher=slurm" in argv:  # no sbatch here: refused, with the #SBATCH lines it would have sent
+        assert proc.returncode == 2 and "#SBATCH --gpus-per-node=" in text, text[-3000:]
         return
     assert proc.returncode in (0, 2), text[-3000:]
     jobs = sorted((tmp_path / "sweep").glob("job*")) if "-m" in argv else [tmp_path / "run"]
