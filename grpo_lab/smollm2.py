@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
     args = parser.parse_args(argv)
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
+                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+                       ("TQDM_DISABLE", "1")):  # the 272-tensor de-quantization bar (tqdm, not transformers')
         os.environ.setdefault(key, value)
     try:
         convert(args.out, args.force)
