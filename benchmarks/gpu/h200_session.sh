@@ -9,7 +9,6 @@
 #   bash benchmarks/gpu/h200_session.sh after      # raw verl with the preset's start-up settings, then run.py
 #   bash benchmarks/gpu/h200_session.sh sweep      # run.py -m over rollout_gpu_mem_util
 #   bash benchmarks/gpu/h200_session.sh memplan    # measured vs planned training-phase memory
-#   bash benchmarks/gpu/h200_session.sh learn      # supervised warm-up, then GRPO for a few dozen steps
 #   bash benchmarks/gpu/h200_session.sh bg PHASE... # the phases one after another in a new process session (setsid):
 #                                                   # they outlive the device call; results under $BG_OUT
 #   bash benchmarks/gpu/h200_session.sh collect S   # wait up to S seconds for the bg chain, copy what is new to $OUT
@@ -95,13 +94,6 @@ case "${1:-}" in
     timed memplan 300 python3 benchmarks/gpu/memplan_bench.py --out "$LOGS/memplan.json" ${MEMPLAN_ARGS:-}
     pack memplan
     ;;
-  learn)
-    timed warmup 150 python3 -m grpo_lab.warmup ${WARMUP_ARGS:---model data/tiny-qwen3-learn --data data/arith_tiny \
-      --out data/tiny-qwen3-sft --steps 400 --device cuda}
-    cp data/tiny-qwen3-sft/grpo_lab_warmup.json "$LOGS/" 2>/dev/null
-    timed learn 600 python3 run.py experiment=learn_tiny hardware=h200x1 hydra.run.dir="$LOGS/learn" ${LEARN_ARGS:-}
-    pack learn
-    ;;
   raw_after)  # the `after` phase's raw verl run alone (run.py's twin: the sweep's job0)
     raw_run raw_after 300
     pack raw_after
@@ -129,5 +121,5 @@ case "${1:-}" in
     for f in "$BG_OUT"/logs/*.log; do [ -f "$f" ] && echo "== $f" && tail -n 3 "$f" | cut -c1-200; done
     cat "$BG_OUT"/times.txt 2>/dev/null; [ -f "$BG_OUT/done" ] && echo "chain done"
     ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

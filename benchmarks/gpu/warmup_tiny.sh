@@ -4,18 +4,18 @@
 # GRPO's rollout samples it (chat template with enable_thinking=False, temperature 1, n draws per prompt).
 #
 #   source /root/site.env            # on the H200 test machine (../../../shared/device/README.md)
-#   bash benchmarks/gpu/learn_tiny.sh [RESULTS_DIR]
+#   bash benchmarks/gpu/warmup_tiny.sh [RESULTS_DIR]
 #
 # Environment: DATA (default data), STEPS (warm-up steps, default 400), SYNTHETIC (fresh training problems,
 # default 20000), SFT (output model, default $DATA/tiny-qwen3-sft). Logs and JSON go to RESULTS_DIR
-# (default outputs/learn_tiny). GRPO then starts from $SFT; its prompts must be rendered with
+# (default outputs/warmup_tiny). GRPO then starts from $SFT; its prompts must be rendered with
 # data.apply_chat_template_kwargs.enable_thinking=False, as the warm-up's were.
 # Seen on the H200 (2026-12-02, vLLM 0.24.0): vLLM engine up in ~20 s for either model (FLASH_ATTN backend, also
 # for head_dim 16); warm-up 400 steps in 10 s (28 s with start-up); greedy accuracy 0.00 -> 0.66, vLLM temperature-1
 # accuracy 0.49 with 45% of prompts having both right and wrong draws out of 4.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-RES=${1:-outputs/learn_tiny}
+RES=${1:-outputs/warmup_tiny}
 DATA=${DATA:-data}
 STEPS=${STEPS:-400}
 SYNTHETIC=${SYNTHETIC:-20000}
