@@ -114,6 +114,9 @@ case "${1:-}" in
     for f in "$BG_OUT"/*.tgz; do
       [ -f "$f" ] && [ ! -f "$BG_OUT/.delivered/$(basename "$f")" ] && cp "$f" "$OUT/" && touch "$BG_OUT/.delivered/$(basename "$f")"
     done
+    # what a phase still running has so far (its metrics, status and summaries), in case the machine goes back first
+    (cd "$BG_OUT/logs" 2>/dev/null && find . \( -name metrics.jsonl -o -name status.json -o -name 'summary.*' \
+      -o -name plan.json -o -name 'overrides.yaml' \) -print0 | tar czf "$OUT/partial.tgz" --null -T - 2>/dev/null)
     cp "$BG_OUT"/times.txt "$BG_OUT"/chain.txt "$BG_OUT"/versions.txt "$OUT/" 2>/dev/null
     tail -c 3000 "$BG_OUT/chain.log" > "$OUT/chain_tail.log" 2>/dev/null
     for f in "$BG_OUT"/logs/*.log; do [ -f "$f" ] && echo "== $f" && tail -n 3 "$f" | cut -c1-200; done
