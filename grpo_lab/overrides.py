@@ -453,6 +453,13 @@ def _value_text(o: Any) -> str:
 
 def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
     """Raise OverrideError for the first override that is not what the user can mean (see the module doc)."""
+    f = cli.flags
+    modes = [name for name, on in (("-m/--multirun", getattr(f, "multirun", False)), ("--run", getattr(f, "run", False)),
+                                   ("--cfg", getattr(f, "cfg", None)), ("--info", getattr(f, "info", None)),
+                                   ("--shell-completion", getattr(f, "shell_completion", False))) if on]
+    if len(modes) > 1:  # Hydra would raise "Only one of --run, --multirun, --cfg, ..." with a traceback
+        raise OverrideError(f"{' and '.join(modes)} cannot go together: Hydra runs one mode at a time. To see what a "
+                            f"sweep's first job composes, drop -m: python run.py --cfg job <overrides without sweeps>")
     overrides = cli.overrides + parse_overrides(cli.env)
     tree_ok = not any(_group_of(o, conf_dir) == "verl" and picks_verl_group(o, conf_dir) for o in overrides)
     added: set[str] = set()  # keys an earlier `+key=` of the same command line brought in (a later `key=` may set it)

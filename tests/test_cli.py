@@ -189,6 +189,10 @@ def test_documented_command(cmd, tmp_path):
     if "--cfg" in argv:
         assert proc.returncode == 0 and ("actor_rollout_ref:" in proc.stdout or "launcher:" in proc.stdout), text[-3000:]
         return
+    if words[:2] == ["make", "fit"]:  # the fit writes fit.json and prints one command (or what would fit)
+        assert proc.returncode in (0, 2) and (tmp_path / "run" / "fit.json").is_file(), text[-3000:]
+        assert "The command:" in text or "nothing fits" in text.lower(), text[-3000:]
+        return
     if "hydra/launcher=slurm" in argv:  # no sbatch here: refused, with the #SBATCH lines it would have sent
         assert proc.returncode == 2 and "#SBATCH --gpus-per-node=" in text, text[-3000:]
         return
@@ -212,6 +216,7 @@ def test_documented_command(cmd, tmp_path):
     (["+data.max_prompt_lenght=3"], "did you mean 'data.max_prompt_length'"),
     (["preflight.onlly=true"], "did you mean 'preflight.only'"),
     (["ROLLOUT_N=3"], "write rollout_n=3"),
+    (["-m", "rollout_n=4,8", "--cfg", "job"], "-m/--multirun and --cfg cannot go together"),
 ])
 def test_mistakes_are_refused_before_composing(args, says, tmp_path):
     proc = run_py(*args, f"hydra.run.dir={tmp_path}/run")
