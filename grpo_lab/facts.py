@@ -72,6 +72,12 @@ def hf_model_cache_dir(repo_id: str, environ: Mapping[str, str]) -> Path:
 # atomic writes
 # ---------------------------------------------------------------------------------------------------------------
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write a file whole or not at all (a unique temp file beside it, then rename); returns the path."""
     path = Path(path)
@@ -80,6 +86,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     try:
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode a plain open() would give
         os.replace(tmp, path)
     except BaseException:
         try:
