@@ -9,6 +9,10 @@ __version__ = "0.1.0"
 if not OmegaConf.has_resolver("lab_sum"):
     OmegaConf.register_new_resolver("lab_sum", lambda *xs: sum(xs))
 
+# `${lab_fraction:n,f}` in conf/variant/dapo.yaml: int(n x f), at least 1 (DAPO's overlong ramp, a share of the limit)
+if not OmegaConf.has_resolver("lab_fraction"):
+    OmegaConf.register_new_resolver("lab_fraction", lambda n, f: max(1, int(n * f)))
+
 # `${lab_unique_dir:path}` in conf/config.yaml's hydra.run.dir and hydra.sweep.dir: one folder per run (grpo_lab/config.py)
 if not OmegaConf.has_resolver("lab_unique_dir"):
     from grpo_lab.config import unique_dir

@@ -114,6 +114,26 @@ def test_ray_nnodes_without_cluster():
     assert "ray_nnodes_without_cluster" not in rules(check(verl, lab).errors)
 
 
+def _all(r):
+    return r.errors + r.warnings
+
+
+def test_dapo_overlong_buffer():
+    # the variant's ramp is a quarter of the limit, whichever the limit: 256 of 1024, 64 of 256
+    for length, ramp in ((1024, 256), (256, 64)):
+        verl, lab = composed("variant=dapo", f"max_response_length={length}")
+        assert verl["reward"]["reward_kwargs"]["overlong_buffer_cfg"]["len"] == ramp
+        assert "dapo_overlong_buffer" not in rules(_all(check(verl, lab)))
+    len_key = "reward.reward_kwargs.overlong_buffer_cfg.len"
+    verl, lab = composed("variant=dapo", "max_response_length=256", f"{len_key}=256")  # the ramp is the whole answer
+    p = only(check(verl, lab).errors, "dapo_overlong_buffer")
+    assert "in proportion to its length" in p.message and p.fix == f"{len_key}=64"
+    verl, lab = composed("variant=dapo", "max_response_length=256", f"{len_key}=300")  # verl asserts max_resp_len >= len
+    assert "asserts" in only(check(verl, lab).errors, "dapo_overlong_buffer").message
+    verl, lab = composed("variant=dapo", "max_response_length=384", f"{len_key}=256")
+    assert only(check(verl, lab).warnings, "dapo_overlong_buffer").fix.endswith("len=96")
+
+
 # ---- Ulysses sequence parallelism ----------------------------------------------------------------------------------
 
 def test_token_budget_with_sequence_parallelism():

@@ -14,32 +14,12 @@
 #   bash benchmarks/gpu/h200_session.sh collect S   # wait up to S seconds for the bg chain, copy what is new to $OUT
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ -f /root/site.env ] && source /root/site.env
-OUT=${OUT:-/tmp/grpo-lab-out}
-LOGS=$OUT/logs
-mkdir -p "$LOGS"
+source benchmarks/gpu/session_lib.sh
 PRESET=(experiment=smoke_tiny hardware=h200x1)
 # verl's own start-up defaults, for the "before" runs (the preset lowers them for a 3-step check); `before` is
 # compared with the sweep's job0 (the preset at util 0.4, also through run.py), so the launcher is the same
 VERL_STARTUP_DEFAULTS=(data.dataloader_num_workers=8 reward.num_workers=8 actor_rollout_ref.rollout.agent.num_workers=8
   transfer_queue.backend.SimpleStorage.num_data_storage_units=8 ray_kwargs.ray_init.include_dashboard=null)
-
-cleanup() {  # nothing of one run may hold the GPU for the next
-  ray stop --force >/dev/null 2>&1
-  pkill -9 -f "vllm|EngineCore|raylet|ray::" >/dev/null 2>&1
-  sleep 2
-}
-
-timed() {  # timed NAME LIMIT_S CMD...: runs CMD, stamps its output into $LOGS/NAME.log, records rc and wall time
-  local name=$1 limit=$2; shift 2
-  local t0; t0=$(date +%s.%N)
-  timeout -k 10 "$limit" "$@" </dev/null 2>&1 | python3 benchmarks/gpu/stamp.py "$t0" > "$LOGS/$name.log"
-  local rc=${PIPESTATUS[0]}
-  local t1; t1=$(date +%s.%N)
-  echo "$name rc=$rc wall_s=$(python3 -c "print(round($t1 - $t0, 1))") steps=$(grep -c ' step:[0-9]' "$LOGS/$name.log")" \
-    | tee -a "$OUT/times.txt"
-  cleanup
-}
 
 # the preset's job through raw verl; its overrides are derived once, before the clock starts (a user would paste them)
 export RAW_ARGS_FILE=$OUT/raw_args.txt
@@ -48,11 +28,6 @@ raw_run() {  # raw_run NAME LIMIT_S [override ...]: the preset through raw verl,
   [ -s "$RAW_ARGS_FILE" ] || python3 -m grpo_lab.rawcmd --list "${PRESET[@]}" > "$RAW_ARGS_FILE"
   VERL_FILE_LOGGER_PATH=$LOGS/$name.metrics.jsonl timed "$name" "$limit" bash benchmarks/gpu/raw_verl.sh "$@"
 }
-# vLLM's own start-up log lines (verl sets WARN for its workers unless the launching shell sets the variable)
-export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
-BG_OUT=${BG_OUT:-/tmp/grpo-lab-bg}
-
-pack() { tar czf "$OUT/$1.tgz" -C "$LOGS" . && rm -rf "${LOGS:?}"/*; }
 
 case "${1:-}" in
   prepare)
@@ -98,28 +73,6 @@ case "${1:-}" in
     raw_run raw_after 300
     pack raw_after
     ;;
-  chain)  # chain PHASE...: run the phases in order; `done` marks the end
-    shift
-    for phase in "$@"; do bash "$0" "$phase"; echo "$phase finished" >> "$OUT/chain.txt"; done
-    touch "$OUT/done"
-    ;;
-  bg)
-    shift
-    mkdir -p "$BG_OUT"
-    OUT=$BG_OUT setsid nohup bash "$0" chain "$@" > "$BG_OUT/chain.log" 2>&1 < /dev/null &
-    echo "started in the background: $* (results under $BG_OUT)"
-    ;;
-  collect)  # collect S: wait for the bg chain up to S seconds, then copy what was not delivered yet to $OUT
-    end=$(( $(date +%s) + ${2:-500} ))
-    while [ ! -f "$BG_OUT/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
-    mkdir -p "$BG_OUT/.delivered"
-    for f in "$BG_OUT"/*.tgz; do
-      [ -f "$f" ] && [ ! -f "$BG_OUT/.delivered/$(basename "$f")" ] && cp "$f" "$OUT/" && touch "$BG_OUT/.delivered/$(basename "$f")"
-    done
-    cp "$BG_OUT"/times.txt "$BG_OUT"/chain.txt "$OUT/" 2>/dev/null
-    tail -c 3000 "$BG_OUT/chain.log" > "$OUT/chain_tail.log" 2>/dev/null
-    for f in "$BG_OUT"/logs/*.log; do [ -f "$f" ] && echo "== $f" && tail -n 3 "$f" | cut -c1-200; done
-    cat "$BG_OUT"/times.txt 2>/dev/null; [ -f "$BG_OUT/done" ] && echo "chain done"
-    ;;
+  chain|bg|collect) common_verb "$0" "$@" ;;
   *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

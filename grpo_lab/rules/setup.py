@@ -214,6 +214,30 @@ def dapo_filter_metric(c: Ctx) -> Iterable[Problem]:
                    ALT.join(["algorithm.filter_groups.metric=reward", "reward.reward_manager.name=dapo"]))
 
 
+@rule("dapo_overlong_buffer")
+def dapo_overlong_buffer(c: Ctx) -> Iterable[Problem]:
+    """DAPO's soft overlong punishment ramps over the last `len` tokens before max_resp_len: verl 0.9.1's DAPO reward
+    manager (verl/experimental/reward_loop/reward_manager/dapo.py) adds min(-(length - (max_resp_len - len)) / len x
+    factor, 0), and asserts max_resp_len >= len inside its worker."""
+    kw = c.get("reward.reward_kwargs", {}) or {}
+    cfg = kw.get("overlong_buffer_cfg") if isinstance(kw, Mapping) else None
+    if c.get("reward.reward_manager.name") != "dapo" or not (isinstance(cfg, Mapping) and cfg.get("enable")):
+        return
+    ramp = as_int(cfg.get("len"), 0)
+    limit = as_int(kw.get("max_resp_len"), 0) or as_int(c.get("data.max_response_length"), 0)
+    if ramp <= 0 or limit <= 0:
+        return
+    fix = f"reward.reward_kwargs.overlong_buffer_cfg.len={max(1, limit // 4)}"
+    if ramp >= limit:
+        what = ("verl's DAPO reward manager stops on it (it asserts max_resp_len >= len)" if ramp > limit else
+                "every answer, however short, gets a penalty in proportion to its length")
+        yield error(f"DAPO's overlong ramp (reward.reward_kwargs.overlong_buffer_cfg.len={ramp}) covers the whole "
+                    f"response limit ({limit} tokens): {what}", fix)
+    elif ramp > limit // 2:
+        yield warn(f"DAPO's overlong ramp ({ramp} tokens) is more than half of the response limit ({limit}): answers "
+                   f"past {limit - ramp} tokens are penalised (DAPO used 4k of 20k)", fix)
+
+
 @rule("thinking_response_length")
 def thinking_response_length(c: Ctx) -> Iterable[Problem]:
     m = c.model
