@@ -33,6 +33,10 @@ if __name__ == "__main__":
     # the command line parsed once (grpo_lab/overrides.py): a mistake is refused here, before composing; the
     # environment's knobs are added as overrides
     cli = prepare(sys.argv)
+    if cli.flags.cfg or cli.flags.info or cli.flags.help or cli.flags.hydra_help:
+        from grpo_lab import config
+
+        config.CREATE_RUN_DIRS = False  # Hydra only prints: no run folder
     sys.argv = [sys.argv[0], *cli.argv]
     # verl's composed ppo_trainer is cached (grpo_lab/verl_cache.py); picking a verl group option needs its own tree
     with tree_if_needed(cli, os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):

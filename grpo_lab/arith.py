@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print("next: python run.py experiment=learn_smollm2 hardware=h200x1 preflight.only=true   (needs make smollm2)")
     return 0
 
 

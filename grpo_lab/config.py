@@ -63,6 +63,10 @@ def put(d: dict[str, Any], dotted: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
+# run.py sets this False when Hydra will only print the config (--cfg, --info, --help): no run folder is made then
+CREATE_RUN_DIRS = True
+
+
 def unique_dir(path: str) -> str:
     """`path`, created now; `path_2`, `path_3`, ... when it exists (two runs started in the same second).
 
@@ -70,10 +74,15 @@ def unique_dir(path: str) -> str:
     folder once, and a sweep's jobs get the sweep's folder (Hydra copies the resolver cache into each job's config).
     mkdir is atomic: of two processes that try the same name, one gets it and the other moves on to the next one.
     """
+    candidate, n = path, 1
+    if not CREATE_RUN_DIRS:  # Hydra only prints (--cfg, --info, --help): name the folder, make nothing
+        while os.path.exists(candidate):
+            n += 1
+            candidate = f"{path}_{n}"
+        return candidate
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    candidate, n = path, 1
     while True:
         try:
             os.mkdir(candidate)

@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConvertError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print("next: make arith-oneshot (the task), then python run.py experiment=smoke_smollm2 hardware=h200x1")
     return 0
 
 

@@ -407,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
     make_tiny(args.out, variants, args.train_size, args.test_size, args.seed, args.force)
+    print("next: python run.py experiment=smoke_tiny hardware=h200x1 preflight.only=true   (then without "
+          "preflight.only on a GPU: make smoke-tiny)")
     return 0
 
 

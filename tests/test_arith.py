@@ -31,6 +31,7 @@ def made(tmp_path_factory):
 def test_cli_writes_verl_rows(made):
     out, stdout = made
     assert "train 2048 rows, test 128 rows" in stdout
+    assert "next: python run.py experiment=learn_smollm2" in stdout
     train = pq.read_table(out / "train.parquet").to_pylist()
     test = pq.read_table(out / "test.parquet").to_pylist()
     assert (len(train), len(test)) == (2048, 128)

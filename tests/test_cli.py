@@ -78,6 +78,7 @@ NOT_RUN = {
 NOT_RUN_PREFIX = {
     "python -m grpo_lab.data own": "reads the user's own file; tests/test_own_data.py runs it on files it writes",
     "ray ": "starts, lists or stops a Ray cluster on the user's nodes",
+    "pip install": "installs packages (make test and make setup install these into their environments)",
     "python run.py experiment=my_4b": "runs the file that `make fit ... WRITE=my_4b` writes; tests/test_fit.py "
                                       "composes and plans a written file",
 }
@@ -216,7 +217,7 @@ def test_documented_command(cmd, tmp_path):
     (["+data.max_prompt_lenght=3"], "did you mean 'data.max_prompt_length'"),
     (["preflight.onlly=true"], "did you mean 'preflight.only'"),
     (["ROLLOUT_N=3"], "write rollout_n=3"),
-    (["-m", "rollout_n=4,8", "--cfg", "job"], "-m/--multirun and --cfg cannot go together"),
+    (["--cfg", "job", "-m", "rollout_n=4,8"], "-m/--multirun and --cfg cannot go together"),
 ])
 def test_mistakes_are_refused_before_composing(args, says, tmp_path):
     proc = run_py(*args, f"hydra.run.dir={tmp_path}/run")
@@ -260,3 +261,10 @@ def test_two_runs_started_at_once_get_two_folders(tmp_path):
     for run in runs:
         assert (run / "plan.json").is_file()
         assert (run / "train.log").read_text().count("preflight: OK") == 1  # not appended to by the other run
+
+
+def test_printing_the_config_makes_no_run_folder(tmp_path):
+    """--cfg only prints: the run folder that hydra.run.dir names (lab_unique_dir) is not created."""
+    proc = run_py("--cfg", "all", "--resolve", "experiment=smoke", cwd=tmp_path)
+    assert proc.returncode == 0 and "run:" in proc.stdout, proc.stderr[-2000:]
+    assert not (tmp_path / "outputs").exists()

@@ -46,6 +46,7 @@ def test_make_tiny_is_fast_and_writes_the_layout(made):
     assert files >= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                      "tokenizer_config.json"}
     assert "train 512 rows, test 64 rows" in stdout
+    assert "next: python run.py experiment=smoke_tiny" in stdout  # the newcomer's next step
 
 
 def test_architecture_matches_conf_model_tiny_qwen3(made):
