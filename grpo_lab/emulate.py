@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from grpo_lab.config import get
+from grpo_lab.config import get, put
 
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the name torch 2.11 reads first, then the new one
 FRACTION_KEY = "per_process_memory_fraction"
@@ -177,6 +177,21 @@ def _utils(d: Any, path: str = "") -> Iterator[tuple[str, float]]:
                 yield p, float(v)
             else:
                 yield from _utils(v, p)
+
+
+def for_raw(verl: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What run.py's two hooks do, for `python -m grpo_lab.rawcmd` (raw verl with the same config)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    if settings(lab) is None:
+        return verl
+    path = "ray_kwargs.ray_init.runtime_env.env_vars"
+    env = dict(get(verl, path, {}) or {})
+    env.update(worker_env(env, lab, environ, verl))
+    verl = copy.deepcopy(verl)
+    put(verl, path, env)
+    return for_devices(verl, lab, environ)[0]
 
 
 def check_engine(verl: Mapping[str, Any]) -> None:

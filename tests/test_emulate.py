@@ -190,3 +190,34 @@ def test_allocator_strings_keep_bracketed_lists():
     assert emulate.merge_alloc_conf(None, 0.25) == ("per_process_memory_fraction:0.25", False)
     with pytest.raises(emulate.EmulationError, match="key:value"):
         emulate.parse_alloc_conf("expandable_segments")
+
+
+def test_raw_verl_gets_the_same_emulated_values(tmp_path):
+    # benchmarks/gpu/README.md compares run.py with raw verl under emulation: python -m grpo_lab.rawcmd hardware=...
+    import subprocess
+    import sys
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from conftest import ROOT
+    from grpo_lab.config import split
+    from grpo_lab.verl_paths import verl_config_dir
+
+    raw = subprocess.run([sys.executable, "-m", "grpo_lab.rawcmd", "--list", EMU, "rollout_gpu_mem_util=0.5"],
+                         cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert raw.returncode == 0, raw.stderr
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+        raw_verl, _ = split(compose("ppo_trainer", overrides=raw.stdout.splitlines()))
+    GlobalHydra.instance().clear()
+    p, out = _plan(tmp_path, EMU, "rollout_gpu_mem_util=0.5")
+    ours = _written(out)[0]
+    assert get(raw_verl, UTIL) == get(ours, UTIL) == pytest.approx(0.5 * FRACTION, abs=1e-6)
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_P2P_DISABLE"):
+        assert get(raw_verl, ENV)[var] == get(ours, ENV)[var]
+    assert raw_verl["ray_kwargs"]["ray_init"]["num_cpus"] == 16
+    # a refusal is a message there too
+    bad = subprocess.run([sys.executable, "-m", "grpo_lab.rawcmd", EMU, "lab.hardware.emulate.real_gpu_memory_gb=16"],
+                         cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert bad.returncode == 2 and "cannot emulate a 32 GB card on 16 GB cards" in bad.stderr
