@@ -72,17 +72,29 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
         return fit_job(cfg, verl, lab, job_dir)
     # --- end of fit hook
     _add_worker_env(verl, lab, job_dir)
+    # --- emulation hook (grpo_lab/emulate.py): the preflight plans `planned` (utilizations of the small card);
+    # verl gets `verl`, their values scaled to the real card. Without emulation both are the same dict.
+    from grpo_lab.emulate import EmulationError, for_devices, mark_scaled
+
+    try:
+        planned, (verl, emulation) = verl, for_devices(verl, lab, os.environ)
+    except EmulationError as e:
+        raise GrpoLabError(str(e)) from None
+    # --- end of emulation hook
     _write_yaml(job_dir / "verl_config.yaml", verl)
 
     from grpo_lab.inputs import check_inputs
     from grpo_lab.preflight import run_preflight
 
     only = bool(lab["preflight"].get("only"))
-    report = run_preflight(verl, lab, launching=not only)
+    report = run_preflight(planned, lab, launching=not only)
     plan = report.to_json()
     from grpo_lab.provenance import for_job
 
     plan["changed_defaults"] = changed = for_job(verl, multirun=multirun)
+    if emulation:  # emulation hook: what vLLM and torch really get, and which values it scaled
+        plan["emulation"] = emulation
+        mark_scaled(changed, emulation)
     missing = check_inputs(verl, lab)
     if only:  # planning on a machine that lacks the files is fine: say so
         plan["notes"] = list(plan.get("notes", [])) + [f"not there yet: {m}" for m in missing]
@@ -130,6 +142,14 @@ def _add_worker_env(verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) ->
         ours["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     for k, v in ours.items():
         env.setdefault(k, v)
+    # --- emulation hook (grpo_lab/emulate.py): the torch allocator cap, merged into the user's own allocator string
+    from grpo_lab.emulate import EmulationError, worker_env
+
+    try:
+        env.update(worker_env(env, lab, os.environ, verl))
+    except EmulationError as e:
+        raise GrpoLabError(str(e)) from None
+    # --- end of emulation hook
     put(verl, env_path, env)
 
 

@@ -55,7 +55,12 @@ def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
     with tree_if_needed(overrides, conf_dir), initialize_config_dir(config_dir=conf_dir, version_base=None):
         ours_cfg = compose("config", overrides=overrides, return_hydra_config=True)
         HydraConfig.instance().set_config(ours_cfg)
-        ours, _ = split(ours_cfg)
+        ours, lab = split(ours_cfg)
+    # --- emulation hook (grpo_lab/emulate.py): raw verl gets the scaled utilizations and the torch cap run.py hands it
+    from grpo_lab.emulate import for_raw
+
+    ours = for_raw(ours, lab)
+    # --- end of emulation hook
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
         base, _ = split(compose("ppo_trainer"))
@@ -86,14 +91,16 @@ def main(argv: list[str], environ: dict[str, str] | None = None) -> int:
         print(USAGE, end="")
         return 0
     conf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    from grpo_lab.emulate import EmulationError
+
     as_list = "--list" in argv  # one argument a line, for `mapfile -t args < <(python -m grpo_lab.rawcmd --list ...)`
     try:
         cli = parse([a for a in argv if a != "--list"], os.environ if environ is None else environ, flags=False)
         check(cli, conf_dir)
-    except OverrideError as e:
+        args = raw_overrides(cli.argv, conf_dir)
+    except (OverrideError, EmulationError) as e:
         print(f"grpo-lab: error: {e}", file=sys.stderr)
         return 2
-    args = raw_overrides(cli.argv, conf_dir)
     if as_list:
         print("\n".join(args))
         return 0

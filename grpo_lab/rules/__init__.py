@@ -144,6 +144,7 @@ class Ctx:
 def _load() -> None:
     # the rule modules register themselves; imported here so that RULES is complete whoever imports the package
     from grpo_lab.rules import batch, values, setup, memory  # noqa: F401
+    from grpo_lab.rules import emulation  # noqa: F401  (grpo_lab/emulate.py: a smaller card on a bigger one)
 
 
 def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
