@@ -134,6 +134,14 @@ def test_dapo_overlong_buffer():
     assert only(check(verl, lab).warnings, "dapo_overlong_buffer").fix.endswith("len=96")
 
 
+def test_rollout_tp_heads():
+    verl, lab = composed("model=smollm2_135m", "hardware=rtx4080x4", "rollout_tp=2")  # 9 heads
+    p = only(check(verl, lab).errors, "rollout_tp_heads")
+    assert "9 attention heads" in p.message and p.fix == "rollout_tp=1"
+    verl, lab = composed("model=qwen3_1_7b", "rollout_tp=2")  # 16 heads
+    assert "rollout_tp_heads" not in rules(check(verl, lab).errors)
+
+
 # ---- Ulysses sequence parallelism ----------------------------------------------------------------------------------
 
 def test_token_budget_with_sequence_parallelism():

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from grpo_lab import facts, memplan
 from grpo_lab.config import get as _get
-from grpo_lab.rules import A, Ctx, Problem, note, oom, rule, warn
+from grpo_lab.rules import A, Ctx, Problem, error, note, oom, rule, warn
 
 
 @dataclass
@@ -122,6 +122,21 @@ def model_arch_mismatch(c: Ctx) -> Iterable[Problem]:
                    f"group {m.info.get('name')!r} ({m.info.get('hub_id')})",
                    "pick the model group that matches (e.g. model=qwen3_4b), or point model_path at a local folder "
                    "with its config.json")
+
+
+@rule("rollout_tp_heads")
+def rollout_tp_heads(c: Ctx) -> Iterable[Problem]:
+    """vLLM splits attention heads over tensor-parallel ranks: it refuses a TP that does not divide the model's
+    attention heads (SmolLM2-135M has 9: TP 2 cannot serve it)."""
+    arch = c.model.arch
+    tp = c.get(A + "rollout.tensor_model_parallel_size", 1)
+    if arch is None or not isinstance(tp, int) or tp <= 1:
+        return
+    heads = arch.num_attention_heads
+    if heads % tp:
+        ok = [d for d in (1, 2, 4, 8) if heads % d == 0 and d < tp]
+        yield error(f"rollout tensor parallel size {tp} does not divide the model's {heads} attention heads: vLLM "
+                    f"refuses to start ({arch.source})", f"rollout_tp={max(ok)}" if ok else "")
 
 
 @rule("full_finetune_too_big")
