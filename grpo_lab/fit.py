@@ -183,12 +183,6 @@ def _m_max_model_len(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return {A + "rollout.max_model_len": seq}, replace(s, max_model_len=seq)
 
 
-def _m_free_cache(ctx: Ctx, s: memplan.Settings) -> Choice | str:
-    if s.free_cache_engine:
-        return "already on"
-    return {A + "rollout.free_cache_engine": True}, replace(s, free_cache_engine=True)
-
-
 def _m_bucket(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     opts, b = [], s.bucket_mb
     while b > 512:
@@ -197,10 +191,13 @@ def _m_bucket(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts) if opts else f"already {s.bucket_mb} MiB (512 is the floor here)"
 
 
-def _m_grad_ckpt(ctx: Ctx, s: memplan.Settings) -> Choice | str:
-    if s.gradient_checkpointing:
-        return "already on"
-    return {A + "model.enable_gradient_checkpointing": True}, replace(s, gradient_checkpointing=True)
+def _switch_on(key: str, attr: str) -> Callable[[Ctx, memplan.Settings], Choice | str]:
+    """A move that turns one boolean setting on: the verl key, and the planner's Settings field it maps to."""
+    def move(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+        if getattr(s, attr):
+            return "already on"
+        return {key: True}, replace(s, **{attr: True})
+    return move
 
 
 def _with_budget(s: memplan.Settings, t: int) -> memplan.Settings:
@@ -225,18 +222,6 @@ def _m_budget(ctx: Ctx, s: memplan.Settings) -> Choice | str:
             vals[A + "ref.log_prob_max_token_len_per_gpu"] = s2.ref_log_prob_max_token_len_per_gpu
         opts.append((vals, s2))
     return _pick(ctx, s, opts) if opts else f"already one sequence ({seq} tokens): it cannot go lower"
-
-
-def _m_opt_offload(ctx: Ctx, s: memplan.Settings) -> Choice | str:
-    if s.optimizer_offload:
-        return "already on"
-    return {A + "actor.fsdp_config.optimizer_offload": True}, replace(s, optimizer_offload=True)
-
-
-def _m_param_offload(ctx: Ctx, s: memplan.Settings) -> Choice | str:
-    if s.param_offload:
-        return "already on"
-    return {A + "actor.fsdp_config.param_offload": True}, replace(s, param_offload=True)
 
 
 def _m_util(ctx: Ctx, s: memplan.Settings) -> Choice | str:
@@ -335,12 +320,16 @@ def _m_layered(ctx: Ctx, s: memplan.Settings) -> Choice | str:
 
 MOVES: tuple[Move, ...] = (
     Move("max_model_len", "vLLM max_model_len = prompt + response", 0, _m_max_model_len),
-    Move("free_cache_engine", "free vLLM's KV cache while training", 1, _m_free_cache),
+    Move("free_cache_engine", "free vLLM's KV cache while training", 1,
+         _switch_on(A + "rollout.free_cache_engine", "free_cache_engine")),
     Move("bucket", "smaller weight-sync bucket", 2, _m_bucket),
-    Move("grad_ckpt", "gradient checkpointing", 3, _m_grad_ckpt),
+    Move("grad_ckpt", "gradient checkpointing", 3,
+         _switch_on(A + "model.enable_gradient_checkpointing", "gradient_checkpointing")),
     Move("token_budget", "smaller token budgets", 4, _m_budget),
-    Move("opt_offload", "optimizer offload", 5, _m_opt_offload),
-    Move("param_offload", "parameter offload", 6, _m_param_offload),
+    Move("opt_offload", "optimizer offload", 5,
+         _switch_on(A + "actor.fsdp_config.optimizer_offload", "optimizer_offload")),
+    Move("param_offload", "parameter offload", 6,
+         _switch_on(A + "actor.fsdp_config.param_offload", "param_offload")),
     Move("util", "rollout gpu_memory_utilization", 7, _m_util),
     Move("tp", "rollout tensor parallel", 8, _m_tp),
     Move("ref_offload", "reference offload", 9, _m_ref_offload),
