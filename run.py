@@ -41,3 +41,9 @@ if __name__ == "__main__":
     # verl's composed ppo_trainer is cached (grpo_lab/verl_cache.py); picking a verl group option needs its own tree
     with tree_if_needed(cli, os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):
         main()
+    from grpo_lab import launch
+
+    if launch.REFUSED:  # multirun: the refused jobs were reported one by one; the sweep as a whole did not pass
+        print(f"grpo-lab: {len(launch.REFUSED)} sweep job(s) refused: {', '.join(launch.REFUSED)} (their plan.json "
+              f"and the sweep's summary.md say why)", file=sys.stderr)
+        sys.exit(2)

@@ -28,6 +28,10 @@ from grpo_lab.facts import atomic_write
 from grpo_lab.config import checkpoint_key, get, put, split
 
 
+# the sweep jobs of this process that grpo-lab refused (run.py exits 2 after the sweep when there are any)
+REFUSED: list[str] = []
+
+
 class GrpoLabError(Exception):
     """A problem the user can fix; its message says how. Printed without a traceback."""
 
@@ -46,8 +50,9 @@ def launch_job(cfg: DictConfig) -> str:
     except GrpoLabError as e:
         status.write("failed", error=str(e), exit=2)
         print(f"\ngrpo-lab: {e}", file=sys.stderr)
-        if multirun:
-            raise  # Hydra records the failed job and goes on with the next one
+        if multirun:  # a refusal is no crash: no traceback; the sweep goes on, and run.py exits 2 at its end
+            REFUSED.append(str(job_dir))
+            return "refused"
         raise SystemExit(2) from None
     except BaseException as e:
         status.write("failed", error=f"{type(e).__name__}: {e}", exit=1)

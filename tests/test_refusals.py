@@ -56,6 +56,9 @@ def test_sweep_summary_shows_a_refused_job_as_refused(tmp_path):
     assert rows["4"] == "ok"
     md = (sweep / "summary.md").read_text()
     assert "refused: batch_divisibility" in md and "try: `train_batch_size=126 ppo_mini_batch_size=63`" in md
+    # a refusal is no crash: no traceback, the sweep goes on to job1, and the command exits 2 naming the job
+    assert "Traceback" not in out.stderr and "Error executing job" not in out.stderr
+    assert out.returncode == 2 and "1 sweep job(s) refused" in out.stderr and str(sweep / "job0") in out.stderr
 
 
 def test_report_does_not_rewrite_a_recorded_run_under_benchmarks():
