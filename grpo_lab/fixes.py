@@ -19,7 +19,7 @@ import re
 import shlex
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from grpo_lab.apply import apply_overrides, parse
 from grpo_lab.rules import ALT, Ctx, Problem, run_rules
@@ -61,6 +61,16 @@ def text(overrides: list[tuple[str, str, Any]]) -> str:
         else:
             out.append(shlex.quote(tok))
     return " ".join(out)
+
+
+def _first_appliable(problems: Iterable[Problem]) -> list[list[tuple[str, str, Any]]]:
+    """Of each problem, its first alternative that is overrides (not words, not a config-group choice), parsed."""
+    out = []
+    for p in problems:
+        parsed = next((x for x in map(parse, p.alternatives) if x), None)
+        if parsed:
+            out.append(parsed)
+    return out
 
 
 class FixChecker:
@@ -148,13 +158,7 @@ class FixChecker:
 
     def fix_all(self, errors: list[Problem]) -> tuple[str, bool] | None:
         """The first passing alternative of every error, together, re-checked: (overrides, passes)."""
-        parts = []
-        for p in errors:
-            for alt in p.alternatives:
-                parsed = parse(alt)
-                if parsed:
-                    parts.append(parsed)
-                    break
+        parts = _first_appliable(errors)
         if not parts:
             return None
         cur = merge(*parts)
@@ -162,15 +166,7 @@ class FixChecker:
             errs = [q for q in self.evaluate(cur) if q.level == "error"]
             if not errs:
                 return text(cur), True
-            more = []
-            for q in self.evaluate(cur, quick=False):
-                if q.level != "error":
-                    continue
-                for alt in q.alternatives:
-                    parsed = parse(alt)
-                    if parsed:
-                        more.append(parsed)
-                        break
+            more = _first_appliable(q for q in self.evaluate(cur, quick=False) if q.level == "error")
             if not more:
                 break
             cur = merge(cur, *more)
