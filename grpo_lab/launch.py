@@ -24,8 +24,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from grpo_lab.facts import atomic_write
 from grpo_lab.config import checkpoint_key, get, put, split
+from grpo_lab.facts import atomic_write
 
 
 # the sweep jobs of this process that grpo-lab refused (run.py exits 2 after the sweep when there are any)
