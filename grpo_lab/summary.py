@@ -37,7 +37,7 @@ except Exception:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 COLUMNS = ["job", "status", "steps", "step_time_s", "gen_time_s", "throughput_tok_s_gpu", "peak_train_mem_gb",
-           "last_score", "diagnosis", "overrides"]
+           "last_score", "val_first", "val_last", "diagnosis", "overrides"]
 
 OK, UNFINISHED, OTHER = "ok", "unfinished", "other failure"
 
@@ -142,6 +142,8 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
         return s[s.index.isin(steps)] if not s.empty else s
 
     mem = train("actor/perf/max_memory_allocated_gb")
+    val_col = M.primary_val_column(df)  # what a learning-rate sweep is chosen by
+    val = M.series(df, val_col).dropna() if val_col else None
     return {
         "job": job_dir.name,
         "status": word,
@@ -151,6 +153,8 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
         "throughput_tok_s_gpu": M.steady_mean(train("perf/throughput")),
         "peak_train_mem_gb": float(mem.max()) if not mem.empty else None,
         "last_score": M.last(train("critic/score/mean")),
+        "val_first": float(val.iloc[0]) if val is not None and len(val) else None,
+        "val_last": float(val.iloc[-1]) if val is not None and len(val) else None,
         "diagnosis": diag_text,
         "overrides": " ".join(read_overrides(job_dir)),
     }
@@ -202,7 +206,8 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
     out += ["", "step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
             "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has more than 2 steps; "
             "peak_train_mem_gb: max of actor/perf/max_memory_allocated_gb; last_score: critic/score/mean of the "
-            "last step.", ""]
+            "last step; val_first, val_last: the job's main validation metric (val-core/.../mean@N) at its first and "
+            "last validation.", ""]
     failed = table[~table["status"].isin([OK, UNFINISHED])]
     if len(failed):
         out.append("## Failed jobs")
