@@ -4,7 +4,9 @@
 #                               rc / wall / steps in $OUT/times.txt, then nothing of the run left holding the GPU
 #   pack NAME                   $LOGS -> $OUT/NAME.tgz
 #   common_verb VERB ARGS...    chain PHASE... | bg PHASE... | collect S: a chain of the script's phases in a new
-#                               process session (setsid) that outlives the call, collected by calls back to back
+#                               process session (setsid) that outlives the call, collected by calls back to back;
+#                               par 'SPEC' 'SPEC'...: several chains at once on the one GPU (a SPEC is phases and
+#                               VAR=value words, e.g. 'LRS=3e-5 sweep'), each in $BG_OUT/cN, cleaned up when all end
 [ -f /root/site.env ] && source /root/site.env
 OUT=${OUT:-/tmp/grpo-lab-out}
 LOGS=$OUT/logs
@@ -13,7 +15,8 @@ mkdir -p "$LOGS"
 # vLLM's own start-up log lines (verl sets WARN for its workers unless the launching shell sets the variable)
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 
-cleanup() {  # nothing of one run may hold the GPU for the next
+cleanup() {  # nothing of one run may hold the GPU for the next (not while other chains share the GPU: PAR=1)
+  [ "${PAR:-0}" = 1 ] && return 0
   ray stop --force >/dev/null 2>&1
   pkill -9 -f "vllm|EngineCore|raylet|ray::" >/dev/null 2>&1
   sleep 2
@@ -43,20 +46,44 @@ common_verb() {  # common_verb SCRIPT VERB ARGS...; returns 1 when VERB is not o
       OUT=$BG_OUT setsid nohup bash "$script" chain "$@" > "$BG_OUT/chain.log" 2>&1 < /dev/null &
       echo "started in the background: $* (results under $BG_OUT)"
       ;;
-    collect)  # wait for the chain up to S seconds, then copy to $OUT what was not delivered yet
-      local end=$(( $(date +%s) + ${1:-500} )) f
+    par)  # par 'SPEC' ...: each SPEC's phases in order, the SPECs side by side; one cleanup after the last ends
+      mkdir -p "$BG_OUT"
+      local i=0 spec w vars phases
+      for spec in "$@"; do
+        i=$((i + 1)); vars=(); phases=()
+        for w in $spec; do case "$w" in *=*) vars+=("$w") ;; *) phases+=("$w") ;; esac; done
+        mkdir -p "$BG_OUT/c$i"
+        echo "c$i: $spec" >> "$BG_OUT/par.txt"
+        OUT=$BG_OUT/c$i PAR=1 setsid nohup env "${vars[@]}" bash -c 'for p in "${@:1}"; do bash "$0" "$p";
+          echo "$p finished" >> "$OUT/chain.txt"; done; touch "$OUT/done"' "$script" "${phases[@]}" \
+          > "$BG_OUT/c$i.log" 2>&1 < /dev/null &
+      done
+      # the watcher: when every chain is done, one cleanup, then `done` for collect
+      OUT=$BG_OUT setsid nohup bash -c 'n=$1; while [ "$(ls "$OUT"/c*/done 2>/dev/null | wc -l)" -lt "$n" ]; do sleep 5; done
+        source benchmarks/gpu/session_lib.sh; PAR=0 cleanup; touch "$OUT/done"' _ "$i" > "$BG_OUT/watch.log" 2>&1 < /dev/null &
+      echo "started $i chains side by side (results under $BG_OUT/c1 .. c$i)"
+      ;;
+    collect)  # wait for the chain(s) up to S seconds, then copy to $OUT what was not delivered yet
+      local end=$(( $(date +%s) + ${1:-500} )) f d
       while [ ! -f "$BG_OUT/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
       mkdir -p "$BG_OUT/.delivered"
-      for f in "$BG_OUT"/*.tgz; do
-        [ -f "$f" ] && [ ! -f "$BG_OUT/.delivered/$(basename "$f")" ] && cp "$f" "$OUT/" && touch "$BG_OUT/.delivered/$(basename "$f")"
+      # one chain (bg) keeps its files in $BG_OUT, side-by-side chains (par) in $BG_OUT/cN: delivered as cN_<name>
+      for d in "$BG_OUT" "$BG_OUT"/c[0-9]*/; do
+        d=${d%/}; local tag=""; [ "$d" != "$BG_OUT" ] && tag="$(basename "$d")_"
+        for f in "$d"/*.tgz; do
+          [ -f "$f" ] && [ ! -f "$BG_OUT/.delivered/$tag$(basename "$f")" ] && cp "$f" "$OUT/$tag$(basename "$f")" \
+            && touch "$BG_OUT/.delivered/$tag$(basename "$f")"
+        done
+        # what a phase still running has so far (its metrics, status and summaries), in case the machine goes back first
+        (cd "$d/logs" 2>/dev/null && find . \( -name metrics.jsonl -o -name status.json -o -name 'summary.*' \
+          -o -name plan.json -o -name 'overrides.yaml' \) -print0 | tar czf "$OUT/${tag}partial.tgz" --null -T - 2>/dev/null)
+        for f in times.txt chain.txt versions.txt; do [ -f "$d/$f" ] && cp "$d/$f" "$OUT/$tag$f"; done
+        for f in "$d"/logs/*.log; do [ -f "$f" ] && echo "== $f" && tail -n 3 "$f" | cut -c1-200; done
+        [ -f "$d/times.txt" ] && cat "$d/times.txt"
       done
-      # what a phase still running has so far (its metrics, status and summaries), in case the machine goes back first
-      (cd "$BG_OUT/logs" 2>/dev/null && find . \( -name metrics.jsonl -o -name status.json -o -name 'summary.*' \
-        -o -name plan.json -o -name 'overrides.yaml' \) -print0 | tar czf "$OUT/partial.tgz" --null -T - 2>/dev/null)
-      cp "$BG_OUT"/times.txt "$BG_OUT"/chain.txt "$BG_OUT"/versions.txt "$OUT/" 2>/dev/null
-      tail -c 3000 "$BG_OUT/chain.log" > "$OUT/chain_tail.log" 2>/dev/null
-      for f in "$BG_OUT"/logs/*.log; do [ -f "$f" ] && echo "== $f" && tail -n 3 "$f" | cut -c1-200; done
-      cat "$BG_OUT"/times.txt 2>/dev/null; [ -f "$BG_OUT/done" ] && echo "chain done"
+      for f in "$BG_OUT"/chain.log "$BG_OUT"/c*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$OUT/tail_$(basename "$f")"; done
+      cp "$BG_OUT/par.txt" "$OUT/" 2>/dev/null
+      [ -f "$BG_OUT/done" ] && echo "chain done"
       ;;
     *) return 1 ;;
   esac

@@ -15,7 +15,11 @@
 #                                                    # load_format=safetensors via run.py, =dummy via raw verl: ~5 min
 #   bash benchmarks/gpu/smollm2_session.sh bg PHASE...   # the phases in order in a new process session (setsid);
 #                                                        # they outlive the call; results under $BG_OUT
-#   bash benchmarks/gpu/smollm2_session.sh collect S     # wait up to S s for the bg chain, copy new .tgz files to $OUT
+#   bash benchmarks/gpu/smollm2_session.sh par 'LRS=3e-5 sweep' 'LRS=3e-6 sweep' 'variants lora'
+#                                       # chains side by side on the one H200 (a 135M model leaves it idle most of a
+#                                       # step); with EXTRA=rollout_gpu_mem_util=0.2 each vLLM takes a fifth of it
+#   bash benchmarks/gpu/smollm2_session.sh collect S     # wait up to S s for the bg chain(s), copy new .tgz files to $OUT
+# EXTRA="key=value ..." is added to every run.py command (and the raw verl one).
 # Measured (2026-12-03, benchmarks/gpu/README.md): staging ~4 min, prepare 40 s, start-up ~130 s a job, a step of 64
 # prompts x 8 answers 59 s at first, ~30 s while answers are long, ~21 s once they are short (30 steps: 1153 s).
 # A machine is held at most 30 min: one learning rate at 30 steps per block, variants + lora in another.
@@ -23,7 +27,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/gpu/session_lib.sh
 WHEELS=${WHEELS:-/root/wheels}
-HW=(hardware=h200x1)
+read -ra EXTRA_ARGS <<< "${EXTRA:-}"
+HW=(hardware=h200x1 "${EXTRA_ARGS[@]}")
 # LoRA as conf/model/qwen3_8b_lora.yaml sets it, on the small model
 LORA=(actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32
   actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.rollout.layered_summon=true)
@@ -70,6 +75,6 @@ case "${1:-}" in
       timed lora_dummy 400 bash benchmarks/gpu/raw_verl.sh actor_rollout_ref.rollout.load_format=dummy
     pack lora
     ;;
-  chain|bg|collect) common_verb "$0" "$@" ;;
-  *) sed -n '2,21p' "$0"; exit 2 ;;
+  chain|bg|par|collect) common_verb "$0" "$@" ;;
+  *) sed -n '2,25p' "$0"; exit 2 ;;
 esac
