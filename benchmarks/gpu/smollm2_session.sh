@@ -19,7 +19,7 @@
 #                                       # chains side by side on the one H200 (a 135M model leaves it idle most of a
 #                                       # step); with EXTRA=rollout_gpu_mem_util=0.2 each vLLM takes a fifth of it
 #   bash benchmarks/gpu/smollm2_session.sh collect S     # wait up to S s for the bg chain(s), copy new .tgz files to $OUT
-# EXTRA="key=value ..." is added to every run.py command (and the raw verl one).
+# EXTRA="key=value ..." is added to every run.py command (and the raw verl one); VARIANTS=grpo,dapo: a part of them.
 # Measured (2026-12-03, benchmarks/gpu/README.md): staging ~4 min, prepare 40 s, start-up ~130 s a job, a step of 64
 # prompts x 8 answers 59 s at first, ~30 s while answers are long, ~21 s once they are short (30 steps: 1153 s).
 # A machine is held at most 30 min: one learning rate at 30 steps per block, variants + lora in another.
@@ -58,7 +58,7 @@ case "${1:-}" in
     ;;
   variants)
     # conf/variant/dapo.yaml's overlong ramp is a quarter of max_response_length (64 of the preset's 256)
-    timed variants 1000 python3 run.py -m experiment=smoke_smollm2 "${HW[@]}" variant=grpo,dapo,dr_grpo,gspo \
+    timed variants 1000 python3 run.py -m experiment=smoke_smollm2 "${HW[@]}" variant="${VARIANTS:-grpo,dapo,dr_grpo,gspo}" \
       hydra.sweep.dir="$LOGS/variants"
     pack variants
     ;;
