@@ -440,6 +440,26 @@ def _flashinfer(log: Log, v: Values) -> list[Diagnosis]:
         overrides=[_env_override("VLLM_USE_FLASHINFER_SAMPLER", "0")])]
 
 
+_LORA_NO_SHARD = re.compile(r"offload_to_cpu=True and NO_SHARD is not supported yet")
+
+
+@_signature
+def _lora_no_shard(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_LORA_NO_SHARD)
+    if i is None:
+        return []
+    return [Diagnosis(
+        id="lora_fsdp_no_shard",
+        title="LoRA weight sync failed: FSDP on one GPU (NO_SHARD) cannot summon with offload_to_cpu",
+        evidence=log.evidence(i), line=i + 1, phase="training",
+        remedy=("Seen on the GPU test machine (verl 0.9.1, SmolLM2-135M, one H200): with one GPU torch's FSDP runs "
+                "NO_SHARD, and verl's LoRA sync with rollout.layered_summon=true falls back to "
+                "FSDP.summon_full_params(offload_to_cpu=True), which NO_SHARD does not support; it fails at the first "
+                "weight sync, after start-up. The preflight refuses this (rule lora_layered_summon_one_gpu). Turn "
+                "layered_summon off on one GPU (verl then summons without offload), or use FSDP2."),
+        overrides=["actor_rollout_ref.rollout.layered_summon=false"])]
+
+
 @_signature
 def _raylet(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_RAYLET)
@@ -783,6 +803,11 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
     status = read_json(job_dir / "status.json")
     if status.get("status") in ("failed", "ok") or status.get("ended"):
         idle = None  # the job is over: the log is complete
+    error = status.get("error")
+    if status.get("status") == "failed" and isinstance(error, str) and error.strip():
+        last = error.strip().splitlines()[-1].strip()
+        if last not in text:  # the driver's exception, caught after the log's tee ended (runs before it was appended)
+            text += "\ngrpo-lab: the job raised (status.json):\n" + error + "\n"
     return log_path, diagnose(text, config, idle_s=idle, stale_minutes=stale_minutes,
                               stalls=status.get("status") != "ok")
 

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -56,8 +57,19 @@ def launch_job(cfg: DictConfig) -> str:
         raise SystemExit(2) from None
     except BaseException as e:
         status.write("failed", error=f"{type(e).__name__}: {e}", exit=1)
+        # the exception reaches this process after the tee has ended: put it in the log the doctor reads (a Ray task's
+        # error, e.g. verl's weight sync raising, was otherwise only on the console and in status.json)
+        _append(job_dir / "train.log", "grpo-lab: the job raised:\n" + traceback.format_exc())
         _diagnose(job_dir / "train.log")
         raise
+
+
+def _append(path: Path, text: str) -> None:
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    except OSError:
+        pass  # a log that cannot be written must not hide the job's own error
 
 
 def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) -> str:

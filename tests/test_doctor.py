@@ -57,6 +57,26 @@ def test_recorded_flashinfer_start_failure():
     assert "torchtitan" not in d.evidence
 
 
+LORA_JOB = (Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "results" / "2026-12-03-smollm2-variants-lora"
+            / "lora" / "lora_safetensors")
+
+
+def test_recorded_lora_one_gpu_failure_read_from_status_json(tmp_path):
+    """RECORDED job folder (GPU test machine, 2026-12-03): LoRA + layered_summon on one H200 failed at the first weight
+    sync. Its train.log ends before the error (the driver caught it after the tee ended); status.json holds it."""
+    assert "not supported yet" not in (LORA_JOB / "train.log").read_text()
+    _, ds = doctor.diagnose_path(LORA_JOB)
+    assert [d.id for d in ds] == ["lora_fsdp_no_shard"]
+    assert ds[0].overrides == ["actor_rollout_ref.rollout.layered_summon=false"]
+    assert "offload_to_cpu=True and NO_SHARD is not supported yet" in ds[0].evidence
+    # without status.json's error the same log reads as a silent stop: the fallback is what finds it
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.log").write_text((LORA_JOB / "train.log").read_text())
+    (job / "status.json").write_text(json.dumps({"status": "failed", "error": None}))
+    assert [d.id for d in doctor.diagnose_path(job)[1]] == ["stopped_without_error"]
+
+
 def test_recorded_good_run_has_no_finding():
     # it ends with "DataLoader worker ... is killed by signal: Killed" after the run finished: harmless
     assert doctor.diagnose(synth.RECORDED_3STEPS_LOG.read_text()) == []

@@ -184,3 +184,27 @@ def test_preflight_only_prints_the_command_that_starts_it(tmp_path):
     nxt = [l for l in proc.stdout.splitlines() if l.startswith("next: ")]
     assert nxt and nxt[0].startswith("next: python run.py experiment=smoke_tiny hardware=h200x1 hydra.run.dir=")
     assert "preflight.only" not in nxt[0]
+
+
+def test_a_failed_jobs_exception_goes_into_its_log(monkeypatch, tmp_path):
+    """An exception from verl (a Ray task's error) reaches launch_job after the log's tee has ended: it is appended to
+    train.log, so the doctor (and anyone reading the log) sees it."""
+    from types import SimpleNamespace
+
+    from hydra.types import RunMode
+
+    from grpo_lab import launch
+
+    hc = SimpleNamespace(runtime=SimpleNamespace(output_dir=str(tmp_path)), mode=RunMode.RUN,
+                         job=SimpleNamespace(override_dirname=""))
+    monkeypatch.setattr(launch.HydraConfig, "get", staticmethod(lambda: hc))
+
+    def boom(*a, **k):
+        raise NotImplementedError("offload_to_cpu=True and NO_SHARD is not supported yet")
+
+    monkeypatch.setattr(launch, "_run", boom)
+    with pytest.raises(NotImplementedError):
+        launch.launch_job(None)
+    log = (tmp_path / "train.log").read_text()
+    assert "grpo-lab: the job raised:" in log and "NotImplementedError: offload_to_cpu=True" in log
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "failed"

@@ -236,3 +236,39 @@ def test_memory_training_oom_fix_is_rechecked():
     r = check(verl, lab)
     p = only(r.errors, "memory_training")
     assert p.fix and p.checked.startswith("re-checked: the preflight passes")
+
+
+# ---- lora_layered_summon_one_gpu -------------------------------------------------------------------------------------
+# seen on the GPU test machine (benchmarks/gpu/results/2026-12-03-smollm2-variants-lora/lora/): LoRA + layered_summon
+# on one GPU with FSDP1 failed at the first weight sync, with either load format
+
+LORA_ONE_GPU = ("experiment=smoke_smollm2", "hardware=h200x1", "actor_rollout_ref.model.lora_rank=64",
+                "actor_rollout_ref.model.lora_alpha=32", "actor_rollout_ref.model.target_modules=all-linear",
+                "actor_rollout_ref.rollout.layered_summon=true", "actor_rollout_ref.rollout.load_format=safetensors")
+
+
+def test_lora_layered_summon_on_one_gpu_is_refused_with_a_fix_that_passes():
+    r = check(*composed(*LORA_ONE_GPU))
+    p = only(r.errors, "lora_layered_summon_one_gpu")
+    assert "NO_SHARD" in p.message and "lora_rank=64" in p.message
+    assert p.fix == "actor_rollout_ref.rollout.layered_summon=false"
+    assert "passes" in p.checked
+    assert "lora_layered_summon_one_gpu" not in rules(check(*composed(*LORA_ONE_GPU[:-2],
+                                                                     "actor_rollout_ref.rollout.layered_summon=false",
+                                                                     LORA_ONE_GPU[-1])).errors)
+
+
+@pytest.mark.parametrize("other", ["hardware=rtx4080x4", "actor_rollout_ref.actor.strategy=fsdp2",
+                                   "actor_rollout_ref.model.lora_rank=0"])
+def test_lora_layered_summon_is_fine_sharded_on_fsdp2_or_without_lora(other):
+    r = check(*composed(*LORA_ONE_GPU, other))
+    assert "lora_layered_summon_one_gpu" not in rules(r.errors + r.warnings)
+
+
+def test_lora_layered_summon_one_gpu_through_run_py(tmp_path):
+    from conftest import run_py
+
+    proc = run_py(*LORA_ONE_GPU, "preflight.only=true", f"hydra.run.dir={tmp_path / 'job'}")
+    out = proc.stdout + proc.stderr
+    assert "lora_layered_summon_one_gpu" in out and "actor_rollout_ref.rollout.layered_summon=false" in out
+    assert "nothing was started" in out

@@ -195,6 +195,24 @@ def lora_load_format(c: Ctx) -> Iterable[Problem]:
                     f"{load_format!r} vLLM starts without them", "actor_rollout_ref.rollout.load_format=safetensors")
 
 
+@rule("lora_layered_summon_one_gpu")
+def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
+    lora = as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
+    if lora <= 0 or not c.get(A + "rollout.layered_summon", False):
+        return
+    # verl's FSDP actor config copies actor.strategy into its engine config (workers/config/actor.py)
+    strategy = str(c.get(A + "actor.strategy", "fsdp"))
+    world = (as_int(c.get("trainer.n_gpus_per_node", 1)) or 1) * (as_int(c.get("trainer.nnodes", 1)) or 1)
+    if strategy == "fsdp" and world == 1:
+        # seen on the GPU test machine (benchmarks/gpu/README.md, 2026-12-03): both load formats failed at the first
+        # weight sync with "NotImplementedError: offload_to_cpu=True and NO_SHARD is not supported yet"
+        yield error(f"LoRA (lora_rank={lora}) with actor_rollout_ref.rollout.layered_summon=true on {world} GPU with "
+                    f"FSDP1 (strategy {strategy!r}): torch's FSDP runs NO_SHARD on one GPU, and verl 0.9.1's LoRA "
+                    f"sync falls back to summon_full_params(offload_to_cpu=True), which NO_SHARD refuses; the job "
+                    f"fails at the first weight sync, after start-up (seen on the GPU test machine)",
+                    A + "rollout.layered_summon=false")
+
+
 @rule("dapo_filter_metric")
 def dapo_filter_metric(c: Ctx) -> Iterable[Problem]:
     fg = c.get("algorithm.filter_groups", {}) or {}
