@@ -62,7 +62,9 @@ def parse_expression(expr):
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        if isinstance(node, ast.BinOp):
+            if type(node.op) not in _OPS:
+                raise Malformed(f"{type(node.op).__name__} is not allowed (only + - * /)")
             stack += [node.left, node.right]
         elif isinstance(node, ast.Constant) and type(node.value) is int:  # not bool, float, str
             numbers.append(node.value)
