@@ -6,8 +6,8 @@ its own reward (grpo_lab/rewards/countdown.py), for SmolLM2-135M-Instruct or any
 
 Each problem is made from a random expression over 3 or 4 numbers from 1..99 (each step's value a whole number from
 1 to 999: divisions exact, none by 1; the target is never one of the numbers), so a solution always exists: the
-target is the expression's value, and the numbers are listed shuffled. The prompt (user message; the chat template adds the rest) asks for the expression in
-<answer></answer> tags, after one worked example:
+target is the expression's value, and the numbers are listed shuffled. The prompt (user message; the chat template
+adds the rest) asks for the expression in <answer></answer> tags, after one worked example:
 
     Use the numbers to make the target with +, -, * and /; use each number at most once. ... Example:
     Numbers: 2, 7, 5. Target: 19.
