@@ -360,7 +360,8 @@ class RayNodes:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[list[dict[str, Any]]]:
-        """The head: start Ray, wait for every node, run the body (verl), and stop Ray however the body ends."""
+        """The head: start Ray, wait for every node, run the body (verl), and stop Ray however they end (not when
+        Ray did not start: what holds the port may be another job's Ray on this node)."""
         self.start_head()
         try:
             yield self.wait_for_nodes()
