@@ -223,7 +223,10 @@ def allocation(environ: Mapping[str, str]) -> Allocation | None:
     hosts = expand_nodelist(nodelist)
     if len(hosts) != nnodes:
         raise ClusterError(f"SLURM_JOB_NODELIST={nodelist!r} names {len(hosts)} host(s) but SLURM_NNODES={nnodes}")
-    return Allocation(job_id=environ.get("SLURM_JOB_ID", "?"), rank=int(environ["SLURM_PROCID"]),
+    # the job as submitit names its folder: <array job>_<index> for a sweep's array task, else the job id
+    array = (environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID"))
+    job_id = "_".join(array) if all(array) else environ.get("SLURM_JOB_ID", "?")
+    return Allocation(job_id=job_id, rank=int(environ["SLURM_PROCID"]),
                       ntasks=int(environ.get("SLURM_NTASKS") or nnodes), hosts=tuple(hosts),
                       node=environ.get("SLURMD_NODENAME", ""))
 
@@ -236,9 +239,14 @@ Runner = Callable[..., "tuple[int, str]"]
 
 
 def run_command(cmd: Sequence[str], capture: bool = False) -> tuple[int, str]:
-    """Run cmd; (exit code, its stdout+stderr when capture, else '' with the output going to this task's log)."""
+    """Run cmd; (exit code, its stdout+stderr when capture, else '' with the output going to this task's log). A
+    captured command (ray start --head, the node query) that has not returned after 5 minutes counts as failed."""
     if capture:
-        p = subprocess.run(list(cmd), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            p = subprocess.run(list(cmd), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            return 124, out + f"\n(no answer after {e.timeout:g} s)"
         return p.returncode, p.stdout
     return subprocess.run(list(cmd)).returncode, ""
 

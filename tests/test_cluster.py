@@ -361,3 +361,14 @@ def test_run_py_worker_ends_when_the_heads_job_has_ended(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "worker2: the job on localhost ended before its Ray started" in p.stdout
     assert "ray start" not in p.stdout
+
+
+def test_a_sweeps_array_task_is_named_as_submitit_names_its_folder():
+    env = {**_env(), "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "1"}
+    assert slurm.allocation(env).job_id == "4240_1" and slurm.allocation(_env()).job_id == "4242"
+
+
+def test_the_real_runner_reports_exit_code_and_output():
+    import sys
+
+    assert slurm.run_command([sys.executable, "-c", "print('up'); raise SystemExit(3)"], capture=True) == (3, "up\n")
