@@ -25,8 +25,10 @@ from grpo_lab.verl_cache import tree_if_needed
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> str:
     from grpo_lab.launch import launch_job
+    from grpo_lab.slurm import serve_ray_worker
 
-    return launch_job(cfg)
+    # a SLURM job of several nodes runs this on each node: all but the first are Ray worker nodes (grpo_lab/slurm.py)
+    return serve_ray_worker(cfg) or launch_job(cfg)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,12 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
         # each sweep job its own checkpoints, so that none resumes from a sibling's
         ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(override_dirname))
         put(verl, "trainer.default_local_dir", ckpt)
+    # --- SLURM hook (grpo_lab/slurm.py): the first node of a SLURM job of several nodes starts a Ray cluster across
+    # them (below, around verl) and the job joins it by address; None everywhere else
+    from grpo_lab.slurm import cluster_for_job
+
+    cluster = cluster_for_job(verl, lab)
+    # --- end of SLURM hook
     # --- fit hook (make fit; grpo_lab/fit.py): search settings that fit every phase, print one command, never launch
     if lab["preflight"].get("fit") or lab["preflight"].get("fit_write"):
         from grpo_lab.fit import fit_job
@@ -131,7 +137,8 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
         if not multirun:
             print(f"next: {next_command()}")
         return "planned"
-    run_verl(verl)
+    with cluster.running() if cluster else contextlib.nullcontext():  # SLURM hook: Ray on every node, then verl
+        run_verl(verl)
     return "trained"
 
 

@@ -70,7 +70,7 @@ def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
     """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
     where = joins_cluster(c)
     num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
-    if where and num_cpus is not None:
+    if where and num_cpus is not None and not c.lab.get("ray_cluster"):  # a cluster of ours: its ray start gets it
         yield error(f"ray.init connects to an existing Ray cluster ({where}) and ray_kwargs.ray_init.num_cpus="
                     f"{num_cpus} is set (the hardware file sets it for a Ray started here): Ray raises 'When "
                     f"connecting to an existing cluster, num_cpus and num_gpus must not be provided'. The cluster's "
@@ -93,7 +93,8 @@ def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
 def ray_cpus(c: Ctx) -> Iterable[Problem]:
     """Per node: each node's GPU workers (3 CPUs per GPU) fit its CPUs, and the job's once-per-job actors fit the
     cluster. Ray's CPUs: ray_init.num_cpus, else the node's cores (this machine's when launching, else
-    lab.hardware.cpu_cores). Not checked when joining an existing cluster (its nodes declare their CPUs)."""
+    lab.hardware.cpu_cores). Not checked when joining a cluster someone else started (its nodes declare their CPUs);
+    checked against each node's `ray start --num-cpus` when grpo-lab starts it (a SLURM job of several nodes)."""
     b = c.batch
     per_node, nnodes = max(0, b["n_gpus_per_node"]), b["nnodes"]
     v1 = bool(c.get("trainer.use_v1", True))
@@ -105,11 +106,15 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
         facts.CPUS_PER_GPU * per_node + math.ceil(once / nnodes)
     where = joins_cluster(c)
     num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
-    if where:
+    started = c.lab.get("ray_cluster") or {}  # a cluster grpo-lab starts itself (a SLURM job of several nodes)
+    if where and not started.get("num_cpus_per_node"):
         b["ray_cpus"] = {"needed": need_node, "available": None, "source": f"the cluster's nodes ({where})",
                          "use_v1": v1, "per_node": nnodes > 1}
         return
-    if num_cpus is not None:
+    if where:  # the job nulls num_cpus to join; set (by a fix), it is what each node's ray start would get
+        have = as_int(num_cpus if num_cpus is not None else started["num_cpus_per_node"])
+        source = f"`ray start --num-cpus={have}` on each node of {started.get('source')}"
+    elif num_cpus is not None:
         have, source = as_int(num_cpus), f"ray_kwargs.ray_init.num_cpus={num_cpus}"
     elif c.launching:
         have, source = facts.machine_cpus(), "this node's CPUs (ray_kwargs.ray_init.num_cpus is null)"

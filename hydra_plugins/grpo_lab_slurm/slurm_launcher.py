@@ -26,7 +26,10 @@ if _SubmititSlurmLauncher is not None:
             return sbatch_preview(self.params, n_jobs)
 
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+            from omegaconf import OmegaConf
+
             from grpo_lab.slurm import check_before_submit
 
-            check_before_submit(self.params, job_overrides)
+            nnodes = OmegaConf.select(self.config, "trainer.nnodes", default=None) if self.config is not None else None
+            check_before_submit(self.params, job_overrides, None if nnodes is None else int(nnodes))
             return super().launch(job_overrides, initial_job_idx)
