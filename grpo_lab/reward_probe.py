@@ -82,7 +82,7 @@ def first_train_file(train_files: Any) -> str | None:
 
 
 def probe(path: str, name: str, reward_kwargs: Mapping[str, Any] | None, train_files: Any = None,
-          timeout: float = TIMEOUT_S) -> dict[str, Any]:
+          timeout: float | None = None) -> dict[str, Any]:
     """Run the child on this reward function; the result dict (cached per file version, function, kwargs and row)."""
     f = file_of(path)
     train = first_train_file(train_files)
@@ -91,7 +91,7 @@ def probe(path: str, name: str, reward_kwargs: Mapping[str, Any] | None, train_f
     key = (path, stamp(f), name, json.dumps(kwargs, sort_keys=True, default=str), stamp(train))
     if key not in _CACHE:
         _CACHE[key] = _run_child({"path": path, "file": f, "name": name, "reward_kwargs": kwargs, "train_file": train},
-                                 timeout)
+                                 TIMEOUT_S if timeout is None else timeout)
     return _CACHE[key]
 
 
@@ -209,6 +209,14 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     if fn is None or not callable(fn):
         return {"stage": "name", "found": None if fn is None else type(fn).__name__, "callables": defined}
     row, row_from = _first_row(spec.get("train_file"))
+    # the keyword arguments verl passes that the function does not take (none when it has **kwargs)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_any = not params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+    sent = ["data_source", "solution_str", "ground_truth", "extra_info", *spec["reward_kwargs"]]
+    unaccepted = [] if takes_any else [k for k in sent if k not in params or params[k].kind == params[k].POSITIONAL_ONLY]
     gt = row["reward_model"]["ground_truth"]
     calls = []
     for answer in answers(gt):
@@ -220,7 +228,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             result = asyncio.run(fn(**kwargs)) if inspect.iscoroutinefunction(fn) else fn(**kwargs)
         except BaseException as e:  # noqa: BLE001
             return {"stage": "call", "answer": answer, "row_from": row_from, "data_source": _jsonable(row["data_source"]),
-                    "ground_truth": _jsonable(gt), **_where(e, file)}
+                    "ground_truth": _jsonable(gt), "unaccepted": unaccepted, **_where(e, file)}
         score = result.get("score") if isinstance(result, dict) else result
         calls.append({"answer": answer, "result": _jsonable(result) if isinstance(result, dict) else repr(result)[:300],
                       "type": type(result).__name__, "is_dict": isinstance(result, dict),

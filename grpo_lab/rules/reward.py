@@ -21,6 +21,7 @@ import os
 from typing import Any, Iterable, Mapping
 
 from grpo_lab import reward_probe
+from grpo_lab.config import get as _get
 from grpo_lab.rules import ALT, Ctx, Problem, error, rule, warn
 
 KEY = "reward.custom_reward_function"
@@ -81,10 +82,13 @@ def reward_fn_file(c: Ctx) -> Iterable[Problem]:
         near = _close_files(f)
         hint = f" Files with a close name there: {', '.join(near)}." if near else ""
         what = "is a folder, not a file" if os.path.isdir(f) else "does not exist"
+        # back to verl's scorer: the preset, when another one set the path; `path=null` also when the path was
+        # typed on the command line (it wins over any preset)
+        back = ([BACK] if _get(c.lab, "reward_fn") not in (None, "verl_default") else []) + [f"{KEY}.path=null"]
         yield error(f"the reward file {shown} {what}: verl's reward workers would fail with 'Custom module file not "
                     f"found' after Ray and the model have started.{hint} Point {KEY}.path at your file "
                     f"(python run.py {KEY}.path=/abs/path/to/reward.py), or go back to verl's own scorer by "
-                    f"data_source ({BACK})", ALT.join([f"{KEY}.path={p}" for p in near] + [BACK]))
+                    f"data_source ({' or '.join(back)})", ALT.join([f"{KEY}.path={p}" for p in near] + back))
         return
     r = _probe(c)
     if r is None:
@@ -131,13 +135,19 @@ def reward_fn_result(c: Ctx) -> Iterable[Problem]:
     call = (f"{name}(data_source=..., solution_str=..., ground_truth=..., extra_info=..."
             + "".join(f", {k}=..." for k in kwargs) + ")")
     if r["stage"] == "call":
-        hint = ""
-        if r.get("type") == "TypeError" and "argument" in str(r.get("message")):
-            hint = (f" verl calls it with keyword arguments only: {call} (the last from {KEY}.reward_kwargs); give "
-                    f"the function those parameters, or **kwargs.")
+        hint, fix = "", ""
+        unaccepted = [k for k in r.get("unaccepted") or [] if k in kwargs]
+        if r.get("type") == "TypeError" and ("argument" in str(r.get("message")) or r.get("unaccepted")):
+            hint = (f" verl calls it with keyword arguments only: {call}"
+                    + (f" (from {KEY}.reward_kwargs: {', '.join(kwargs)})" if kwargs else "")
+                    + "; give the function those parameters, or **kwargs"
+                    + (f", or drop the reward_kwargs it does not take ({', '.join(unaccepted)}: a reward_fn preset's "
+                       f"amounts stay when only the path is changed)" if unaccepted else "") + ".")
+            if unaccepted and len(unaccepted) == len(r.get("unaccepted") or []):  # all of them reward_kwargs
+                fix = " ".join(f"~{KEY}.reward_kwargs.{k}" for k in unaccepted)
         yield error(f"the reward function {where}:{name} raised {r.get('type')}: {r.get('message')}{_at(r)}, called "
                     f"as verl will call it with the answer {_fmt(r.get('answer'))} on {sample}.{hint} Fix the "
-                    f"function: in verl this fails the first step that meets such an answer", "")
+                    f"function: in verl this fails the first step that meets such an answer", fix)
         return
     calls = r.get("calls") or []
     for call_ in calls:
