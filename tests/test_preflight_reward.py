@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, composed, run_py
-from grpo_lab import reward_probe
+from grpo_lab import doctor, reward_probe
 from grpo_lab.preflight import run_preflight
 
 KEY = "reward.custom_reward_function"
@@ -289,3 +289,21 @@ def test_other_results_that_are_no_number(tmp_path, body, says):
     f = write(tmp_path, f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    {body}\n")
     (p,) = check(tmp_path, f)
     assert p.rule == "reward_fn_result" and p.level == "error" and says in p.message and str(f) in p.message
+
+
+# ---- the doctor, on SYNTHETIC logs around verl 0.9.1's own texts (tests/fixtures/README.md) ------------------------
+
+SYN = ROOT / "tests" / "fixtures" / "synthetic"
+
+
+def test_doctor_reward_file_failed_to_load():
+    (d,) = doctor.diagnose((SYN / "reward_fn_import_error.log").read_text())
+    assert d.id == "reward_fn_load" and "Error loading module from module_path='/home/me/my_reward.py'" in d.evidence
+    assert "ModuleNotFoundError: No module named 'my_grader', at /home/me/my_reward.py:3" in d.title
+    assert d.overrides == [] and "python run.py ... preflight.only=true" in d.remedy
+
+
+def test_doctor_reward_function_raised_while_scoring():
+    (d,) = doctor.diagnose((SYN / "reward_fn_raised_in_scoring.log").read_text())
+    assert d.id == "reward_fn_raised" and d.evidence == "IndexError: list index out of range"
+    assert "(/home/me/my_reward.py:2 in compute_score)" in d.title and "preflight.only=true" in d.remedy
