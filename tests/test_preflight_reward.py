@@ -84,6 +84,21 @@ def test_missing_file(tmp_path, train):
     assert good.returncode == 0, good.stdout + good.stderr
 
 
+def test_preset_launched_from_another_directory(tmp_path):
+    """strict_format's path is ${hydra:runtime.cwd}/grpo_lab/rewards/...: from elsewhere it points at nothing; the
+    fix is the repository's file (re-checked), and typed back it passes."""
+    out = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", f"hydra.run.dir={tmp_path / 'a'}",
+                 cwd=tmp_path)
+    plan = json.loads((tmp_path / "a" / "plan.json").read_text())
+    e = assert_refused(out, out.stdout + out.stderr, plan, tmp_path / "a", "reward_fn_file")
+    shipped = ROOT / "grpo_lab" / "rewards" / "strict_format.py"
+    assert f"the reward file {tmp_path}/grpo_lab/rewards/strict_format.py does not exist" in e["message"]
+    assert e["fix"].split("  or  ")[0] == f"{KEY}.path={shipped}" and f"run from {ROOT}" in e["message"]
+    good = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", f"{KEY}.path={shipped}",
+                  f"hydra.run.dir={tmp_path / 'b'}", cwd=tmp_path)
+    assert good.returncode == 0, good.stdout + good.stderr
+
+
 def test_file_that_raises_at_import(tmp_path, train):
     f = write(tmp_path, """\
         import re

@@ -58,6 +58,19 @@ def _at(r: Mapping[str, Any]) -> str:
     return out
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _in_repo(f: str) -> list[str]:
+    """The same file under the repository, when the path was made from the launch directory (the presets' paths are
+    ${hydra:runtime.cwd}/grpo_lab/rewards/...: launched from elsewhere, they point at nothing)."""
+    cwd = os.getcwd()
+    if not f.startswith(cwd + os.sep) or cwd == ROOT:
+        return []
+    there = os.path.join(ROOT, os.path.relpath(f, cwd))
+    return [there] if os.path.isfile(there) else []
+
+
 def _close_files(f: str) -> list[str]:
     folder, base = os.path.split(f)
     if not os.path.isdir(folder):
@@ -79,8 +92,11 @@ def reward_fn_file(c: Ctx) -> Iterable[Problem]:
     f = reward_probe.file_of(path)
     if f is not None and not os.path.isfile(f):
         shown = path if path == f else f"{path} (from here: {f})"
-        near = _close_files(f)
+        repo, near = _in_repo(f), _close_files(f)
         hint = f" Files with a close name there: {', '.join(near)}." if near else ""
+        if repo:
+            hint = (f" The path was made from the launch directory ({os.getcwd()}): the file is in the repository "
+                    f"({repo[0]}); run from {ROOT}, or give the path.") + hint
         what = "is a folder, not a file" if os.path.isdir(f) else "does not exist"
         # back to verl's scorer: the preset, when another one set the path; `path=null` also when the path was
         # typed on the command line (it wins over any preset)
@@ -88,7 +104,7 @@ def reward_fn_file(c: Ctx) -> Iterable[Problem]:
         yield error(f"the reward file {shown} {what}: verl's reward workers would fail with 'Custom module file not "
                     f"found' after Ray and the model have started.{hint} Point {KEY}.path at your file "
                     f"(python run.py {KEY}.path=/abs/path/to/reward.py), or go back to verl's own scorer by "
-                    f"data_source ({' or '.join(back)})", ALT.join([f"{KEY}.path={p}" for p in near] + back))
+                    f"data_source ({' or '.join(back)})", ALT.join([f"{KEY}.path={p}" for p in repo + near] + back))
         return
     r = _probe(c)
     if r is None:
