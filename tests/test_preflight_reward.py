@@ -322,3 +322,12 @@ def test_doctor_reward_function_raised_while_scoring():
     (d,) = doctor.diagnose((SYN / "reward_fn_raised_in_scoring.log").read_text())
     assert d.id == "reward_fn_raised" and d.evidence == "IndexError: list index out of range"
     assert "(/home/me/my_reward.py:2 in compute_score)" in d.title and "preflight.only=true" in d.remedy
+
+
+def test_nested_reward_kwargs_reach_the_function_as_verl_sends_them(tmp_path):
+    f = write(tmp_path, """\
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None, weights=None, names=None):
+            assert weights == {"right": 1.0, "format": 0.5} and names == ["a", "b"], (weights, names)
+            return weights["right"] if solution_str == ground_truth else 0.0
+        """)
+    assert check(tmp_path, f, kwargs={"weights": {"right": 1.0, "format": 0.5}, "names": ["a", "b"]}) == []
