@@ -216,7 +216,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         params = {}
     takes_any = not params or any(p.kind == p.VAR_KEYWORD for p in params.values())
     sent = ["data_source", "solution_str", "ground_truth", "extra_info", *spec["reward_kwargs"]]
-    unaccepted = [] if takes_any else [k for k in sent if k not in params or params[k].kind == params[k].POSITIONAL_ONLY]
+    unaccepted = [] if takes_any else [k for k in sent
+                                       if k not in params or params[k].kind == params[k].POSITIONAL_ONLY]
     gt = row["reward_model"]["ground_truth"]
     calls = []
     for answer in answers(gt):
@@ -227,8 +228,9 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         try:
             result = asyncio.run(fn(**kwargs)) if inspect.iscoroutinefunction(fn) else fn(**kwargs)
         except BaseException as e:  # noqa: BLE001
-            return {"stage": "call", "answer": answer, "row_from": row_from, "data_source": _jsonable(row["data_source"]),
-                    "ground_truth": _jsonable(gt), "unaccepted": unaccepted, **_where(e, file)}
+            return {"stage": "call", "answer": answer, "row_from": row_from,
+                    "data_source": _jsonable(row["data_source"]), "ground_truth": _jsonable(gt),
+                    "unaccepted": unaccepted, **_where(e, file)}
         score = result.get("score") if isinstance(result, dict) else result
         calls.append({"answer": answer, "result": _jsonable(result) if isinstance(result, dict) else repr(result)[:300],
                       "type": type(result).__name__, "is_dict": isinstance(result, dict),

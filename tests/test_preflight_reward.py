@@ -27,7 +27,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
 """
 
 
-ANY = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float(solution_str == ground_truth)\n"
+ANY = ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+       "    return float(solution_str == ground_truth)\n")
 
 
 def write(tmp_path, text, name="my_reward.py"):
@@ -41,7 +42,8 @@ def train(tmp_path_factory):
     """A training parquet in verl's row format, with a data_source of its own; the first row: 3 + 4, index 4."""
     f = tmp_path_factory.mktemp("data") / "train.parquet"
     rows = [{"data_source": "my_source", "prompt": [{"role": "user", "content": f"3 + {i} = ?"}], "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": str(3 + i)}, "extra_info": {"split": "train", "index": i}}
+             "reward_model": {"style": "rule", "ground_truth": str(3 + i)},
+             "extra_info": {"split": "train", "index": i}}
             for i in range(4, 4 + 256)]  # two train batches of the default 128
     pq.write_table(pa.Table.from_pylist(rows), f)
     return f
@@ -79,7 +81,8 @@ def test_missing_file(tmp_path, train):
     assert e["checked"] == "re-checked: the preflight passes this rule with it"
     assert f"{KEY}.path=/abs/path/to/reward.py" in e["message"]
     good = run_py("preflight.only=true", f"{KEY}.path={typo}", f"train_file={train}",
-                  f"test_file={train}", f"hydra.run.dir={tmp_path / 'fixed'}", *shlex.split(e["fix"].split("  or  ")[0]),
+                  f"test_file={train}", f"hydra.run.dir={tmp_path / 'fixed'}",
+                  *shlex.split(e["fix"].split("  or  ")[0]),
                   "+reward.custom_reward_function.reward_kwargs.bonus=0.5")
     assert good.returncode == 0, good.stdout + good.stderr
 
@@ -87,8 +90,8 @@ def test_missing_file(tmp_path, train):
 def test_preset_launched_from_another_directory(tmp_path):
     """strict_format's path is ${hydra:runtime.cwd}/grpo_lab/rewards/...: from elsewhere it points at nothing; the
     fix is the repository's file (re-checked), and typed back it passes."""
-    out = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", f"hydra.run.dir={tmp_path / 'a'}",
-                 cwd=tmp_path)
+    out = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1",
+                 f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
     e = assert_refused(out, out.stdout + out.stderr, plan, tmp_path / "a", "reward_fn_file")
     shipped = ROOT / "grpo_lab" / "rewards" / "strict_format.py"
@@ -331,3 +334,11 @@ def test_nested_reward_kwargs_reach_the_function_as_verl_sends_them(tmp_path):
             return weights["right"] if solution_str == ground_truth else 0.0
         """)
     assert check(tmp_path, f, kwargs={"weights": {"right": 1.0, "format": 0.5}, "names": ["a", "b"]}) == []
+
+
+def test_name_that_is_not_a_function(tmp_path):
+    f = write(tmp_path, "compute_score = 1.0\n\ndef grade(data_source, solution_str, ground_truth, extra_info=None):\n"
+                        "    return 1.0\n")
+    (p,) = check(tmp_path, f)
+    assert p.rule == "reward_fn_file" and "`compute_score` is a float, not a function" in p.message
+    assert "it defines: grade" in p.message and "not callable" in p.message

@@ -130,8 +130,10 @@ def reward_fn_file(c: Ctx) -> Iterable[Problem]:
         what = f"is a {r['found']}, not a function" if r.get("found") else "is not defined"
         close = difflib.get_close_matches(name, found, n=1, cutoff=0.5)
         fixes = [f"{KEY}.name={n}" for n in close]
+        fails = ("fail when they call it (TypeError: not callable)" if r.get("found") else
+                 "fail with 'Object not found in module'")
         yield error(f"{KEY}.name={name}: `{name}` {what} in the reward file {where} ({have}); verl's reward workers "
-                    f"would fail with 'Object not found in module'. Name the function verl calls "
+                    f"would {fails}, after Ray and the model have started. Name the function verl calls "
                     f"(python run.py {KEY}.name=<function>) or define `{name}` in the file", ALT.join(fixes))
     elif stage == "timeout":
         yield warn(f"the reward file {where}: importing it and calling `{name}` on 4 sample answers did not finish "
