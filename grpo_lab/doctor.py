@@ -591,6 +591,66 @@ def _hydra_missing_key(log: Log, v: Values) -> list[Diagnosis]:
                       overrides=[key])]
 
 
+# verl 0.9.1 loading reward.custom_reward_function.path in its reward-loop workers (verl/utils/import_utils.py:
+# load_module, load_extern_object), and a reward manager's call of the function (reward_manager/<name>.py, run_single)
+_REWARD_LOAD = re.compile(r"Custom module file not found: module_path=|Error loading module from module_path=|"
+                          r"Object not found in module: object_name=")
+_REWARD_CALL = re.compile(r'reward_loop/reward_manager/\w+\.py", line \d+, in (?:<lambda>|run_single)')
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+_EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)")
+
+
+@_signature
+def _reward_fn(log: Log, v: Values) -> list[Diagnosis]:
+    """The custom reward file failed in verl's reward worker: at import (the worker's start) or when scoring."""
+    i = log.first(_REWARD_LOAD)
+    remedy_tail = ("The preflight imports the file and calls the function the way verl does, before Ray: run the "
+                   "same command with preflight.only=true added (python run.py ... preflight.only=true) to see the "
+                   "file, the line and what to change.")
+    if i is not None:
+        m = re.search(r"module_path='([^']+)'", log.clean[i])
+        path = m.group(1) if m else "the reward file"
+        # the import's own error comes first in the log (Python prints the chained cause above verl's RuntimeError)
+        window = range(max(0, i - 60), i)
+        cause = next((log.evidence(j) for j in reversed(window) if _EXC_LINE.search(log.clean[j].strip())
+                      and not log.clean[j].strip().startswith("ray.")), "")
+        at = next((f"{fm.group(1)}:{fm.group(2)}" for j in reversed(window) if (fm := _FRAME.match(log.clean[j]))
+                   and m and fm.group(1) == m.group(1)), "")
+        cause = f"{cause}, at {at}" if cause and at else cause
+        what = ("does not exist" if "not found: module_path" in log.clean[i] else
+                "does not define the function reward.custom_reward_function.name" if "Object not found" in log.clean[i]
+                else "raised when imported" + (f" ({cause})" if cause else ""))
+        return [Diagnosis(
+            id="reward_fn_load", title=f"verl's reward worker could not load the custom reward file: {path} {what}",
+            evidence=log.evidence(i), line=i + 1,
+            remedy=(f"verl imports reward.custom_reward_function.path ({path}) in its reward-loop workers, after Ray "
+                    f"and the model have started. {remedy_tail}"),
+            overrides=[])]
+    i = log.first(_REWARD_CALL)
+    if i is None:
+        return []
+    user, exc = None, None
+    for j in range(i + 1, min(len(log.clean), i + 80)):
+        line = log.clean[j].strip()
+        fm = _FRAME.match(log.clean[j])
+        if fm and user is None and not re.search(r"/(?:verl|ray|site-packages|asyncio|concurrent)/|/python3\.\d+/",
+                                                 fm.group(1)):
+            user = f"{fm.group(1)}:{fm.group(2)} in {fm.group(3)}"
+        elif _EXC_LINE.search(line) and not fm:
+            exc = (j, line)
+            break
+    if exc is None:
+        return []
+    return [Diagnosis(
+        id="reward_fn_raised",
+        title="The custom reward function raised while scoring answers" + (f" ({user})" if user else ""),
+        evidence=log.evidence(exc[0]), line=exc[0] + 1,
+        remedy=("verl's reward manager called reward.custom_reward_function.name on an answer and it raised; verl "
+                "does not catch it, so the step fails. Make the function return a number (or a dict with a numeric "
+                f"'score') for every answer, also an empty or badly formatted one. {remedy_tail}"),
+        overrides=[])]
+
+
 @_signature
 def _host_oom(log: Log, v: Values) -> list[Diagnosis]:
     end = log.first(_END_MARKERS)

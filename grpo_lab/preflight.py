@@ -13,7 +13,8 @@ error, `fix all` is the set of overrides that clears them together, re-checked.
 
 Fast on purpose (the whole `python run.py <bad config>` must refuse within ~2 s): this module imports neither verl,
 torch, ray nor vllm. It reads verl's YAML/source text for the known keys, a parquet footer for the row count, and
-/proc or `nvidia-smi -L` for the GPUs (grpo_lab/facts.py). The memory model is grpo_lab/memplan.py.
+/proc or `nvidia-smi -L` for the GPUs (grpo_lab/facts.py). The memory model is grpo_lab/memplan.py. A custom reward
+file is imported and called in a child process (grpo_lab/reward_probe.py: 0.1-0.4 s, once per file version).
 """
 
 from __future__ import annotations

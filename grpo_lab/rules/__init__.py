@@ -12,7 +12,8 @@ or note. A fix is one or more alternatives separated by "  or  ", each a list of
 `python run.py`; grpo_lab.fixes applies them to a copy of the config and runs the rules again before they are printed.
 
 The rule modules: rules.batch (arithmetic of batches, tokens, data), rules.values (values verl takes but cannot
-use), rules.setup (Ray, keys, recipes, the model, the machine), rules.memory (the memory plan's verdicts).
+use), rules.setup (Ray, keys, recipes, the model, the machine), rules.memory (the memory plan's verdicts), rules.reward (the
+custom reward file: imported and called as verl will, in a child process: grpo_lab/reward_probe.py).
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ def _load() -> None:
     # the rule modules register themselves; imported here so that RULES is complete whoever imports the package
     from grpo_lab.rules import batch, values, setup, memory  # noqa: F401
     from grpo_lab.rules import emulation  # noqa: F401  (grpo_lab/emulate.py: a smaller card on a bigger one)
+    from grpo_lab.rules import reward  # noqa: F401  (the custom reward file, imported and called in a child process)
 
 
 def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
