@@ -18,3 +18,10 @@ if not OmegaConf.has_resolver("lab_unique_dir"):
     from grpo_lab.config import unique_dir
 
     OmegaConf.register_new_resolver("lab_unique_dir", unique_dir, use_cache=True)
+
+# `${lab_pkg:rewards/strict_format.py}` in conf/reward_fn/: a file shipped inside this package, by absolute path, so a
+# shipped reward is found wherever run.py is launched from (`${hydra:runtime.cwd}` is the launch folder)
+if not OmegaConf.has_resolver("lab_pkg"):
+    import os as _os
+
+    OmegaConf.register_new_resolver("lab_pkg", lambda rel: _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), rel))

@@ -88,13 +88,19 @@ def test_missing_file(tmp_path, train):
 
 
 def test_preset_launched_from_another_directory(tmp_path):
-    """strict_format's path is ${hydra:runtime.cwd}/grpo_lab/rewards/...: from elsewhere it points at nothing; the
-    fix is the repository's file (re-checked), and typed back it passes."""
+    """The shipped rewards are found by the package's own path (${lab_pkg:...}), so a preset passes from any launch
+    folder; a path built from the launch folder (${hydra:runtime.cwd}/grpo_lab/rewards/...) does not, and its fix is
+    the repository's file (re-checked), which typed back passes."""
+    ok = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1",
+                f"hydra.run.dir={tmp_path / 'preset'}", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    shipped = ROOT / "grpo_lab" / "rewards" / "strict_format.py"
+    assert json.loads((tmp_path / "preset" / "plan.json").read_text())["errors"] == []
     out = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1",
+                 KEY + ".path=${hydra:runtime.cwd}/grpo_lab/rewards/strict_format.py",
                  f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
     e = assert_refused(out, out.stdout + out.stderr, plan, tmp_path / "a", "reward_fn_file")
-    shipped = ROOT / "grpo_lab" / "rewards" / "strict_format.py"
     assert f"the reward file {tmp_path}/grpo_lab/rewards/strict_format.py does not exist" in e["message"]
     assert e["fix"].split("  or  ")[0] == f"{KEY}.path={shipped}" and f"run from {ROOT}" in e["message"]
     good = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", f"{KEY}.path={shipped}",

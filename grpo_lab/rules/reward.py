@@ -71,8 +71,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _in_repo(f: str) -> list[str]:
-    """The same file under the repository, when the path was made from the launch directory (the presets' paths are
-    ${hydra:runtime.cwd}/grpo_lab/rewards/...: launched from elsewhere, they point at nothing)."""
+    """The same file under the repository, when the path was made from the launch directory (a path written as
+    ${hydra:runtime.cwd}/grpo_lab/rewards/...: launched from elsewhere, it points at nothing; the presets use
+    ${lab_pkg:...} instead)."""
     cwd = os.getcwd()
     if not f.startswith(cwd + os.sep) or cwd == ROOT:
         return []
