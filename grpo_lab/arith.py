@@ -20,12 +20,11 @@ signal on SmolLM2-135M-Instruct; conf/dataset/arith_oneshot.yaml is the winner.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
 
-from grpo_lab.data import INSTRUCTION, gsm8k_row, write_splits
+from grpo_lab.data import INSTRUCTION, build_once, gsm8k_row
 from grpo_lab.tiny import _problem
 
 FORMAT_VERSION = 1
@@ -94,18 +93,11 @@ def rows(task: str, style: str, n_train: int, n_test: int, seed: int = 0) -> dic
 
 def make(out: str | Path, task: str, style: str, n_train: int, n_test: int, seed: int, force: bool = False,
          log=print) -> Path:
-    out = Path(out)
     settings = {"version": FORMAT_VERSION, "task": task, "style": style, "train": n_train, "test": n_test,
                 "seed": seed}
-    try:
-        if not force and json.loads((out / STAMP).read_text()) == settings:
-            log(f"kept  {out}/ (same settings; --force rebuilds)")
-            return out
-    except (OSError, ValueError):
-        pass
-    splits = rows(task, style, n_train, n_test, seed)  # before anything is written: a bad request leaves no files
-    write_splits(splits, out)
-    (out / STAMP).write_text(json.dumps(settings, indent=2) + "\n")
+    out, written = build_once(out, STAMP, settings, lambda: rows(task, style, n_train, n_test, seed), force, log)
+    if not written:
+        return out
     log(f"wrote {out}/: train {n_train} rows, test {n_test} rows (task {task}, style {style}, "
         f"data_source arith_{task}_{style})")
     return out

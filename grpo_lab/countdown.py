@@ -25,12 +25,11 @@ have 3 numbers (a 4-number expression more often leaves 1..999 and is drawn agai
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
 
-from grpo_lab.data import gsm8k_row, write_splits
+from grpo_lab.data import build_once, gsm8k_row
 
 FORMAT_VERSION = 1
 STAMP = "grpo_lab_countdown.json"
@@ -129,17 +128,10 @@ def rows(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
 
 
 def make(out: str | Path, n_train: int, n_test: int, seed: int, force: bool = False, log=print) -> Path:
-    out = Path(out)
     settings = {"version": FORMAT_VERSION, "train": n_train, "test": n_test, "seed": seed}
-    try:
-        if not force and json.loads((out / STAMP).read_text()) == settings:
-            log(f"kept  {out}/ (same settings; --force rebuilds)")
-            return out
-    except (OSError, ValueError):
-        pass
-    splits = rows(n_train, n_test, seed)  # before anything is written: a bad request leaves no files
-    write_splits(splits, out)
-    (out / STAMP).write_text(json.dumps(settings, indent=2) + "\n")
+    out, written = build_once(out, STAMP, settings, lambda: rows(n_train, n_test, seed), force, log)
+    if not written:
+        return out
     log(f"wrote {out}/: train {n_train} rows, test {n_test} rows (data_source {DATA_SOURCE}, seed {seed})")
     return out
 

@@ -105,6 +105,24 @@ def write_splits(rows_by_split: Mapping[str, list[dict]], out_dir: str | os.Path
                 os.unlink(tmp)
 
 
+def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool = False,
+               log=print) -> tuple[Path, bool]:
+    """A generated dataset (grpo_lab.arith, grpo_lab.countdown): kept when OUT/stamp records the same settings (and not
+    force), else
+    build() -> {split: rows} (before anything is written: a bad request leaves no files), the splits, then the stamp.
+    Returns (out_dir, whether it was written)."""
+    out_dir = Path(out_dir)
+    try:
+        if not force and json.loads((out_dir / stamp).read_text()) == settings:
+            log(f"kept  {out_dir}/ (same settings; --force rebuilds)")
+            return out_dir, False
+    except (OSError, ValueError):
+        pass
+    write_splits(build(), out_dir)
+    (out_dir / stamp).write_text(json.dumps(settings, indent=2) + "\n")
+    return out_dir, True
+
+
 # ---------------------------------------------------------------------------------------------------- reading GSM8K
 
 def _read_jsonl(path: str) -> list[dict]:
