@@ -64,6 +64,18 @@ def launch_job(cfg: DictConfig) -> str:
         raise
 
 
+def side_by_side_jobs(launcher: Any) -> int:
+    """How many jobs of this sweep may run at once: Hydra's joblib launcher's n_jobs (conf/hydra/launcher/side_by_side.yaml;
+    joblib's -1 = one a CPU core), 1 for a launcher that runs one job after another or each on its own machines."""
+    try:
+        if "JoblibLauncher" not in str(launcher.get("_target_", "")):
+            return 1
+        n = int(launcher.get("n_jobs") or 1)
+    except (AttributeError, TypeError, ValueError):
+        return 1
+    return (os.cpu_count() or 1) if n < 0 else max(1, n)
+
+
 def _append(path: Path, text: str) -> None:
     try:
         with path.open("a", encoding="utf-8") as f:
@@ -82,6 +94,8 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
         # each sweep job its own checkpoints, so that none resumes from a sibling's
         ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(override_dirname))
         put(verl, "trainer.default_local_dir", ckpt)
+        # hydra/launcher=side_by_side: up to n_jobs jobs share the GPUs and the host (rule side_by_side_jobs)
+        lab["side_by_side_jobs"] = side_by_side_jobs(HydraConfig.get().launcher)
     # --- SLURM hook (grpo_lab/slurm.py): the first node of a SLURM job of several nodes starts a Ray cluster across
     # them (below, around verl) and the job joins it by address; None everywhere else
     from grpo_lab.slurm import cluster_for_job

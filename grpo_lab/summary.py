@@ -356,8 +356,25 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
                 if sweep.is_dir():
                     summarize_sweep(sweep, plots=self.plots)
                     log.info("grpo-lab: sweep summary in %s", sweep / "summary.md")
+                    _note_refused(sweep)
         except BaseException as e:
             log.warning("grpo-lab: sweep summary callback: %s: %s", type(e).__name__, e)
+
+
+def _note_refused(sweep: Path) -> None:
+    """Jobs refused in other processes (hydra/launcher=side_by_side runs each job in a worker process) join
+    grpo_lab.launch.REFUSED here, in run.py's process, so that run.py exits 2 after such a sweep too."""
+    from grpo_lab import doctor, launch
+
+    for status in sorted(sweep.glob("*/status.json")):
+        st = doctor.read_json(status)
+        job = str(status.parent.resolve())
+        if st.get("status") == "failed" and st.get("exit") == 2 and job not in map(_resolved, launch.REFUSED):
+            launch.REFUSED.append(job)
+
+
+def _resolved(path: str) -> str:
+    return str(Path(path).resolve())
 
 
 def _job_failed(job_return: Any) -> bool:

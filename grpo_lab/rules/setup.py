@@ -200,6 +200,41 @@ def lora_load_format(c: Ctx) -> Iterable[Problem]:
                     f"{load_format!r} vLLM starts without them", "actor_rollout_ref.rollout.load_format=safetensors")
 
 
+@rule("side_by_side_jobs")
+def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
+    """hydra/launcher=side_by_side: up to k jobs at once on the same GPUs and host, each with its own Ray cluster and
+    vLLM. Any of them can be at its largest phase (vLLM's whole budget while generating) at the same time."""
+    k = as_int(c.lab.get("side_by_side_jobs", 1)) or 1
+    plan = c.plan or {}
+    phases = plan.get("phases") or {}
+    if k <= 1 or not phases:
+        return
+    card = float(plan.get("card_gb") or 0)
+    peaks = {name: float(p.get("peak_gb_per_gpu") or 0) for name, p in phases.items()}
+    worst = max(peaks, key=peaks.get)
+    need = k * peaks[worst]
+    if card and need > card:
+        gen = peaks.get("generation", 0.0)
+        budget = float((plan.get("kv_cache") or {}).get("budget_gb") or 0)
+        others = max((v for n, v in peaks.items() if n != "generation"), default=0.0)
+        fix = ""
+        if budget and k * others <= card * 0.95:
+            # the engine's share that leaves k generations (their other memory included) inside the card
+            util = math.floor(100 * (card * 0.95 / k - (gen - budget)) / card) / 100
+            if util >= 0.05:
+                fix = f"rollout_gpu_mem_util={util}"
+        yield error(f"hydra/launcher=side_by_side runs up to {k} jobs at once on the same GPUs: {k} x "
+                    f"{peaks[worst]:.1f} GB ({worst}, the largest phase of one job) = {need:.1f} GB > the "
+                    f"{card:.1f} GB card. Lower each job's vLLM share, or run fewer at once "
+                    f"(hydra.launcher.n_jobs={max(1, int(card // peaks[worst]))})", fix)
+    ram = plan.get("host_ram") or {}
+    total, cap = float(ram.get("total_gb") or 0), float(ram.get("capacity_gb") or 0)
+    if cap and k * total > cap:
+        yield error(f"hydra/launcher=side_by_side runs up to {k} jobs at once on one host: {k} x {total:.1f} GB of "
+                    f"host RAM each = {k * total:.1f} GB > {cap:.0f} GB. Run fewer at once "
+                    f"(hydra.launcher.n_jobs={max(1, int(cap // total))})")
+
+
 @rule("lora_layered_summon_one_gpu")
 def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
     lora = as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
