@@ -26,8 +26,10 @@ _spec.loader.exec_module(synth)
 BASE = ["experiment=qwen3_1_7b_gsm8k", "trainer.total_training_steps=20"]
 
 
-def make_sweep(root: Path, utils=(0.3, 0.4, 0.5), failed_log: Path | None = None) -> Path:
-    """Three jobs over rollout_gpu_mem_util; the last one failed with the given log and wrote no metrics."""
+def make_sweep(root: Path, utils=(0.3, 0.4, 0.5), failed_log: Path | None = None,
+               error: str | None = "RayTaskError(OutOfMemoryError)") -> Path:
+    """Three jobs over rollout_gpu_mem_util; the last one failed with the given log (and status.json error) and wrote
+    no metrics."""
     sweep = root / "2026-12-03_10-00-00_qwen3_1_7b_grpo"
     sweep.mkdir(parents=True)
     task = [*BASE, "rollout_gpu_mem_util=" + ",".join(map(str, utils))]
@@ -44,7 +46,7 @@ def make_sweep(root: Path, utils=(0.3, 0.4, 0.5), failed_log: Path | None = None
                             verl=synth.verl_config(util=u), log="step:1 - x:1\n")
         else:
             synth.write_job(sweep / f"job{i}", log=failed_log, status="failed", overrides=ov,
-                            error="RayTaskError(OutOfMemoryError)", verl=synth.verl_config(util=u))
+                            error=error, verl=synth.verl_config(util=u))
     return sweep
 
 
@@ -91,7 +93,8 @@ def test_generation_oom_unfinished_and_empty_jobs(tmp_path):
 
 
 def test_hang_without_status_is_other_failure(tmp_path):
-    sweep = make_sweep(tmp_path, failed_log=synth.RECORDED_HANG_LOG)
+    # killed by hand after the hang: status.json's error is the interrupt, not an OOM (the doctor reads it too)
+    sweep = make_sweep(tmp_path, failed_log=synth.RECORDED_HANG_LOG, error="KeyboardInterrupt: ")
     table = S.summarize_sweep(sweep, plots=False)
     assert table.iloc[2]["status"] == "other failure"
     assert "too few CPUs" in table.iloc[2]["diagnosis"]
