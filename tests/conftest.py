@@ -64,6 +64,12 @@ def composed(*overrides: str):
     return copy.deepcopy(verl), copy.deepcopy(lab)
 
 
+def run_module(module: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    """python -m MODULE ARGS from the repository root, as the README and the Makefile run it; the finished process."""
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, text=True, capture_output=True,
+                          timeout=timeout)
+
+
 def run_py(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
     """python run.py ARGS as a user types it; returns the finished process (text output)."""
     full_env = {k: v for k, v in os.environ.items() if k not in _KNOB_ENV}

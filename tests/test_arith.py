@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, compose_split
+from conftest import ROOT, compose_split, run_module
 from grpo_lab import arith
 from grpo_lab.config import get
 from grpo_lab.rewards.strict_format import compute_score
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "grpo_lab.arith", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120)
+    return run_module("grpo_lab.arith", *args)
 
 
 @pytest.fixture(scope="module")

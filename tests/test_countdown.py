@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, compose_split, run_py
+from conftest import ROOT, compose_split, run_module, run_py
 from grpo_lab import countdown
 from grpo_lab.config import get
 from grpo_lab.rewards import countdown as reward
@@ -27,8 +25,7 @@ PRESET = ("experiment=countdown_smollm2", "hardware=h200x1")
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "grpo_lab.countdown", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120)
+    return run_module("grpo_lab.countdown", *args)
 
 
 @pytest.fixture(scope="module")
