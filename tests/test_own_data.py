@@ -200,9 +200,15 @@ def test_dataset_option_reads_the_made_files_through_run_py(tmp_path):
     p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "python -m grpo_lab.data own --input" in p.stdout
-    # make them in the folder run.py is started from, and the preflight counts their rows
+    # make them in the folder run.py is started from: with the default data_source (own_qa) verl's own scorer has
+    # nothing for the rows, and the preflight says so (rule reward_fn_data_source) ...
     src = _jsonl(tmp_path / "qa.jsonl", [{"question": f"What is {i} + {i}?", "answer": 2 * i} for i in range(400)])
     assert _cli("--input", src, "--out", "data/own_qa", cwd=tmp_path).returncode == 0
+    p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
+    assert p.returncode != 0 and "[reward_fn_data_source] the data's data_source 'own_qa'" in p.stdout, p.stdout
+    # ... with GSM8K's data_source (numeric answers) verl's scorer takes them, and the preflight counts their rows
+    assert _cli("--input", src, "--out", "data/own_qa", "--data-source", "openai/gsm8k", "--force",
+                cwd=tmp_path).returncode == 0
     p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "360 train rows / 128 = 2 steps per epoch" in p.stdout

@@ -348,3 +348,31 @@ def test_name_that_is_not_a_function(tmp_path):
     (p,) = check(tmp_path, f)
     assert p.rule == "reward_fn_file" and "`compute_score` is a float, not a function" in p.message
     assert "it defines: grade" in p.message and "not callable" in p.message
+
+
+# ---- reward_fn_data_source: no reward file, and verl's own scorer does not know the rows' data_source -----------------
+
+def test_verl_default_scorer_with_rows_it_does_not_know_is_refused(tmp_path):
+    from conftest import run_module
+
+    data = tmp_path / "arith"
+    assert run_module("grpo_lab.arith", "--out", data, "--train-size", "64", "--test-size", "16").returncode == 0
+    files = (f"train_file={data / 'train.parquet'}", f"test_file={data / 'test.parquet'}")
+    out = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", "reward_fn=verl_default",
+                 *files, f"hydra.run.dir={tmp_path / 'a'}")
+    plan = json.loads((tmp_path / "a" / "plan.json").read_text())
+    e = assert_refused(out, out.stdout + out.stderr, plan, tmp_path / "a", "reward_fn_data_source")
+    assert "'arith_mixed_oneshot' is not one verl's own scorer knows" in e["message"]
+    assert "NotImplementedError" in e["message"] and e["fix"] == "reward_fn=strict_format"
+    # the fix typed back (the preset's own reward) passes
+    good = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", "reward_fn=strict_format",
+                  *files, f"hydra.run.dir={tmp_path / 'b'}")
+    assert good.returncode == 0, good.stdout + good.stderr
+
+
+def test_verl_knows_its_own_sources_from_its_source():
+    from grpo_lab.rules.reward import verl_sources
+
+    names, prefixes = verl_sources()
+    assert {"openai/gsm8k", "lighteval/MATH", "hiyouga/geometry3k"} <= names and "aime" in prefixes
+    assert "arith_mixed_oneshot" not in names and "own_qa" not in names

@@ -9,6 +9,7 @@ arguments as verl, on the first training row), and refuse the launch with the fi
 
     reward_fn_file    the file exists, imports, and defines the function `name` (callable)
     reward_fn_result  the function, called as verl calls it, returns a number or a dict with a numeric "score"
+    reward_fn_data_source  without a file: verl's own scorer knows every data_source of the data files
 
 A score of 0 for the ground truth is not refused (a reward may want a format the probe answers lack); a function that
 gives every probe answer the same score is a warning (GRPO learns nothing from a group of equal rewards).
@@ -17,6 +18,7 @@ gives every probe answer the same score is a warning (GRPO learns nothing from a
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from typing import Any, Iterable, Mapping
 
@@ -208,3 +210,78 @@ def reward_fn_result(c: Ctx) -> Iterable[Problem]:
         yield warn(f"the reward function {where}:{name} gave every sample answer the same score {scores[0]:g} "
                    f"({tried}; {sample}): if it scores all answers alike, every group's rewards are equal and GRPO's "
                    f"advantages are 0 (nothing is learned). Check that it can tell a right answer from a wrong one")
+
+
+# ---- verl's own scorer: does it know the rows' data_source? ----------------------------------------------------------
+
+# the sources grpo-lab's own generators write, and the reward_fn option that scores them
+OURS = {"countdown": "reward_fn=countdown", "arith_": "reward_fn=strict_format"}
+
+
+@functools.lru_cache(maxsize=1)
+def verl_sources() -> tuple[frozenset[str], tuple[str, ...]]:
+    """(names, prefixes) that verl's default_compute_score dispatches on, read from its source with ast (its if/elif
+    chain of `data_source == "x"`, `data_source in [...]`, `data_source.startswith("x")`); anything else raises
+    NotImplementedError("Reward function is not implemented for data_source=...") in the reward workers."""
+    import ast
+
+    from grpo_lab.verl_paths import verl_config_dir
+
+    # verl/trainer/config -> verl/utils/reward_score/__init__.py (found without importing verl)
+    src = os.path.join(os.path.dirname(os.path.dirname(str(verl_config_dir()))), "utils", "reward_score",
+                       "__init__.py")
+    names, prefixes = set(), []
+    tree = ast.parse(open(src, encoding="utf-8").read())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "default_compute_score")
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == "data_source":
+            for comp in node.comparators:
+                if isinstance(comp, ast.Constant) and isinstance(comp.value, str):
+                    names.add(comp.value)
+                elif isinstance(comp, (ast.List, ast.Tuple, ast.Set)):
+                    names.update(e.value for e in comp.elts if isinstance(e, ast.Constant) and isinstance(e.value, str))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == "data_source"):
+            prefixes += [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return frozenset(names), tuple(prefixes)
+
+
+def _data_sources(files: list[str]) -> set[str]:
+    import pyarrow.parquet as pq
+
+    out: set[str] = set()
+    for f in files:
+        if not (f.lower().endswith(".parquet") and os.path.isfile(f)):
+            continue
+        try:
+            out.update(str(v) for v in pq.read_table(f, columns=["data_source"]).column(0).unique().to_pylist())
+        except Exception:  # unreadable, or no data_source column: rule data_files and verl say so
+            continue
+    return out
+
+
+@rule("reward_fn_data_source")
+def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
+    path, _, _ = _cfg(c)
+    if path or c.get("reward.reward_model.enable", False):
+        return  # a custom reward file (rules above) or a reward model scores the rows
+    from grpo_lab.inputs import local_files
+
+    files = [f for key in ("data.train_files", "data.val_files") for f in (local_files(c.get(key)) or [])]
+    sources = _data_sources(files)
+    if not sources:
+        return
+    try:
+        names, prefixes = verl_sources()
+    except Exception:  # verl's source not readable: nothing to compare with
+        return
+    unknown = sorted(s for s in sources if s not in names and not s.startswith(prefixes))
+    if not unknown:
+        return
+    fixes = sorted({fix for s in unknown for src, fix in OURS.items() if s == src or (src.endswith("_")
+                                                                                    and s.startswith(src))})
+    yield error(f"the data's data_source {', '.join(map(repr, unknown))} is not one verl's own scorer knows "
+                f"(reward.custom_reward_function.path is null, so verl's default_compute_score scores every row, and "
+                f"raises NotImplementedError for it in the reward workers, after start-up). Pick a reward_fn option "
+                f"that scores it, or point {KEY}.path/name at a reward file of yours (README, 'Your own task')",
+                fixes[0] if len(fixes) == 1 else "")
