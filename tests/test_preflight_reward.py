@@ -75,9 +75,9 @@ def test_missing_file(tmp_path, train):
     out, text, plan, job = run_with(tmp_path, train, typo)
     e = assert_refused(out, text, plan, job, "reward_fn_file")
     assert f"the reward file {typo} does not exist" in e["message"] and "Custom module file not found" in e["message"]
-    # the fix: the file of a close name there (re-checked: it passes), or verl's own scorer (the default reward_fn
-    # is verl_default already: only path=null undoes a path typed on the command line)
-    assert e["fix"] == f"{KEY}.path={tmp_path / 'my_reward.py'}  or  {KEY}.path=null", e
+    # the fix: the file of a close name there (re-checked: it passes). verl's own scorer (path=null) is not offered:
+    # it has nothing for the rows' data_source 'my_source' (rule reward_fn_data_source fails that alternative)
+    assert e["fix"] == f"{KEY}.path={tmp_path / 'my_reward.py'}", e
     assert e["checked"] == "re-checked: the preflight passes this rule with it"
     assert f"{KEY}.path=/abs/path/to/reward.py" in e["message"]
     good = run_py("preflight.only=true", f"{KEY}.path={typo}", f"train_file={train}",

@@ -247,12 +247,12 @@ def verl_sources() -> tuple[frozenset[str], tuple[str, ...]]:
 
 
 def _data_sources(files: list[str]) -> set[str]:
-    import pyarrow.parquet as pq
-
     out: set[str] = set()
     for f in files:
         if not (f.lower().endswith(".parquet") and os.path.isfile(f)):
             continue
+        import pyarrow.parquet as pq  # ~0.3 s, only when a local parquet is there to read
+
         try:
             out.update(str(v) for v in pq.read_table(f, columns=["data_source"]).column(0).unique().to_pylist())
         except Exception:  # unreadable, or no data_source column: rule data_files and verl say so
