@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -23,18 +23,11 @@ from hydra.core.hydra_config import HydraConfig
 
 from grpo_lab.config import split
 from grpo_lab.overrides import OverrideError, check, parse, quote
+from grpo_lab.provenance import flatten
 from grpo_lab.verl_cache import tree_if_needed
 from grpo_lab.verl_paths import verl_config_dir
 
 _MISSING = object()
-
-
-def _flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(d, dict) and d:
-        for k, v in d.items():
-            yield from _flatten(v, f"{prefix}{k}.")
-    else:
-        yield prefix[:-1], d
 
 
 def _lookup(d: dict, dotted: str) -> tuple[Any, bool]:
@@ -65,7 +58,7 @@ def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
     with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
         base, _ = split(compose("ppo_trainer"))
     out = []
-    for key, value in _flatten(ours):
+    for key, value in flatten(ours):
         if key.endswith("_target_"):
             continue
         default, parent_ok = _lookup(base, key)
