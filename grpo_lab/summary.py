@@ -366,15 +366,12 @@ def _note_refused(sweep: Path) -> None:
     grpo_lab.launch.REFUSED here, in run.py's process, so that run.py exits 2 after such a sweep too."""
     from grpo_lab import doctor, launch
 
+    known = {str(Path(p).resolve()) for p in launch.REFUSED}
     for status in sorted(sweep.glob("*/status.json")):
         st = doctor.read_json(status)
         job = str(status.parent.resolve())
-        if st.get("status") == "failed" and st.get("exit") == 2 and job not in map(_resolved, launch.REFUSED):
+        if st.get("status") == "failed" and st.get("exit") == 2 and job not in known:
             launch.REFUSED.append(job)
-
-
-def _resolved(path: str) -> str:
-    return str(Path(path).resolve())
 
 
 def _job_failed(job_return: Any) -> bool:

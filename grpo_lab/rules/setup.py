@@ -190,9 +190,14 @@ def model_key_unknown(c: Ctx) -> Iterable[Problem]:
                     f"inside a worker, after Ray and the model have started", fix)
 
 
+def _lora_rank(c: Ctx) -> int:
+    """The LoRA rank in either of verl's spellings (model.lora_rank, model.lora.rank); 0: full fine-tuning."""
+    return as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
+
+
 @rule("lora_load_format")
 def lora_load_format(c: Ctx) -> Iterable[Problem]:
-    lora = as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
+    lora = _lora_rank(c)
     load_format = str(c.get(A + "rollout.load_format", "dummy"))
     if lora > 0 and load_format != "safetensors":
         yield error(f"LoRA (lora_rank={lora}) with actor_rollout_ref.rollout.load_format={load_format}: verl's LoRA "
@@ -237,12 +242,12 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
 
 @rule("lora_layered_summon_one_gpu")
 def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
-    lora = as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
+    lora = _lora_rank(c)
     if lora <= 0 or not c.get(A + "rollout.layered_summon", False):
         return
     # verl's FSDP actor config copies actor.strategy into its engine config (workers/config/actor.py)
     strategy = str(c.get(A + "actor.strategy", "fsdp"))
-    world = (as_int(c.get("trainer.n_gpus_per_node", 1)) or 1) * (as_int(c.get("trainer.nnodes", 1)) or 1)
+    world = c.batch["n_gpus"]  # GPUs per node x nodes: FSDP's world size
     if strategy == "fsdp" and world == 1:
         # seen on the GPU test machine (benchmarks/gpu/README.md, 2026-12-03): both load formats failed at the first
         # weight sync with "NotImplementedError: offload_to_cpu=True and NO_SHARD is not supported yet"
