@@ -251,13 +251,21 @@ def _data_sources(files: list[str]) -> set[str]:
     for f in files:
         if not (f.lower().endswith(".parquet") and os.path.isfile(f)):
             continue
-        import pyarrow.parquet as pq  # ~0.3 s, only when a local parquet is there to read
-
-        try:
-            out.update(str(v) for v in pq.read_table(f, columns=["data_source"]).column(0).unique().to_pylist())
-        except Exception:  # unreadable, or no data_source column: rule data_files and verl say so
-            continue
+        st = os.stat(f)
+        out.update(_file_sources(f, st.st_mtime_ns, st.st_size))
     return out
+
+
+@functools.lru_cache(maxsize=32)
+def _file_sources(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """The data_source values of one parquet file, read once per file version (the fix re-checks run the rules again
+    and again on the same files)."""
+    import pyarrow.parquet as pq  # ~0.3 s, only when a local parquet is there to read
+
+    try:
+        return frozenset(str(v) for v in pq.read_table(path, columns=["data_source"]).column(0).unique().to_pylist())
+    except Exception:  # unreadable, or no data_source column: rule data_files and verl say so
+        return frozenset()
 
 
 @rule("reward_fn_data_source")
