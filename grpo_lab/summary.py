@@ -37,7 +37,7 @@ except Exception:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 COLUMNS = ["job", "status", "steps", "step_time_s", "gen_time_s", "throughput_tok_s_gpu", "peak_train_mem_gb",
-           "last_score", "val_first", "val_last", "diagnosis", "overrides"]
+           "last_score", "val_first", "val_last", "val_step", "diagnosis", "overrides"]
 
 OK, UNFINISHED, OTHER = "ok", "unfinished", "other failure"
 
@@ -155,6 +155,8 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
         "last_score": M.last(train("critic/score/mean")),
         "val_first": float(val.iloc[0]) if val is not None and len(val) else None,
         "val_last": float(val.iloc[-1]) if val is not None and len(val) else None,
+        "val_step": int(val.index[-1]) if val is not None and len(val) else None,
+        "_val": {int(k): float(v) for k, v in val.items()} if val is not None else {},
         "diagnosis": diag_text,
         "overrides": " ".join(read_overrides(job_dir)),
     }
@@ -179,7 +181,34 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
     import pandas as pd
 
     table = pd.DataFrame(rows, columns=["job", *keys, *COLUMNS[1:]])
+    table.attrs["val_ranking"] = val_ranking(rows, keys)
     return table, keys
+
+
+def val_ranking(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
+    """The jobs ranked by validation at the last step that every validated job reached.
+
+    Jobs that stop at different steps (a sweep cut short, a failure) are not compared by their last values: a job
+    validated at step 15 would beat one last validated at step 10 for no reason but time.
+    """
+    validated = [r for r in rows if r.get("_val")]
+    if len(validated) < 2:
+        return None
+    common = set.intersection(*(set(r["_val"]) for r in validated))
+    if not common:
+        return None
+    step = max(common)
+
+    def name(r: dict[str, Any]) -> str:
+        swept = ", ".join(f"{k}={r.get(k)}" for k in keys)
+        return f"{r['job']} ({swept})" if swept else str(r["job"])
+
+    ranked = sorted(validated, key=lambda r: -r["_val"][step])
+    first = ranked[0]
+    gain = first["_val"][step] - first["_val"][min(first["_val"])]
+    return (f"Validation at step {step}, the last step every validated job reached: "
+            + ", ".join(f"{name(r)} {r['_val'][step]:.3g}" for r in ranked)
+            + f". Best: {name(first)}, {gain * 100:+.1f} points since step {min(first['_val'])}.")
 
 
 
@@ -206,8 +235,10 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
     out += ["", "step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
             "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has more than 2 steps; "
             "peak_train_mem_gb: max of actor/perf/max_memory_allocated_gb; last_score: critic/score/mean of the "
-            "last step; val_first, val_last: the job's main validation metric (val-core/.../mean@N) at its first and "
-            "last validation.", ""]
+            "last step; val_first, val_last, val_step: the job's main validation metric (val-core/.../mean@N) at its "
+            "first and last validation, and the step of the last.", ""]
+    if table.attrs.get("val_ranking"):
+        out += [table.attrs["val_ranking"], ""]
     failed = table[~table["status"].isin([OK, UNFINISHED])]
     if len(failed):
         out.append("## Failed jobs")

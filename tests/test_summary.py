@@ -210,3 +210,27 @@ def test_validation_first_and_last_of_a_recorded_learning_rate_sweep(tmp_path):
     assert table.loc["job0", "val_first"] == pytest.approx(0.09375) and table.loc["job0", "val_last"] == pytest.approx(0.453125)
     assert table.loc["job1", "steps"] == 1 and table.loc["job1", "val_last"] == pytest.approx(0.09375)
     assert "| val_first | val_last |" in (sweep / "summary.md").read_text()
+
+
+def test_a_sweep_cut_short_is_ranked_at_the_last_step_every_job_validated(tmp_path):
+    """Recorded on the GPU test machine (benchmarks/gpu/results/2026-12-03-smollm2-lr-sweep): three learning rates side
+    by side; the machine's time ended at step 13 for 3e-6 and 1e-5 (last validation at step 10) and at step 16 for 3e-5
+    (last validation at step 15). Last values would compare step 15 with step 10; the ranking uses step 10."""
+    import shutil
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "benchmarks/gpu/results/2026-12-03-smollm2-lr-sweep/sweep",
+                    sweep)
+    table = S.summarize_sweep(sweep, plots=False).set_index("job")
+    assert list(table["val_step"]) == [10, 10, 15]
+    text = (sweep / "summary.md").read_text()
+    assert ("Validation at step 10, the last step every validated job reached: job2 (actor_lr=3e-05) 0.422, "
+            "job0 (actor_lr=3e-06) 0.164, job1 (actor_lr=1e-05) 0.156. Best: job2 (actor_lr=3e-05), +32.8 points "
+            "since step 0.") in text
+
+
+def test_no_ranking_without_two_validated_jobs():
+    assert S.val_ranking([{"job": "job0", "_val": {0: 0.1, 5: 0.2}}], []) is None
+    assert S.val_ranking([{"job": "job0", "_val": {0: 0.1}}, {"job": "job1", "_val": {}}], []) is None
+    # no step in common: nothing to compare
+    assert S.val_ranking([{"job": "job0", "_val": {5: 0.1}}, {"job": "job1", "_val": {10: 0.3}}], []) is None
