@@ -144,7 +144,8 @@ def test_presets_pass_the_preflight_through_run_py(preset, converted, tmp_path):
     assert verl["reward"]["custom_reward_function"]["path"].endswith("grpo_lab/rewards/strict_format.py")
     if preset == "learn_smollm2":
         assert verl["trainer"]["val_before_train"] is True and verl["trainer"]["test_freq"] == 5
-        assert verl["trainer"]["total_training_steps"] == 60
+        assert verl["trainer"]["total_training_steps"] == 20
+        assert verl["actor_rollout_ref"]["actor"]["optim"]["lr"] == 3e-5  # the sweep's winner
         assert verl["data"]["train_batch_size"] * verl["actor_rollout_ref"]["rollout"]["n"] == 512
 
 

