@@ -13,6 +13,7 @@
 #                                                    # variant=grpo,dapo,dr_grpo,gspo: 4 jobs x ~2.5 min = ~10 min
 #   bash benchmarks/gpu/smollm2_session.sh lora      # LoRA (qwen3_8b_lora's rank 64, alpha 32, all-linear), 3 steps:
 #                                                    # load_format=safetensors via run.py, =dummy via raw verl: ~5 min
+#                                                    # (one of them: lora_safetensors, lora_dummy)
 #   bash benchmarks/gpu/smollm2_session.sh bg PHASE...   # the phases in order in a new process session (setsid);
 #                                                        # they outlive the call; results under $BG_OUT
 #   bash benchmarks/gpu/smollm2_session.sh par 'LRS=3e-5 sweep' 'LRS=3e-6 sweep' 'variants lora'
@@ -23,7 +24,8 @@
 # SIDE=N: the sweep's points N at a time (hydra/launcher=side_by_side; send hydra_joblib_launcher + joblib wheels).
 # Measured (2026-12-03, benchmarks/gpu/README.md): staging ~4 min, prepare 40 s, start-up ~130 s a job, a step of 64
 # prompts x 8 answers 59 s at first, ~30 s while answers are long, ~21 s once they are short (30 steps: 1153 s).
-# A machine is held at most 30 min: one learning rate at 30 steps per block, variants + lora in another.
+# A machine is held at most 30 min: the sweep side by side (SIDE=3) reached step 13-16 of 20 in one block; DAPO and
+# LoRA fit another: par 'VARIANTS=dapo variants' lora_safetensors lora_dummy (three chains, ~10 min estimated).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/gpu/session_lib.sh
@@ -68,10 +70,13 @@ case "${1:-}" in
       hydra.sweep.dir="$LOGS/variants"
     pack variants
     ;;
-  lora)
+  lora_safetensors)
     timed lora_safetensors 400 python3 run.py experiment=smoke_smollm2 "${HW[@]}" "${LORA[@]}" \
       actor_rollout_ref.rollout.load_format=safetensors experiment_name=smoke_smollm2_lora_safetensors \
       hydra.run.dir="$LOGS/lora_safetensors"
+    pack lora_safetensors
+    ;;
+  lora_dummy)
     # the preflight refuses LoRA with load_format=dummy (rule lora_load_format, an error no override waives), so
     # this job goes through raw verl: the same overrides (grpo_lab.rawcmd composes them without the preflight;
     # `dummy` is verl's default load_format, named again last), metrics through verl's file logger
@@ -79,8 +84,9 @@ case "${1:-}" in
       experiment_name=smoke_smollm2_lora_dummy > "$LOGS/dummy_args.txt"
     RAW_ARGS_FILE=$LOGS/dummy_args.txt VERL_FILE_LOGGER_PATH=$LOGS/lora_dummy.metrics.jsonl \
       timed lora_dummy 400 bash benchmarks/gpu/raw_verl.sh actor_rollout_ref.rollout.load_format=dummy
-    pack lora
+    pack lora_dummy
     ;;
+  lora) bash "$0" lora_safetensors; bash "$0" lora_dummy ;;
   chain|bg|par|collect) common_verb "$0" "$@" ;;
-  *) sed -n '2,25p' "$0"; exit 2 ;;
+  *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac
