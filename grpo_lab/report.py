@@ -247,7 +247,7 @@ def check_reward(run: RunInfo) -> Check:
         return Check(metric, OK, f"rising through the noise: {detail}.")
     if tr.direction == "falling":
         return Check(metric, BAD, f"falling: {detail}. Learning is going wrong: lower the learning rate "
-                                  "(actor_lr=5e-7), check actor/ppo_kl and actor/entropy, look at samples.")
+                                  f"({_lower_lr(run)}), check actor/ppo_kl and actor/entropy, look at samples.")
     if tr.first >= 0.85:
         return Check(metric, OK, f"high and flat (saturated): {detail}.")
     return Check(metric, WARN, f"no clear trend yet (change within the noise): {detail}. Give it more steps; if it "
@@ -327,6 +327,17 @@ def check_clip_ratio(run: RunInfo) -> Check:
     return Check(metric, OK, msg + ": few truncated.")
 
 
+def _lower_lr(run: RunInfo) -> str:
+    """A lower learning rate to try: a third of the job's own (the sweeps move by ~3x), else the guide's 1e-6 halved."""
+    lr = M.finite_float(run.verl_value("actor_rollout_ref.actor.optim.lr"))
+    if lr is None or lr <= 0:
+        return "actor_lr=5e-7"
+    def short(x: float) -> str:  # 1e-05 -> 1e-5, as the configs write it
+        return re.sub(r"e([+-])0*(\d)", lambda m: "e" + m.group(1).replace("+", "") + m.group(2), f"{x:.1g}")
+
+    return f"actor_lr={short(lr / 3)}, a third of this job's {short(lr)}"
+
+
 def check_response_max(run: RunInfo) -> Check:
     metric = "response_length/max"
     s = _train_series(run.df, metric)
@@ -355,7 +366,7 @@ def check_entropy(run: RunInfo) -> Check:
               if temp is not None and temp < 1 else "")
     remedy = (" Keep exploring: entropy_coeff=0.001 (an entropy bonus), clip-higher "
               "actor_rollout_ref.actor.clip_ratio_high=0.28 (as variant=dapo does), a lower learning rate "
-              f"(actor_lr=5e-7){hotter}.")
+              f"({_lower_lr(run)}){hotter}.")
     if len(s) < 3:
         end = float(s.iloc[-1])
         if end < ENTROPY_FLOOR:
@@ -383,7 +394,7 @@ def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Che
     v = abs(float(s.iloc[-k:].mean()))
     peak = float(s.abs().max())
     msg = f"{what} {_pct(v)} (mean of the last {k} step(s); max {_pct(peak)})"
-    remedy = (" The policy moves too far per step: lower the learning rate (actor_lr=5e-7) or take fewer updates per "
+    remedy = (f" The policy moves too far per step: lower the learning rate ({_lower_lr(run)}) or take fewer updates per "
               "step (ppo_mini_batch_size equal to train_batch_size: 1 update; actor_rollout_ref.actor.ppo_epochs=1).")
     if v > bad:
         return Check(metric, BAD, msg + ": far above a few percent." + remedy)
