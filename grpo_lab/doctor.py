@@ -896,6 +896,43 @@ def read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
+def gone_running(status: dict[str, Any]) -> str | None:
+    """Why a status.json that says "running" is not true any more, or None when it may be.
+
+    grpo-lab writes "running" when a job starts and "ok"/"failed" when it ends; a process killed with SIGKILL (the
+    kernel's OOM killer, `kill -9`, a machine that went away) never writes the end. status.json names the host and
+    pid: on that host, a pid that no longer exists, or now belongs to a process started after the job, is gone.
+    From another host nothing can be told.
+    """
+    if status.get("status") != "running":
+        return None
+    import os
+    import socket
+
+    pid, host = status.get("pid"), status.get("host")
+    if not isinstance(pid, int) or not host or host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"its process (pid {pid} on {host}) is gone without writing an end"
+    except PermissionError:
+        pass  # exists, another user's
+    started = status.get("started")
+    try:
+        import datetime as dt
+
+        import psutil
+
+        born = psutil.Process(pid).create_time()
+        if started and born > dt.datetime.fromisoformat(str(started)).timestamp() + 60:
+            return (f"its process (pid {pid} on {host}) is gone without writing an end (the pid now belongs to a "
+                    "later process)")
+    except Exception:  # no psutil, or the process ended meanwhile: the pid check above stands
+        pass
+    return None
+
+
 def format_diagnoses(diagnoses: list[Diagnosis], source: str = "") -> str:
     if not diagnoses:
         return f"grpo-lab doctor: no known failure signature in {source or 'the log'}."

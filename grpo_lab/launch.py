@@ -12,6 +12,7 @@ import datetime as dt
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -246,6 +247,9 @@ class JobStatus:
             "wall_s": round(now - self.started, 1),
             "error": None,
             "exit": 0 if status == "ok" else None,
+            # who runs it: a "running" job whose process is gone was killed without a word (doctor.gone_running)
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
             **extra,
         }
         _write_json(self.path, data)

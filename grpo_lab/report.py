@@ -511,6 +511,15 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     if st == "ok":
         wall = M.finite_float(run.status.get("wall_s"))
         return Check("run", OK, f"finished: {done}{of} steps" + (f" in {wall:.0f} s." if wall else ".")), diags
+    gone = doctor.gone_running(run.status)
+    if gone:
+        _, diags = doctor.diagnose_path(run.run_dir)
+        found = [d for d in diags if d.id != "stopped_without_error"]
+        what = ("; ".join(f"{d.title} -> try {' '.join(d.overrides)}" if d.overrides else d.title for d in found)
+                or "nothing in train.log: look at `dmesg` or the system log for the kernel's OOM killer")
+        return Check("run", BAD, f"killed at step {done}{of}: status.json still says running, but {gone} "
+                                 f"(SIGKILL: the kernel's OOM killer, kill -9, a machine that went down). "
+                                 f"Doctor: {what}."), diags
     if st == "running" or (st is None and len(steps)):
         partial = " (the last metrics line is still being written)" if run.partial_last_line else ""
         word = "still running" if st == "running" else "no status.json"

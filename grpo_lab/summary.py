@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 COLUMNS = ["job", "status", "steps", "step_time_s", "gen_time_s", "throughput_tok_s_gpu", "peak_train_mem_gb",
            "last_score", "val_first", "val_last", "val_step", "diagnosis", "overrides"]
 
-OK, UNFINISHED, OTHER = "ok", "unfinished", "other failure"
+OK, UNFINISHED, OTHER, KILLED = "ok", "unfinished", "other failure", "killed"
 
 
 def job_dirs(sweep_dir: str | Path) -> list[Path]:
@@ -109,7 +109,8 @@ def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
     st = status.get("status")
     if st == "ok":
         return OK, "", []
-    if st == "running":
+    gone = doctor.gone_running(status)
+    if st == "running" and not gone:
         return UNFINISHED, "", []
     refused = doctor.refusal(job_dir)
     if refused is not None:  # the preflight refused it: its rules, not a traceback
@@ -122,10 +123,12 @@ def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
         word = doctor.failure_class(diags)
         text = "; ".join(d.title for d in diags) or str(status.get("error") or "")
         return word, text, diags
-    # no status.json: a job killed hard, or one that never started
+    # no status.json, or "running" with its process gone: a job killed hard, or one that never started
     errors = [d for d in diags if d.id not in ("stopped_without_error",)]
     if errors:
         return doctor.failure_class(errors), "; ".join(d.title for d in errors), errors
+    if gone:
+        return KILLED, f"killed: {gone}", diags
     return UNFINISHED, "; ".join(d.title for d in diags), diags
 
 

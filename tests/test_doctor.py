@@ -391,3 +391,17 @@ def test_watchdog_thread_warns_once_and_stops(tmp_path):
         time.sleep(0.05)
     assert len(seen) == 1
     assert not any(t.name == "grpo-lab-watchdog" for t in threading.enumerate())
+
+
+def test_a_running_status_whose_process_is_gone_is_told_apart():
+    gone = synth.gone_process()
+    text = doctor.gone_running({"status": "running", **gone})
+    assert text and f"pid {gone['pid']}" in text and "gone without writing an end" in text
+    # this process is alive; another host cannot be checked; an ended job or an older status.json has nothing to say
+    assert doctor.gone_running({"status": "running", **synth.live_process()}) is None
+    # a live pid that started well after the job did is another process now: the job's is gone
+    reused = doctor.gone_running({"status": "running", **synth.live_process(), "started": "2020-01-01T00:00:00"})
+    assert reused and "the pid now belongs to a later process" in reused
+    assert doctor.gone_running({"status": "running", "host": "another-node", "pid": gone["pid"]}) is None
+    assert doctor.gone_running({"status": "failed", **gone}) is None
+    assert doctor.gone_running({"status": "running"}) is None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,8 @@ def test_launch_without_gpus_stops_with_a_clear_message(tmp_path):
     assert "Traceback" not in text and "ray init kwargs" not in text
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "failed" and status["exit"] == 2
+    # who ran it: how a "running" status whose process died is told apart later (doctor.gone_running)
+    assert status["host"] == socket.gethostname() and isinstance(status["pid"], int) and status["pid"] != os.getpid()
 
 
 def test_missing_data_names_the_make_target(tmp_path):

@@ -244,3 +244,17 @@ def test_recorded_one_step_run_is_too_few_to_judge(tmp_path):
     assert "too few steps to judge (1" in c["critic/score/mean"]["message"]
     assert c["run"]["status"] == "warn" and "step 1" in c["run"]["message"]
     assert c["response_length/clip_ratio"]["status"] == "bad"
+
+
+def test_a_job_killed_without_an_end_is_reported_killed_not_running(tmp_path):
+    n = 12
+    lines = synth.metrics_lines(n, synth.healthy_curves(n))
+    killed = synth.write_job(tmp_path / "killed", lines=lines, verl=synth.verl_config(), hydra=synth.hydra_config(),
+                             status="running", status_extra=synth.gone_process())
+    run = checks_of(killed)["run"]
+    assert run["status"] == "bad" and run["message"].startswith("killed at step 12")
+    assert "status.json still says running" in run["message"] and "dmesg" in run["message"]
+    alive = synth.write_job(tmp_path / "alive", lines=lines, verl=synth.verl_config(), hydra=synth.hydra_config(),
+                            status="running", status_extra=synth.live_process())
+    run = checks_of(alive)["run"]
+    assert run["status"] == "ok" and run["message"].startswith("still running")

@@ -234,3 +234,17 @@ def test_no_ranking_without_two_validated_jobs():
     assert S.val_ranking([{"job": "job0", "_val": {0: 0.1}}, {"job": "job1", "_val": {}}], []) is None
     # no step in common: nothing to compare
     assert S.val_ranking([{"job": "job0", "_val": {5: 0.1}}, {"job": "job1", "_val": {10: 0.3}}], []) is None
+
+
+def test_sweep_summary_calls_a_job_whose_process_is_gone_killed(tmp_path):
+    sweep = tmp_path / "sweep"
+    n = 6
+    lines = synth.metrics_lines(n, synth.healthy_curves(n))
+    synth.write_job(sweep / "job0", lines=lines, status="running", overrides=["actor_lr=1e-6"],
+                    status_extra=synth.live_process())
+    gone = synth.gone_process()
+    synth.write_job(sweep / "job1", lines=lines, status="running", overrides=["actor_lr=3e-6"], status_extra=gone)
+    table = S.summarize_sweep(sweep, plots=False).set_index("job")
+    assert list(table["status"]) == ["unfinished", "killed"]
+    text = (sweep / "summary.md").read_text()
+    assert "## Failed jobs" in text and f"- job1 (killed): killed: its process (pid {gone['pid']}" in text
