@@ -294,6 +294,8 @@ class Settings:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
     layered_summon: bool = False
+    # engine_kwargs.vllm.kv_cache_memory_bytes: vLLM sets its KV cache to this instead of sizing it from util x card
+    vllm_kv_cache_bytes: int | None = None
     bucket_mb: int = 2048
     # batch
     train_batch_size: int = 128
@@ -389,6 +391,7 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Setti
         enable_chunked_prefill=bool(_get(verl, a + "rollout.enable_chunked_prefill", True)),
         max_model_len=int(max_model_len) if max_model_len else None,
         layered_summon=bool(_get(verl, a + "rollout.layered_summon", False)),
+        vllm_kv_cache_bytes=_positive_int(_get(verl, a + "rollout.engine_kwargs.vllm.kv_cache_memory_bytes")),
         bucket_mb=int(_get(verl, a + "rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
         train_batch_size=int(_get(verl, "data.train_batch_size", 128)),
         rollout_n=int(_get(verl, a + "rollout.n", 1)),
@@ -577,6 +580,14 @@ def worst(*verdicts: str) -> str:
     return max(verdicts, key=lambda v: _ORDER.get(v, 0)) if verdicts else "fits"
 
 
+def _positive_int(v: Any) -> int | None:
+    try:
+        n = int(float(v))
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
 def _gb(x: float) -> float:
     return round(x / GB, 2)
 
@@ -585,6 +596,14 @@ def _gb(x: float) -> float:
 # is util x the memory free when it starts (after the actor's parameters), for weights + KV, activations on top ----
 def engine_budget(arch: Arch, s: Settings) -> tuple[float, float, str]:
     """(static budget bytes, bytes the engine adds on top of it while generating, one-sentence rule) per GPU."""
+    if s.vllm_kv_cache_bytes and s.rollout_engine == "vllm":
+        # a pinned cache: vLLM's own memory is its weights, activations and CUDA graphs plus exactly this
+        graphs = 0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB
+        rest = vllm_weights(arch, s) + vllm_activation(arch, s) + graphs
+        budget = rest + s.vllm_kv_cache_bytes
+        return budget, 0.0, (f"vLLM: engine_kwargs.vllm.kv_cache_memory_bytes pins its KV cache at "
+                             f"{s.vllm_kv_cache_bytes / GB:.2f} GB (gpu_memory_utilization does not size it): with its "
+                             f"weights, activations and CUDA graphs ({rest / GB:.2f} GB) {budget / GB:.2f} GB")
     at_start = ((0.0 if s.param_offload else actor_state(arch, s).params) / GB
                 + TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB)
     e, u = s.rollout_engine, s.gpu_memory_utilization

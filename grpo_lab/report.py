@@ -36,6 +36,7 @@ ENTROPY_FLOOR = 0.05  # nats: "fell to zero"
 ENTROPY_RATIO_WARN, ENTROPY_RATIO_BAD = 0.6, 0.3  # end / start
 MEM_WARN, MEM_BAD = 0.85, 0.95  # of the card
 PROBS_DIFF_WARN, PROBS_DIFF_BAD = 0.005, 0.01  # verl FAQ: rollout vs training precision
+KV_SHORT = 0.5  # vLLM's measured KV cache below this share of the plan's: something else took the memory
 # one-sided 99% critical values of Student's t by degrees of freedom (n - 2): a trend must beat the noise clearly
 _T_CRIT = ((1, 31.8), (2, 6.96), (3, 4.54), (4, 3.75), (5, 3.36), (6, 3.14), (7, 3.0), (8, 2.9), (10, 2.76),
            (12, 2.68), (15, 2.6), (20, 2.53), (30, 2.46), (60, 2.39))
@@ -497,6 +498,49 @@ def check_rollout_precision(run: RunInfo) -> Check | None:
     return Check(metric, OK, msg + ": below 0.005.")
 
 
+# vLLM's worker and engine lines (vllm/v1/worker/gpu_worker.py, v1/core/kv_cache_utils.py), printed at INFO
+_KV_AVAILABLE = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
+_KV_TOKENS = re.compile(r"GPU KV cache size: ([0-9,]+) tokens")
+
+
+def check_kv_cache(run: RunInfo) -> Check | None:
+    """vLLM's KV cache as its start-up log measured it, against the plan's (plan.json memory.kv_cache).
+
+    vLLM sizes the cache from what is free on the card while it profiles, so memory another process takes at that
+    moment comes out of it: on the GPU test machine, of three jobs started side by side one got 1.09 GiB instead
+    of ~26 (benchmarks/gpu/README.md, 2026-12-03). None when the log has no such line (vLLM logs at INFO only when
+    VLLM_LOGGING_LEVEL says so) or there is no plan.
+    """
+    got = [float(x) * 2**30 / 1e9 for x in _KV_AVAILABLE.findall(run.log_text)]  # GiB -> GB, the plan's unit
+    kv = _get(run.plan, "memory.kv_cache") or {}
+    planned = M.finite_float(kv.get("kv_cache_gb"))
+    if not got or not planned:
+        return None
+    low = min(got)
+    tokens = [int(t.replace(",", "")) for t in _KV_TOKENS.findall(run.log_text)]
+    tok = f", {min(tokens):,} tokens" if tokens else ""
+    msg = (f"vLLM's KV cache {_fmt(low)} GB{tok} (its start-up log"
+           + (f", the smallest of {len(got)} engines" if len(got) > 1 else "")
+           + f"), the plan's {_fmt(planned)} GB, {int(kv.get('tokens') or 0):,} tokens")
+    if low >= KV_SHORT * planned:
+        return Check("vLLM KV cache", OK, msg + ": as planned.")
+    waves = ""
+    seq, per_replica = _int(kv.get("sequence_length")), _int(kv.get("trajectories_per_replica"))
+    cap = _int(kv.get("concurrent_sequences"))
+    if tokens and seq and per_replica and cap:
+        concurrent = min(min(tokens) // seq, max(cap, 1))
+        if concurrent > 0:
+            waves = (f" Generation then runs in up to {math.ceil(per_replica / concurrent)} wave(s) of "
+                     f"{concurrent} answers (planned {kv.get('waves')}).")
+    pin = int(planned * 1e9)
+    return Check("vLLM KV cache", WARN,
+                 f"{msg}: {_pct(low / planned)} of it. vLLM sizes the cache from the card's free memory while it "
+                 "profiles, so what another process took at that moment is taken out of it (jobs side by side "
+                 f"starting together, another user's job).{waves} Pin it to the plan's size: "
+                 f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={pin} (vLLM then sets the "
+                 "cache to that size instead of measuring).")
+
+
 def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     st = run.status.get("status")
     steps = M.training_steps(run.df)
@@ -550,6 +594,9 @@ def run_checks(run: RunInfo) -> tuple[list[Check], list[doctor.Diagnosis]]:
         precision = check_rollout_precision(run)
         if precision:
             checks.append(precision)
+    kv = check_kv_cache(run)  # from the log: also for a job that never reached a step
+    if kv:
+        checks.append(kv)
     return checks, diags
 
 

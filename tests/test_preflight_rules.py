@@ -307,6 +307,12 @@ def test_side_by_side_jobs_with_a_fifth_each_run_at_once(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Joblib.Parallel(n_jobs=3" in proc.stdout + proc.stderr  # Hydra's joblib launcher ran them
     assert len(plans) == 3 and all(p["errors"] == [] for p in plans)
+    # each job's vLLM cache pinned to the plan's size, so neighbours starting at once cannot shrink it
+    for plan in plans:
+        w = next(w for w in plan["warnings"] if w["rule"] == "side_by_side_jobs")
+        assert "one of three got 1.09 GiB" in w["message"]
+        assert w["fix"] == "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=27430000000"
+        assert w["checked"] == "re-checked: the preflight passes this rule with it"
 
 
 def test_side_by_side_jobs_counts_only_the_joblib_launcher():
@@ -323,3 +329,13 @@ def test_side_by_side_jobs_counts_only_the_joblib_launcher():
     assert "side_by_side_jobs" not in rules(check(verl, lab).errors)  # 2 x 58.8 GB fits the 139.8 GB card
     lab["side_by_side_jobs"] = 3
     assert "side_by_side_jobs" in rules(check(verl, lab).errors)
+    # a pinned KV cache takes away the warning, and sizes the plan's generation phase
+    lab["side_by_side_jobs"] = 2
+    verl["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] = 0.2
+    assert "side_by_side_jobs" in rules(check(verl, lab).warnings)
+    verl["actor_rollout_ref"]["rollout"].setdefault("engine_kwargs", {}).setdefault("vllm", {})[
+        "kv_cache_memory_bytes"] = 10_000_000_000
+    pinned = check(verl, lab)
+    assert "side_by_side_jobs" not in rules(pinned.warnings) + rules(pinned.errors)
+    assert pinned.memory["kv_cache"]["kv_cache_gb"] == 10.0
+    assert "pins its KV cache at 10.00 GB" in pinned.memory["kv_cache"]["budget_rule"]

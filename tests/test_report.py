@@ -258,3 +258,24 @@ def test_a_job_killed_without_an_end_is_reported_killed_not_running(tmp_path):
                             status="running", status_extra=synth.live_process())
     run = checks_of(alive)["run"]
     assert run["status"] == "ok" and run["message"].startswith("still running")
+
+
+RECORDED_SWEEP = Path(__file__).resolve().parents[1] / "benchmarks/gpu/results/2026-12-03-smollm2-lr-sweep/sweep"
+
+
+def test_vllm_kv_cache_measured_against_the_plan_on_a_recorded_side_by_side_sweep():
+    """Recorded on the GPU test machine: three jobs started side by side; job1's vLLM profiled while the others were
+    loading and got 1.09 GiB of KV cache (its log), job2's 27.3 GiB, against the plan's 27.43 GB each."""
+    starved = {c["metric"]: c for c in R.make_report(RECORDED_SWEEP / "job1", plots=False, write=False)["checks"]}
+    kv = starved["vLLM KV cache"]
+    assert kv["status"] == "warn"
+    assert kv["message"].startswith("vLLM's KV cache 1.17 GB, 50,736 tokens (its start-up log), the plan's 27.4 GB")
+    assert "4.3% of it" in kv["message"] and "up to 6 wave(s) of 99 answers (planned 2)" in kv["message"]
+    assert "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=27430000000" in kv["message"]
+    fine = {c["metric"]: c for c in R.make_report(RECORDED_SWEEP / "job2", plots=False, write=False)["checks"]}
+    assert fine["vLLM KV cache"]["status"] == "ok" and "29.3 GB, 1,272,352 tokens" in fine["vLLM KV cache"]["message"]
+
+
+def test_no_kv_cache_check_without_vllm_lines_or_a_plan(tmp_path):
+    job = healthy_job(tmp_path)  # no train.log, no plan.json
+    assert "vLLM KV cache" not in checks_of(job)
