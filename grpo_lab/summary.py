@@ -201,6 +201,8 @@ def val_ranking(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
     if not common:
         return None
     step = max(common)
+    if all(step == min(r["_val"]) for r in validated):  # only the validation before training is shared
+        return None
 
     def name(r: dict[str, Any]) -> str:
         swept = ", ".join(f"{k}={r.get(k)}" for k in keys)

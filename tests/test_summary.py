@@ -234,6 +234,9 @@ def test_no_ranking_without_two_validated_jobs():
     assert S.val_ranking([{"job": "job0", "_val": {0: 0.1}}, {"job": "job1", "_val": {}}], []) is None
     # no step in common: nothing to compare
     assert S.val_ranking([{"job": "job0", "_val": {5: 0.1}}, {"job": "job1", "_val": {10: 0.3}}], []) is None
+    # only the validation before training in common (test_freq swept): nothing learned to compare
+    assert S.val_ranking([{"job": "job0", "_val": {0: 0.1, 5: 0.2}}, {"job": "job1", "_val": {0: 0.1, 7: 0.3}}],
+                         []) is None
 
 
 def test_sweep_summary_calls_a_job_whose_process_is_gone_killed(tmp_path):
