@@ -333,6 +333,7 @@ def _lower_lr(run: RunInfo) -> str:
     lr = M.finite_float(run.verl_value("actor_rollout_ref.actor.optim.lr"))
     if lr is None or lr <= 0:
         return "actor_lr=5e-7"
+
     def short(x: float) -> str:  # 1e-05 -> 1e-5, as the configs write it
         return re.sub(r"e([+-])0*(\d)", lambda m: "e" + m.group(1).replace("+", "") + m.group(2), f"{x:.1g}")
 
@@ -395,8 +396,8 @@ def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Che
     v = abs(float(s.iloc[-k:].mean()))
     peak = float(s.abs().max())
     msg = f"{what} {_pct(v)} (mean of the last {k} step(s); max {_pct(peak)})"
-    remedy = (f" The policy moves too far per step: lower the learning rate ({_lower_lr(run)}) or take fewer updates per "
-              "step (ppo_mini_batch_size equal to train_batch_size: 1 update; actor_rollout_ref.actor.ppo_epochs=1).")
+    remedy = (f" The policy moves too far per step: lower the learning rate ({_lower_lr(run)}) or take fewer updates "
+              "per step (ppo_mini_batch_size equal to train_batch_size: 1 update; actor_rollout_ref.actor.ppo_epochs=1).")
     if v > bad:
         return Check(metric, BAD, msg + ": far above a few percent." + remedy)
     if v > warn:

@@ -242,10 +242,11 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     pinned = c.get(A + "rollout.engine_kwargs.vllm.kv_cache_memory_bytes")
     if kv.get("engine") == "vllm" and not pinned and float(kv.get("kv_cache_gb") or 0) > 0:
         gb = float(kv["kv_cache_gb"])
+        pin = f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={int(gb * 1e9)}"
         yield warn(f"hydra/launcher=side_by_side: each job's vLLM sizes its KV cache from the card's free memory while "
                    f"it profiles, and a job starting beside it at that moment takes from it (on the GPU test machine "
                    f"one of three got 1.09 GiB instead of ~26; benchmarks/gpu/README.md). Pin each job's cache to the "
-                   f"plan's {gb:.2f} GB", f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={int(gb * 1e9)}")
+                   f"plan's {gb:.2f} GB", pin)
 
 
 @rule("lora_layered_summon_one_gpu")
