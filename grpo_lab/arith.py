@@ -24,7 +24,7 @@ import random
 import sys
 from pathlib import Path
 
-from grpo_lab.data import INSTRUCTION, build_once, gsm8k_row
+from grpo_lab.data import INSTRUCTION, build_once, cli_build, gsm8k_row
 from grpo_lab.tiny import _problem
 
 FORMAT_VERSION = 1
@@ -115,13 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 1:
         parser.error(f"--train-size and --test-size must be at least 1 (got {args.train_size}, {args.test_size})")
-    try:
-        make(args.out, args.task, args.style, args.train_size, args.test_size, args.seed, args.force)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("next: python run.py experiment=learn_smollm2 hardware=h200x1 preflight.only=true   (needs make smollm2)")
-    return 0
+    return cli_build(lambda: make(args.out, args.task, args.style, args.train_size, args.test_size, args.seed,
+                                  args.force),
+                     "next: python run.py experiment=learn_smollm2 hardware=h200x1 preflight.only=true   "
+                     "(needs make smollm2)")
 
 
 if __name__ == "__main__":

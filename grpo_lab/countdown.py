@@ -29,7 +29,7 @@ import random
 import sys
 from pathlib import Path
 
-from grpo_lab.data import build_once, gsm8k_row
+from grpo_lab.data import build_once, cli_build, gsm8k_row
 
 FORMAT_VERSION = 1
 STAMP = "grpo_lab_countdown.json"
@@ -146,13 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 1:
         parser.error(f"--train and --test must be at least 1 (got {args.train_size}, {args.test_size})")
-    try:
-        make(args.out, args.train_size, args.test_size, args.seed, args.force)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("next: python run.py experiment=countdown_smollm2 hardware=h200x1 preflight.only=true   (needs make smollm2)")
-    return 0
+    return cli_build(lambda: make(args.out, args.train_size, args.test_size, args.seed, args.force),
+                     "next: python run.py experiment=countdown_smollm2 hardware=h200x1 preflight.only=true   "
+                     "(needs make smollm2)")
 
 
 if __name__ == "__main__":

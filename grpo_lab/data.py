@@ -105,6 +105,18 @@ def write_splits(rows_by_split: Mapping[str, list[dict]], out_dir: str | os.Path
                 os.unlink(tmp)
 
 
+def cli_build(build, next_hint: str) -> int:
+    """A generator's command line (grpo_lab.arith, grpo_lab.countdown) after its arguments: build(); a bad request
+    (ValueError) is one line on stderr and exit 2, else the next command to type and 0."""
+    try:
+        build()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(next_hint)
+    return 0
+
+
 def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool = False,
                log=print) -> tuple[Path, bool]:
     """A generated dataset (grpo_lab.arith, grpo_lab.countdown): kept when OUT/stamp records the same settings (and not
