@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import datetime as dt
 import json
+import os
 import re
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -906,9 +909,6 @@ def gone_running(status: dict[str, Any]) -> str | None:
     """
     if status.get("status") != "running":
         return None
-    import os
-    import socket
-
     pid, host = status.get("pid"), status.get("host")
     if not isinstance(pid, int) or not host or host != socket.gethostname():
         return None
@@ -920,9 +920,7 @@ def gone_running(status: dict[str, Any]) -> str | None:
         pass  # exists, another user's
     started = status.get("started")
     try:
-        import datetime as dt
-
-        import psutil
+        import psutil  # Ray's dependency; without it only a vanished pid counts
 
         born = psutil.Process(pid).create_time()
         if started and born > dt.datetime.fromisoformat(str(started)).timestamp() + 60:

@@ -637,6 +637,7 @@ def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
         "vllm_activation_gb": _gb(act),
         "cudagraph_gb": _gb(graphs),
         "kv_cache_gb": _gb(max(0.0, kv_bytes_gpu)),
+        "kv_cache_memory_bytes": s.vllm_kv_cache_bytes,  # the pin (engine_kwargs.vllm), None when vLLM measures
         "bytes_per_token": per_token_gpu,
         "tokens": tokens,
         "sequence_length": seq,

@@ -239,8 +239,7 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
                     f"host RAM each = {k * total:.1f} GB > {cap:.0f} GB. Run fewer at once "
                     f"(hydra.launcher.n_jobs={max(1, int(cap // total))})")
     kv = plan.get("kv_cache") or {}
-    pinned = c.get(A + "rollout.engine_kwargs.vllm.kv_cache_memory_bytes")
-    if kv.get("engine") == "vllm" and not pinned and float(kv.get("kv_cache_gb") or 0) > 0:
+    if kv.get("engine") == "vllm" and not kv.get("kv_cache_memory_bytes") and float(kv.get("kv_cache_gb") or 0) > 0:
         gb = float(kv["kv_cache_gb"])
         pin = f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={int(gb * 1e9)}"
         yield warn(f"hydra/launcher=side_by_side: each job's vLLM sizes its KV cache from the card's free memory while "
