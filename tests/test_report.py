@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from conftest import run_module
 from grpo_lab import metrics as M
 from grpo_lab import report as R
 
@@ -274,6 +275,10 @@ def test_vllm_kv_cache_measured_against_the_plan_on_a_recorded_side_by_side_swee
     assert "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=27430000000" in kv["message"]
     fine = {c["metric"]: c for c in R.make_report(RECORDED_SWEEP / "job2", plots=False, write=False)["checks"]}
     assert fine["vLLM KV cache"]["status"] == "ok" and "29.3 GB, 1,272,352 tokens" in fine["vLLM KV cache"]["message"]
+    # what `make report RUN=<job>` prints (a recorded folder: nothing written)
+    proc = run_module("grpo_lab.report", RECORDED_SWEEP / "job1")
+    assert "[WARN] vLLM KV cache: vLLM's KV cache 1.17 GB, 50,736 tokens" in proc.stdout, proc.stdout + proc.stderr
+    assert not (RECORDED_SWEEP / "job1" / "report.json").exists()
 
 
 def test_no_kv_cache_check_without_vllm_lines_or_a_plan(tmp_path):

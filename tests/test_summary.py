@@ -15,6 +15,7 @@ import yaml
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from conftest import run_module
 from grpo_lab import report as R
 from grpo_lab import summary as S
 
@@ -223,10 +224,14 @@ def test_a_sweep_cut_short_is_ranked_at_the_last_step_every_job_validated(tmp_pa
                     sweep)
     table = S.summarize_sweep(sweep, plots=False).set_index("job")
     assert list(table["val_step"]) == [10, 10, 15]
-    text = (sweep / "summary.md").read_text()
-    assert ("Validation at step 10, the last step every validated job reached: job2 (actor_lr=3e-05) 0.422, "
-            "job0 (actor_lr=3e-06) 0.164, job1 (actor_lr=1e-05) 0.156. Best: job2 (actor_lr=3e-05), +32.8 points "
-            "since step 0.") in text
+    ranking = ("Validation at step 10, the last step every validated job reached: job2 (actor_lr=3e-05) 0.422, "
+               "job0 (actor_lr=3e-06) 0.164, job1 (actor_lr=1e-05) 0.156. Best: job2 (actor_lr=3e-05), +32.8 points "
+               "since step 0.")
+    assert ranking in (sweep / "summary.md").read_text()
+    # what `make report RUN=<sweep>` prints
+    proc = run_module("grpo_lab.report", sweep)
+    assert proc.returncode == 0, proc.stderr
+    assert ranking in proc.stdout and "| val_last | val_step |" in proc.stdout
 
 
 def test_no_ranking_without_two_validated_jobs():
