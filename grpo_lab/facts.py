@@ -8,6 +8,7 @@ atomic file writes, and what the machine, the files and the config folder say (c
     parquet_num_rows(path)                                   from the footer, without pyarrow
     known_model_keys()                                       keys verl accepts under actor_rollout_ref.model
     model_groups()                                           conf/model/*.yaml: model_path -> the group's lab.model
+    random_weights_mark(config)                              a random-weight model's mark (grpo_lab.qwen3_random)
 """
 
 from __future__ import annotations
@@ -120,6 +121,26 @@ def model_groups() -> dict[str, dict[str, Any]]:
             if isinstance(key, str) and key and "${" not in key:
                 out.setdefault(key, dict(model))
     return out
+
+
+# the key grpo_lab.qwen3_random writes into config.json: its value starts "random weights: memory and speed only"
+RANDOM_WEIGHTS_KEY = "grpo_lab_random_weights"
+
+
+def random_weights_mark(config: Mapping[str, Any] | str | os.PathLike | None) -> str:
+    """The mark of a model with random weights ("random weights: memory and speed only: ..."), or "": from a
+    config.json mapping, or from a model folder / its config.json path."""
+    if config is not None and not isinstance(config, Mapping):
+        path = Path(os.path.expanduser(str(config)))
+        path = path / "config.json" if path.is_dir() else path
+        try:
+            import json
+
+            config = json.loads(path.read_text()) if path.name == "config.json" else {}
+        except (OSError, ValueError):
+            config = {}
+    mark = (config or {}).get(RANDOM_WEIGHTS_KEY) if isinstance(config, Mapping) else None
+    return mark if isinstance(mark, str) and mark else ""
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class PreflightReport:
     batch: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
     title: str = ""
+    random_weights: str = ""  # the model folder's mark (grpo_lab.qwen3_random): "random weights: memory and ..."
     fix_all: str = ""  # the overrides that clear every error together ("" with one error or none)
     fix_all_passes: bool = False
 
@@ -54,6 +55,8 @@ class PreflightReport:
     def to_json(self) -> dict[str, Any]:
         out = {"batch": self.batch, "memory": self.memory, "errors": [p.to_json() for p in self.errors],
                "warnings": [p.to_json() for p in self.warnings], "notes": list(self.notes)}
+        if self.random_weights:
+            out["random_weights"] = self.random_weights
         if self.fix_all:
             out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes}
         return out
@@ -80,6 +83,7 @@ def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[st
     name = (c.model.info or {}).get("name") if c.model else None
     report.title = (f"{name or c.get(A + 'model.path', '?')} on "
                     f"{(lab.get('hardware') or {}).get('name', '?')}, variant {lab.get('variant', '?')}")
+    report.random_weights = c.model.random_weights if c.model else ""
     report.batch = c.batch
     report.memory = {k: v for k, v in c.plan.items() if not k.startswith("_")}
     report.errors = [p for p in problems if p.level == "error"]
@@ -102,6 +106,8 @@ def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[st
 
 def _format(r: PreflightReport) -> str:
     out = [f"grpo-lab preflight: {r.title}" if r.title else "grpo-lab preflight"]
+    if r.random_weights:
+        out.append(f"  {r.random_weights}")
     b = r.batch
     if b.get("train_batch_size"):
         out.append("")

@@ -542,6 +542,16 @@ def check_kv_cache(run: RunInfo) -> Check | None:
                  "cache to that size instead of measuring).")
 
 
+def check_random_weights(run: RunInfo) -> Check | None:
+    """A model with random weights (grpo_lab.qwen3_random): its plan.json says so, else its folder's config.json."""
+    mark = run.plan.get("random_weights") or facts.random_weights_mark(
+        run.verl_value("actor_rollout_ref.model.path"))
+    if not mark:
+        return None
+    return Check("model", WARN, f"{mark}. The memory, time and throughput checks hold; reward, validation, entropy "
+                                "and clipping describe noise.")
+
+
 def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     st = run.status.get("status")
     steps = M.training_steps(run.df)
@@ -587,6 +597,9 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
 def run_checks(run: RunInfo) -> tuple[list[Check], list[doctor.Diagnosis]]:
     status, diags = check_status(run)
     checks = [status]
+    random_weights = check_random_weights(run)
+    if random_weights:
+        checks.append(random_weights)
     reward_trend = trend(_train_series(run.df, "critic/score/mean"))
     if not run.df.empty:
         checks += [check_reward(run), check_validation(run, reward_trend), check_clip_ratio(run),

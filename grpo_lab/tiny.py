@@ -38,7 +38,7 @@ from pathlib import Path
 
 from grpo_lab.data import DATA_SOURCE, INSTRUCTION, gsm8k_row, write_splits
 
-FORMAT_VERSION = 1  # bump when what this module writes changes, so old outputs are rebuilt
+FORMAT_VERSION = 2  # bump when what this module writes changes, so old outputs are rebuilt
 STAMP = "grpo_lab_tiny.json"
 
 # ------------------------------------------------------------------------------------------------------ the model
@@ -234,13 +234,11 @@ def tokenizer_corpus(records: list[dict]) -> list[str]:
 # ------------------------------------------------------------------------------------------------------ builders
 
 
-def build_tokenizer(corpus: list[str], vocab_size: int):
-    """A transformers fast tokenizer: byte-level BPE trained on corpus, Qwen3's added tokens, ChatML template."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+def qwen_pipeline(bpe):
+    """A tokenizers.Tokenizer around a byte-level BPE model with the pipeline of Qwen2/Qwen3's tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 
-    tok = Tokenizer(models.BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
-                               fuse_unk=False, byte_fallback=False))
+    tok = Tokenizer(bpe)
     # the same pipeline as transformers' Qwen2Tokenizer builds, so loading by either class gives the same ids
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -248,10 +246,17 @@ def build_tokenizer(corpus: list[str], vocab_size: int):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(ADDED_TOKENS), min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
-    tok.train_from_iterator(corpus, trainer=trainer)
-    for content, special in ADDED_TOKENS:  # one by one, so the ids follow ADDED_TOKENS' order
+    return tok
+
+
+def finish_tokenizer(tok, vocab_size: int, reserved: list[str] = ()):
+    """Qwen3's added tokens (then `reserved` special tokens) after tok's vocabulary, wrapped as a transformers fast
+    tokenizer with Qwen3's chat template; at most vocab_size tokens in all."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    added = list(ADDED_TOKENS) + [(content, True) for content in reserved]
+    for content, special in added:  # one by one, so the ids follow the list's order
         token = AddedToken(content, special=special, normalized=False)
         if special:
             tok.add_special_tokens([token])
@@ -261,11 +266,28 @@ def build_tokenizer(corpus: list[str], vocab_size: int):
         raise AssertionError(f"tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {vocab_size}")
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token=EOS, pad_token=PAD, unk_token=None,
-        additional_special_tokens=[c for c, special in ADDED_TOKENS if special and c not in (EOS, PAD)],
+        additional_special_tokens=[c for c, special in added if special and c not in (EOS, PAD)],
         model_max_length=131072, clean_up_tokenization_spaces=False, split_special_tokens=False,
         add_prefix_space=False, errors="replace")
     hf.chat_template = CHAT_TEMPLATE
     return hf
+
+
+def bpe_trained(corpus: list[str], vocab_size: int):
+    """A tokenizers.Tokenizer (Qwen's pipeline): byte-level BPE trained on corpus up to vocab_size tokens."""
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = qwen_pipeline(models.BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
+                                   fuse_unk=False, byte_fallback=False))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int):
+    """A transformers fast tokenizer: byte-level BPE trained on corpus, Qwen3's added tokens, ChatML template."""
+    return finish_tokenizer(bpe_trained(corpus, vocab_size - len(ADDED_TOKENS)), vocab_size)
 
 
 def save_tokenizer(tokenizer, path: Path) -> None:
@@ -281,30 +303,41 @@ def save_tokenizer(tokenizer, path: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
-def build_model(arch: Arch, tokenizer, seed: int, path: Path) -> int:
-    """Random-weight Qwen3ForCausalLM saved (bf16 safetensors + generation_config.json) to path; returns #params."""
+def build_model(arch: Arch, tokenizer, seed: int, path: Path, *, device: str = "cpu", max_shard_size: str = "5GB",
+                config_extra: dict | None = None) -> int:
+    """Random-weight Qwen3ForCausalLM saved (bf16 safetensors + generation_config.json) to path; returns #params.
+
+    Initialised in bf16 on `device` (transformers' init: normal(0, 0.02), norms 1), seeded: no fp32 copy anywhere.
+    config_extra: more keys for config.json."""
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
 
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
     pad_id = tokenizer.convert_tokens_to_ids(PAD)
     config = Qwen3Config(
         **asdict(arch), hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1_000_000.0, attention_bias=False,
-        attention_dropout=0.0, use_sliding_window=False, sliding_window=None, initializer_range=0.02,
-        bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, use_cache=True,
+        attention_dropout=0.0, use_sliding_window=False, sliding_window=None, max_window_layers=arch.num_hidden_layers,
+        initializer_range=0.02, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, use_cache=True,
+        **(config_extra or {}),
     )
     config.architectures = ["Qwen3ForCausalLM"]
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # parameters are created (and initialised) in bf16
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.set_default_dtype(before)
     model.config.dtype = torch.bfloat16
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard_size)
     return sum(p.numel() for p in model.parameters())
 
 
-def _stamp_ok(path: Path, settings: dict) -> bool:
+def _stamp_ok(path: Path, settings: dict, stamp: str) -> bool:
     try:
-        return json.loads((path / STAMP).read_text()) == settings
+        return json.loads((path / stamp).read_text()) == settings
     except (OSError, ValueError):
         return False
 
@@ -329,16 +362,17 @@ def publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build_dir(final: Path, settings: dict, force: bool, fill) -> bool:
-    """Run fill(tmp_dir) and publish it as final unless final already holds these settings; True when built."""
-    if not force and _stamp_ok(final, settings):
+def build_dir(final: Path, settings: dict, force: bool, fill, stamp: str = STAMP) -> bool:
+    """Run fill(tmp_dir) and publish it as final unless final already holds these settings (its stamp file);
+    True when built."""
+    if not force and _stamp_ok(final, settings, stamp):
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         fill(tmp)
         chmod_default(tmp)
-        (tmp / STAMP).write_text(json.dumps(settings, indent=2) + "\n")
+        (tmp / stamp).write_text(json.dumps(settings, indent=2) + "\n")
         publish(tmp, final)
     finally:
         if tmp.exists():
@@ -359,7 +393,7 @@ def make_tiny(out: str | os.PathLike, variants: list[str], n_train: int = 512, n
                       for split, recs in splits.items()}, tmp)
 
     t0 = time.perf_counter()
-    built = _build_dir(paths["arith_tiny"], data_settings, force, fill_data)
+    built = build_dir(paths["arith_tiny"], data_settings, force, fill_data)
     log(f"{'wrote' if built else 'kept '} {paths['arith_tiny']}/: train {n_train} rows, test {n_test} rows "
         f"(data_source {DATA_SOURCE})" + (f" in {time.perf_counter() - t0:.1f}s" if built else ""))
 
@@ -378,7 +412,7 @@ def make_tiny(out: str | os.PathLike, variants: list[str], n_train: int = 512, n
             info["params"] = build_model(arch, tokenizer, seed, tmp)
 
         t0 = time.perf_counter()
-        built = _build_dir(paths[name], settings, force, fill_model)
+        built = build_dir(paths[name], settings, force, fill_model)
         if built:
             log(f"wrote {paths[name]}/: Qwen3ForCausalLM {info['params'] / 1e6:.2f}M parameters "
                 f"({arch.num_hidden_layers} layers, hidden {arch.hidden_size}, vocab {arch.vocab_size}), "

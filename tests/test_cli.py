@@ -71,6 +71,8 @@ NOT_RUN = {
     "make own-data": "reads the user's own file; tests/test_own_data.py runs it on files it writes",
     "make doctor": "reads a run's log; tests/test_doctor.py and tests/test_refusals.py run it",
     "make report": "reads a run's folder; tests/test_report.py and tests/test_refusals.py run it",
+    "make qwen3-random": "writes Qwen3-size models into data/ of the checkout; tests/test_qwen3_random.py builds "
+                         "a reduced one into a tmp dir",
     "make smollm2": "writes the converted model into data/ of the checkout; tests/test_smollm2.py converts into a tmp dir",
     "make arith-oneshot": "writes data/ of the checkout; tests/test_arith.py runs the generator",
     "make countdown": "writes data/ of the checkout; tests/test_countdown.py runs the generator",

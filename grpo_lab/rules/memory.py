@@ -24,6 +24,7 @@ class ModelFacts:
     info: dict[str, Any] = field(default_factory=dict)  # name, hub_id, thinking (a model group's lab.model)
     mismatch: str = ""  # model_path names no model we know, and the model group is another one
     notes: list[str] = field(default_factory=list)
+    random_weights: str = ""  # the folder's mark: random weights, for memory and speed only (grpo_lab.qwen3_random)
 
 
 def _thaw(m: Any) -> dict[str, Any]:
@@ -47,7 +48,8 @@ def resolve_model(c: Ctx) -> ModelFacts:
     notes: list[str] = []
     if local is not None and (local / "config.json").is_file():
         try:
-            return ModelFacts(_from_config_json(local / "config.json", str(local / "config.json")), info)
+            return ModelFacts(_from_config_json(local / "config.json", str(local / "config.json")), info,
+                              random_weights=facts.random_weights_mark(local / "config.json"))
         except (OSError, ValueError, KeyError, TypeError) as e:
             notes.append(f"could not read {local / 'config.json'} ({e}); planning the model group's facts")
     cached = facts.hf_cached_config(path, c.environ) if path and not (local and local.exists()) else None
