@@ -119,6 +119,11 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     except EmulationError as e:
         raise GrpoLabError(str(e)) from None
     # --- end of emulation hook
+    # --- side-by-side hook (grpo_lab/kv_pin.py): each job's vLLM KV cache pinned to the plan's (the user's pin wins)
+    from grpo_lab.kv_pin import mark_changed, pin_side_by_side
+
+    verl, kv_pin = pin_side_by_side(planned, verl, lab, os.environ)
+    # --- end of side-by-side hook
     _write_yaml(job_dir / "verl_config.yaml", verl)
 
     from grpo_lab.inputs import check_inputs
@@ -130,6 +135,7 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     from grpo_lab.provenance import for_job
 
     plan["changed_defaults"] = changed = for_job(verl, multirun=multirun)
+    mark_changed(changed, kv_pin)  # side-by-side hook
     if emulation:  # emulation hook: what vLLM and torch really get, and which values it scaled
         plan["emulation"] = emulation
         mark_scaled(changed, emulation)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from conftest import ROOT, composed
 from grpo_lab import memplan
@@ -307,12 +308,34 @@ def test_side_by_side_jobs_with_a_fifth_each_run_at_once(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Joblib.Parallel(n_jobs=3" in proc.stdout + proc.stderr  # Hydra's joblib launcher ran them
     assert len(plans) == 3 and all(p["errors"] == [] for p in plans)
-    # each job's vLLM cache pinned to the plan's size, so neighbours starting at once cannot shrink it
-    for plan in plans:
-        w = next(w for w in plan["warnings"] if w["rule"] == "side_by_side_jobs")
-        assert "one of three got 1.09 GiB" in w["message"]
-        assert w["fix"] == "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=27430000000"
-        assert w["checked"] == "re-checked: the preflight passes this rule with it"
+    # each job's vLLM cache pinned to the plan's size without typing it, so neighbours starting at once cannot shrink
+    # it: in the config verl gets, and the plan (plan.json and the console) says so
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+    for plan, verl_yaml in zip(plans, sorted((tmp_path / "sweep").glob("job*/verl_config.yaml"))):
+        assert not [w for w in plan["warnings"] if w["rule"] == "side_by_side_jobs"]
+        assert plan["memory"]["kv_cache"]["kv_cache_gb"] == 27.43
+        verl = yaml.safe_load(verl_yaml.read_text())
+        assert verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]["kv_cache_memory_bytes"] == 27430000000
+        assert any(n.startswith("hydra/launcher=side_by_side: each job's vLLM KV cache is pinned to the plan's "
+                                "27.43 GB (+" + key + "=27430000000 in verl_config.yaml, set by the launcher)")
+                   for n in plan["notes"]), plan["notes"]
+        changed = next(c for c in plan["changed_defaults"] if c["key"] == key)
+        assert changed["ours"] == 27430000000 and changed["set_by"].startswith("hydra/launcher=side_by_side")
+    assert proc.stdout.count("pinned to the plan's 27.43 GB") == 3  # each job's console
+
+
+def test_side_by_side_jobs_keep_the_users_own_kv_pin(tmp_path):
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+    proc, plans = _side_by_side(tmp_path, "rollout_gpu_mem_util=0.2", f"+{key}=20000000000")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    verls = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "sweep").glob("job*/verl_config.yaml"))]
+    assert len(plans) == len(verls) == 3
+    for plan, verl in zip(plans, verls):
+        assert verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]["kv_cache_memory_bytes"] == 20000000000
+        assert plan["memory"]["kv_cache"]["kv_cache_gb"] == 20.0
+        assert any("pinned to your 20.00 GB" in n for n in plan["notes"]), plan["notes"]
+        changed = next(c for c in plan["changed_defaults"] if c["key"] == key)
+        assert "side_by_side" not in changed["set_by"]  # the command line set it
 
 
 def test_side_by_side_jobs_counts_only_the_joblib_launcher():

@@ -205,6 +205,9 @@ def lora_load_format(c: Ctx) -> Iterable[Problem]:
                     f"{load_format!r} vLLM starts without them", "actor_rollout_ref.rollout.load_format=safetensors")
 
 
+OVERRIDE_KV = "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+
+
 @rule("side_by_side_jobs")
 def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     """hydra/launcher=side_by_side: up to k jobs at once on the same GPUs and host, each with its own Ray cluster and
@@ -239,9 +242,19 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
                     f"host RAM each = {k * total:.1f} GB > {cap:.0f} GB. Run fewer at once "
                     f"(hydra.launcher.n_jobs={max(1, int(cap // total))})")
     kv = plan.get("kv_cache") or {}
-    if kv.get("engine") == "vllm" and not kv.get("kv_cache_memory_bytes") and float(kv.get("kv_cache_gb") or 0) > 0:
+    pin = c.lab.get("side_by_side_kv_pin") or {}
+    if pin.get("by") == "launcher":  # grpo_lab/kv_pin.py put the plan's KV cache into the config verl gets
+        yield note(f"hydra/launcher=side_by_side: each job's vLLM KV cache is pinned to the plan's "
+                   f"{float(pin['bytes']) / 1e9:.2f} GB ({OVERRIDE_KV}={pin['bytes']} in verl_config.yaml, set by "
+                   f"the launcher), so a job starting beside it cannot take from it; a value of your own for "
+                   f"{OVERRIDE_KV} wins")
+    elif kv.get("kv_cache_memory_bytes") and pin.get("by") == "user":
+        yield note(f"hydra/launcher=side_by_side: each job's vLLM KV cache is pinned to your "
+                   f"{kv['kv_cache_memory_bytes'] / 1e9:.2f} GB ({OVERRIDE_KV}={kv['kv_cache_memory_bytes']}), "
+                   f"not to the plan's size")
+    elif kv.get("engine") == "vllm" and not kv.get("kv_cache_memory_bytes") and float(kv.get("kv_cache_gb") or 0) > 0:
         gb = float(kv["kv_cache_gb"])
-        pin = f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={int(gb * 1e9)}"
+        pin = f"{OVERRIDE_KV}={int(gb * 1e9)}"
         yield warn(f"hydra/launcher=side_by_side: each job's vLLM sizes its KV cache from the card's free memory while "
                    f"it profiles, and a job starting beside it at that moment takes from it (on the GPU test machine "
                    f"one of three got 1.09 GiB instead of ~26; benchmarks/gpu/README.md). Pin each job's cache to the "
