@@ -458,9 +458,30 @@ def _lora_no_shard(log: Log, v: Values) -> list[Diagnosis]:
         remedy=("Seen on the GPU test machine (verl 0.9.1, SmolLM2-135M, one H200): with one GPU torch's FSDP runs "
                 "NO_SHARD, and verl's LoRA sync with rollout.layered_summon=true falls back to "
                 "FSDP.summon_full_params(offload_to_cpu=True), which NO_SHARD does not support; it fails at the first "
-                "weight sync, after start-up. The preflight refuses this (rule lora_layered_summon_one_gpu). Turn "
-                "layered_summon off on one GPU (verl then summons without offload), or use FSDP2."),
-        overrides=["actor_rollout_ref.rollout.layered_summon=false"])]
+                "weight sync, after start-up. The preflight refuses this (rule lora_layered_summon_one_gpu). Use "
+                "FSDP2 (layered_summon=false alone is no way out with peft >= 0.21: rule lora_fsdp1_adapter)."),
+        overrides=["actor_rollout_ref.actor.strategy=fsdp2"])]
+
+
+# vLLM 0.24's LoRAModelManager._create_merged_loras_inplace: next(iter(lora_model.loras.values())) on an empty adapter
+_LORA_EMPTY = re.compile(r"in _create_merged_loras_inplace|first_lora: LoRALayerWeights = next\(iter\(")
+
+
+@_signature
+def _lora_empty_adapter(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_LORA_EMPTY)
+    if i is None:
+        return []
+    return [Diagnosis(
+        id="lora_empty_adapter",
+        title="LoRA weight sync failed: vLLM's add_lora got an adapter with no LoRA weights (StopIteration)",
+        evidence=log.evidence(i), line=i + 1, phase="training",
+        remedy=("Seen on the GPU test machine (verl 0.9.1, vLLM 0.24, peft 0.21, one H200, layered_summon=false): "
+                "under FSDP1 verl's collect_lora_params finds no adapter tensors with peft >= 0.21 (its module paths "
+                "keep FSDP1's inner _fsdp_wrapped_module.), so vLLM's _create_merged_loras_inplace stops on an empty "
+                "adapter and the job then hangs. The preflight refuses this (rule lora_fsdp1_adapter). Use FSDP2, "
+                "or send merged weights (actor_rollout_ref.model.lora.merge=true)."),
+        overrides=["actor_rollout_ref.actor.strategy=fsdp2"])]
 
 
 @_signature

@@ -57,7 +57,9 @@ MEMORY_RULES = frozenset({"memory_generation", "memory_training", "memory_weight
 # host <-> device copies per card when lab.hardware.pcie_gb_s is not given (pinned memory, one x16 link per card)
 PCIE_GB_S = {"pcie3": 12.0, "pcie4": 25.0, "pcie5": 50.0}
 PCIE_DEFAULT = ("pcie4", 25.0)
-LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors"}
+# LoRA as conf/model/qwen3_8b_lora.yaml sets it; FSDP2: with FSDP1 verl 0.9.1 sends vLLM an empty adapter (peft >= 0.21)
+LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors",
+        A + "actor.strategy": "fsdp2"}
 MAX_COMBO = 3
 
 

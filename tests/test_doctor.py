@@ -57,6 +57,15 @@ def test_recorded_flashinfer_start_failure():
     assert "torchtitan" not in d.evidence
 
 
+
+def test_recorded_lora_empty_adapter():
+    """RECORDED excerpt (GPU test machine, 2026-12-03): LoRA with FSDP1 and layered_summon=false on one H200; vLLM's
+    add_lora got an adapter with no LoRA weights."""
+    d = one(synth.RECORDED_LORA_EMPTY_LOG)
+    assert d.id == "lora_empty_adapter"
+    assert d.overrides == ["actor_rollout_ref.actor.strategy=fsdp2"]
+    assert "_create_merged_loras_inplace" in d.evidence and "lora_fsdp1_adapter" in d.remedy
+
 LORA_JOB = (Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "results" / "2026-12-03-smollm2-variants-lora"
             / "lora" / "lora_safetensors")
 
@@ -67,7 +76,7 @@ def test_recorded_lora_one_gpu_failure_read_from_status_json(tmp_path):
     assert "not supported yet" not in (LORA_JOB / "train.log").read_text()
     _, ds = doctor.diagnose_path(LORA_JOB)
     assert [d.id for d in ds] == ["lora_fsdp_no_shard"]
-    assert ds[0].overrides == ["actor_rollout_ref.rollout.layered_summon=false"]
+    assert ds[0].overrides == ["actor_rollout_ref.actor.strategy=fsdp2"]
     assert "offload_to_cpu=True and NO_SHARD is not supported yet" in ds[0].evidence
     # without status.json's error the same log reads as a silent stop: the fallback is what finds it
     job = tmp_path / "job"

@@ -32,7 +32,7 @@ ALLOWED = {
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking", "actor_rollout_ref.rollout.layered_summon",
 }
 LORA_KEYS = {"actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora_alpha",
-             "actor_rollout_ref.rollout.load_format"}
+             "actor_rollout_ref.rollout.load_format", "actor_rollout_ref.actor.strategy"}
 BATCH = ("train_batch_size", "rollout_n", "ppo_mini_batch_size", "updates_per_step", "sequence_length")
 WAY_OUT = re.compile(r"a bigger card: .* \d+ GB|more GPUs: \d+ GPUs|LoRA|a smaller model: model=\w+")
 
@@ -50,8 +50,8 @@ def test_every_model_on_every_hardware_fits_or_says_what_would(model, hardware):
     if res.blocked and "[lora_layered_summon_one_gpu]" in res.blocked[0]:
         # a LoRA option made for several GPUs on one GPU: not a memory problem, so the fit names the preflight's fix
         # first (seen failing on the GPU test machine); with that fix the fit goes on as for every other pair
-        assert len(res.blocked) == 1 and "actor_rollout_ref.rollout.layered_summon=false" in text, text
-        first_fix = ["actor_rollout_ref.rollout.layered_summon=false"]
+        assert len(res.blocked) == 1 and "actor_rollout_ref.actor.strategy=fsdp2" in text, text
+        first_fix = ["actor_rollout_ref.actor.strategy=fsdp2"]
         verl, lab = composed(f"model={model}", f"hardware={hardware}", *first_fix)
         res = F.fit(verl, lab)
         text = F.format_result(res, "python run.py ...")

@@ -241,40 +241,68 @@ def test_memory_training_oom_fix_is_rechecked():
     assert p.fix and p.checked.startswith("re-checked: the preflight passes")
 
 
-# ---- lora_layered_summon_one_gpu -------------------------------------------------------------------------------------
-# seen on the GPU test machine (benchmarks/gpu/results/2026-12-03-smollm2-variants-lora/lora/): LoRA + layered_summon
-# on one GPU with FSDP1 failed at the first weight sync, with either load format
+# ---- lora_layered_summon_one_gpu, lora_fsdp1_adapter ----------------------------------------------------------------
+# seen on the GPU test machine (benchmarks/gpu/results/2026-12-03-smollm2-variants-lora/lora/ and
+# /work/shared/recorded/2026-12-03-ceo-smollm2-recheck/): LoRA with FSDP1 on one GPU failed at the first weight sync,
+# with layered_summon=true (NO_SHARD) and with layered_summon=false (vLLM's add_lora got an empty adapter)
 
 LORA_ONE_GPU = ("experiment=smoke_smollm2", "hardware=h200x1", "actor_rollout_ref.model.lora_rank=64",
                 "actor_rollout_ref.model.lora_alpha=32", "actor_rollout_ref.model.target_modules=all-linear",
                 "actor_rollout_ref.rollout.layered_summon=true", "actor_rollout_ref.rollout.load_format=safetensors")
+FSDP2 = "actor_rollout_ref.actor.strategy=fsdp2"
 
 
 def test_lora_layered_summon_on_one_gpu_is_refused_with_a_fix_that_passes():
     r = check(*composed(*LORA_ONE_GPU))
     p = only(r.errors, "lora_layered_summon_one_gpu")
     assert "NO_SHARD" in p.message and "lora_rank=64" in p.message
-    assert p.fix == "actor_rollout_ref.rollout.layered_summon=false"
+    assert p.fix == FSDP2
     assert "passes" in p.checked
-    assert "lora_layered_summon_one_gpu" not in rules(check(*composed(*LORA_ONE_GPU[:-2],
-                                                                     "actor_rollout_ref.rollout.layered_summon=false",
-                                                                     LORA_ONE_GPU[-1])).errors)
+    assert not rules(check(*composed(*LORA_ONE_GPU, FSDP2)).errors)
 
 
-@pytest.mark.parametrize("other", ["hardware=rtx4080x4", "actor_rollout_ref.actor.strategy=fsdp2",
-                                   "actor_rollout_ref.model.lora_rank=0"])
-def test_lora_layered_summon_is_fine_sharded_on_fsdp2_or_without_lora(other):
+@pytest.mark.parametrize("other", ["hardware=rtx4080x4", FSDP2, "actor_rollout_ref.model.lora_rank=0",
+                                   "actor_rollout_ref.model.lora.merge=true"])
+def test_lora_layered_summon_is_fine_sharded_on_fsdp2_merged_or_without_lora(other):
     r = check(*composed(*LORA_ONE_GPU, other))
     assert "lora_layered_summon_one_gpu" not in rules(r.errors + r.warnings)
 
 
-def test_lora_layered_summon_one_gpu_through_run_py(tmp_path):
+@pytest.mark.parametrize("hardware", ["hardware=h200x1", "hardware=rtx4080x4"])
+def test_lora_adapter_with_fsdp1_is_refused_with_layered_summon_off_too(hardware):
+    # the CPU venv has peft >= 0.21, as the GPU test machine did: the adapter verl collects under FSDP1 is empty
+    r = check(*composed(*LORA_ONE_GPU[:-2], "actor_rollout_ref.rollout.layered_summon=false", LORA_ONE_GPU[-1],
+                        hardware))
+    p = only(r.errors, "lora_fsdp1_adapter")
+    assert "StopIteration" in p.message and "peft 0.2" in p.message
+    assert p.alternatives == [FSDP2, "actor_rollout_ref.model.lora.merge=true"]
+    assert "passes" in p.checked
+
+
+@pytest.mark.parametrize("other", [FSDP2, "actor_rollout_ref.model.lora.merge=true",
+                                   "actor_rollout_ref.model.lora_rank=0"])
+def test_lora_adapter_is_fine_with_fsdp2_or_merged(other):
+    r = check(*composed(*LORA_ONE_GPU[:-2], "actor_rollout_ref.rollout.layered_summon=false", LORA_ONE_GPU[-1],
+                        other))
+    assert "lora_fsdp1_adapter" not in rules(r.errors + r.warnings)
+
+
+def test_lora_on_one_gpu_through_run_py(tmp_path):
     from conftest import run_py
 
     proc = run_py(*LORA_ONE_GPU, "preflight.only=true", f"hydra.run.dir={tmp_path / 'job'}")
     out = proc.stdout + proc.stderr
-    assert "lora_layered_summon_one_gpu" in out and "actor_rollout_ref.rollout.layered_summon=false" in out
+    assert "lora_layered_summon_one_gpu" in out and "lora_fsdp1_adapter" in out and FSDP2 in out
     assert "nothing was started" in out
+
+
+def test_qwen3_8b_lora_on_one_gpu_passes_the_lora_rules_through_run_py(tmp_path):
+    from conftest import run_py
+
+    proc = run_py("model=qwen3_8b_lora", "hardware=h200x1", "rollout_tp=1", "preflight.only=true",
+                  f"hydra.run.dir={tmp_path / 'job'}")
+    out = proc.stdout + proc.stderr
+    assert "lora_fsdp1_adapter" not in out and "lora_layered_summon_one_gpu" not in out, out
 
 
 # ---- side_by_side_jobs -----------------------------------------------------------------------------------------------

@@ -32,11 +32,10 @@ source benchmarks/gpu/session_lib.sh
 WHEELS=${WHEELS:-/root/wheels}
 read -ra EXTRA_ARGS <<< "${EXTRA:-}"
 HW=(hardware=h200x1 "${EXTRA_ARGS[@]}")
-# LoRA as conf/model/qwen3_8b_lora.yaml sets it, on the small model, except layered_summon: on one GPU with FSDP1 it
-# failed at the first weight sync (NO_SHARD; 2026-12-03, benchmarks/gpu/README.md), now preflight rule
-# lora_layered_summon_one_gpu
+# LoRA as conf/model/qwen3_8b_lora.yaml sets it, on the small model: FSDP2, since with FSDP1 verl 0.9.1 sends vLLM an
+# empty adapter (peft >= 0.21; benchmarks/gpu/README.md "LoRA on one GPU", rule lora_fsdp1_adapter)
 LORA=(actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32
-  actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.rollout.layered_summon=false)
+  actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.actor.strategy=fsdp2)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 case "${1:-}" in
@@ -72,7 +71,8 @@ case "${1:-}" in
     ;;
   lora_safetensors)
     timed lora_safetensors 400 python3 run.py experiment=smoke_smollm2 "${HW[@]}" "${LORA[@]}" \
-      actor_rollout_ref.rollout.load_format=safetensors experiment_name=smoke_smollm2_lora_safetensors \
+      actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.rollout.layered_summon=true \
+      experiment_name=smoke_smollm2_lora_safetensors \
       hydra.run.dir="$LOGS/lora_safetensors"
     pack lora_safetensors
     ;;
@@ -80,8 +80,9 @@ case "${1:-}" in
     # the preflight refuses LoRA with load_format=dummy (rule lora_load_format, an error no override waives), so
     # this job goes through raw verl: the same overrides (grpo_lab.rawcmd composes them without the preflight;
     # `dummy` is verl's default load_format, named again last), metrics through verl's file logger
+    # layered_summon=false: verl's base-weight sync (dummy) refuses layered_summon
     python3 -m grpo_lab.rawcmd --list experiment=smoke_smollm2 "${HW[@]}" "${LORA[@]}" \
-      experiment_name=smoke_smollm2_lora_dummy > "$LOGS/dummy_args.txt"
+      actor_rollout_ref.rollout.layered_summon=false experiment_name=smoke_smollm2_lora_dummy > "$LOGS/dummy_args.txt"
     RAW_ARGS_FILE=$LOGS/dummy_args.txt VERL_FILE_LOGGER_PATH=$LOGS/lora_dummy.metrics.jsonl \
       timed lora_dummy 400 bash benchmarks/gpu/raw_verl.sh actor_rollout_ref.rollout.load_format=dummy
     pack lora_dummy

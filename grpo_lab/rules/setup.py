@@ -261,22 +261,75 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
                    f"plan's {gb:.2f} GB", pin)
 
 
+def _installed_version(dist: str) -> tuple[int, ...] | None:
+    """The installed distribution's version as numbers (read from its metadata, nothing imported); None: absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version(dist)
+    except PackageNotFoundError:
+        return None
+    nums = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        nums.append(int(digits))
+    return tuple(nums)
+
+
+# peft 0.21 selects an adapter's tensors by module path (tuners_utils._get_tuner_state_dict_key_prefixes); before, by
+# "lora_" in the key. See rule lora_fsdp1_adapter.
+PEFT_PATH_MATCH = (0, 21)
+
+
+def _fsdp1_lora_adapter(c: Ctx) -> bool:
+    """LoRA sent to vLLM as an adapter (not merged) by verl's FSDP1 engine."""
+    merge = str(c.get(A + "model.lora.merge", False)).lower() in ("true", "1")
+    # verl's FSDP actor config copies actor.strategy into its engine config (workers/config/actor.py)
+    return _lora_rank(c) > 0 and not merge and str(c.get(A + "actor.strategy", "fsdp")) == "fsdp"
+
+
+@rule("lora_fsdp1_adapter")
+def lora_fsdp1_adapter(c: Ctx) -> Iterable[Problem]:
+    """verl 0.9.1 collects the adapter for vLLM with peft's get_peft_model_state_dict (utils/fsdp_utils.py,
+    collect_lora_params). Under FSDP1 every decoder layer and LoRA leaf is its own FSDP unit, so the module paths peft
+    >= 0.21 builds keep an inner `_fsdp_wrapped_module.` while FSDP's state-dict keys drop it: nothing matches, the
+    adapter is empty and vLLM's add_lora stops in _create_merged_loras_inplace (StopIteration). Checked on CPU with
+    verl 0.9.1 and peft 0.21.2 on one and two ranks (0 tensors; FSDP2: all of them); seen on the GPU test machine."""
+    if not _fsdp1_lora_adapter(c):
+        return
+    peft = _installed_version("peft")
+    if peft is None or peft < PEFT_PATH_MATCH:
+        return
+    lora = _lora_rank(c)
+    yield error(f"LoRA (lora_rank={lora}) sent to vLLM as an adapter with FSDP1 (actor_rollout_ref.actor.strategy="
+                f"fsdp) and peft {'.'.join(map(str, peft))}: peft >= 0.21 picks the adapter's tensors by module "
+                f"path, and under FSDP1 those paths keep the inner _fsdp_wrapped_module. of each wrapped layer while "
+                f"the state dict's keys drop it, so verl 0.9.1's collect_lora_params sends vLLM an empty adapter: "
+                f"add_lora fails with StopIteration in _create_merged_loras_inplace at the first weight sync, after "
+                f"start-up, and the job then hangs (seen on the GPU test machine, any layered_summon). FSDP2 collects "
+                f"the adapter; or merge it into the weights verl sends",
+                ALT.join([A + "actor.strategy=fsdp2", A + "model.lora.merge=true"]))
+
+
 @rule("lora_layered_summon_one_gpu")
 def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
     lora = _lora_rank(c)
     if lora <= 0 or not c.get(A + "rollout.layered_summon", False):
         return
-    # verl's FSDP actor config copies actor.strategy into its engine config (workers/config/actor.py)
     strategy = str(c.get(A + "actor.strategy", "fsdp"))
     world = c.batch["n_gpus"]  # GPUs per node x nodes: FSDP's world size
-    if strategy == "fsdp" and world == 1:
+    if _fsdp1_lora_adapter(c) and world == 1:
         # seen on the GPU test machine (benchmarks/gpu/README.md, 2026-12-03): both load formats failed at the first
-        # weight sync with "NotImplementedError: offload_to_cpu=True and NO_SHARD is not supported yet"
+        # weight sync with "NotImplementedError: offload_to_cpu=True and NO_SHARD is not supported yet".
+        # layered_summon=false is no way out with peft >= 0.21 (rule lora_fsdp1_adapter); FSDP2 has no NO_SHARD
         yield error(f"LoRA (lora_rank={lora}) with actor_rollout_ref.rollout.layered_summon=true on {world} GPU with "
                     f"FSDP1 (strategy {strategy!r}): torch's FSDP runs NO_SHARD on one GPU, and verl 0.9.1's LoRA "
                     f"sync falls back to summon_full_params(offload_to_cpu=True), which NO_SHARD refuses; the job "
-                    f"fails at the first weight sync, after start-up (seen on the GPU test machine)",
-                    A + "rollout.layered_summon=false")
+                    f"fails at the first weight sync, after start-up (seen on the GPU test machine). FSDP2 gathers "
+                    f"the adapter layer by layer without it",
+                    A + "actor.strategy=fsdp2")
 
 
 @rule("dapo_filter_metric")
