@@ -22,8 +22,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/gpu/session_lib.sh
 read -ra EXTRA_ARGS <<< "${EXTRA:-}"
-# no flash-attn on the machine: torch's sdpa (grpo-lab's presets for real models leave verl's default)
-SDPA=+actor_rollout_ref.model.override_config.attn_implementation=sdpa
+# no flash-attn on the machine: torch's sdpa (++: smoke_smollm2 sets it already, and + refuses a key that exists)
+SDPA=++actor_rollout_ref.model.override_config.attn_implementation=sdpa
 HW=(hardware=h200x1 "$SDPA" "${EXTRA_ARGS[@]}")
 ARITH=(dataset=arith_tiny)
 Q=$PWD/data/qwen3  # + -<size>-random-weights (grpo_lab/qwen3_random.py)
