@@ -445,16 +445,16 @@ def _fits_with(ctx: Ctx, s: memplan.Settings, arch: memplan.Arch | None = None) 
 
 
 def _smallest_card(ctx: Ctx, s: memplan.Settings) -> float | None:
-    lo, hi = s.card_gb, 1024.0
-    if _fits_with(ctx, replace(s, card_gb=hi)) is None:
+    lo, hi = math.floor(s.card_gb), 1024  # whole GB: the smallest size that fits, not a real number rounded up
+    if _fits_with(ctx, replace(s, card_gb=float(hi))) is None:
         return None
-    while hi - lo > 1.0:
-        mid = (lo + hi) / 2
-        if _fits_with(ctx, replace(s, card_gb=mid)) is not None:
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits_with(ctx, replace(s, card_gb=float(mid))) is not None:
             hi = mid
         else:
             lo = mid
-    return float(math.ceil(hi))
+    return float(hi)
 
 
 def _fewest_gpus(ctx: Ctx, s: memplan.Settings, traj: int, mini_traj: int) -> tuple[int | None, int | None]:
