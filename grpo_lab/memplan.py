@@ -80,11 +80,11 @@ engine_workers.py, vllm_rollout/*), and what the plan assumes for each phase:
   gpu_memory_gb x 2^30, as vLLM does (its "Available KV cache memory" follows it); peaks are compared with the
   card's number read as GB, which leaves ~7% of the card spare for what the plan cannot see.
 
-Verdicts (grpo_lab/calibration.py, per regime, from the recorded runs): `oom` when a peak is above the card (or RAM)
-by more than the plan's measured error in that regime (UNMEASURED_MARGIN, 25%, where no run measured it; for the
-generation phase vLLM's budget is exact and only the rest carries the margin), `tight` above 80% of the card or
-above it within that margin, else `fits`. plan.json's `calibration` records, per verdict, the regime, whether it
-was measured and the margin used.
+Verdicts (grpo_lab/calibration.py, per regime, from the recorded runs): `oom` when a GPU phase's peak is above the
+card by more than the plan's measured error in that regime (UNMEASURED_MARGIN, 25%, where no run measured it; for
+the generation phase the engine's budget is exact and only the rest carries the margin), `tight` above 80% of the
+card or above it within that margin, else `fits`; host RAM (not calibrated) against the RAM as planned. plan.json's
+`calibration` records, per verdict, the regime, whether it was measured and the margin used.
 """
 
 from __future__ import annotations
