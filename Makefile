@@ -90,6 +90,10 @@ plan: ## preflight only: batch arithmetic, memory plan, problems; writes plan.js
 fit: ## search settings that fit every phase, print one command (ARGS="model=qwen3_4b ..." WRITE=<name> saves it)
 	$(PY) run.py preflight.fit=true $(ARGS) $(if $(WRITE),preflight.fit_write=$(WRITE)) $(if $(OVERWRITE),preflight.fit_overwrite=true)
 
+.PHONY: calibrate
+calibrate: ## replay the recorded GPU jobs through the memory plan; writes benchmarks/gpu/memplan_calibration.{json,md}
+	$(PY) benchmarks/calibrate_memplan.py --write
+
 report: ## health report of a job, or summary of a sweep: make report RUN=outputs/runs/<job>
 	@[ -n "$(RUN)" ] || { echo "usage: make report RUN=<job or sweep dir under outputs/>"; exit 2; }
 	$(PY) -m grpo_lab.report $(RUN)

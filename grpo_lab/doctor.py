@@ -786,7 +786,9 @@ def _stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Di
         evidence=ev, line=line,
         remedy=(f"The last line is above, {gone}. Hang causes at start: too few Ray CPUs (3 per GPU + 2 + the "
                 "TransferQueue storage units: ray_kwargs.ray_init.num_cpus), NCCL init on GeForce cards "
-                "(NCCL_P2P_DISABLE=1). vLLM's start alone can take minutes (3.5 min seen on an H200)."),
+                "(NCCL_P2P_DISABLE=1). vLLM's start alone takes minutes: 88 s from its server process to serving, "
+                "107 s after the actor was ready, for a tiny model on an H200 (benchmarks/gpu/results/2026-12-02-b/"
+                "phases.txt)."),
         overrides=[f"ray_kwargs.ray_init.num_cpus={v.cpus_needed()}", _env_override("NCCL_P2P_DISABLE", "1")])]
 
 

@@ -219,7 +219,8 @@ def for_devices(verl: dict[str, Any], lab: Mapping[str, Any],
             node = node[p]
         node[parts[-1]] = emu.scale(util)
         scaled[path] = {"planned": util, "handed_to_engine": emu.scale(util),
-                        "budget_gb": round(util * emu.card_gb, 2)}
+                        # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
+                        "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
     env = get(out, "ray_kwargs.ray_init.runtime_env.env_vars", {}) or {}
     info = {
         "emulated": True,

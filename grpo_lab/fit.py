@@ -3,7 +3,7 @@
     python run.py preflight.fit=true model=qwen3_4b hardware=rtx4080_16gbx4       # = make fit ARGS="..."
     python run.py preflight.fit_write=my_4b model=qwen3_4b hardware=...           # also saves conf/experiment/my_4b.yaml
 
-One job: search. The memory model is grpo_lab/memplan.py (measured at 0.95-1.02 of the real peaks on the H200);
+One job: search. The memory model is grpo_lab/memplan.py (how close it is, per regime: grpo_lab/calibration.py);
 this module only moves the settings a user can change without changing what is trained, in the guide's order of
 preference, and keeps the batch arithmetic (prompts per step, answers per prompt, updates per step, prompt and
 response lengths) as asked:
@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from grpo_lab import memplan
+from grpo_lab import calibration, memplan
 from grpo_lab.apply import apply_overrides, groups as _conf_groups, short_key_targets
 from grpo_lab.config import get as _get
 from grpo_lab.config import put as _put
@@ -432,7 +432,8 @@ def _search(ctx: Ctx, start: State, *, combos: bool = True) -> tuple[State | Non
 
 
 def _lora_start(st: State) -> State:
-    s = replace(st.s, lora_rank=LORA[A + "model.lora_rank"], lora_targets=st.s.lora_targets or "all-linear")
+    s = replace(st.s, lora_rank=LORA[A + "model.lora_rank"], lora_targets=st.s.lora_targets or "all-linear",
+                strategy=LORA[A + "actor.strategy"])
     return State(s, {**st.values, **LORA}, st.moves + ("lora",), True, st.history + (("lora", dict(LORA), st.s, s),))
 
 
@@ -447,16 +448,16 @@ def _fits_with(ctx: Ctx, s: memplan.Settings, arch: memplan.Arch | None = None) 
 
 
 def _smallest_card(ctx: Ctx, s: memplan.Settings) -> float | None:
-    lo, hi = s.card_gb, 1024.0
-    if _fits_with(ctx, replace(s, card_gb=hi)) is None:
+    lo, hi = math.floor(s.card_gb), 1024  # whole GB: the smallest size that fits, not a real number rounded up
+    if _fits_with(ctx, replace(s, card_gb=float(hi))) is None:
         return None
-    while hi - lo > 1.0:
-        mid = (lo + hi) / 2
-        if _fits_with(ctx, replace(s, card_gb=mid)) is not None:
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits_with(ctx, replace(s, card_gb=float(mid))) is not None:
             hi = mid
         else:
             lo = mid
-    return float(math.ceil(hi))
+    return float(hi)
 
 
 def _fewest_gpus(ctx: Ctx, s: memplan.Settings, traj: int, mini_traj: int) -> tuple[int | None, int | None]:
@@ -869,8 +870,10 @@ def format_result(res: FitResult, command: str | None) -> str:
     out = [f"grpo-lab fit: {res.title}"]
     card = res.card_gb
     out.append(f"target: every phase below {int(MARGIN * 100)}% of a {card:g} GB card ({MARGIN * card:.1f} GB) and of "
-               f"host RAM; the plan measured 0.95-1.02 of the real peaks on the H200 "
-               f"(benchmarks/gpu/memplan_README.md)")
+               f"host RAM")
+    regime = (((res.after or res.before or {}).get("calibration") or {}).get("training") or {}).get("regime")
+    if regime:
+        out.extend(f"plan vs recorded runs: {line}" for line in calibration.accuracy_lines(regime))
     if res.blocked:
         out.append("")
         out.append("The preflight finds problems the fit does not touch (it changes memory settings only); fix "

@@ -19,8 +19,9 @@ engine_workers.py, vllm_rollout/*), and what the plan assumes for each phase:
   offload lowers the generation and weight-sync peaks, not the update peak; only LoRA or fewer tokens lower that.
 * Generation: the actor's resident state + vLLM's budget `gpu_memory_utilization x card` (vLLM >= 0.7 measures it
   against the card's total memory; weights, activations, CUDA graphs and KV cache live inside it) + two CUDA contexts
-  (trainer process and vLLM worker process: ~0.75 GB and ~0.5 GB). SGLang (rollout.name: sglang) reads the same key as
-  a fraction of the memory free when it starts, for weights + KV only, activations on top: grpo_lab/engines.py.
+  (trainer process and vLLM worker process: ~1.25 GB and ~0.9 GB, see below). SGLang (rollout.name: sglang) reads
+  the same key as a fraction of the memory free when it starts, for weights + KV only, activations on top:
+  grpo_lab/engines.py.
 * KV cache = budget - vLLM weights (bf16, / TP) - vLLM activation profile (max_num_batched_tokens tokens through one
   layer: ~8H + 6I bytes per token, plus sampler logits for max_num_seqs rows) - CUDA graph pool (~0.4 GB unless
   enforce_eager). KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x 2 (bf16), / TP.
@@ -40,7 +41,11 @@ engine_workers.py, vllm_rollout/*), and what the plan assumes for each phase:
   - the optimizer step: full actor state + one fp32 temporary of the trainable shard (torch's foreach AdamW);
   - the old-log-prob forward (rollout.log_prob_max_token_len_per_gpu tokens, entropy computed for metrics) and the
     reference forward (ref.log_prob_max_token_len_per_gpu tokens; verl always CPU-offloads the FSDP reference's
-    parameters and streams them in per layer), each with the actor's resident state beside it.
+    parameters and streams them in per layer), each with the actor's resident state beside it;
+  - each with cuBLAS's workspaces, and beside it (outside torch's allocator, so not in verl's metric) the trainer's
+    CUDA context and NCCL buffers (1.24 GB measured on the H200: verl's "device memory used" minus "memory
+    reserved" after the first FSDP build) and what vLLM keeps while asleep (~0.9 GB, its context: "Sleep mode
+    freed ..., X GiB still in use" minus the trainer's share).
 * Activations per token (bf16 hidden states, RMSNorm inputs kept in fp32): one decoder layer saves about
   16 H + 8 I + 12 (heads + kv_heads) head_dim bytes for its backward (norm inputs, q/k/v/o and MLP inputs, the SwiGLU
   intermediates). With gradient checkpointing only each layer's input (2 H bytes) is kept for all layers, and one
@@ -56,8 +61,30 @@ engine_workers.py, vllm_rollout/*), and what the plan assumes for each phase:
   trainer worker and per vLLM worker, ~6 GB for Ray, the TaskRunner and the data loaders), plus rank 0 loading the
   full fp32 model once at start-up.
 
-Verdicts: `oom` when a peak exceeds the card (or RAM), `tight` above 80% of it (the plan's own target error is 15%,
-plus allocator fragmentation), else `fits`.
+* The trainer's torch allocator (what verl logs as actor/perf/max_memory_{allocated,reserved}_gb: the process's peak
+  so far, never reset) also peaks at the weight sync, which the recorded runs showed (benchmarks/gpu/
+  memplan_calibration.md): the bucket (update_weights_bucket_megabytes, 4 GiB in conf/config.yaml) is allocated on
+  the card for the whole sync, beside the actor's parameters and Adam state; with FSDP1 (actor.strategy fsdp) on
+  one GPU verl exports a FULL_STATE_DICT, and torch clones every parameter for it (fsdp/_state_dict_utils.py,
+  _full_post_state_dict_hook), a tied embedding twice; elsewhere one full fp32 tensor at a time. Before the first
+  step (the first sync) AdamW's moments do not exist yet, but with FSDP1 on one GPU (NO_SHARD) the reference's
+  fp32 weights are still on the card: FSDP moves its flat parameters to the CPU (CPUOffload) but the module's
+  parameter views keep the GPU copy alive until the reference's first forward re-points them (with sharding,
+  FlatParamHandle.shard() frees that storage). cuBLAS and cuBLASLt take their workspaces from torch's allocator at
+  the first matmul and keep them (64 MiB on the H200). `trainer_allocator` is the largest of these peaks.
+  What torch reserves above the allocated peak (its cache, fragmentation) is not knowable before the run: on the
+  recorded runs reserved was 1.00-1.11 x allocated, inside the 80% `tight` line; torch frees its cache and retries
+  before it raises an out-of-memory error, so the allocated peak is the one that must fit.
+* Units: the plan counts GB = 1e9 bytes; lab.hardware.gpu_memory_gb is the card's memory as CUDA and verl report it,
+  in GiB (139.8 for an H200). vLLM's budget (SGLang's fraction) is taken of the card's real bytes, util x
+  gpu_memory_gb x 2^30, as vLLM does (its "Available KV cache memory" follows it); peaks are compared with the
+  card's number read as GB, which leaves ~7% of the card spare for what the plan cannot see.
+
+Verdicts (grpo_lab/calibration.py, per regime, from the recorded runs): `oom` when a GPU phase's peak is above the
+card by more than the plan's measured error in that regime (UNMEASURED_MARGIN, 25%, where no run measured it; for
+the generation phase the engine's budget is exact and only the rest carries the margin), `tight` above 80% of the
+card or above it within that margin, else `fits`; host RAM (not calibrated) against the RAM as planned. plan.json's
+`calibration` records, per verdict, the regime, whether it was measured and the margin used.
 """
 
 from __future__ import annotations
@@ -73,8 +100,17 @@ GB = 1e9
 MiB = 1 << 20
 
 # ---- documented constants (see the module docstring) ----
-TRAINER_CUDA_CONTEXT_GB = 0.75   # torch CUDA context + cuBLAS workspace + NCCL buffers of the FSDP worker
-VLLM_CUDA_CONTEXT_GB = 0.5       # the vLLM worker process's own CUDA context (outside its util budget)
+# measured on the H200 (benchmarks/gpu/memplan_calibration.md): 1.235 GB outside torch's allocator after the first FSDP
+# build (CUDA context 0.51 GiB + NCCL 0.64 GiB); less on cards with smaller contexts, so an upper bound
+TRAINER_CUDA_CONTEXT_GB = 1.25   # the FSDP worker's CUDA context + NCCL buffers (outside torch's allocator)
+# the vLLM worker's memory outside its util budget, what its level-2 sleep leaves: 0.82-0.85 GiB on the H200 (eager)
+VLLM_CUDA_CONTEXT_GB = 0.9
+# cuBLAS's workspaces, taken from torch's allocator at the first matmul and kept for the process: 64 MiB on the H200
+# (smoke_tiny's allocated peak grew by 0.0625 GiB after its first step; memplan_bench's resident rows sit 66 MB above
+# the plan's state); torch's default workspace is smaller before Hopper, so an upper bound there
+CUBLAS_WORKSPACE_GB = 64 * (1 << 20) / 1e9
+# bytes in one unit of lab.hardware.gpu_memory_gb: the card's memory as CUDA reports it, in GiB (139.8 on an H200)
+CARD_UNIT_BYTES = 1 << 30
 VLLM_CUDAGRAPH_GB = 0.4          # CUDA graph pool when enforce_eager is false
 TIGHT_FRACTION = 0.80            # above this share of the card (or RAM): tight
 LOGITS_UPDATE_BYTES = 6.0        # per token x vocab in the update: bf16 logits + fp32 log-softmax path
@@ -253,6 +289,8 @@ class Settings:
     nnodes: int = 1
     fsdp_size: int = -1
     sp_size: int = 1
+    strategy: str = "fsdp"  # actor.strategy: fsdp (FSDP1, verl's default) or fsdp2
+    ref_model_dtype: str = "fp32"  # ref.fsdp_config.model_dtype (null: bf16, verl's forward-only default)
     # actor
     lora_rank: int = 0
     lora_targets: Any = "all-linear"
@@ -350,6 +388,8 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Setti
         host_ram_gb=_get(lab, "hardware.host_ram_gb"),
         fsdp_size=int(_get(verl, a + "actor.fsdp_config.fsdp_size", -1)),
         nnodes=max(1, int(_get(verl, "trainer.nnodes", 1) or 1)),
+        strategy=str(_get(verl, a + "actor.strategy", "fsdp") or "fsdp"),
+        ref_model_dtype=str(_get(verl, a + "ref.fsdp_config.model_dtype", "fp32") or "bf16"),
         # verl 0.9.1: fsdp_config.ulysses_sequence_parallel_size; the deprecated actor key wins when above 1
         sp_size=max(int(_get(verl, a + "actor.ulysses_sequence_parallel_size", 1) or 1),
                     int(_get(verl, a + "actor.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)),
@@ -563,14 +603,37 @@ def vllm_activation(arch: Arch, s: Settings) -> float:
 # the plan
 # ---------------------------------------------------------------------------------------------------------------
 
-def verdict_of(peak_gb: float, capacity_gb: float) -> str:
+def verdict_of(peak_gb: float, capacity_gb: float, margin: float = 0.0, exact_gb: float = 0.0) -> str:
+    """`oom` when even the plan's largest measured overshoot (`margin`, grpo_lab/calibration.py) leaves the peak
+    above the capacity (`exact_gb`: the part of the peak that is known exactly and carries no margin); `tight`
+    above TIGHT_FRACTION of it or above it within the margin; else `fits`."""
     if capacity_gb <= 0:
         return "unknown"
-    if peak_gb > capacity_gb:
+    if exact_gb + (peak_gb - exact_gb) / (1.0 + margin) > capacity_gb:
         return "oom"
     if peak_gb > TIGHT_FRACTION * capacity_gb:
         return "tight"
     return "fits"
+
+
+def calibration_of(arch: Arch, s: Settings) -> dict[str, Any]:
+    """plan.json's `calibration`: per verdict, the regime, whether a recorded run measured it, the margin used."""
+    from grpo_lab import calibration  # reads the calibration table once (benchmarks/gpu/memplan_calibration.json)
+
+    regime = calibration.regime_of(arch, s)
+    out: dict[str, Any] = {ph: calibration.phase_calibration(regime, ph)
+                           for ph in ("generation", "training", "weight_sync", "kv_cache")}
+    out["host_ram"] = {"regime": regime, "measured": False, "margin": 0.0, "basis": "host_ram",
+                       "note": "host RAM is not calibrated: compared with the RAM as planned (the kernel's OOM killer "
+                               "ends a run without a Python error)"}
+    out["table"] = calibration.TABLE_MD
+    return out
+
+
+def _exact_gb(arch: Arch, s: Settings, phase: str) -> float:
+    """The part of a phase's peak known exactly: the engine's static budget in the generation phase (vLLM takes
+    util x card, SGLang its fraction of the memory free at its start, whatever else the plan gets wrong)."""
+    return engine_budget(arch, s)[0] / GB if phase == "generation" else 0.0
 
 
 _ORDER = {"fits": 0, "unknown": 0, "tight": 1, "oom": 2}
@@ -605,12 +668,19 @@ def engine_budget(arch: Arch, s: Settings) -> tuple[float, float, str]:
                              f"{s.vllm_kv_cache_bytes / GB:.2f} GB (gpu_memory_utilization does not size it): with its "
                              f"weights, activations and CUDA graphs ({rest / GB:.2f} GB) {budget / GB:.2f} GB")
     at_start = ((0.0 if s.param_offload else actor_state(arch, s).params) / GB
-                + TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB)
+                + reference_on_card_at_start(arch, s) / GB + TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB)
     e, u = s.rollout_engine, s.gpu_memory_utilization
     extra = 0.0 if engines.budget_holds_activations(e) else (
         vllm_activation(arch, replace(s, enable_chunked_prefill=True))  # SGLang chunks its prefill by default
         + (0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB))
-    return engines.static_budget_gb(e, u, s.card_gb, at_start) * GB, extra, engines.explain(e, u, s.card_gb, at_start)
+    card = card_bytes(s) / GB  # the engines take their fraction of the card's real bytes
+    return engines.static_budget_gb(e, u, card, at_start) * GB, extra, engines.explain(e, u, card, at_start)
+
+
+def card_bytes(s: Settings) -> float:
+    """The card's real bytes, what vLLM's util and SGLang's fraction apply to: gpu_memory_gb x 2^30 (GiB, as CUDA
+    reports it; 139.8 on an H200 = 150.1e9 bytes). Verdicts read the same number as GB, ~7% below it."""
+    return s.card_gb * CARD_UNIT_BYTES
 
 
 def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
@@ -653,8 +723,15 @@ def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
     }
 
 
+def resident_at_generation(arch: Arch, s: Settings) -> float:
+    """The actor's bytes on a card while vLLM generates: between steps (resident_between_phases), or before the
+    first step, when AdamW's moments do not exist yet but the reference may still be on the card."""
+    start = (0.0 if s.param_offload else actor_state(arch, s).params) + reference_on_card_at_start(arch, s)
+    return max(resident_between_phases(arch, s), start)
+
+
 def generation_phase(arch: Arch, s: Settings) -> dict[str, Any]:
-    resident = resident_between_phases(arch, s)
+    resident = resident_at_generation(arch, s)
     vllm, on_top, _ = engine_budget(arch, s)  # engine hook
     ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
     peak = resident + vllm + on_top + ctx
@@ -663,20 +740,53 @@ def generation_phase(arch: Arch, s: Settings) -> dict[str, Any]:
             "components_gb": {"actor_resident": _gb(resident), **engine, "cuda_contexts": _gb(ctx)}}
 
 
-def weight_sync_phase(arch: Arch, s: Settings) -> dict[str, Any]:
-    st = actor_state(arch, s)
-    resident = st.params + (0.0 if s.optimizer_offload else st.optimizer)
-    bucket = s.bucket_mb * MiB
+def sync_copies(arch: Arch, s: Settings) -> float:
+    """Bytes of the weights the trainer materialises to send them to the rollout (beside the bucket).
+
+    FSDP1 on one GPU: verl exports a FULL_STATE_DICT (engine/fsdp/transformer_impl.py sets it for a world of one),
+    and torch clones every parameter for it, in the parameters' dtype, a tied embedding once per name. Elsewhere the
+    parameters are gathered one full tensor at a time (the largest: the embedding in fp32); LoRA sends the adapters
+    (or, with layered_summon, one layer at a time).
+    """
+    emb = arch.vocab_size * arch.hidden_size
     if s.lora_rank > 0:
-        largest = 4.0 * arch.layer_params() if s.layered_summon else 4.0 * arch.vocab_size * arch.hidden_size
+        return 4.0 * arch.layer_params() if s.layered_summon else 4.0 * emb
+    if s.strategy == "fsdp" and s.n_gpus == 1:
+        return param_bytes(s) * (arch.params() + (emb if arch.tie_word_embeddings else 0))
+    return 4.0 * emb
+
+
+def reference_on_card_at_start(arch: Arch, s: Settings) -> float:
+    """The reference's weights still on the card before its first forward: FSDP1 without sharding (one GPU) moves
+    its flat parameters to the CPU but the module's parameter views keep the GPU copy (measured: the first-step peak
+    of the recorded SmolLM2 smoke with a reference is 0.51 GiB, its fp32 weights, above the three without)."""
+    if not s.ref_used or s.lora_rank > 0 or s.strategy != "fsdp" or s.fsdp != 1:
+        return 0.0
+    dtype = 4.0 if s.ref_model_dtype.lower() in ("fp32", "float32", "float") else 2.0
+    return dtype * arch.params()
+
+
+def sync_trainer_side(arch: Arch, s: Settings, *, first: bool = False) -> dict[str, float]:
+    """What the trainer's torch allocator holds at a weight sync (bytes): the actor's parameters (loaded even with
+    param_offload), AdamW's moments unless offloaded (not yet at the first sync, before any step), the exported
+    copies, the bucket; at the first sync the reference's leftover copy, later cuBLAS's workspaces."""
+    st = actor_state(arch, s)
+    out = {"actor_params_and_optimizer": st.params + (0.0 if (s.optimizer_offload or first) else st.optimizer),
+           "exported_copies": sync_copies(arch, s), "bucket": s.bucket_mb * MiB}
+    if first:
+        out["reference_left_on_card"] = reference_on_card_at_start(arch, s)
     else:
-        largest = 4.0 * arch.vocab_size * arch.hidden_size
+        out["cublas_workspaces"] = CUBLAS_WORKSPACE_GB * GB
+    return out
+
+
+def weight_sync_phase(arch: Arch, s: Settings) -> dict[str, Any]:
+    trainer = sync_trainer_side(arch, s)
     weights = vllm_weights(arch, s)
     ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
-    peak = resident + bucket + largest + weights + ctx
+    peak = sum(trainer.values()) + weights + ctx
     return {"peak_gb_per_gpu": _gb(peak),
-            "components_gb": {"actor_params_and_optimizer": _gb(resident), "bucket": _gb(bucket),
-                              "largest_gathered_tensor": _gb(largest), "vllm_weights": _gb(weights),
+            "components_gb": {**{k: _gb(v) for k, v in trainer.items()}, "vllm_weights": _gb(weights),
                               "cuda_contexts": _gb(ctx)}}
 
 
@@ -722,7 +832,21 @@ def training_subphases(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
             "forward_activations": (t_ref * arch.layer_forward_bytes_per_token()
                                     + attention_extra(arch, s, t_ref, False)),
             "logits": logits_peak(arch, t_ref, update=False, entropy=False, chunked=False, chunk=0)}
+    for sub in out.values():
+        sub["cublas_workspaces"] = CUBLAS_WORKSPACE_GB * GB
     return out
+
+
+def trainer_allocator(arch: Arch, s: Settings) -> dict[str, Any]:
+    """The trainer process's torch-allocator peak over all its phases: what verl logs as
+    actor/perf/max_memory_allocated_gb (reserved adds the allocator's cache: not knowable before the run)."""
+    peaks = {k: sum(v.values()) for k, v in training_subphases(arch, s).items()}
+    peaks["weight_sync"] = sum(sync_trainer_side(arch, s).values())
+    peaks["first_weight_sync"] = sum(sync_trainer_side(arch, s, first=True).values())
+    worst_name = max(peaks, key=peaks.get)
+    return {"peak_gb": _gb(peaks[worst_name]), "peak_of": worst_name.replace("_", " "),
+            "peaks_gb": {k: _gb(v) for k, v in peaks.items()},
+            "what": "the trainer's torch-allocator peak over all its phases (verl's actor/perf/max_memory_*_gb)"}
 
 
 def training_phase(arch: Arch, s: Settings) -> dict[str, Any]:
@@ -777,16 +901,14 @@ def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
 def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, Any]:
     """The `memory` section of plan.json."""
     card = s.card_gb
+    cal = calibration_of(arch, s)
     gen = generation_phase(arch, s)
     kv = kv_cache(arch, s)
-    gen_verdict = verdict_of(gen["peak_gb_per_gpu"], card)
-    if kv["tokens"] <= 0 or not kv["fits_max_model_len"]:
-        gen_verdict = "oom"  # vLLM refuses to start: no KV cache, or not one max_model_len sequence
-    gen["verdict"] = gen_verdict
+    gen["verdict"] = _generation_verdict(arch, s, cal["generation"]["margin"])
     train = training_phase(arch, s)
-    train["verdict"] = verdict_of(train["peak_gb_per_gpu"], card)
+    train["verdict"] = verdict_of(train["peak_gb_per_gpu"], card, cal["training"]["margin"])
     sync = weight_sync_phase(arch, s)
-    sync["verdict"] = verdict_of(sync["peak_gb_per_gpu"], card)
+    sync["verdict"] = verdict_of(sync["peak_gb_per_gpu"], card, cal["weight_sync"]["margin"])
     host = host_ram(arch, s)
     overall = worst(gen["verdict"], train["verdict"], sync["verdict"], host["verdict"])
     n_lora = arch.lora_params(s.lora_rank, s.lora_targets)
@@ -805,11 +927,13 @@ def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, 
         "actor_state_gb_per_gpu": round(actor_state_gb_per_gpu(arch, s), 2),
         "actor_state_full_gb_per_gpu": _gb(actor_state(arch, s).total),
         "phases": {"generation": gen, "training": train, "weight_sync": sync},
+        "trainer_allocator": trainer_allocator(arch, s),
         "kv_cache": kv,
         "host_ram_gb": host["total_gb"],
         "host_ram": host,
         "verdict": {"generation": gen["verdict"], "training": train["verdict"], "weight_sync": sync["verdict"],
                     "host_ram": host["verdict"], "overall": overall},
+        "calibration": cal,
     }
     if remedies:
         plan["remedies"] = {ph: find_remedies(arch, s, ph)
@@ -823,11 +947,18 @@ def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, 
 # then what the guide does not list: rollout TP 2, parameter offload, a smaller weight-sync bucket
 # ---------------------------------------------------------------------------------------------------------------
 
-def _generation_verdict(arch: Arch, s: Settings) -> str:
+def _margin(arch: Arch, s: Settings, phase: str) -> float:
+    from grpo_lab import calibration
+
+    return calibration.phase_calibration(calibration.regime_of(arch, s), phase)["margin"]
+
+
+def _generation_verdict(arch: Arch, s: Settings, margin: float | None = None) -> str:
     kv = kv_cache(arch, s)
     if kv["tokens"] <= 0 or not kv["fits_max_model_len"]:
-        return "oom"
-    return verdict_of(generation_phase(arch, s)["peak_gb_per_gpu"], s.card_gb)
+        return "oom"  # vLLM refuses to start: no KV cache, or not one max_model_len sequence
+    m = _margin(arch, s, "generation") if margin is None else margin
+    return verdict_of(generation_phase(arch, s)["peak_gb_per_gpu"], s.card_gb, m, _exact_gb(arch, s, "generation"))
 
 
 def phase_result(arch: Arch, s: Settings, phase: str) -> tuple[float, str]:
@@ -841,7 +972,7 @@ def phase_result(arch: Arch, s: Settings, phase: str) -> tuple[float, str]:
     else:
         h = host_ram(arch, s)
         return h["total_gb"], h["verdict"]
-    return peak, verdict_of(peak, s.card_gb)
+    return peak, verdict_of(peak, s.card_gb, _margin(arch, s, phase))
 
 
 def _best_util(arch: Arch, s: Settings) -> float | None:

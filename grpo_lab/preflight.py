@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from grpo_lab import calibration
 from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
 from grpo_lab.fixes import FixChecker
 from grpo_lab.rules import A, Ctx, Problem, ids, run_rules
@@ -159,6 +160,10 @@ def _format(r: PreflightReport) -> str:
             if phase == "training":
                 parts = f"{ph['peak_of']}: {parts}"
             out.append(f"  {phase.replace('_', ' '):<12} {ph['peak_gb_per_gpu']:>8}  {ph['verdict']:<7}  {parts}")
+        ta = m.get("trainer_allocator")
+        if ta:
+            out.append(f"  trainer's torch allocator peak {ta['peak_gb']} GB ({ta['peak_of']}): what verl will log as "
+                       f"actor/perf/max_memory_allocated_gb (in GiB)")
         kv = m["kv_cache"]
         waves = kv["waves"] if kv["waves"] is not None else "-"
         out.append(f"  KV cache {kv['kv_cache_gb']} GB = {kv['tokens']} tokens = {kv['sequences']} sequences of "
@@ -168,6 +173,9 @@ def _format(r: PreflightReport) -> str:
         cap = f" of {h['capacity_gb']:g} GB" if h.get("capacity_gb") else ""
         out.append(f"  host RAM{' per node' if h.get('per_node') else ''} {h['total_gb']} GB{cap}: {h['verdict']}")
         out.append(f"  overall: {m['verdict']['overall']}")
+        regime = ((m.get("calibration") or {}).get("training") or {}).get("regime")
+        if regime:
+            out.extend(f"  plan vs recorded runs: {line}" for line in calibration.accuracy_lines(regime))
         for phase, opts in (m.get("remedies") or {}).items():
             if opts:
                 out.append(f"  remedies for {phase.replace('_', ' ')}:")

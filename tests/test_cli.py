@@ -76,6 +76,8 @@ NOT_RUN = {
     "make smollm2": "writes the converted model into data/ of the checkout; tests/test_smollm2.py converts into a tmp dir",
     "make arith-oneshot": "writes data/ of the checkout; tests/test_arith.py runs the generator",
     "make countdown": "writes data/ of the checkout; tests/test_countdown.py runs the generator",
+    "make calibrate": "rewrites benchmarks/gpu/memplan_calibration.* of the checkout; tests/test_calibration.py runs "
+                      "the script into a tmp file and compares it with them",
 }
 # commands for the user's own files or machines, by their first words
 NOT_RUN_PREFIX = {

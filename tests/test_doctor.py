@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -84,6 +85,21 @@ def test_recorded_lora_one_gpu_failure_read_from_status_json(tmp_path):
     (job / "train.log").write_text((LORA_JOB / "train.log").read_text())
     (job / "status.json").write_text(json.dumps({"status": "failed", "error": None}))
     assert [d.id for d in doctor.diagnose_path(job)[1]] == ["stopped_without_error"]
+
+
+def test_the_start_up_time_it_quotes_is_a_recorded_one(tmp_path):
+    """The stopped-before-the-first-step remedy quotes vLLM's start-up from a recorded file, which says so."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.log").write_text((LORA_JOB / "train.log").read_text())
+    (job / "status.json").write_text(json.dumps({"status": "failed", "error": None}))
+    (d,) = doctor.diagnose_path(job)[1]
+    cited = re.search(r"\((benchmarks/gpu/results/\S+?)\)", d.remedy).group(1)
+    root = Path(__file__).resolve().parent.parent
+    phases = dict(re.findall(r"^(\S.*?\S)\s+([0-9.]+)$", (root / cited).read_text(), re.M))
+    server = float(phases["vLLM server serving"])
+    assert f"{server - float(phases['vLLM server process up']):.0f} s from its server process" in d.remedy
+    assert f"{server - float(phases['actor+ref initialized']):.0f} s after the actor was ready" in d.remedy
 
 
 def test_recorded_good_run_has_no_finding():

@@ -40,7 +40,8 @@ def test_the_plan_is_for_32_gb_cards_and_says_emulated(tmp_path):
     verl, plan = _written(out)
     # planned for the course machine's cards, with the guide's util 0.4 of 32 GB
     assert plan["memory"]["card_gb"] == 32 and plan["memory"]["n_gpus"] == 4
-    assert plan["memory"]["phases"]["generation"]["components_gb"]["vllm_budget"] == pytest.approx(12.8)
+    # vLLM takes 0.4 of the card's real bytes: 32 GiB as CUDA reports it = 34.36e9 bytes
+    assert plan["memory"]["phases"]["generation"]["components_gb"]["vllm_budget"] == pytest.approx(13.74)
     assert "Memory plan per GPU (32 GB cards, 4 GPU(s)" in p.stdout
     # said plainly, with the real values
     assert "EMULATED: planned for 32 GB cards (RTX 4080 32GB), running on 139.8 GB cards (H200)" in p.stdout
@@ -48,7 +49,7 @@ def test_the_plan_is_for_32_gb_cards_and_says_emulated(tmp_path):
     emu = plan["emulation"]
     assert emu["real_gpu_memory_gb"] == H200 and emu["card_gb"] == 32
     assert emu["torch_cap_gb_per_process"] == pytest.approx(32.0)
-    assert emu["gpu_memory_utilization"][UTIL] == {"planned": 0.4, "handed_to_engine": 0.091559, "budget_gb": 12.8}
+    assert emu["gpu_memory_utilization"][UTIL] == {"planned": 0.4, "handed_to_engine": 0.091559, "budget_gb": 13.74}
     assert any(n.startswith("EMULATED") for n in plan["notes"])
     cap = next(i for i in plan["changed_defaults"] if i["key"] == f"{ENV}.PYTORCH_CUDA_ALLOC_CONF")
     assert cap["set_by"].startswith("emulation (grpo_lab/emulate.py)")
@@ -72,7 +73,7 @@ def test_a_utilization_on_the_command_line_means_the_small_card(tmp_path, overri
     p, out = _plan(tmp_path, EMU, override)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     verl, plan = _written(out)
-    assert plan["memory"]["phases"]["generation"]["components_gb"]["vllm_budget"] == pytest.approx(16.0)
+    assert plan["memory"]["phases"]["generation"]["components_gb"]["vllm_budget"] == pytest.approx(17.18)  # GiB
     assert get(verl, UTIL) == pytest.approx(0.5 * FRACTION, abs=1e-6)  # 0.114449 x 139.8 GB = 16 GB
     assert plan["emulation"]["gpu_memory_utilization"][UTIL]["planned"] == 0.5
     # the values that differ from verl's defaults are what verl gets, and say that emulation scaled them

@@ -54,9 +54,10 @@ def test_sglang_plan_uses_free_memory_at_engine_start():
     # on the card when the engine starts: the actor's fp32 parameter shard (AdamW's moments come at the first step)
     # and the two CUDA contexts
     at_start = 4 * arch.params() / 4 / 1e9 + memplan.TRAINER_CUDA_CONTEXT_GB + memplan.VLLM_CUDA_CONTEXT_GB
-    assert at_start == pytest.approx(2.97, abs=0.01)  # Qwen3-1.7B over 4 cards
+    assert at_start == pytest.approx(3.87, abs=0.01)  # Qwen3-1.7B over 4 cards: 1.72 GB + 1.25 + 0.9
     kv = plan["kv_cache"]
-    assert kv["engine"] == "sglang" and kv["budget_gb"] == round(0.4 * (32 - at_start), 2) == 11.61
+    # of the card's real bytes (a "32 GB" card: 32 GiB as CUDA reports it, 34.36e9 bytes)
+    assert kv["engine"] == "sglang" and kv["budget_gb"] == round(0.4 * (32 * 2**30 / 1e9 - at_start), 2) == 12.2
     # the static budget holds weights and KV only: no activation or CUDA graph taken out of it
     assert kv["kv_cache_gb"] == pytest.approx(kv["budget_gb"] - kv["vllm_weights_gb"], abs=0.02)
     assert "free at engine start" in kv["budget_rule"]
@@ -69,13 +70,13 @@ def test_same_number_different_memory_vllm_vs_sglang():
     _, _, v = _plan()  # the default: vLLM TP 1 at 0.4
     _, _, g = _plan("rollout=sglang_tp1_mem04")
     kv_v, kv_g = v["kv_cache"], g["kv_cache"]
-    assert kv_v["engine"] == "vllm" and kv_v["budget_gb"] == 12.8
-    # vLLM's 12.8 GB also carries its activations and CUDA graphs; SGLang's 11.61 GB only weights and KV
-    assert kv_v["kv_cache_gb"] == pytest.approx(12.8 - kv_v["vllm_weights_gb"] - kv_v["vllm_activation_gb"]
+    assert kv_v["engine"] == "vllm" and kv_v["budget_gb"] == 13.74  # 0.4 x 32 GiB
+    # vLLM's 13.74 GB also carries its activations and CUDA graphs; SGLang's 12.2 GB only weights and KV
+    assert kv_v["kv_cache_gb"] == pytest.approx(13.74 - kv_v["vllm_weights_gb"] - kv_v["vllm_activation_gb"]
                                                 - kv_v["cudagraph_gb"], abs=0.02)
     assert kv_g["budget_gb"] < kv_v["budget_gb"]
     assert kv_g["kv_cache_gb"] > kv_v["kv_cache_gb"] - 1.5
-    assert v["phases"]["generation"]["components_gb"]["vllm_budget"] == 12.8
+    assert v["phases"]["generation"]["components_gb"]["vllm_budget"] == 13.74
     # both fit on the course machine at the guide's 0.4
     assert v["verdict"]["generation"] == g["verdict"]["generation"] == "fits"
 

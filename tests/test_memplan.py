@@ -44,11 +44,13 @@ def test_parameter_counts_come_from_the_architecture():
 
 @pytest.mark.parametrize("model,guide_gb", [("qwen3_0_6b", 2.5), ("qwen3_1_7b", 7.0), ("qwen3_4b", 16.0)])
 def test_guide_table_actor_state_per_gpu(model, guide_gb):
-    """The guide: 16 B/param, divided by FSDP over 4 cards: ~2.5 / ~7 / ~16 GB; vLLM 0.4 x 32 GB = 12.8 GB."""
+    """The guide: 16 B/param, divided by FSDP over 4 cards: ~2.5 / ~7 / ~16 GB; vLLM 0.4 x 32 GB = 12.8 GB of the
+    card's number, taken by vLLM of its real bytes (32 GiB as CUDA reports it): 13.74e9 bytes."""
     plan = plan_for(f"model={model}")
     assert plan["actor_state_gb_per_gpu"] == pytest.approx(guide_gb, rel=0.06)
     assert plan["actor_state_gb_per_gpu"] == pytest.approx(16 * plan["params"] / 4 / 1e9, abs=0.006)
-    assert plan["phases"]["generation"]["components_gb"]["vllm_budget"] == pytest.approx(12.8)
+    assert plan["phases"]["generation"]["components_gb"]["vllm_budget"] == pytest.approx(0.4 * 32 * 2**30 / 1e9,
+                                                                                         abs=0.005) == 13.74
     assert plan["fsdp_size"] == 4
 
 
@@ -90,8 +92,11 @@ def test_kv_cache_bytes_per_token_and_waves():
     assert a.kv_bytes_per_token() == 2 * 28 * 8 * 128 * 2
     s = base_settings()
     kv = memplan.kv_cache(a, s)
-    free = 0.4 * 32e9 - memplan.vllm_weights(a, s) - memplan.vllm_activation(a, s) - memplan.VLLM_CUDAGRAPH_GB * 1e9
+    # vLLM takes util x the card's real bytes: a "32 GB" card is 32 GiB as CUDA reports it
+    free = (0.4 * 32 * 2**30 - memplan.vllm_weights(a, s) - memplan.vllm_activation(a, s)
+            - memplan.VLLM_CUDAGRAPH_GB * 1e9)
     assert kv["tokens"] == int(free // a.kv_bytes_per_token())
+    assert kv["budget_gb"] == round(0.4 * 32 * 2**30 / 1e9, 2) == 13.74
     assert kv["sequences"] == kv["tokens"] // 1536
     assert kv["replicas"] == 4 and kv["trajectories_per_replica"] == 160
     assert kv["waves"] == -(-160 // min(kv["sequences"], 256))

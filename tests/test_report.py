@@ -284,3 +284,47 @@ def test_vllm_kv_cache_measured_against_the_plan_on_a_recorded_side_by_side_swee
 def test_no_kv_cache_check_without_vllm_lines_or_a_plan(tmp_path):
     job = healthy_job(tmp_path)  # no train.log, no plan.json
     assert "vLLM KV cache" not in checks_of(job)
+
+
+RECORDED_SMOKE = (Path(__file__).resolve().parents[1]
+                  / "benchmarks/gpu/results/2026-12-03-smollm2-variants-lora/variants_drgrpo_gspo/job0")
+
+
+def _recorded_smoke_copy(tmp_path: Path, **memory) -> Path:
+    """The recorded smoke_smollm2 (dr_grpo) job, copied; `memory` replaces parts of its plan.json's memory section
+    (edited copies: labelled so in each test)."""
+    import shutil
+
+    job = tmp_path / "smoke_smollm2"
+    shutil.copytree(RECORDED_SMOKE, job, ignore=shutil.ignore_patterns("report.*"))
+    plan = json.loads((job / "plan.json").read_text())
+    plan["memory"].update(memory)
+    (job / "plan.json").write_text(json.dumps(plan))
+    return job
+
+
+def test_report_flags_a_training_peak_far_from_its_plan(tmp_path):
+    """The recorded job's own plan.json (made before the plan counted the weight sync in verl's peak) planned a 4.08 GB
+    card-level training phase; verl reserved 6.22 GiB = 6.68 GB. Today's plan (trainer_allocator) is put in a copy."""
+    proc = run_module("grpo_lab.report", _recorded_smoke_copy(tmp_path))
+    line = next(x for x in proc.stdout.splitlines() if "actor/perf/max_memory_reserved_gb" in x)
+    assert line.lstrip().startswith("[WARN]"), proc.stdout
+    assert "4.08 GB against 6.68 GB measured" in line and "plan / measured 0.61" in line
+    assert "more than 15% away from the plan" in line and "make calibrate" in line
+    now = {"peak_gb": 6.63, "peak_of": "weight sync",
+           "peaks_gb": {"update": 2.9, "weight_sync": 6.63, "first_weight_sync": 5.48}}
+    proc = run_module("grpo_lab.report", _recorded_smoke_copy(tmp_path / "b", trainer_allocator=now))
+    line = next(x for x in proc.stdout.splitlines() if "actor/perf/max_memory_reserved_gb" in x)
+    assert line.lstrip().startswith("[ok  ]"), proc.stdout
+    assert "trainer-allocator peak (weight sync) 6.63 GB against 6.68 GB measured" in line
+
+
+def test_report_flags_a_kv_cache_far_from_its_plan(tmp_path):
+    """vLLM's log says 27.35 GiB = 29.37 GB; the copy's plan.json is edited to 24 GB (not a real plan)."""
+    proc = run_module("grpo_lab.report", _recorded_smoke_copy(tmp_path, kv_cache={"kv_cache_gb": 24.0,
+                                                                                 "tokens": 1000000}))
+    line = next(x for x in proc.stdout.splitlines() if "vLLM KV cache:" in x)
+    assert line.lstrip().startswith("[WARN]"), proc.stdout
+    assert "29.4 GB" in line and "the plan's 24 GB" in line and "more than 15% away from the plan" in line
+    proc = run_module("grpo_lab.report", _recorded_smoke_copy(tmp_path / "b"))  # its own plan: 27.43 GB
+    assert "[ok  ] vLLM KV cache:" in proc.stdout and ": as planned." in proc.stdout

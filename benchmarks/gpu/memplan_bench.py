@@ -77,14 +77,14 @@ def predicted(arch: memplan.Arch, row: dict, args, card_gb: float) -> dict:
         max_prompt_length=args.prompt, max_response_length=args.response, ref_used=False,
         use_torch_compile=args.entropy == "compiled")
     upd = memplan.update_breakdown(arch, s)
-    train = memplan.training_phase(arch, s)
     st = memplan.actor_state(arch, s)
+    cublas = memplan.CUBLAS_WORKSPACE_GB * memplan.GB  # kept by torch's allocator from the first matmul on
     return {
-        "update": sum(upd.values()),
+        "update": sum(upd.values()) + cublas,
         "update_components": upd,
         "update_peak_at": memplan.update_peak_at(arch, s),
-        "opt_step": memplan.optimizer_step_bytes(arch, s),
-        "resident": memplan.resident_between_phases(arch, s),
+        "opt_step": memplan.optimizer_step_bytes(arch, s) + cublas,
+        "resident": memplan.resident_between_phases(arch, s) + cublas,
         "log_prob": sum(memplan.training_subphases(arch, s)["old_log_prob"].values()),
         "params": arch.params(),
         "actor_state": st.total,

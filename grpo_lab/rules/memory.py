@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from grpo_lab import facts, memplan
+from grpo_lab import calibration, facts, memplan
 from grpo_lab.config import get as _get
 from grpo_lab.rules import A, Ctx, Problem, error, note, oom, rule, warn
 
@@ -177,6 +177,11 @@ def vllm_kv_cache(c: Ctx) -> Iterable[Problem]:
                   f"actor_rollout_ref.rollout.max_model_len={kv['sequence_length']}")
 
 
+def _how_sure(plan: dict[str, Any], phase: str) -> str:
+    cal = (plan.get("calibration") or {}).get(phase)
+    return calibration.describe(cal) if cal else "not calibrated"
+
+
 def _phase_rule(phase: str, label: str):
     def check(c: Ctx) -> Iterable[Problem]:
         plan = c.plan
@@ -184,17 +189,28 @@ def _phase_rule(phase: str, label: str):
             return
         card = plan["_settings"].card_gb
         ph, v = plan["phases"][phase], plan["verdict"][phase]
+        peak = ph["peak_gb_per_gpu"]
         parts = " + ".join(f"{k.replace('_', ' ')} {val}" for k, val in ph["components_gb"].items() if val)
         if phase == "training":
             parts = f"{ph['peak_of']}: {parts}"
+        margin = float(((plan.get("calibration") or {}).get(phase) or {}).get("margin", 0.0))
         if v == "oom":
-            if phase == "generation" and ph["peak_gb_per_gpu"] <= card:
-                return  # vllm_kv_cache says why
-            yield oom(f"{label} phase: predicted peak {ph['peak_gb_per_gpu']} GB per GPU on {card:g} GB cards "
-                      f"({parts}).{_alternatives(plan, phase)}", _fix_for(plan, phase))
+            comps = ph["components_gb"]
+            exact = float(comps.get("vllm_budget", comps.get("sglang_static", 0.0))) if phase == "generation" else 0.0
+            if phase == "generation" and memplan.verdict_of(peak, card, margin, exact) != "oom":
+                return  # the engine cannot start (no KV cache for one sequence): vllm_kv_cache says why
+            of = " on what is not the engine's exact budget" if exact else ""
+            yield oom(f"{label} phase: predicted peak {peak} GB per GPU on {card:g} GB cards, {peak / card - 1:.0%} "
+                      f"above the card ({parts}); beyond the plan's margin of {margin:.0%}{of} "
+                      f"({_how_sure(plan, phase)}).{_alternatives(plan, phase)}", _fix_for(plan, phase))
+        elif v == "tight" and peak > card:
+            yield warn(f"{label} phase may not fit: predicted peak {peak} GB per GPU, {peak / card - 1:.0%} above the "
+                       f"{card:g} GB card, within the plan's margin of {margin:.0%} for this regime, so not refused "
+                       f"({_how_sure(plan, phase)}) ({parts}). If it runs out of memory, apply the fix."
+                       f"{_alternatives(plan, phase)}", _fix_for(plan, phase))
         elif v == "tight":
-            yield warn(f"{label} phase is tight: predicted peak {ph['peak_gb_per_gpu']} GB of {card:g} GB "
-                       f"(> {int(memplan.TIGHT_FRACTION * 100)}%; the plan is within ~15%) ({parts})."
+            yield warn(f"{label} phase is tight: predicted peak {peak} GB of {card:g} GB ({peak / card:.0%}, above "
+                       f"{int(memplan.TIGHT_FRACTION * 100)}%; {_how_sure(plan, phase)}) ({parts})."
                        f"{_alternatives(plan, phase)}", _fix_for(plan, phase))
 
     check.__name__ = f"memory_{phase}"

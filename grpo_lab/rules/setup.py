@@ -6,7 +6,7 @@ import difflib
 import math
 from typing import Any, Iterable, Mapping
 
-from grpo_lab import facts
+from grpo_lab import facts, memplan
 from grpo_lab.config import get as _get
 from grpo_lab.rules import A, ALT, Ctx, Problem, error, note, rule, warn
 from grpo_lab.rules.batch import as_int, ref_used
@@ -227,8 +227,9 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
         others = max((v for n, v in peaks.items() if n != "generation"), default=0.0)
         fix = ""
         if budget and k * others <= card * 0.95:
-            # the engine's share that leaves k generations (their other memory included) inside the card
-            util = math.floor(100 * (card * 0.95 / k - (gen - budget)) / card) / 100
+            # the engine's share that leaves k generations (their other memory included) inside the card; the
+            # engine takes its share of the card's real bytes (memplan.card_bytes)
+            util = math.floor(100 * (card * 0.95 / k - (gen - budget)) / (card * memplan.CARD_UNIT_BYTES / 1e9)) / 100
             if util >= 0.05:
                 fix = f"rollout_gpu_mem_util={util}"
         yield error(f"hydra/launcher=side_by_side runs up to {k} jobs at once on the same GPUs: {k} x "
