@@ -10,6 +10,8 @@ What composing does that a plain dict update does not, and what this does instea
     conf/config.yaml, `${data.max_response_length}` in verl's own config) carries them along while they still hold its
     old value, i.e. while they still followed it;
   - vLLM's max_model_len (conf/config.yaml: prompt + response) follows the two lengths unless it is set too;
+  - a verl key the config sets on its own (`trainer.total_epochs=two` typed, or in a config file) no longer follows
+    its short key: lab["set_apart"] (grpo_lab/config.py's split, from `set_apart`) lists them, and they are skipped;
   - `lab.*` and `preflight.*` go to the lab dict; `~key` deletes; `+key`/`++key` add.
 Overrides are parsed with Hydra's own override parser. A config-group choice (`model=qwen3_4b`) needs a compose and
 cannot be applied to a resolved config: `parse` returns None for it (and for advice in words).
@@ -55,9 +57,8 @@ def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str
 
 
 @functools.lru_cache(maxsize=None)
-def followers() -> dict[str, tuple[str, ...]]:
-    """key -> the keys whose value is exactly `${key}`: in conf/config.yaml (short keys included) and in verl's
-    composed ppo_trainer (grpo_lab/verl_cache.py; e.g. rollout.response_length follows data.max_response_length)."""
+def our_followers() -> dict[str, tuple[str, ...]]:
+    """key -> the keys whose value is exactly `${key}` in conf/config.yaml (short keys included)."""
     import yaml
 
     out: dict[str, list[str]] = {}
@@ -66,6 +67,14 @@ def followers() -> dict[str, tuple[str, ...]]:
     except (OSError, yaml.YAMLError):
         ours = {}
     _walk(ours or {}, "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
+    return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def followers() -> dict[str, tuple[str, ...]]:
+    """key -> the keys whose value is exactly `${key}`: in conf/config.yaml (short keys included) and in verl's
+    composed ppo_trainer (grpo_lab/verl_cache.py; e.g. rollout.response_length follows data.max_response_length)."""
+    out: dict[str, list[str]] = {k: list(v) for k, v in our_followers().items()}
     from grpo_lab.verl_cache import composed_ppo_trainer
     from grpo_lab.verl_paths import verl_config_dir
 
@@ -83,6 +92,56 @@ def short_key_targets(key: str) -> tuple[str, ...]:
     from grpo_lab.knobs import KNOBS
 
     return followers().get(key) or tuple(k.verl_key for k in KNOBS if k.key == key)
+
+
+def knob_keys(key: str) -> tuple[str, ...]:
+    """The keys conf/config.yaml builds from a short key, directly or through one another (log_prob_micro_batch...:
+    the rollout's key, and the ref's, which reads the rollout's)."""
+    out: list[str] = []
+    todo = list(our_followers().get(key, ()))
+    while todo:
+        k = todo.pop(0)
+        if k not in out:
+            out.append(k)
+            todo += our_followers().get(k, ())
+    return tuple(out)
+
+
+def set_apart(cfg: Any) -> dict[str, list[str]]:
+    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}.
+
+    A verl key given on the command line (`trainer.total_epochs=two`) or in a config file replaces conf/config.yaml's
+    `${total_epochs}` with a value: the short key no longer reaches it, so a fix must name the verl key (`respell`).
+    The environment's knobs set the short key (grpo_lab/overrides.py) and set nothing apart."""
+    from omegaconf import DictConfig, OmegaConf
+
+    out: dict[str, list[str]] = {}
+    for key in sorted(SHORT_KEYS):
+        for k in knob_keys(key):
+            parent, _, leaf = k.rpartition(".")
+            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+            if isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf):
+                out.setdefault(key, []).append(k)
+    return out
+
+
+def respell(overrides: list[Override], apart: Mapping[str, Iterable[str]]) -> list[Override]:
+    """Overrides in the spelling that wins in a config where `apart` (set_apart) keys no longer follow their short
+    key: `total_epochs=1` becomes `trainer.total_epochs=1` when the user set `trainer.total_epochs` on its own. The
+    short key stays when it still reaches one of its keys; each key set apart gets the value by its own name."""
+    if not apart:
+        return overrides
+    out: dict[str, Override] = {}
+    for op, key, value in overrides:
+        keys = list(apart.get(key) or ()) if op == "" and key in SHORT_KEYS else []
+        if not keys:
+            out[key] = (op, key, value)
+            continue
+        if any(t not in keys for t in short_key_targets(key)):
+            out[key] = (op, key, value)
+        for k in keys:
+            out[k] = ("", k, value)
+    return list(out.values())
 
 
 def parse(text: str | Iterable[str]) -> list[Override] | None:
@@ -157,7 +216,9 @@ def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
     `overrides`: Hydra override strings, (op, key, value) triples from `parse`, or a {key: value} mapping."""
     items = _as_overrides(overrides)
     v, lb = copy.deepcopy(dict(verl)), copy.deepcopy(dict(lab))
-    touched: set[str] = set()
+    # keys the config sets on their own (set_apart) follow neither their short key nor a key they once read
+    apart = {k for keys in (lab.get("set_apart") or {}).values() for k in keys}
+    touched: set[str] = set(apart)
     old_lengths = [get(v, k) for k in LENGTHS]
     for op, key, value in items:
         delete = op == "~"
@@ -170,7 +231,8 @@ def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
             _set(lb.setdefault("preflight", {}), key[len("preflight."):], value, delete)
         elif key in SHORT_KEYS:
             for t in short_key_targets(key):
-                _set_following(v, t, value, delete, touched)
+                if t not in apart:
+                    _set_following(v, t, value, delete, touched)
         else:
             _set_following(v, key, value, delete, touched)
     new_lengths = [get(v, k) for k in LENGTHS]

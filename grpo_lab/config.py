@@ -29,6 +29,11 @@ def split(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     assert isinstance(resolved, dict)
     lab = dict(resolved.get("lab") or {})
     lab["preflight"] = resolved.get("preflight") or {}
+    from grpo_lab.apply import set_apart  # (grpo_lab.apply reads this module's `get`)
+
+    apart = set_apart(cfg)
+    if apart:  # verl keys set on their own, which their short key no longer reaches: fixes name them (grpo_lab/fixes)
+        lab["set_apart"] = apart
     verl = {k: v for k, v in resolved.items() if k not in OUR_KEYS}
     return verl, lab
 

@@ -11,6 +11,10 @@ was set apart. An alternative passes when its problem goes and no error appears 
 new errors, their own fixes are added (at most 3 rounds, each re-checked); when nothing passes, the fix says so.
 A config-group choice (model=..., hardware=...) or advice in words cannot be applied to a resolved config: it is
 printed as it is and marked as not re-checked.
+
+A fix is printed in the spelling that wins when appended to the user's command as typed: where the config sets a verl
+key on its own (`trainer.total_epochs=two` typed, or in a config file: lab["set_apart"], grpo_lab/apply.py), a short
+key would no longer reach it, so `total_epochs=1` is re-checked and printed as `trainer.total_epochs=1` (`respell`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from grpo_lab.apply import apply_overrides, parse
+from grpo_lab.apply import apply_overrides, parse, respell
 from grpo_lab.rules import ALT, Ctx, Problem, run_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,11 +67,11 @@ def text(overrides: list[tuple[str, str, Any]]) -> str:
     return " ".join(out)
 
 
-def _first_appliable(problems: Iterable[Problem]) -> list[list[tuple[str, str, Any]]]:
+def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[tuple[str, str, Any]]]:
     """Of each problem, its first alternative that is overrides (not words, not a config-group choice), parsed."""
     out = []
     for p in problems:
-        parsed = next((x for x in map(parse, p.alternatives) if x), None)
+        parsed = next((x for x in map(parse_fn, p.alternatives) if x), None)
         if parsed:
             out.append(parsed)
     return out
@@ -78,8 +82,19 @@ class FixChecker:
                  problems: list[Problem]) -> None:
         self.verl, self.lab, self.launching, self.environ = verl, lab, launching, environ
         self.before = Counter(p.rule for p in problems if p.level == "error")
+        self.apart = lab.get("set_apart") or {}
         self._memo: dict[tuple, list[Problem]] = {}
         self.runs = 0
+
+    def parse(self, alt: str) -> list[tuple[str, str, Any]] | None:
+        """One alternative's overrides, in the spelling that wins in this config (module docstring)."""
+        parsed = parse(alt)
+        return respell(parsed, self.apart) if parsed else parsed
+
+    def spelled(self, alt: str) -> str:
+        """An override text (a memory remedy) in the spelling that wins; words are left as they are."""
+        parsed = self.parse(alt) if self.apart else None
+        return text(parsed) if parsed else alt
 
     def evaluate(self, overrides: list[tuple[str, str, Any]], quick: bool = True) -> list[Problem]:
         key = (tuple((o, k, repr(v)) for o, k, v in overrides), quick)
@@ -115,7 +130,7 @@ class FixChecker:
             for q in full:
                 if q.level == "error" and any(b.rule == q.rule for b in bad):
                     for alt in q.alternatives:
-                        parsed = parse(alt)
+                        parsed = self.parse(alt)
                         if parsed and not any(k == o[1] for o in cur for _, k, _ in parsed):
                             added.append(parsed)
                             break
@@ -130,13 +145,13 @@ class FixChecker:
             return p
         kept, unchecked, failures = [], [], []
         for alt in p.alternatives:
-            parsed = parse(alt)
+            parsed = self.parse(alt)
             if parsed is None:
                 unchecked.append(alt)
                 continue
             good, bad = self.settle(p, parsed)
             if good is None:
-                failures.append((alt, bad))
+                failures.append((text(parsed), bad))
             else:
                 t = text(good)
                 if t not in kept:
@@ -158,7 +173,7 @@ class FixChecker:
 
     def fix_all(self, errors: list[Problem]) -> tuple[str, bool] | None:
         """The first passing alternative of every error, together, re-checked: (overrides, passes)."""
-        parts = _first_appliable(errors)
+        parts = _first_appliable(errors, self.parse)
         if not parts:
             return None
         cur = merge(*parts)
@@ -166,7 +181,7 @@ class FixChecker:
             errs = [q for q in self.evaluate(cur) if q.level == "error"]
             if not errs:
                 return text(cur), True
-            more = _first_appliable(q for q in self.evaluate(cur, quick=False) if q.level == "error")
+            more = _first_appliable((q for q in self.evaluate(cur, quick=False) if q.level == "error"), self.parse)
             if not more:
                 break
             cur = merge(cur, *more)

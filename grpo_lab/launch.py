@@ -136,6 +136,12 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
 
     plan["changed_defaults"] = changed = for_job(verl, multirun=multirun)
     mark_changed(changed, kv_pin)  # side-by-side hook
+    from grpo_lab import overrides
+
+    # a value given twice (grpo_lab/overrides.py warned on the console before composing): which one wins, on record
+    twice = overrides.LAST.warnings if overrides.LAST is not None else []
+    plan["warnings"] = list(plan.get("warnings", [])) + [{"rule": "key_given_twice", "message": w, "fix": ""}
+                                                         for w in twice]
     if emulation:  # emulation hook: what vLLM and torch really get, and which values it scaled
         plan["emulation"] = emulation
         mark_scaled(changed, emulation)

@@ -10,7 +10,12 @@ importing verl (that takes seconds) and without composing:
     keys       verl's composed ppo_trainer (from grpo_lab/verl_cache.py's file, ~10 ms to read), merged with every
                file under conf/ (all `# @package _global_`)
     env knobs  the official script's environment variables (grpo_lab/knobs.py), added as overrides unless the command
-               line sets the knob by its short key or its verl key; `quote()` is the one place values are quoted
+               line sets the knob by its short key or its verl key (then a warning names both); `quote()` is the one
+               place values are quoted. A comma list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4,0.5) sweeps under -m, as the
+               short key would; without -m it is refused with the -m command
+    twice      a key given more than once, a short key and its verl key both given, an environment knob the command
+               line overrides: a warning each (`given_twice`), naming the value that wins (Hydra keeps the last
+               silently; a verl key set on its own wins over its short key whatever the order)
 
 What it refuses, with the closest real name:
     - a group option that is not one of ours (`model=hf_model`), `null` for a group (Hydra cannot take it), a glob
@@ -62,6 +67,7 @@ class CommandLine:
     overrides: list[Any]            # hydra.core.override_parser.types.Override: the command line's
     env: list[str] = field(default_factory=list)          # overrides from the environment's knobs
     env_names: dict[str, str] = field(default_factory=dict)  # override -> the environment variable it came from
+    warnings: list[str] = field(default_factory=list)  # a value given twice (given_twice), one line each
 
     @property
     def argv(self) -> list[str]:
@@ -108,15 +114,67 @@ def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flag
         ns, texts = argparse.Namespace(), list(args)
     cli = CommandLine(args=list(args), flags=ns, overrides=parse_overrides(texts))
     if environ is not None:
-        given = cli.keys()
         for knob in KNOBS:
             value = environ.get(knob.env)
-            if value is None or value == "" or knob.key in given or knob.verl_key in given:
+            if value is None or value == "":
                 continue
-            text = f"{knob.key}={env_value(value)}"
+            over = [o for o in cli.overrides if o.key_or_group in (knob.key, knob.verl_key) and not o.is_delete()]
+            if over:
+                wins = ([o for o in over if o.key_or_group == knob.verl_key] or over)[-1]
+                cli.warnings.append(f"{knob.env}={value} in the environment is ignored: the command line sets the "
+                                    f"same value, and its {wins.input_line} wins")
+                continue
+            if _reads_as(value)[0] == "sweep":
+                if not getattr(ns, "multirun", False):
+                    raise OverrideError(_env_sweep_without_m(knob, value, cli.args))
+                text = f"{knob.key}={value}"  # -m: the sweep, as the short key would sweep
+            else:
+                text = f"{knob.key}={env_value(value)}"
             cli.env.append(text)
             cli.env_names[text] = knob.env
+    cli.warnings += given_twice(cli.overrides)
     return cli
+
+
+def _env_sweep_without_m(knob: Any, value: str, args: Sequence[str]) -> str:
+    import shlex
+
+    def command(*extra: str) -> str:
+        return " ".join(["python run.py -m", *(shlex.quote(a) for a in args), *extra])
+
+    (o,) = parse_overrides([f"{knob.key}={value}"])
+    values = _sweep_values(o) or []
+    words = ("" if values and all(isinstance(v, (int, float)) for v in values) else
+             f"; for one value that holds a comma, quote it: {knob.env}=\"'{value}'\"; for a list: "
+             f"{knob.env}=[{value}]")
+    return (f"{knob.env}={value} is a list of values, which only a sweep takes (Hydra's -m): "
+            f"{knob.env}={shlex.quote(value)} {command()} (the same as: {command(f'{knob.key}={value}')}){words}")
+
+
+def given_twice(overrides: Sequence[Any]) -> list[str]:
+    """A warning for each value the command line gives more than once, naming the one that wins."""
+    by_key: dict[tuple[str, Any], list[Any]] = {}
+    for o in overrides:
+        if not o.is_delete():
+            by_key.setdefault((o.key_or_group, o.package), []).append(o)
+
+    def values(given: list[Any]) -> str:
+        return ", then ".join(_value_text(o) for o in given)
+
+    out = []
+    paired = set()
+    for knob in KNOBS:  # a short key and its verl key: the verl key wins
+        short, verl = by_key.get((knob.key, None)), by_key.get((knob.verl_key, None))
+        if short and verl:
+            paired.add(knob.key)
+            out.append(f"{knob.key} ({values(short)}) and its verl key {knob.verl_key} ({values(verl)}) are both "
+                       f"given: the verl key's {_value_text(verl[-1])} wins, whatever the order (a verl key given on "
+                       f"its own no longer reads the short key)")
+    for (key, _), given in by_key.items():
+        if len(given) > 1 and key not in paired:
+            out.append(f"{key} is given {len(given)} times on the command line ({values(given)}): the last, "
+                       f"{_value_text(given[-1])}, wins")
+    return out
 
 
 def quote(value: Any) -> str:
@@ -489,6 +547,8 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=s
     except OverrideError as e:
         print(f"grpo-lab: error: {e}", file=err)
         raise SystemExit(2) from None
+    for w in cli.warnings:  # also in each job's plan.json (grpo_lab/launch.py)
+        print(f"grpo-lab: warning: {w}", file=err)
     global LAST
     LAST = cli
     return cli

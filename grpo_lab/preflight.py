@@ -94,6 +94,9 @@ def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[st
         checker = FixChecker(verl, lab, launching=launching, environ=environ, problems=problems)
         for p in report.errors + report.warnings:
             checker.check(p)
+        for opts in (report.memory.get("remedies") or {}).values():  # in the spelling that wins, as the fixes
+            for o in opts:
+                o["override"] = checker.spelled(o["override"])
         if len(report.errors) > 1:
             res = checker.fix_all(report.errors)
             if res:

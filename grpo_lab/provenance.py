@@ -93,6 +93,8 @@ class Layers:
                 if path.is_file():
                     self._add(f"conf/{group}/{choice}.yaml", _yaml_load(path))
         env_overrides = env_overrides or {}
+        # by key too: a sweep job's override is one value of the environment's list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4 -m)
+        env_keys = {t.split("=", 1)[0]: name for t, name in env_overrides.items()}
         env_layer: dict = {}
         cli_layer: dict = {}
         for text in task_overrides:
@@ -102,7 +104,7 @@ class Layers:
                 continue
             if o.is_delete() or "/" in o.key_or_group or o.key_or_group in ours:
                 continue
-            name = env_overrides.get(text)
+            name = env_overrides.get(text) or env_keys.get(o.key_or_group)
             target = env_layer if name else cli_layer
             _put(target, o.key_or_group, (f"environment ({name})" if name else "command line", o.value()))
         self.env = env_layer

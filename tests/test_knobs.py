@@ -4,8 +4,10 @@ whichever spelling set them (issue 10, item 2)."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
+import yaml
 
 from conftest import compose_split, run_py
 from grpo_lab.config import get
@@ -79,10 +81,27 @@ def test_precedence_command_line_over_environment_over_config_files():
 
 
 def test_odd_values_are_quoted_for_hydra():
-    cli = parse([], {"EXPERIMENT_NAME": "my run,v2", "ACTOR_LR": "1e-6"})
+    cli = parse([], {"EXPERIMENT_NAME": "my run (v2)", "PROJECT_NAME": "'my run,v2'", "ACTOR_LR": "1e-6"})
     verl, _ = compose_split(*cli.env)
-    assert get(verl, "trainer.experiment_name") == "my run,v2"
+    assert get(verl, "trainer.experiment_name") == "my run (v2)"
+    assert get(verl, "trainer.project_name") == "my run,v2"  # a comma list quoted, as Hydra reads `key='a,b'`
     assert get(verl, "actor_rollout_ref.actor.optim.lr") == 1e-6  # a number, as `actor_lr=$ACTOR_LR` reads it
+
+
+def test_a_comma_list_in_the_environment_is_a_sweep_only_under_m():
+    # as `key=$VAR` reads it in the official script: Hydra's sweep syntax, which only -m takes
+    assert parse(["-m", "experiment=smoke"], {"ROLLOUT_GPU_MEM_UTIL": "0.3,0.4,0.5"}).env == [
+        "rollout_gpu_mem_util=0.3,0.4,0.5"]
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as e:
+        prepare(["run.py", "experiment=smoke"], {"ROLLOUT_GPU_MEM_UTIL": "0.3,0.4,0.5"}, err=err)
+    assert e.value.code == 2
+    assert ("ROLLOUT_GPU_MEM_UTIL=0.3,0.4,0.5 python run.py -m experiment=smoke (the same as: python run.py -m "
+            "experiment=smoke rollout_gpu_mem_util=0.3,0.4,0.5)") in err.getvalue()
+    err = io.StringIO()
+    with pytest.raises(SystemExit):
+        prepare(["run.py"], {"EXPERIMENT_NAME": "my run,v2"}, err=err)
+    assert "EXPERIMENT_NAME=\"'my run,v2'\"" in err.getvalue()  # a name that holds a comma: how to quote it
 
 
 def _guide_env(**extra):
@@ -122,3 +141,58 @@ def test_misspelt_short_key_is_refused_with_the_right_name():
     with pytest.raises(SystemExit) as e:
         prepare(["run.py", "train_batch_sise=4"], {}, err=err)
     assert e.value.code == 2 and "did you mean 'train_batch_size'" in err.getvalue()
+
+
+def test_environment_sweep_under_m_plans_one_job_per_value(tmp_path):
+    """The design's "Hydra multirun sweeps over ROLLOUT_GPU_MEM_UTIL" (issue 19 item 10): like the short key's sweep."""
+    out = run_py("-m", "experiment=smoke", "preflight.only=true", f"hydra.sweep.dir={tmp_path}",
+                 "~hydra.callbacks.sweep_summary", env={"ROLLOUT_GPU_MEM_UTIL": "0.3,0.4,0.5"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs = sorted(tmp_path.glob("job*"))
+    got = [yaml.safe_load((j / "verl_config.yaml").read_text())["actor_rollout_ref"]["rollout"]
+           ["gpu_memory_utilization"] for j in jobs]
+    assert got == [0.3, 0.4, 0.5]
+    for job, value in zip(jobs, got):
+        plan = json.loads((job / "plan.json").read_text())
+        assert plan["errors"] == []
+        changed = {c["key"]: c["set_by"] for c in plan["changed_defaults"]}
+        if value != 0.5:  # (verl's own default is 0.5: not a changed default)
+            assert changed["actor_rollout_ref.rollout.gpu_memory_utilization"] == "environment (ROLLOUT_GPU_MEM_UTIL)"
+
+
+def test_environment_list_without_m_is_refused_with_the_sweep_command(tmp_path):
+    out = run_py("experiment=smoke", f"hydra.run.dir={tmp_path / 'run'}", env={"ROLLOUT_GPU_MEM_UTIL": "0.3,0.4,0.5"})
+    assert out.returncode == 2 and not (tmp_path / "run").exists()
+    assert "ROLLOUT_GPU_MEM_UTIL=0.3,0.4,0.5 python run.py -m experiment=smoke" in out.stderr
+    assert "python run.py -m experiment=smoke" in out.stderr and "rollout_gpu_mem_util=0.3,0.4,0.5)" in out.stderr
+
+
+def test_a_value_given_twice_is_named_with_the_one_that_wins(tmp_path):
+    """Issue 19 item 3: Hydra keeps the last silently; grpo-lab warns on the console and in plan.json."""
+    out = run_py("preflight.only=true", f"hydra.run.dir={tmp_path}", "rollout_gpu_mem_util=0.3",
+                 "rollout_gpu_mem_util=0.5", "model=qwen3_4b", "model=qwen3_0_6b",
+                 "actor_rollout_ref.actor.optim.lr=3e-6", "actor_lr=2e-6", "rollout_n=4", env={"ROLLOUT_N": "3"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    expected = [
+        "ROLLOUT_N=3 in the environment is ignored: the command line sets the same value, and its rollout_n=4 wins",
+        "actor_lr (2e-6) and its verl key actor_rollout_ref.actor.optim.lr (3e-6) are both given: the verl key's 3e-6 "
+        "wins, whatever the order",
+        "rollout_gpu_mem_util is given 2 times on the command line (0.3, then 0.5): the last, 0.5, wins",
+        "model is given 2 times on the command line (qwen3_4b, then qwen3_0_6b): the last, qwen3_0_6b, wins",
+    ]
+    for text in expected:
+        assert f"grpo-lab: warning: {text}" in out.stderr, (text, out.stderr)
+    recorded = [w["message"] for w in json.loads((tmp_path / "plan.json").read_text())["warnings"]
+                if w["rule"] == "key_given_twice"]
+    assert len(recorded) == 4 and all(any(m.startswith(t) for m in recorded) for t in expected), recorded
+    # and what the warnings say won is what verl gets
+    verl = yaml.safe_load((tmp_path / "verl_config.yaml").read_text())
+    a = verl["actor_rollout_ref"]
+    assert (a["rollout"]["gpu_memory_utilization"], a["rollout"]["n"], a["actor"]["optim"]["lr"]) == (0.5, 4, 3e-6)
+    assert a["model"]["path"] == "Qwen/Qwen3-0.6B"
+
+
+def test_one_value_once_gives_no_warning():
+    cli = parse(["rollout_gpu_mem_util=0.3", "+actor_rollout_ref.model.override_config.x=1", "~trainer.logger",
+                 "+trainer.logger=[console]"], {"ROLLOUT_N": "3"})
+    assert cli.warnings == []

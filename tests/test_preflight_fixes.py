@@ -1,6 +1,7 @@
-"""Fixes that fix (grpo_lab/fixes.py): for a corpus of bad configurations, the fix the preflight prints, typed back on
-the command line, passes the preflight. Function level through Hydra's compose (the fix's overrides are composed as a
-user's would be), and a few through `python run.py ... preflight.only=true` (apply the printed fix, expect exit 0)."""
+"""Fixes that fix (grpo_lab/fixes.py): for a corpus of bad configurations, each written in every spelling a user may
+use (short key, verl key, the official script's environment variable), the fix `python run.py ... preflight.only=true`
+prints, appended to that same command as typed (the environment kept), passes the preflight. A config file's
+spelling: through Hydra's --config-dir/--config-name. The fixer's parts at function level below."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from conftest import composed, run_py
 from grpo_lab import facts, fixes
+from grpo_lab.config import get
+from grpo_lab.knobs import KNOBS
 from grpo_lab.preflight import run_preflight
 
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
@@ -55,34 +58,14 @@ CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
     (("lab.hardware.host_ram_gb=34",), {"memory_host_ram"}),
     (("ngpus_per_node=3", "actor_lr=-1", "rollout_gpu_mem_util=1.5"),
      {"batch_divisibility", "value_range", "gpu_memory_utilization_range"}),
+    # issue 19 item 1: a value typed in verl's spelling got a fix in the short spelling, which loses to it
+    (("total_epochs=two",), {"value_types"}),
+    (("data.train_batch_size=100", "rollout_n=3"), {"updates_per_step_integer"}),
 ]
 
 
 def check(verl, lab, launching=False, environ=None):
     return run_preflight(verl, lab, launching=launching, environ={} if environ is None else environ)
-
-
-def printed_fix(r) -> str:
-    """What a user would type: `Fix all ... together` with several errors, else the error's first alternative."""
-    if r.fix_all:
-        assert r.fix_all_passes, r.format()
-        return r.fix_all
-    (p,) = r.errors
-    assert not p.fix.startswith("no single fix"), p.fix
-    return p.alternatives[0]
-
-
-@pytest.mark.parametrize("overrides,expected", CORPUS, ids=[" ".join(o) for o, _ in CORPUS])
-def test_the_printed_fix_passes_the_preflight(overrides, expected):
-    verl, lab = composed(*overrides)
-    r = check(verl, lab)
-    assert expected <= {p.rule for p in r.errors}, r.format()
-    for p in r.errors:
-        assert p.fix and p.checked.startswith("re-checked: the preflight passes"), (p.rule, p.fix, p.checked)
-    fix = printed_fix(r)
-    verl2, lab2 = composed(*overrides, *shlex.split(fix))  # through Hydra's compose, as typed
-    r2 = check(verl2, lab2)
-    assert r2.ok, (fix, r2.format())
 
 
 def test_ngpus_per_node_3_gets_one_fix_that_keeps_two_updates():
@@ -140,6 +123,34 @@ def test_apply_follows_derived_values():
     assert fixes.parse("model=qwen3_4b") is None and fixes.parse("run on the GPU machine") is None
 
 
+def test_a_verl_key_set_on_its_own_gets_its_fix_by_that_name():
+    """trainer.total_epochs=two typed: the short key no longer reaches it, so the fix names the verl key."""
+    verl, lab = composed("trainer.total_epochs=two")
+    assert lab["set_apart"] == {"total_epochs": ["trainer.total_epochs"]}
+    (p,) = [p for p in check(verl, lab).errors if p.rule == "value_types"]
+    assert p.fix == "trainer.total_epochs=1" and p.checked.startswith("re-checked: the preflight passes")
+    assert "set_apart" not in composed("total_epochs=two")[1]  # the short key typed: nothing set apart
+
+
+def test_apply_and_respell_follow_what_composing_does_with_keys_set_apart():
+    """The ref's log-prob micro-batch reads the rollout's; typed on its own, the short key reaches only the rollout's
+    (as Hydra composes it), and a fix in the short spelling gets the ref's key added."""
+    ref = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
+    roll = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+    verl, lab = composed(*STATIC, f"{ref}=3")
+    assert lab["set_apart"] == {"log_prob_micro_batch_size_per_gpu": [ref]}
+    applied, _ = fixes.apply(verl, lab, fixes.parse("log_prob_micro_batch_size_per_gpu=4"))
+    by_compose, _ = composed(*STATIC, f"{ref}=3", "log_prob_micro_batch_size_per_gpu=4")
+    assert applied == by_compose and get(applied, ref) == 3 and get(applied, roll) == 4
+    assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab["set_apart"]) == [
+        ("", "log_prob_micro_batch_size_per_gpu", 4), ("", ref, 4)]
+    # the rollout's key typed: the ref's still follows it, so the fix names the rollout's key alone
+    verl, lab = composed(*STATIC, f"{roll}=3")
+    assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab["set_apart"]) == [("", roll, 4)]
+    applied, _ = fixes.apply(verl, lab, [("", roll, 4)])
+    assert applied == composed(*STATIC, f"{roll}=3", f"{roll}=4")[0]
+
+
 def test_visible_gpus_fix_rechecked_at_launch(monkeypatch):
     monkeypatch.setattr(facts, "module_available", lambda name: True)
     monkeypatch.setattr(facts, "_proc_gpus", lambda: 4)
@@ -159,21 +170,74 @@ def test_fix_rechecks_stay_fast():
     assert (time.perf_counter() - t) / 3 < 0.2
 
 
-# ---- through run.py: the printed fix typed back on the command line ----------------------------------------------
+# ---- through run.py: the printed fix appended to the command as typed, in each spelling ----------------------------
 
-@pytest.mark.parametrize("bad", [("ngpus_per_node=3",), ("train_batch_size=abc",), (*H200, "ngpus_per_node=0")],
-                         ids=lambda b: " ".join(b))
-def test_run_py_printed_fix_passes(tmp_path, bad):
-    out = run_py("preflight.only=true", *bad, f"hydra.run.dir={tmp_path / 'bad'}")
-    assert out.returncode == 2, out.stdout + out.stderr
-    text = out.stdout + out.stderr
-    assert "fix: " in text and "Traceback" not in text
+KNOB = {k.key: k for k in KNOBS}
+
+
+def spellings(overrides: tuple[str, ...]) -> list[tuple[str, tuple[str, ...], dict[str, str]]]:
+    """(spelling, argv, environment) of one case: as written, every short key as its verl key, every short key as its
+    environment variable (the last two only when the case has a short key)."""
+    out = [("as written", overrides, {})]
+    short = [o for o in overrides if o.split("=", 1)[0] in KNOB]
+    if short:
+        out.append(("verl key", tuple(f"{KNOB[o.split('=', 1)[0]].verl_key}={o.split('=', 1)[1]}" if o in short else o
+                                      for o in overrides), {}))
+        out.append(("env var", tuple(o for o in overrides if o not in short),
+                    {KNOB[k].env: v for k, v in (o.split("=", 1) for o in short)}))
+    return out
+
+
+SPELLED = [(name, argv, env, expected) for overrides, expected in CORPUS for name, argv, env in spellings(overrides)]
+
+
+def _env_text(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def plan_fix(plan: dict) -> str:
+    """What a user would type: `Fix all ... together` with several errors, else the error's first alternative."""
+    if "fix_all" in plan:
+        assert plan["fix_all"]["passes"], plan["fix_all"]
+        return plan["fix_all"]["overrides"]
+    (e,) = plan["errors"]
+    return e["fix"].split("  or  ")[0]
+
+
+@pytest.mark.parametrize("spelling,argv,env,expected", SPELLED,
+                         ids=[f"{n}: {' '.join(filter(None, [_env_text(e), *a]))}" for n, a, e, _ in SPELLED])
+def test_the_printed_fix_passes_appended_to_the_command_as_typed(tmp_path, spelling, argv, env, expected):
+    bad = run_py("preflight.only=true", f"hydra.run.dir={tmp_path / 'bad'}", *argv, env=env)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "Traceback" not in bad.stdout + bad.stderr
     plan = json.loads((tmp_path / "bad" / "plan.json").read_text())
-    fix = plan["fix_all"]["overrides"] if "fix_all" in plan else plan["errors"][0]["fix"].split("  or  ")[0]
-    assert fix in text
-    good = run_py("preflight.only=true", *bad, *shlex.split(fix), f"hydra.run.dir={tmp_path / 'good'}")
-    assert good.returncode == 0, good.stdout + good.stderr
+    assert expected <= {e["rule"] for e in plan["errors"]}, bad.stdout
+    for e in plan["errors"]:
+        assert e["fix"] and e.get("checked", "").startswith("re-checked: the preflight passes"), e
+    fix = plan_fix(plan)
+    assert f"fix: {fix}" in bad.stdout or f"together: {fix}" in bad.stdout
+    good = run_py("preflight.only=true", f"hydra.run.dir={tmp_path / 'good'}", *argv, *shlex.split(fix), env=env)
+    assert good.returncode == 0, (fix, good.stdout + good.stderr)
     assert "preflight: OK" in good.stdout
+
+
+@pytest.mark.parametrize("file_text,expected", [
+    ("trainer:\n  total_epochs: two\n", "trainer.total_epochs=1"),
+    ("actor_rollout_ref:\n  rollout:\n    gpu_memory_utilization: 1.5\n",
+     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"),
+    ("rollout_gpu_mem_util: 1.5\n", "rollout_gpu_mem_util=0.4"),  # the short key in the file: the short key wins
+], ids=["verl key total_epochs", "verl key gpu_memory_utilization", "short key"])
+def test_a_fix_for_a_value_in_a_config_file_passes(tmp_path, file_text, expected):
+    """A user's own config file (Hydra's --config-dir/--config-name, on top of grpo-lab's config): the fix names the
+    key in the spelling that wins over the file."""
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - config\n  - _self_\n\n" + file_text)
+    argv = ("--config-dir", str(tmp_path), "--config-name", "mine", "preflight.only=true")
+    bad = run_py(*argv, f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    fix = plan_fix(json.loads((tmp_path / "bad" / "plan.json").read_text()))
+    assert fix == expected and f"fix: {fix}" in bad.stdout
+    good = run_py(*argv, f"hydra.run.dir={tmp_path / 'good'}", *shlex.split(fix))
+    assert good.returncode == 0 and "preflight: OK" in good.stdout, good.stdout + good.stderr
 
 
 def test_non_parquet_train_file_is_refused(tmp_path):
