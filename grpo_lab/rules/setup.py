@@ -54,15 +54,18 @@ def gpu_memory_utilization_range(c: Ctx) -> Iterable[Problem]:
 
 # ---- Ray --------------------------------------------------------------------------------------------------------
 
+def ray_target(c: Ctx):
+    """Where verl's ray.init() connects, by Ray's own lookup (grpo_lab/ray_lookup.py): the config's address, then
+    RAY_ADDRESS, then, when launching here, the cluster the latest `ray start` on this node recorded."""
+    from grpo_lab.ray_lookup import ray_target as lookup
+
+    return lookup(c.get("ray_kwargs.ray_init.address"), c.environ, temp_dir=c.get("ray_kwargs.ray_init._temp_dir"),
+                  read_file=c.launching)
+
+
 def joins_cluster(c: Ctx) -> str | None:
-    """Where ray.init connects to an existing cluster (ray_init.address, else RAY_ADDRESS), or None: it starts one."""
-    addr = c.get("ray_kwargs.ray_init.address")
-    if addr not in (None, "", "local"):
-        return f"ray_kwargs.ray_init.address={addr}"
-    env = c.environ.get("RAY_ADDRESS")
-    if addr is None and env and env != "local":
-        return f"RAY_ADDRESS={env}"
-    return None
+    """What ray.init connects to (an existing cluster, named as set), or None: it starts one of this machine."""
+    return ray_target(c).joins
 
 
 @rule("ray_join_num_cpus")
@@ -77,16 +80,43 @@ def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
                     f"nodes declare their own CPUs", "ray_kwargs.ray_init.num_cpus=null")
 
 
+START_RAY = ("start Ray on the nodes first (README, 'More than one machine'): `ray start --head --port=6379` on this "
+             "node and `ray start --address=<this node's ip>:6379` on each other node; then the same command joins it")
+
+
 @rule("ray_nnodes_without_cluster")
 def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
-    """trainer.nnodes > 1 needs a Ray cluster of that many nodes; without an address ray.init starts one of this
-    machine alone, and verl's resource pool waits for GPUs that never come."""
+    """trainer.nnodes > 1 needs a Ray cluster of that many nodes. ray.init() with no address joins RAY_ADDRESS, else
+    the cluster `ray start` recorded on this node (verl's multi-node scripts rely on it), and only then starts one of
+    this machine alone, where verl's resource pool waits for GPUs that never come. That last lookup reads this
+    machine, so the check is an environment check: not launching (preflight.only, make plan, make fit), a note."""
     nnodes, gpus = c.batch["nnodes"], c.batch["n_gpus_per_node"]
-    if nnodes > 1 and not joins_cluster(c):
-        yield error(f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes ({nnodes * gpus} GPUs), but "
-                    f"ray_kwargs.ray_init.address is not set (nor RAY_ADDRESS): ray.init() would start a cluster of "
-                    f"this machine alone. Start Ray on the nodes first (README, 'More than one machine') and join it",
-                    f"hardware=ray_cluster nnodes={nnodes}")
+    if nnodes <= 1 or c.lab.get("ray_cluster"):  # a cluster grpo-lab starts itself (a SLURM job): it joins that
+        return
+    t = ray_target(c)
+    if t.joins:
+        return
+    if not c.launching:
+        yield note(f"trainer.nnodes={nnodes}: the Ray cluster is not checked here (not launching). On the head node "
+                   f"ray.init() joins RAY_ADDRESS, else the cluster the latest `ray start` there recorded "
+                   f"(/tmp/ray/ray_current_cluster), and only without either starts a Ray of that machine alone, "
+                   f"whose {gpus} GPU(s) cannot hold {nnodes} nodes' workers (verl would wait for the others)")
+        return
+    if t.fails:
+        return  # ray_no_cluster_to_join says it
+    yield error(f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes ({nnodes * gpus} GPUs), and ray.init() "
+                f"finds none to join ({t.looked_at}): it would start a Ray of this machine alone, and verl's "
+                f"resource pool would wait for the other nodes' GPUs forever", START_RAY)
+
+
+@rule("ray_no_cluster_to_join", launching_only=True)
+def ray_no_cluster_to_join(c: Ctx) -> Iterable[Problem]:
+    """ray_kwargs.ray_init.address=auto (hardware=ray_cluster) with nothing to join: ray.init raises at once."""
+    if c.lab.get("ray_cluster"):
+        return
+    t = ray_target(c)
+    if t.fails:
+        yield error(f"{t.fails} ({t.looked_at})", START_RAY)
 
 
 @rule("ray_cpus")
@@ -349,7 +379,7 @@ def nccl_p2p(c: Ctx) -> Iterable[Problem]:
 def environment_skipped(c: Ctx) -> Iterable[Problem]:
     if not c.launching:
         yield note("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
-                   "n_gpus_per_node")
+                   "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join")
     if attn_impl(c) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
         yield note(f"use_remove_padding with attn_implementation={attn_impl(c)} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
