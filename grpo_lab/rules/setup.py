@@ -200,6 +200,34 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
                     " ".join(f"actor_rollout_ref.{k}.log_prob_use_dynamic_bsz={val}" for k in wrong))
 
 
+@rule("rollout_engine_known")
+def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
+    """actor_rollout_ref.rollout.name must be an engine verl can start: its schema takes any string (its YAML comment
+    even names hf), but verl 0.9.1's worker asserts the (name, mode) pair is in its registry and its server registry
+    raises for any other name, after Ray and the model have started (facts.verl_rollout_engines)."""
+    name, mode = c.get(A + "rollout.name"), c.get(A + "rollout.mode", "async")
+    if name is None:
+        return
+    pairs, names, source = facts.verl_rollout_engines()
+    if not pairs or not names:
+        yield note(f"rollout engine name not checked: {source}")
+        return
+    if (name, mode) in pairs and name in names:
+        return
+    usable = sorted(n for n in names if any(p == (n, mode) for p in pairs)) or sorted(names)
+    if name in names:  # the engine is there; the mode is not
+        modes = sorted(m for n, m in pairs if n == name)
+        yield error(f"actor_rollout_ref.rollout.mode={mode!r}: verl 0.9.1 starts {name} only in mode "
+                    f"{', '.join(map(repr, modes))} ({source}); its worker asserts 'Rollout {name} with mode {mode} "
+                    f"not found' after Ray and the model have started",
+                    f"actor_rollout_ref.rollout.mode={modes[0]}" if modes else "")
+        return
+    yield error(f"actor_rollout_ref.rollout.name={name!r} is no rollout engine verl 0.9.1 can start: it knows "
+                f"{', '.join(usable)} ({source}). verl's config takes the name, and the job fails after Ray and the "
+                f"model have started (the worker asserts 'Rollout {name} with mode {mode} not found', the server "
+                f"raises 'Unknown rollout mode: {name}')", f"{A}rollout.name=vllm")
+
+
 @rule("model_key_unknown")
 def model_key_unknown(c: Ctx) -> Iterable[Problem]:
     model_cfg = c.get(A + "model", {}) or {}
