@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from grpo_lab import calibration, memplan
+from grpo_lab import calibration, engines, memplan
 from grpo_lab.apply import apply_overrides, groups as _conf_groups, short_key_targets
 from grpo_lab.config import get as _get
 from grpo_lab.config import put as _put
@@ -702,6 +702,18 @@ class FitError(Exception):
     """The fit cannot run on this config (no architecture facts, no card size): the message says why."""
 
 
+def unmeasured_engine(name: Any) -> str:
+    """Why the fit cannot search with this rollout engine (the memory plan has not been measured with it)."""
+    from grpo_lab.facts import verl_rollout_engines
+
+    _, names, _ = verl_rollout_engines()
+    verl = (f"; verl 0.9.1 cannot start it either (it knows {', '.join(sorted(names))})" if names and name not in names
+            else "")
+    return (f"rollout engine {name!r}: the memory plan has not been measured with it (it knows how "
+            f"{' and '.join(engines.ENGINES)} use gpu_memory_utilization){verl}, so there is nothing to search. Pick "
+            f"one it knows: actor_rollout_ref.rollout.name=vllm (or rollout=sglang_tp1_mem04)")
+
+
 def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
         environ: Mapping[str, str] | None = None) -> FitResult:
     """Search the settings that make every phase fit; verify the result with the preflight."""
@@ -716,6 +728,8 @@ def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
         raise FitError("no architecture facts for this model (no local config.json, no lab.model): nothing to plan. "
                        "Pick a model group (model=qwen3_1_7b) or point model_path at a folder with its config.json")
     s0 = memplan.settings_from_verl(verl, lab)
+    if str(s0.rollout_engine or "vllm").lower() not in engines.ENGINES:
+        raise FitError(unmeasured_engine(s0.rollout_engine))
     if s0.card_gb <= 0:
         raise FitError("lab.hardware.gpu_memory_gb is not set: the fit needs the card's size. Pick a hardware option "
                        "(hardware=rtx4080x4) or set it: lab.hardware.gpu_memory_gb=24")

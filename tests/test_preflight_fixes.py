@@ -50,7 +50,6 @@ CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
     (("actor_rollout_ref.actor.use_dynamic_bsz=false",), {"dynamic_bsz_mismatch"}),
     # (+actor_rollout_ref.model.use_remove_paddin=true: refused on the command line before composing, by
     #  grpo_lab/overrides.py; the model_key_unknown rule, for such a key in a config file, is in test_preflight.py)
-    (("model=qwen3_8b_lora", "actor_rollout_ref.rollout.load_format=dummy"), {"lora_load_format"}),
     (("variant=dapo", "algorithm.filter_groups.metric=null"), {"dapo_filter_metric"}),
     (("model=qwen3_8b_lora", "actor_rollout_ref.model.lora_rank=0"), {"full_finetune_too_big"}),
     (("model=qwen3_4b", "rollout_gpu_mem_util=0.85"), {"memory_generation"}),

@@ -107,14 +107,36 @@ def test_ray_join_num_cpus():
     assert "ray_join_num_cpus" not in rules(check(verl, lab, environ={"RAY_ADDRESS": "x:1"}).errors)
 
 
-def test_ray_nnodes_without_cluster():
+def test_ray_nnodes_without_cluster(tmp_path):
+    """Ray's own lookup (grpo_lab/ray_lookup.py): an environment check, a note when not launching."""
     verl, lab = composed("nnodes=2")  # the course machine's own Ray, asked for two nodes
-    p = only(check(verl, lab).errors, "ray_nnodes_without_cluster")
-    assert "2 nodes (8 GPUs)" in p.message and p.fix == "hardware=ray_cluster nnodes=2"
-    # joining a cluster (RAY_ADDRESS) is what it asks for
-    assert "ray_nnodes_without_cluster" not in rules(check(verl, lab, environ={"RAY_ADDRESS": "10.0.0.1:6379"}).errors)
+    r = check(verl, lab)  # planning: nothing of this machine's Ray is read
+    assert "ray_nnodes_without_cluster" not in rules(r.errors)
+    assert any("trainer.nnodes=2: the Ray cluster is not checked here (not launching)" in n for n in r.notes)
+    no_ray = {"RAY_TMPDIR": str(tmp_path)}  # no `ray start` record there
+    p = only(check(verl, lab, launching=True, environ=no_ray).errors, "ray_nnodes_without_cluster")
+    assert "2 nodes (8 GPUs)" in p.message and f"{tmp_path}/ray/ray_current_cluster is absent" in p.message
+    assert "ray start --head" in p.fix
+    # joining a cluster (RAY_ADDRESS, or the one `ray start` recorded on this node) is what it asks for
+    env = {**no_ray, "RAY_ADDRESS": "10.0.0.1:6379"}
+    assert "ray_nnodes_without_cluster" not in rules(check(verl, lab, launching=True, environ=env).errors)
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.1:6379\n")
+    r = check(verl, lab, launching=True, environ=no_ray)
+    assert "ray_nnodes_without_cluster" not in rules(r.errors)
+    assert "10.0.0.1:6379" in only(r.errors, "ray_join_num_cpus").message  # and then Ray refuses num_cpus
     verl, lab = composed()
-    assert "ray_nnodes_without_cluster" not in rules(check(verl, lab).errors)
+    assert "ray_nnodes_without_cluster" not in rules(check(verl, lab, launching=True, environ=no_ray).errors)
+
+
+def test_ray_no_cluster_to_join(tmp_path):
+    """address=auto (hardware=ray_cluster) where no cluster runs: ray.init raises ConnectionError at once."""
+    verl, lab = composed("hardware=ray_cluster")
+    assert "ray_no_cluster_to_join" not in rules(check(verl, lab).errors)  # planning: not read
+    p = only(check(verl, lab, launching=True, environ={"RAY_TMPDIR": str(tmp_path)}).errors, "ray_no_cluster_to_join")
+    assert "ConnectionError" in p.message and "ray start --head" in p.fix
+    env = {"RAY_TMPDIR": str(tmp_path), "RAY_ADDRESS": "10.0.0.1:6379"}
+    assert "ray_no_cluster_to_join" not in rules(check(verl, lab, launching=True, environ=env).errors)
 
 
 def _all(r):

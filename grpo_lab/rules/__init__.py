@@ -13,7 +13,8 @@ or note. A fix is one or more alternatives separated by "  or  ", each a list of
 
 The rule modules: rules.batch (arithmetic of batches, tokens, data), rules.values (values verl takes but cannot
 use), rules.setup (Ray, keys, recipes, the model, the machine), rules.memory (the memory plan's verdicts), rules.reward (the
-custom reward file: imported and called as verl will, in a child process: grpo_lab/reward_probe.py).
+custom reward file: imported and called as verl will, in a child process: grpo_lab/reward_probe.py), rules.verl_issues
+(configurations verl's issue tracker reported failing late: docs/verl_issues.md).
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def _load() -> None:
     from grpo_lab.rules import batch, values, setup, memory  # noqa: F401
     from grpo_lab.rules import emulation  # noqa: F401  (grpo_lab/emulate.py: a smaller card on a bigger one)
     from grpo_lab.rules import reward  # noqa: F401  (the custom reward file, imported and called in a child process)
+    from grpo_lab.rules import verl_issues  # noqa: F401  (configurations verl's issue tracker reported failing late)
 
 
 def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:

@@ -100,10 +100,10 @@ def batch_fix(tb: int, mini: int, n: int, dp: int, max_tb: int | None = None) ->
     return (best[1], best[2]) if best else (tb, mini)
 
 
-def _batch_fix_text(c: Ctx, max_tb: int | None = None) -> str:
+def _batch_fix_text(c: Ctx, max_tb: int | None = None, split_over: int | None = None) -> str:
     b = c.batch
     tb, mini, n, dp = b["train_batch_size"], b["ppo_mini_batch_size"], b["rollout_n"], b["data_parallel_size"]
-    t, m = batch_fix(tb, mini, n, dp, max_tb)
+    t, m = batch_fix(tb, mini, n, split_over or dp, max_tb)
     parts = ([f"train_batch_size={t}"] if t != tb else []) + ([f"ppo_mini_batch_size={m}"] if m != mini else [])
     text = " ".join(parts)
     # or fewer GPUs on each node, with the batch as it is
@@ -140,11 +140,21 @@ def updates_per_step_integer(c: Ctx) -> Iterable[Problem]:
 
 @rule("batch_divisibility")
 def batch_divisibility(c: Ctx) -> Iterable[Problem]:
+    """verl #473, #606, #1004 ('only support equal chunk', 'real_train_batch_size must be divisible by minimal possible
+    batch size'). Without dynamic batching verl 0.9.1's validate_config asserts train_batch_size x n % n_gpus (all the
+    GPUs, sequence-parallel ones too: verl/utils/config.py); the legacy trainer splits the step in equal parts over
+    the data-parallel ranks (verl/utils/seqlen_balancing.py get_seqlen_balanced_partitions, equal_size)."""
     b = c.batch
-    traj, dp = b["trajectories_per_step"], b["data_parallel_size"]
+    traj, dp, n_gpus = b["trajectories_per_step"], b["data_parallel_size"], b["n_gpus"]
     if _sizes_ok(c) and traj % dp:
         yield error(f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do "
                     f"not split over the {dp} data-parallel GPUs ({traj}/{dp} = {traj / dp:.2f})", _batch_fix_text(c))
+    elif _sizes_ok(c) and traj % n_gpus and not c.get(A + "actor.use_dynamic_bsz", False):
+        yield error(f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do "
+                    f"not split over all {n_gpus} GPUs ({traj}/{n_gpus} = {traj / n_gpus:.2f}): without dynamic "
+                    f"batching verl 0.9.1 asserts 'real_train_batch_size ({traj}) must be divisible by minimal possible "
+                    f"batch size ({n_gpus})' over every GPU, sequence-parallel ones included (verl/utils/config.py "
+                    f"validate_config)", _batch_fix_text(c, split_over=n_gpus))
 
 
 @rule("mini_batch_divisibility")
@@ -164,7 +174,9 @@ def rollout_parallel(c: Ctx) -> Iterable[Problem]:
     if replica > n_gpus or n_gpus % replica:
         tp = max(d for d in (1, 2, 4, 8) if n_gpus % d == 0 and d <= n_gpus)
         yield error(f"a vLLM replica spans tensor x data x pipeline parallel = {replica} GPUs, which does not divide "
-                    f"the {n_gpus} GPUs", f"rollout_tp={tp}")
+                    f"the {n_gpus} GPUs: verl 0.9.1 asserts 'rollout world_size: {n_gpus} is not divisible by "
+                    f"infer_world_size: {replica}' when it builds the rollout, after Ray and the actor have started "
+                    f"(verl/workers/engine_workers.py; verl #1191)", f"rollout_tp={tp}")
 
 
 def _divisor_le(n: int, limit: int) -> int:
@@ -196,11 +208,14 @@ def micro_batch(c: Ctx) -> Iterable[Problem]:
                     f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
     elif micro > per_gpu_mini:
         yield error(f"the micro-batch ({micro} per GPU) is larger than the mini-batch's share of a GPU "
-                    f"({num(per_gpu_mini)} trajectories)",
+                    f"({num(per_gpu_mini)} trajectories): verl 0.9.1 asserts 'data size must be divisible by "
+                    f"force_group_size * micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py "
+                    f"prepare_micro_batches; verl #405)",
                     f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), micro)}")
     elif per_gpu_mini.is_integer() and int(per_gpu_mini) % micro:
         yield error(f"each GPU's {int(per_gpu_mini)} trajectories per mini-batch do not split into micro-batches of "
-                    f"{micro}: verl requires the per-GPU mini-batch to be divisible by the micro-batch",
+                    f"{micro}: verl 0.9.1 asserts 'data size must be divisible by force_group_size * "
+                    f"micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py)",
                     f"ppo_micro_batch_size_per_gpu={_divisor_le(int(per_gpu_mini), micro)}")
     if micro > 0 and per_gpu_mini.is_integer():
         b["micro_batches_per_update"] = int(per_gpu_mini) // micro

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from grpo_lab import calibration, facts, memplan
+from grpo_lab import calibration, engines, facts, memplan
 from grpo_lab.config import get as _get
 from grpo_lab.rules import A, Ctx, Problem, error, note, oom, rule, warn
 
@@ -82,6 +82,14 @@ def plan_memory(c: Ctx) -> dict[str, Any]:
     except (TypeError, ValueError) as e:
         c.notes.append(f"memory plan skipped until the values named above are numbers ({e})")
         return {}
+    engine = str(s.rollout_engine or "vllm").lower()
+    if engine not in engines.ENGINES:  # verl may know it (trtllm); the plan has not been measured with it
+        why = (f"rollout engine {s.rollout_engine!r} not measured: the memory plan knows how "
+               f"{' and '.join(engines.ENGINES)} use gpu_memory_utilization (grpo_lab/engines.py), not this one, so "
+               f"it gives no memory verdict for this job (weights, KV cache and the phases unchecked)")
+        c.notes.append(why)
+        return {"params": m.arch.params(), "architecture_source": m.arch.source, "rollout_engine": s.rollout_engine,
+                "verdict": {"overall": "not measured"}, "not_measured": why}
     if s.card_gb <= 0:
         c.notes.append("lab.hardware.gpu_memory_gb is not set: memory plan skipped")
         return {"params": m.arch.params(), "architecture_source": m.arch.source}

@@ -54,15 +54,18 @@ def gpu_memory_utilization_range(c: Ctx) -> Iterable[Problem]:
 
 # ---- Ray --------------------------------------------------------------------------------------------------------
 
+def ray_target(c: Ctx):
+    """Where verl's ray.init() connects, by Ray's own lookup (grpo_lab/ray_lookup.py): the config's address, then
+    RAY_ADDRESS, then, when launching here, the cluster the latest `ray start` on this node recorded."""
+    from grpo_lab.ray_lookup import ray_target as lookup
+
+    return lookup(c.get("ray_kwargs.ray_init.address"), c.environ, temp_dir=c.get("ray_kwargs.ray_init._temp_dir"),
+                  read_file=c.launching)
+
+
 def joins_cluster(c: Ctx) -> str | None:
-    """Where ray.init connects to an existing cluster (ray_init.address, else RAY_ADDRESS), or None: it starts one."""
-    addr = c.get("ray_kwargs.ray_init.address")
-    if addr not in (None, "", "local"):
-        return f"ray_kwargs.ray_init.address={addr}"
-    env = c.environ.get("RAY_ADDRESS")
-    if addr is None and env and env != "local":
-        return f"RAY_ADDRESS={env}"
-    return None
+    """What ray.init connects to (an existing cluster, named as set), or None: it starts one of this machine."""
+    return ray_target(c).joins
 
 
 @rule("ray_join_num_cpus")
@@ -77,16 +80,43 @@ def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
                     f"nodes declare their own CPUs", "ray_kwargs.ray_init.num_cpus=null")
 
 
+START_RAY = ("start Ray on the nodes first (README, 'More than one machine'): `ray start --head --port=6379` on this "
+             "node and `ray start --address=<this node's ip>:6379` on each other node; then the same command joins it")
+
+
 @rule("ray_nnodes_without_cluster")
 def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
-    """trainer.nnodes > 1 needs a Ray cluster of that many nodes; without an address ray.init starts one of this
-    machine alone, and verl's resource pool waits for GPUs that never come."""
+    """trainer.nnodes > 1 needs a Ray cluster of that many nodes. ray.init() with no address joins RAY_ADDRESS, else
+    the cluster `ray start` recorded on this node (verl's multi-node scripts rely on it), and only then starts one of
+    this machine alone, where verl's resource pool waits for GPUs that never come. That last lookup reads this
+    machine, so the check is an environment check: not launching (preflight.only, make plan, make fit), a note."""
     nnodes, gpus = c.batch["nnodes"], c.batch["n_gpus_per_node"]
-    if nnodes > 1 and not joins_cluster(c):
-        yield error(f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes ({nnodes * gpus} GPUs), but "
-                    f"ray_kwargs.ray_init.address is not set (nor RAY_ADDRESS): ray.init() would start a cluster of "
-                    f"this machine alone. Start Ray on the nodes first (README, 'More than one machine') and join it",
-                    f"hardware=ray_cluster nnodes={nnodes}")
+    if nnodes <= 1 or c.lab.get("ray_cluster"):  # a cluster grpo-lab starts itself (a SLURM job): it joins that
+        return
+    t = ray_target(c)
+    if t.joins:
+        return
+    if not c.launching:
+        yield note(f"trainer.nnodes={nnodes}: the Ray cluster is not checked here (not launching). On the head node "
+                   f"ray.init() joins RAY_ADDRESS, else the cluster the latest `ray start` there recorded "
+                   f"(/tmp/ray/ray_current_cluster), and only without either starts a Ray of that machine alone, "
+                   f"whose {gpus} GPU(s) cannot hold {nnodes} nodes' workers (verl would wait for the others)")
+        return
+    if t.fails:
+        return  # ray_no_cluster_to_join says it
+    yield error(f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes ({nnodes * gpus} GPUs), and ray.init() "
+                f"finds none to join ({t.looked_at}): it would start a Ray of this machine alone, and verl's "
+                f"resource pool would wait for the other nodes' GPUs forever", START_RAY)
+
+
+@rule("ray_no_cluster_to_join", launching_only=True)
+def ray_no_cluster_to_join(c: Ctx) -> Iterable[Problem]:
+    """ray_kwargs.ray_init.address=auto (hardware=ray_cluster) with nothing to join: ray.init raises at once."""
+    if c.lab.get("ray_cluster"):
+        return
+    t = ray_target(c)
+    if t.fails:
+        yield error(f"{t.fails} ({t.looked_at})", START_RAY)
 
 
 @rule("ray_cpus")
@@ -170,6 +200,34 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
                     " ".join(f"actor_rollout_ref.{k}.log_prob_use_dynamic_bsz={val}" for k in wrong))
 
 
+@rule("rollout_engine_known")
+def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
+    """actor_rollout_ref.rollout.name must be an engine verl can start: its schema takes any string (its YAML comment
+    even names hf), but verl 0.9.1's worker asserts the (name, mode) pair is in its registry and its server registry
+    raises for any other name, after Ray and the model have started (facts.verl_rollout_engines)."""
+    name, mode = c.get(A + "rollout.name"), c.get(A + "rollout.mode", "async")
+    if name is None:
+        return
+    pairs, names, source = facts.verl_rollout_engines()
+    if not pairs or not names:
+        yield note(f"rollout engine name not checked: {source}")
+        return
+    if (name, mode) in pairs and name in names:
+        return
+    usable = sorted(n for n in names if any(p == (n, mode) for p in pairs)) or sorted(names)
+    if name in names:  # the engine is there; the mode is not
+        modes = sorted(m for n, m in pairs if n == name)
+        yield error(f"actor_rollout_ref.rollout.mode={mode!r}: verl 0.9.1 starts {name} only in mode "
+                    f"{', '.join(map(repr, modes))} ({source}); its worker asserts 'Rollout {name} with mode {mode} "
+                    f"not found' after Ray and the model have started",
+                    f"actor_rollout_ref.rollout.mode={modes[0]}" if modes else "")
+        return
+    yield error(f"actor_rollout_ref.rollout.name={name!r} is no rollout engine verl 0.9.1 can start: it knows "
+                f"{', '.join(usable)} ({source}). verl's config takes the name, and the job fails after Ray and the "
+                f"model have started (the worker asserts 'Rollout {name} with mode {mode} not found', the server "
+                f"raises 'Unknown rollout mode: {name}')", f"{A}rollout.name=vllm")
+
+
 @rule("model_key_unknown")
 def model_key_unknown(c: Ctx) -> Iterable[Problem]:
     model_cfg = c.get(A + "model", {}) or {}
@@ -197,12 +255,21 @@ def _lora_rank(c: Ctx) -> int:
 
 @rule("lora_load_format")
 def lora_load_format(c: Ctx) -> Iterable[Problem]:
+    """LoRA with load_format=dummy (verl's DAPO LoRA recipe): vLLM starts with random weights, and verl 0.9.1's V1
+    worker (the only one: main_ppo_v0 uses it too) syncs the base weights into it before the first adapter
+    (verl/workers/engine_workers.py: `base_sync_done = "dummy" not in load_format`, then `do_lora_base_sync`).
+    So verl's code says it works; no GPU run here has confirmed it yet (benchmarks/gpu/README.md): a warning."""
     lora = _lora_rank(c)
     load_format = str(c.get(A + "rollout.load_format", "dummy"))
-    if lora > 0 and load_format != "safetensors":
-        yield error(f"LoRA (lora_rank={lora}) with actor_rollout_ref.rollout.load_format={load_format}: verl's LoRA "
-                    f"recipe loads the base weights into vLLM from the checkpoint (safetensors); with "
-                    f"{load_format!r} vLLM starts without them", "actor_rollout_ref.rollout.load_format=safetensors")
+    # other formats (safetensors, auto, pt) load the checkpoint in vLLM itself; merge=true syncs merged full weights
+    if lora > 0 and "dummy" in load_format and not bool(c.get(A + "model.lora.merge", False)):
+        yield warn(f"LoRA (lora_rank={lora}) with actor_rollout_ref.rollout.load_format={load_format}: vLLM starts "
+                   f"without the base weights, and verl 0.9.1's worker syncs them in before the first adapter "
+                   f"(engine_workers.py, do_lora_base_sync), so this should run; how sure: read in verl's code, not "
+                   f"yet confirmed by a GPU run here. If training/rollout_probs_diff_mean is large at step 1, vLLM "
+                   f"generated with wrong weights; safetensors loads them from the checkpoint at start-up (the "
+                   f"certain way, and what conf/model/qwen3_8b_lora.yaml uses)",
+                   "actor_rollout_ref.rollout.load_format=safetensors")
 
 
 OVERRIDE_KV = "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
@@ -416,7 +483,7 @@ def nccl_p2p(c: Ctx) -> Iterable[Problem]:
 def environment_skipped(c: Ctx) -> Iterable[Problem]:
     if not c.launching:
         yield note("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
-                   "n_gpus_per_node")
+                   "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join")
     if attn_impl(c) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
         yield note(f"use_remove_padding with attn_implementation={attn_impl(c)} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")

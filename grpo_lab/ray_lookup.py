@@ -1,0 +1,97 @@
+"""Where `ray.init()` connects, found the way Ray 2.60 finds it, without importing Ray.
+
+verl calls `ray.init(**ray_kwargs.ray_init)`. Ray's own lookup (ray/_private/worker.py `init`, then
+ray/_private/services.py `canonicalize_bootstrap_address` and `get_ray_address_from_environment`,
+ray/_common/utils.py `get_ray_address_file` and `get_default_system_temp_dir`):
+
+1. `address` given and neither "auto" nor "local": that cluster. "local": a new Ray of this machine alone.
+2. `address` null or "auto": RAY_ADDRESS when it is set and not empty ("local" there: a new Ray).
+3. Then the cluster the latest `ray start` on this node recorded: `<_temp_dir>/ray_current_cluster` when
+   ray_init._temp_dir is given, else `<RAY_TMPDIR, else TMPDIR, else /tmp>/ray/ray_current_cluster`
+   (`ray stop` removes the file).
+4. Nothing found: with `address` null ray.init starts a Ray of this machine alone; with "auto" it raises
+   ConnectionError("Could not find any running Ray instance. ...").
+
+Steps 2 and 3 read this machine: `ray_target(..., read_file=False)` leaves step 3 out (planning on one machine for
+another says nothing about the other's `ray start`); "auto" then counts as joining (it never starts a Ray).
+
+    t = ray_target(address, environ, temp_dir=None, read_file=True)
+    t.joins        # what ray.init connects to, in words ("RAY_ADDRESS=10.0.0.1:6379"), or None
+    t.fails        # ray.init raises (address "auto", nothing found): why, in words; else ""
+    t.looked_at    # what was looked at, in words (for messages)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+RAY_ADDRESS = "RAY_ADDRESS"
+
+
+@dataclass(frozen=True)
+class RayTarget:
+    joins: str | None  # the cluster ray.init connects to, named as the user set it; None: it starts one (or fails)
+    fails: str  # ray.init raises: why ("" when it does not)
+    looked_at: str  # the places looked at, in Ray's order, in words
+    address_file: str  # the `ray start` record looked for ("" when not looked for)
+
+    @property
+    def starts_local(self) -> bool:
+        return self.joins is None and not self.fails
+
+
+def address_file(environ: Mapping[str, str], temp_dir: str | None = None) -> str:
+    """Where `ray start` records this node's cluster, as ray.init reads it (ray/_common/utils.py)."""
+    if temp_dir:
+        return os.path.join(temp_dir, "ray_current_cluster")
+    if "RAY_TMPDIR" in environ:  # as Ray reads them: set at all, even empty
+        base = environ["RAY_TMPDIR"]
+    elif "TMPDIR" in environ:  # Ray on Linux
+        base = environ["TMPDIR"]
+    else:
+        base = os.path.join(os.sep, "tmp")
+    return os.path.join(base, "ray", "ray_current_cluster")
+
+
+def recorded_address(path: str) -> str | None:
+    """The address `ray start` recorded there (Ray strips it), or None when there is no such record."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def ray_target(address: Any, environ: Mapping[str, str], *, temp_dir: str | None = None,
+               read_file: bool = True) -> RayTarget:
+    """Where ray.init(address=address) connects on this machine (module docstring: Ray's order)."""
+    addr = None if address in (None, "") else str(address)
+    if addr is not None and addr != "auto":
+        if addr == "local":
+            return RayTarget(None, "", "ray_kwargs.ray_init.address=local (a new Ray of this machine)", "")
+        return RayTarget(f"ray_kwargs.ray_init.address={addr}", "", f"ray_kwargs.ray_init.address={addr}", "")
+    given = "ray_kwargs.ray_init.address=auto" if addr == "auto" else "ray_kwargs.ray_init.address is null"
+    env = environ.get(RAY_ADDRESS)
+    if env:
+        if env == "local":
+            return RayTarget(None, "", f"{given}, RAY_ADDRESS=local (a new Ray of this machine)", "")
+        return RayTarget(f"RAY_ADDRESS={env}", "", f"{given}, RAY_ADDRESS={env}", "")
+    looked = f"{given}, RAY_ADDRESS is not set"
+    path = ""
+    if read_file:
+        path = address_file(environ, temp_dir)
+        recorded = recorded_address(path)
+        if recorded:
+            return RayTarget(f"the cluster the latest `ray start` on this node recorded ({recorded}, in {path})", "",
+                             f"{looked}, {path} names {recorded}", path)
+        looked += f", no `ray start` has recorded a cluster on this node ({path} is absent)"
+    elif addr == "auto":  # "auto" never starts a Ray: it joins what it finds where it runs, or raises there
+        return RayTarget("ray_kwargs.ray_init.address=auto (the cluster ray.init finds where the job runs)", "",
+                         f"{looked}, the `ray start` record of the machine that runs it not read here", "")
+    if addr == "auto":
+        return RayTarget(None, "ray.init(address='auto') raises ConnectionError: 'Could not find any running Ray "
+                               "instance'", looked, path)
+    return RayTarget(None, "", looked, path)
