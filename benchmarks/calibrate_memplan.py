@@ -118,6 +118,10 @@ def trainer_context(job: Path) -> float | None:
 
 
 def side_by_side(job: Path) -> bool:
+    """Launched beside other jobs: by Hydra's joblib launcher (n_jobs > 1), or by a GPU script's side-by-side chains
+    (benchmarks/gpu/session_lib.sh `par`), which the recorded folder says with a SIDE_BY_SIDE file."""
+    if (job / "SIDE_BY_SIDE").is_file() or (job.parent / "SIDE_BY_SIDE").is_file():
+        return True
     for f in (job / ".hydra" / "hydra.yaml", job.parent / "multirun.yaml"):
         if f.is_file():
             doc = _yaml(f) or {}
@@ -127,12 +131,22 @@ def side_by_side(job: Path) -> bool:
     return False
 
 
+def job_model_facts(job: Path) -> dict[str, Any]:
+    """The model group's facts the job was composed with (its .hydra/config.yaml's lab.model): a model folder of
+    another name, e.g. the random-weight Qwen3 of grpo_lab.qwen3_random, planned as the group of its size."""
+    doc = _yaml(job / ".hydra" / "config.yaml") or {}
+    model = (doc.get("lab") or {}).get("model") or {}
+    if not model.get("hidden_size"):
+        raise KeyError(f"{rel(job)}: model folder not in conf/model and no lab.model in .hydra/config.yaml")
+    return model
+
+
 def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     verl = _yaml(job / "verl_config.yaml")
     plan_json = json.loads((job / "plan.json").read_text()) if (job / "plan.json").is_file() else {}
     mem = plan_json.get("memory") or {}
     model_path = str(verl["actor_rollout_ref"]["model"]["path"]).rstrip("/")
-    info = facts[model_path.rsplit("/", 1)[-1]]
+    info = facts.get(model_path.rsplit("/", 1)[-1]) or job_model_facts(job)
     arch = memplan.Arch.from_mapping(info, source=f"conf/model ({info['name']})")
     lab = {"hardware": {"gpu_memory_gb": mem.get("card_gb") or 139.8,
                         "host_ram_gb": (mem.get("host_ram") or {}).get("capacity_gb")}}
