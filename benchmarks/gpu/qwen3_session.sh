@@ -17,14 +17,17 @@
 #   bash benchmarks/gpu/qwen3_session.sh smi         # sample the card's and each process's memory in the background
 #   bash benchmarks/gpu/qwen3_session.sh bg|par|collect ...   # as in smollm2_session.sh (session_lib.sh); a par
 #                                                    # chain 'PAUSE=150 pause ...' starts later
-# EXTRA="key=value ..." is added to every run.py command.
+# EXTRA="key=value ..." is added to every run.py command; UTIL and KV_GB (below) are single words, for par chains.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/gpu/session_lib.sh
 read -ra EXTRA_ARGS <<< "${EXTRA:-}"
 # no flash-attn on the machine: torch's sdpa (++: smoke_smollm2 sets it already, and + refuses a key that exists)
 SDPA=++actor_rollout_ref.model.override_config.attn_implementation=sdpa
-HW=(hardware=h200x1 "$SDPA" "${EXTRA_ARGS[@]}")
+# UTIL=0.2: vLLM's share; KV_GB=20: vLLM's KV cache pinned to 20 GB instead of measured (jobs side by side: a vLLM that
+# profiles while a neighbour loads or frees memory gets a wrong cache or refuses to start; results/2026-12-03-qwen3-random)
+HW=(hardware=h200x1 "$SDPA" ${UTIL:+rollout_gpu_mem_util=$UTIL}
+  ${KV_GB:+"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=${KV_GB}000000000"} "${EXTRA_ARGS[@]}")
 ARITH=(dataset=arith_tiny)
 Q=$PWD/data/qwen3  # + -<size>-random-weights (grpo_lab/qwen3_random.py)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
