@@ -47,9 +47,9 @@ class PreflightReport:
     fix_all: str = ""  # the overrides that clear every error together ("" with one error or none)
     fix_all_passes: bool = False
     launching: bool = True
-    # what this machine lacks to launch it (grpo_lab/readiness.py; set by the launcher): refusals when launching,
-    # the plan's "not ready to launch here" when planning
-    not_ready: list[Any] = field(default_factory=list)
+    # what this machine lacks to launch it (grpo_lab/readiness.py; set by the launcher, None: not checked): refusals
+    # when launching, the plan's "not ready to launch here" when planning
+    not_ready: list[Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -64,10 +64,11 @@ class PreflightReport:
     def to_json(self) -> dict[str, Any]:
         errors = [p.to_json() for p in self.errors]
         if self.launching:  # refusals: the doctor and the sweep summary read them here
-            errors += [n.to_json() for n in self.not_ready]
+            errors += [n.to_json() for n in self.not_ready or ()]
         out = {"batch": self.batch, "memory": self.memory, "errors": errors,
-               "warnings": [p.to_json() for p in self.warnings], "notes": list(self.notes),
-               "ready_here": self.ready}
+               "warnings": [p.to_json() for p in self.warnings], "notes": list(self.notes)}
+        if self.not_ready is not None:
+            out["ready_here"] = self.ready
         if self.not_ready:
             out["not_ready_here"] = [n.to_json() for n in self.not_ready]
         if self.fix_all:

@@ -72,7 +72,9 @@ def test_steps_per_epoch_unknown_without_the_file():
     verl, lab = composed()
     r = check(verl, lab)
     assert r.batch["steps_per_epoch"] is None
-    assert any("steps_per_epoch unknown" in n and "make data" in n for n in r.notes)
+    # the command that writes that very path (issue 19: `make data` writes data/gsm8k/ only)
+    (n,) = [n for n in r.notes if "steps_per_epoch unknown" in n]
+    assert "python -m grpo_lab.data gsm8k --out /nonexistent` writes it" in n and "make data" not in n
 
 
 def test_parquet_footer_row_count_matches_pyarrow(tmp_path):
