@@ -1,4 +1,5 @@
-"""The files a job reads: train/validation parquet and the model. Missing ones are named with the command that makes them.
+"""The files a job reads: train/validation parquet and the model. Missing ones are named with the command that makes
+them.
 
     for m in missing_inputs(verl, lab):        # [] when every file is there
         print(m.message, m.command)            # "... does not exist", "make countdown"

@@ -347,7 +347,8 @@ def test_learning_rate_high_from_1e_3():
     verl, lab = composed()
     verl["actor_rollout_ref"]["actor"]["optim"]["lr"] = 1e-3
     (w,) = [w for w in check(verl, lab).warnings if w.rule == "learning_rate_high"]
-    assert "1e-06 (conf/config.yaml)" in w.message and w.fix.split("  or  ")[0] == "actor_lr=1e-06"
+    assert "1e-06 (conf/config.yaml)" in w.message
+    assert w.fix.split("  or  ")[0] == "actor_rollout_ref.actor.optim.lr=1e-06"
     verl["actor_rollout_ref"]["actor"]["optim"]["lr"] = 9.99e-4
     assert "learning_rate_high" not in rules(check(verl, lab).warnings)
 

@@ -131,7 +131,8 @@ def test_a_fresh_clone_names_the_make_targets_for_countdown_smollm2(tmp_path):
     clone = fresh_clone(tmp_path / "clone")
     proc, plan, job = _plan(tmp_path, "experiment=countdown_smollm2", root=clone, cwd=clone)
     _not_ready_here(proc, plan, job)
-    inputs = [(n["message"].split(":")[0], n["command"]) for n in plan["not_ready_here"] if n["rule"] == "input_missing"]
+    inputs = [(n["message"].split(":")[0], n["command"]) for n in plan["not_ready_here"]
+              if n["rule"] == "input_missing"]
     assert inputs == [("data.train_files", "make countdown"), ("data.val_files", "make countdown"),
                       ("actor_rollout_ref.model.path", "make smollm2")]
     assert _verdict(proc).startswith("preflight: plan OK; not ready to launch here: data/countdown/train.parquet "
@@ -207,10 +208,13 @@ def test_a_learning_rate_of_1e_3_or_more_is_warned_with_the_presets(tmp_path, ty
     assert w["message"].endswith("The presets use " + "; ".join(f"{lr:g} ({f})" for lr, f in presets))
     assert "[learning_rate_high]" in proc.stdout  # on the console, not only in plan.json
     fixes = w["fix"].split("  or  ")
-    assert fixes == [f"actor_lr={lr:g}" for lr, _ in presets] and w["checked"].startswith("re-checked: the preflight")
-    if typed.startswith("actor_lr="):  # typed back in the short spelling, the fix passes
-        proc, plan, _ = _plan(tmp_path, typed, *_data(tmp_path), fixes[0], name="fixed")
-        assert planned(proc) and not [w for w in plan["warnings"] if w["rule"] == "learning_rate_high"]
+    assert fixes == [f"{A}actor.optim.lr={lr:g}" for lr, _ in presets]
+    assert w["checked"].startswith("re-checked: the preflight")
+    # appended to the command as typed (either spelling), the fix passes
+    proc, plan, job = _plan(tmp_path, typed, *_data(tmp_path), fixes[0], name="fixed")
+    assert planned(proc) and not [w for w in plan["warnings"] if w["rule"] == "learning_rate_high"]
+    assert yaml.safe_load((job / "verl_config.yaml").read_text())["actor_rollout_ref"]["actor"]["optim"]["lr"] == \
+        presets[0][0]
 
 
 def test_a_learning_rate_below_1e_3_is_not_warned(tmp_path):

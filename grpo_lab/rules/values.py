@@ -114,4 +114,5 @@ def learning_rate_high(c: Ctx) -> Iterable[Problem]:
                f"update, {v / max(lr for lr, _ in presets or ((1e-6, ''),)):.0f}x the largest rate of the presets, "
                f"and a pretrained model is overwritten within a few steps (its answers turn to noise, the rewards "
                f"fall to the floor). The presets use {used}",
-               ALT.join(dict.fromkeys(f"{override_key(key)}={lr:g}" for lr, _ in presets)))
+               # verl's key: it wins over actor_lr, ACTOR_LR and a config file's value, however the rate was given
+               ALT.join(dict.fromkeys(f"{key}={lr:g}" for lr, _ in presets)))
