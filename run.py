@@ -49,3 +49,7 @@ if __name__ == "__main__":
         print(f"grpo-lab: {len(launch.REFUSED)} sweep job(s) refused: {', '.join(launch.REFUSED)} (their plan.json "
               f"and the sweep's summary.md say why)", file=sys.stderr)
         sys.exit(2)
+    if launch.NOT_READY:  # multirun of plans: they hold, but this machine lacks what they need
+        print(f"grpo-lab: {len(launch.NOT_READY)} sweep job(s) planned OK but not ready to launch here (each job's "
+              f"\"Not ready to launch here\" above; plan.json \"not_ready_here\")", file=sys.stderr)
+        sys.exit(launch.NOT_READY_EXIT)

@@ -10,6 +10,9 @@ atomic file writes, and what the machine, the files and the config folder say (c
     model_groups()                                           conf/model/*.yaml: model_path -> the group's lab.model
     random_weights_mark(config)                              a random-weight model's mark (grpo_lab.qwen3_random)
     verl_rollout_engines()                                   the rollout engines verl's registries can start
+
+
+    preset_learning_rates()                                  the actor learning rates conf/ sets, with their files
 """
 
 from __future__ import annotations
@@ -142,6 +145,32 @@ def random_weights_mark(config: Mapping[str, Any] | str | os.PathLike | None) ->
             config = {}
     mark = (config or {}).get(RANDOM_WEIGHTS_KEY) if isinstance(config, Mapping) else None
     return mark if isinstance(mark, str) and mark else ""
+
+
+@functools.lru_cache(maxsize=None)
+def preset_learning_rates() -> tuple[tuple[float, str], ...]:
+    """The actor learning rates the files under conf/ set (actor_lr, or verl's actor_rollout_ref.actor.optim.lr):
+    ((value, file relative to the repository), ...), lowest first."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    out = []
+    for f in sorted((ROOT / "conf").rglob("*.yaml")):
+        try:
+            doc = yaml.load(f.read_text(), Loader=loader) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if not isinstance(doc, dict):
+            continue
+        optim = ((doc.get("actor_rollout_ref") or {}).get("actor") or {}).get("optim") or {}
+        for v in (doc.get("actor_lr"), optim.get("lr") if isinstance(optim, dict) else None):
+            try:
+                lr = float(v) if v is not None and not isinstance(v, bool) else None
+            except (TypeError, ValueError):  # an interpolation (${actor_lr})
+                lr = None
+            if lr is not None:
+                out.append((lr, str(f.relative_to(ROOT))))
+    return tuple(sorted(out))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -32,6 +32,10 @@ from grpo_lab.facts import atomic_write
 
 # the sweep jobs of this process that grpo-lab refused (run.py exits 2 after the sweep when there are any)
 REFUSED: list[str] = []
+# the exit code of a plan (preflight.only) that holds but cannot start on this machine (README: exit codes)
+NOT_READY_EXIT = 3
+# the sweep jobs of this process planned OK but not ready to launch here (run.py exits 3 when no job was refused)
+NOT_READY: list[str] = []
 
 
 class GrpoLabError(Exception):
@@ -46,9 +50,11 @@ def launch_job(cfg: DictConfig) -> str:
     try:
         with tee_output(job_dir / "train.log"):
             status.write("running")
-            result = _run(cfg, job_dir, multirun, hc.job.override_dirname)
-        status.write("ok", note=result)
-        return result
+            result, ready = _run(cfg, job_dir, multirun, hc.job.override_dirname)
+        if ready:
+            status.write("ok", note=result)
+            return result
+        status.write("ok", note=result, ready_here=False, exit=NOT_READY_EXIT)
     except GrpoLabError as e:
         status.write("failed", error=str(e), exit=2)
         print(f"\ngrpo-lab: {e}", file=sys.stderr)
@@ -63,6 +69,11 @@ def launch_job(cfg: DictConfig) -> str:
         _append(job_dir / "train.log", "grpo-lab: the job raised:\n" + traceback.format_exc())
         _diagnose(job_dir / "train.log")
         raise
+    # a plan that holds, not ready to launch here: its own exit code (a sweep: run.py's, after the last job)
+    if multirun:
+        NOT_READY.append(str(job_dir))
+        return result
+    raise SystemExit(NOT_READY_EXIT)
 
 
 def side_by_side_jobs(launcher: Any) -> int:
@@ -85,7 +96,8 @@ def _append(path: Path, text: str) -> None:
         pass  # a log that cannot be written must not hide the job's own error
 
 
-def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) -> str:
+def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) -> tuple[str, bool]:
+    """(what the job did, whether it was ready here: False only for a plan of a run that cannot start here)."""
     try:
         verl, lab = split(cfg)
     except MissingMandatoryValue as e:
@@ -97,6 +109,13 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
         put(verl, "trainer.default_local_dir", ckpt)
         # hydra/launcher=side_by_side: up to n_jobs jobs share the GPUs and the host (rule side_by_side_jobs)
         lab["side_by_side_jobs"] = side_by_side_jobs(HydraConfig.get().launcher)
+    # the user's micro-batch size wins over our dynamic batching default (grpo_lab/microbatch.py; rule
+    # micro_batch_explicit reports it)
+    from grpo_lab.microbatch import settle
+    from grpo_lab.provenance import job_layers
+
+    layers = job_layers()
+    lab["micro_batch"] = settle(verl, layers)
     # --- SLURM hook (grpo_lab/slurm.py): the first node of a SLURM job of several nodes starts a Ray cluster across
     # them (below, around verl) and the job joins it by address; None everywhere else
     from grpo_lab.slurm import cluster_for_job
@@ -107,7 +126,7 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     if lab["preflight"].get("fit") or lab["preflight"].get("fit_write"):
         from grpo_lab.fit import fit_job
 
-        return fit_job(cfg, verl, lab, job_dir)
+        return fit_job(cfg, verl, lab, job_dir), True
     # --- end of fit hook
     _add_worker_env(verl, lab, job_dir)
     # --- emulation hook (grpo_lab/emulate.py): the preflight plans `planned` (utilizations of the small card);
@@ -126,15 +145,17 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     # --- end of side-by-side hook
     _write_yaml(job_dir / "verl_config.yaml", verl)
 
-    from grpo_lab.inputs import check_inputs
     from grpo_lab.preflight import run_preflight
+    from grpo_lab.readiness import not_ready_here
 
     only = bool(lab["preflight"].get("only"))
     report = run_preflight(planned, lab, launching=not only)
+    # what this machine lacks: refused when launching; a plan that holds gets "not ready to launch here"
+    report.not_ready = not_ready_here(planned, lab, os.environ, plan_only=only)
     plan = report.to_json()
     from grpo_lab.provenance import for_job
 
-    plan["changed_defaults"] = changed = for_job(verl, multirun=multirun)
+    plan["changed_defaults"] = changed = for_job(verl, multirun=multirun, layers=layers)
     mark_changed(changed, kv_pin)  # side-by-side hook
     from grpo_lab import overrides
 
@@ -142,31 +163,29 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     twice = overrides.LAST.warnings if overrides.LAST is not None else []
     plan["warnings"] = list(plan.get("warnings", [])) + [{"rule": "key_given_twice", "message": w, "fix": ""}
                                                          for w in twice]
+    if lab["micro_batch"]:
+        plan["micro_batch"] = lab["micro_batch"]
     if emulation:  # emulation hook: what vLLM and torch really get, and which values it scaled
         plan["emulation"] = emulation
         mark_scaled(changed, emulation)
-    missing = check_inputs(verl, lab)
-    if only:  # planning on a machine that lacks the files is fine: say so
-        plan["notes"] = list(plan.get("notes", [])) + [f"not there yet: {m}" for m in missing]
-        missing = []
-    plan["errors"] = list(plan.get("errors", [])) + [{"rule": "input_missing", "message": m} for m in missing]
     _write_json(job_dir / "plan.json", plan)
     print(report.format())
     print(f"grpo-lab: {len(changed)} value(s) differ from verl's defaults, each with verl's value, ours and what set "
           f"it: \"changed_defaults\" in {job_dir}/plan.json")
-    for m in missing:
-        print(f"ERROR input_missing: {m}")
-    if not report.ok or missing:
-        n = len(report.errors) + len(missing)
+    if not report.ok:
+        n = len(report.errors) + (len(report.not_ready) if report.launching else 0)
         raise GrpoLabError(f"{n} problem(s) above; nothing was started (plan: {job_dir}/plan.json).")
     if only:
         print(f"grpo-lab: preflight only: plan written to {job_dir}/plan.json; nothing was started.")
-        if not multirun:
+        if not report.ready:
+            print(f"grpo-lab: the plan holds, but the run cannot start on this machine: {len(report.not_ready)} "
+                  f"thing(s) under \"Not ready to launch here\" above (exit code {NOT_READY_EXIT}).")
+        elif not multirun:
             print(f"next: {next_command()}")
-        return "planned"
+        return "planned", report.ready
     with cluster.running() if cluster else contextlib.nullcontext():  # SLURM hook: Ray on every node, then verl
         run_verl(verl)
-    return "trained"
+    return "trained", True
 
 
 def next_command() -> str:

@@ -48,16 +48,33 @@ class PreflightReport:
     random_weights: str = ""  # the model folder's mark (grpo_lab.qwen3_random): "random weights: memory and ..."
     fix_all: str = ""  # the overrides that clear every error together ("" with one error or none)
     fix_all_passes: bool = False
+    launching: bool = True
+    # what this machine lacks to launch it (grpo_lab/readiness.py; set by the launcher, None: not checked): refusals
+    # when launching, the plan's "not ready to launch here" when planning
+    not_ready: list[Any] | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.errors
+        """Nothing refuses it (a plan that is not ready here is OK as a plan)."""
+        return not self.errors and not (self.launching and self.not_ready)
+
+    @property
+    def ready(self) -> bool:
+        """OK, and this machine has what it needs: the command would start."""
+        return self.ok and not self.not_ready
 
     def to_json(self) -> dict[str, Any]:
-        out = {"batch": self.batch, "memory": self.memory, "errors": [p.to_json() for p in self.errors],
+        errors = [p.to_json() for p in self.errors]
+        if self.launching:  # refusals: the doctor and the sweep summary read them here
+            errors += [n.to_json() for n in self.not_ready or ()]
+        out = {"batch": self.batch, "memory": self.memory, "errors": errors,
                "warnings": [p.to_json() for p in self.warnings], "notes": list(self.notes)}
         if self.random_weights:
             out["random_weights"] = self.random_weights
+        if self.not_ready is not None:
+            out["ready_here"] = self.ready
+        if self.not_ready:
+            out["not_ready_here"] = [n.to_json() for n in self.not_ready]
         if self.fix_all:
             out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes}
         return out
@@ -80,7 +97,7 @@ def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[st
     verl, lab = verl or {}, lab or {}
     c = Ctx.of(verl, lab, launching=launching, environ=environ)
     problems = run_rules(c)
-    report = PreflightReport()
+    report = PreflightReport(launching=launching)
     name = (c.model.info or {}).get("name") if c.model else None
     report.title = (f"{name or c.get(A + 'model.path', '?')} on "
                     f"{(lab.get('hardware') or {}).get('name', '?')}, variant {lab.get('variant', '?')}")
@@ -204,6 +221,21 @@ def _format(r: PreflightReport) -> str:
                    "re-checked: errors remain with all of them; see each error above")
         out.append(f"Fix all {len(r.errors)} errors together: {r.fix_all}")
         out.append(f"  ({verdict})")
+    if r.not_ready:
+        out.append("")
+        out.append(f"Not ready to launch here ({len(r.not_ready)})")
+        for n in r.not_ready:
+            out.append(f"  [{n.rule}] {n.message}")
+            if n.command:
+                out.append(f"      {'make it' if n.rule == 'input_missing' else 'fix'}: {n.command}")
+                if n.checked:
+                    out.append(f"           ({n.checked})")
     out.append("")
-    out.append("preflight: " + ("OK" if r.ok else f"REFUSED ({len(r.errors)} error(s))"))
+    if not r.ok:
+        missing = f", {len(r.not_ready)} missing here" if r.launching and r.not_ready else ""
+        out.append(f"preflight: REFUSED ({len(r.errors)} error(s){missing})")
+    elif r.not_ready:
+        out.append("preflight: plan OK; not ready to launch here: " + "; ".join(n.short for n in r.not_ready))
+    else:
+        out.append("preflight: OK")
     return "\n".join(out)

@@ -194,16 +194,20 @@ def _source(key: str, layers: Layers) -> str:
     return f"verl: follows {', '.join(refs)}" if refs else "verl (follows a value set above)"
 
 
-def for_job(verl: Mapping[str, Any], *, multirun: bool = False) -> list[dict[str, Any]]:
-    """changed_defaults for the running Hydra job (its choices and overrides)."""
+def job_layers() -> Layers:
+    """The config layers of the running Hydra job (its choices, its overrides, which came from the environment)."""
     from hydra.core.hydra_config import HydraConfig
 
     from grpo_lab import overrides
 
     hc = HydraConfig.get()
     env = overrides.LAST.env_names if overrides.LAST is not None else {}
-    layers = Layers(dict(hc.runtime.choices), list(hc.overrides.task), env)
-    out = changed_defaults(verl, layers)
+    return Layers(dict(hc.runtime.choices), list(hc.overrides.task), env)
+
+
+def for_job(verl: Mapping[str, Any], *, multirun: bool = False, layers: Layers | None = None) -> list[dict[str, Any]]:
+    """changed_defaults for the running Hydra job (its choices and overrides)."""
+    out = changed_defaults(verl, layers or job_layers())
     if multirun:
         for item in out:
             if item["key"] == "trainer.default_local_dir":

@@ -70,12 +70,64 @@ def run_module(module: str, *args: str, timeout: int = 120) -> subprocess.Comple
                           timeout=timeout)
 
 
-def run_py(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
-    """python run.py ARGS as a user types it; returns the finished process (text output)."""
+def run_py(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 120,
+           root: Path = ROOT) -> subprocess.CompletedProcess:
+    """python run.py ARGS as a user types it (run.py of the checkout at `root`); returns the finished process."""
     full_env = {k: v for k, v in os.environ.items() if k not in _KNOB_ENV}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=full_env, text=True,
+    return subprocess.run([sys.executable, str(root / "run.py"), *args], cwd=cwd, env=full_env, text=True,
                           capture_output=True, timeout=timeout)
+
+
+def fresh_clone(dest: Path) -> Path:
+    """A copy of the checkout's code and config at `dest`, as a fresh clone has them: nothing under data/."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("run.py", "Makefile", "pyproject.toml"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("conf", "grpo_lab", "hydra_plugins"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "data").mkdir()
+    return dest
+
+
+NOT_READY_EXIT = 3  # run.py's exit code for a plan that holds but cannot start here (grpo_lab/launch.py, README)
+
+
+def planned(proc: subprocess.CompletedProcess) -> bool:
+    """A plan (preflight.only=true) that passed, with its verdict and exit code agreeing: "preflight: OK" and 0 where
+    the run could start on this machine, "preflight: plan OK; not ready to launch here" and 3 where this machine lacks
+    something (the CPU test machine has no GPU). A refusal or a crash is not."""
+    out = proc.stdout
+    if proc.returncode == 0:
+        return "\npreflight: OK" in out and "not ready to launch here" not in out
+    return proc.returncode == NOT_READY_EXIT and "\npreflight: plan OK; not ready to launch here" in out \
+        and "preflight: REFUSED" not in out
+
+
+def fake_gpus(tmp_path: Path, n: int = 1) -> dict[str, str]:
+    """Environment for run_py in which `nvidia-smi -L` lists n GPUs (an executable script first on PATH): where the
+    machine has no NVIDIA driver, the preflight then counts n visible GPUs (grpo_lab/facts.py visible_gpus)."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-fake-{i})'\n" for i in range(n)))
+    smi.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def model_folder(path: Path, option: str = "tiny_qwen3") -> Path:
+    """A model folder whose config.json has the architecture of conf/model/<option>.yaml (what the planner reads;
+    no weights)."""
+    import json
+
+    import yaml
+
+    arch = yaml.safe_load((CONF / "model" / f"{option}.yaml").read_text())["lab"]["model"]
+    keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings")
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3", **{k: arch[k] for k in keys if k in arch}}))
+    return path
 
 
 def options(group: str) -> list[str]:

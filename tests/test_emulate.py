@@ -13,7 +13,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from conftest import run_py
+from conftest import planned, run_py
 from grpo_lab import emulate
 from grpo_lab.config import get
 
@@ -36,7 +36,7 @@ def _written(out: Path) -> tuple[dict, dict]:
 
 def test_the_plan_is_for_32_gb_cards_and_says_emulated(tmp_path):
     p, out = _plan(tmp_path, EMU)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     verl, plan = _written(out)
     # planned for the course machine's cards, with the guide's util 0.4 of 32 GB
     assert plan["memory"]["card_gb"] == 32 and plan["memory"]["n_gpus"] == 4
@@ -71,7 +71,7 @@ def test_the_plan_is_for_32_gb_cards_and_says_emulated(tmp_path):
 @pytest.mark.parametrize("override", ["rollout_gpu_mem_util=0.5", f"{UTIL}=0.5"])
 def test_a_utilization_on_the_command_line_means_the_small_card(tmp_path, override):
     p, out = _plan(tmp_path, EMU, override)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     verl, plan = _written(out)
     assert plan["memory"]["phases"]["generation"]["components_gb"]["vllm_budget"] == pytest.approx(17.18)  # GiB
     assert get(verl, UTIL) == pytest.approx(0.5 * FRACTION, abs=1e-6)  # 0.114449 x 139.8 GB = 16 GB
@@ -86,7 +86,7 @@ def test_a_sweep_scales_every_job(tmp_path):
     sweep = tmp_path / "sweep"
     p = run_py("-m", EMU, "rollout_gpu_mem_util=0.3,0.5", "preflight.only=true", f"hydra.sweep.dir={sweep}",
                cwd=tmp_path)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     got = {}
     for job in sorted(sweep.glob("job*")):
         verl, plan = _written(job)
@@ -98,13 +98,13 @@ def test_a_sweep_scales_every_job(tmp_path):
 def test_the_users_allocator_settings_are_merged_not_overwritten(tmp_path):
     user = "expandable_segments:False,roundup_power2_divisions:[256:1,512:2,>:4]"
     p, out = _plan(tmp_path, EMU, env={"PYTORCH_CUDA_ALLOC_CONF": user}, name="shell")
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     env = get(_written(out)[0], ENV)
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == user + ",per_process_memory_fraction:0.228898"
     # set in the job's own env_vars (they override the shell's in Ray's workers): merged too
     p, out = _plan(tmp_path, EMU, f"+{ENV}.PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512",
                    env={"PYTORCH_CUDA_ALLOC_CONF": user}, name="config")
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     assert get(_written(out)[0], ENV)["PYTORCH_CUDA_ALLOC_CONF"] == \
         "max_split_size_mb:512,per_process_memory_fraction:0.228898"
     # the new name (torch reads PYTORCH_CUDA_ALLOC_CONF first): carried over, and both names get the merged value
@@ -135,7 +135,7 @@ def test_any_smaller_card_on_any_bigger_one(tmp_path):
     # a 32 GB box rehearsed on A100 80GB, from the A100 option: the same mechanism
     p, out = _plan(tmp_path, "hardware=a100_80gbx8", "ngpus_per_node=4", "lab.hardware.gpu_memory_gb=32",
                    "lab.hardware.emulate.real_gpu_memory_gb=80")
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     verl, plan = _written(out)
     assert plan["memory"]["card_gb"] == 32
     assert get(verl, UTIL) == pytest.approx(0.16)  # 0.4 x 32 / 80
@@ -144,7 +144,7 @@ def test_any_smaller_card_on_any_bigger_one(tmp_path):
 
 def test_without_emulation_nothing_changes(tmp_path):
     p, out = _plan(tmp_path, "hardware=rtx4080x4")
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     verl, plan = _written(out)
     assert get(verl, UTIL) == 0.4 and "emulation" not in plan and "EMULATED" not in p.stdout
     assert "PYTORCH_CUDA_ALLOC_CONF" not in get(verl, ENV)
@@ -155,7 +155,7 @@ def test_verl_validates_what_it_would_get(tmp_path):
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     p, out = _plan(tmp_path, EMU)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     cfg = OmegaConf.create(_written(out)[0])
     OmegaConf.set_struct(cfg, True)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))

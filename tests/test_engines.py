@@ -10,7 +10,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from conftest import composed, options, run_py
+from conftest import composed, options, planned, run_py
 from grpo_lab import engines, memplan
 from grpo_lab.config import get
 from grpo_lab.memplan import Arch, memory_plan, settings_from_verl
@@ -134,7 +134,7 @@ def test_verl_validates_the_sglang_config(option, tp):
 
 def test_run_py_composes_and_plans_sglang(tmp_path):
     p = run_py("rollout=sglang_tp2_mem04", "preflight.only=true", cwd=tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert planned(p), p.stdout + p.stderr
     assert "sglang static" in p.stdout and "sglang activations" in p.stdout
     job = next((tmp_path / "outputs" / "runs").iterdir())
     sent = yaml.safe_load((job / "verl_config.yaml").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_py
+from conftest import fake_gpus, model_folder, planned, run_py
 
 
 def _tiny_files(tmp_path: Path) -> list[str]:
@@ -32,7 +32,7 @@ def test_preflight_only_writes_the_plan_and_starts_nothing(tmp_path):
     out = tmp_path / "run"
     proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
                   *_tiny_files(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     plan = json.loads((out / "plan.json").read_text())
     assert plan["batch"]["trajectories_per_step"] == 32 * 4
     assert (out / "verl_config.yaml").is_file() and (out / "train.log").is_file()
@@ -54,13 +54,15 @@ def test_launch_without_gpus_stops_with_a_clear_message(tmp_path):
     assert status["host"] == socket.gethostname() and isinstance(status["pid"], int) and status["pid"] != os.getpid()
 
 
-def test_missing_data_names_the_make_target(tmp_path):
+def test_missing_data_is_named_and_no_make_target_that_does_not_write_it(tmp_path):
+    # issue 19: `make data` writes data/gsm8k/{train,test}.parquet only: it is no hint for a file of another name
     out = tmp_path / "run"
     proc = run_py("experiment=smoke", f"train_file={tmp_path}/nope.parquet", f"test_file={tmp_path}/nope2.parquet",
                   f"hydra.run.dir={out}")
     assert proc.returncode == 2
-    assert "make data" in proc.stdout + proc.stderr
-    assert "nope.parquet" in proc.stdout + proc.stderr
+    assert f"data.train_files: {tmp_path}/nope.parquet does not exist; nothing in grpo-lab writes this path" \
+        in proc.stdout
+    assert "make data" not in proc.stdout + proc.stderr and "preflight: OK" not in proc.stdout
 
 
 def test_misspelt_short_key_is_refused_before_hydra(tmp_path):
@@ -72,7 +74,7 @@ def test_sweep_jobs_get_their_own_folders_metrics_and_checkpoints(tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_py("-m", "experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true",
                   "rollout_gpu_mem_util=0.3,0.4,0.5", f"hydra.sweep.dir={sweep}", *_tiny_files(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = _jobs(sweep)
     assert len(jobs) == 3
     seen = {"utils": set(), "metrics": set(), "ckpt": set()}
@@ -94,7 +96,7 @@ def test_same_command_same_checkpoint_dir(tmp_path):
         out = tmp_path / f"run{i}"
         proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
                       *_tiny_files(tmp_path))
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert planned(proc), proc.stdout[-2000:] + proc.stderr[-2000:]
         dirs.append(yaml.safe_load((out / "verl_config.yaml").read_text())["trainer"]["default_local_dir"])
     # keyed by the experiment, not by Hydra's timestamped job folder: the same command resumes
     assert dirs[0] == dirs[1] and "smoke_tiny" in dirs[0] and str(tmp_path) not in dirs[0]
@@ -154,7 +156,7 @@ def test_plan_lists_every_changed_default_with_what_set_it(tmp_path):
     proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
                   "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", *_tiny_files(tmp_path),
                   env={"ROLLOUT_N": "3"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     changed = {c["key"]: c for c in json.loads((out / "plan.json").read_text())["changed_defaults"]}
     # verl's value, ours, and the layer that set it
     assert changed["actor_rollout_ref.rollout.gpu_memory_utilization"] == {
@@ -181,10 +183,11 @@ def test_plan_lists_every_changed_default_with_what_set_it(tmp_path):
 
 
 def test_preflight_only_prints_the_command_that_starts_it(tmp_path):
+    # a machine where it would start: its files here, one GPU visible (smoke_tiny runs on sdpa: no flash-attn needed)
     out = tmp_path / "run"
     proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
-                  *_tiny_files(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+                  *_tiny_files(tmp_path), f"model_path={model_folder(tmp_path / 'model')}", env=fake_gpus(tmp_path))
+    assert proc.returncode == 0 and "\npreflight: OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     nxt = [l for l in proc.stdout.splitlines() if l.startswith("next: ")]
     assert nxt and nxt[0].startswith("next: python run.py experiment=smoke_tiny hardware=h200x1 hydra.run.dir=")
     assert "preflight.only" not in nxt[0]

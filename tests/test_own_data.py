@@ -13,7 +13,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, compose_split, run_py
+from conftest import ROOT, compose_split, planned, run_py
 from grpo_lab import own_data
 from grpo_lab.data import DataError
 
@@ -198,7 +198,7 @@ def test_dataset_option_reads_the_made_files_through_run_py(tmp_path):
     assert lab["dataset"]["make"].startswith("python -m grpo_lab.data own")
     # before the files exist, the plan says how to make them
     p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert planned(p), p.stdout + p.stderr
     assert "python -m grpo_lab.data own --input" in p.stdout
     # make them in the folder run.py is started from: with the default data_source (own_qa) verl's own scorer has
     # nothing for the rows, and the preflight says so (rule reward_fn_data_source) ...
@@ -210,7 +210,7 @@ def test_dataset_option_reads_the_made_files_through_run_py(tmp_path):
     assert _cli("--input", src, "--out", "data/own_qa", "--data-source", "openai/gsm8k", "--force",
                 cwd=tmp_path).returncode == 0
     p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert planned(p), p.stdout + p.stderr
     assert "360 train rows / 128 = 2 steps per epoch" in p.stdout
 
 

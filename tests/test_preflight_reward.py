@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, composed, run_py
+from conftest import ROOT, composed, planned, run_py
 from grpo_lab import doctor, reward_probe
 from grpo_lab.preflight import run_preflight
 
@@ -84,7 +84,7 @@ def test_missing_file(tmp_path, train):
                   f"test_file={train}", f"hydra.run.dir={tmp_path / 'fixed'}",
                   *shlex.split(e["fix"].split("  or  ")[0]),
                   "+reward.custom_reward_function.reward_kwargs.bonus=0.5")
-    assert good.returncode == 0, good.stdout + good.stderr
+    assert planned(good), good.stdout + good.stderr
 
 
 def test_preset_launched_from_another_directory(tmp_path):
@@ -93,7 +93,7 @@ def test_preset_launched_from_another_directory(tmp_path):
     the repository's file (re-checked), which typed back passes."""
     ok = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1",
                 f"hydra.run.dir={tmp_path / 'preset'}", cwd=tmp_path)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert planned(ok), ok.stdout + ok.stderr
     shipped = ROOT / "grpo_lab" / "rewards" / "strict_format.py"
     assert json.loads((tmp_path / "preset" / "plan.json").read_text())["errors"] == []
     out = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1",
@@ -105,7 +105,7 @@ def test_preset_launched_from_another_directory(tmp_path):
     assert e["fix"].split("  or  ")[0] == f"{KEY}.path={shipped}" and f"run from {ROOT}" in e["message"]
     good = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", f"{KEY}.path={shipped}",
                   f"hydra.run.dir={tmp_path / 'b'}", cwd=tmp_path)
-    assert good.returncode == 0, good.stdout + good.stderr
+    assert planned(good), good.stdout + good.stderr
 
 
 def test_file_that_raises_at_import(tmp_path, train):
@@ -173,8 +173,8 @@ def test_function_that_returns_no_number(tmp_path, train, body, says):
 def test_good_file_with_reward_kwargs_passes(tmp_path, train):
     f = write(tmp_path, GOOD)
     out, text, plan, job = run_with(tmp_path, train, f, "+reward.custom_reward_function.reward_kwargs.bonus=0.5")
-    assert out.returncode == 0, text
-    assert "preflight: OK" in text and not [w for w in plan["warnings"] if w["rule"].startswith("reward_fn")]
+    assert planned(out), text
+    assert not [w for w in plan["warnings"] if w["rule"].startswith("reward_fn")]
 
 
 def test_reward_kwargs_the_function_does_not_take(tmp_path, train):
@@ -196,7 +196,7 @@ def test_preset_amounts_the_function_does_not_take(tmp_path, train):
     drop = " ".join(f"~{KEY}.reward_kwargs.{k}" for k in ("correct_score", "format_score", "missing_penalty"))
     assert e["fix"] == drop and e["checked"].startswith("re-checked: the preflight passes"), e
     out, text, plan, job = run_with(tmp_path / "again", train, f, "reward_fn=strict_format", *shlex.split(drop))
-    assert out.returncode == 0, text
+    assert planned(out), text
 
 
 def test_refused_when_launching_too(tmp_path, train):
@@ -367,7 +367,7 @@ def test_verl_default_scorer_with_rows_it_does_not_know_is_refused(tmp_path):
     # the fix typed back (the preset's own reward) passes
     good = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", "reward_fn=strict_format",
                   *files, f"hydra.run.dir={tmp_path / 'b'}")
-    assert good.returncode == 0, good.stdout + good.stderr
+    assert planned(good), good.stdout + good.stderr
 
 
 def test_verl_knows_its_own_sources_from_its_source():

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from conftest import ROOT, composed
+from conftest import ROOT, composed, planned
 from grpo_lab import memplan
 from grpo_lab.preflight import run_preflight
 from grpo_lab.rules import ids, run_rules, Ctx
@@ -355,7 +355,7 @@ def test_side_by_side_jobs_refused_when_three_vllm_shares_exceed_the_card(tmp_pa
 
 def test_side_by_side_jobs_with_a_fifth_each_run_at_once(tmp_path):
     proc, plans = _side_by_side(tmp_path, "rollout_gpu_mem_util=0.2")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert planned(proc), proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Joblib.Parallel(n_jobs=3" in proc.stdout + proc.stderr  # Hydra's joblib launcher ran them
     assert len(plans) == 3 and all(p["errors"] == [] for p in plans)
     # each job's vLLM cache pinned to the plan's size without typing it, so neighbours starting at once cannot shrink
@@ -412,3 +412,40 @@ def test_side_by_side_jobs_counts_only_the_joblib_launcher():
     assert "side_by_side_jobs" not in rules(pinned.warnings) + rules(pinned.errors)
     assert pinned.memory["kv_cache"]["kv_cache_gb"] == 10.0
     assert "pins its KV cache at 10.00 GB" in pinned.memory["kv_cache"]["budget_rule"]
+
+
+# ---- learning_rate_high, micro_batch_explicit (issue 19; through run.py in tests/test_readiness.py) -----------------
+
+def test_learning_rate_high_from_1e_3():
+    verl, lab = composed()
+    verl["actor_rollout_ref"]["actor"]["optim"]["lr"] = 1e-3
+    (w,) = [w for w in check(verl, lab).warnings if w.rule == "learning_rate_high"]
+    assert "1e-06 (conf/config.yaml)" in w.message
+    assert w.fix.split("  or  ")[0] == "actor_rollout_ref.actor.optim.lr=1e-06"
+    verl["actor_rollout_ref"]["actor"]["optim"]["lr"] = 9.99e-4
+    assert "learning_rate_high" not in rules(check(verl, lab).warnings)
+
+
+def _settled(*task_overrides):
+    """(verl, lab) with grpo_lab.microbatch's settlement for these command-line overrides, as launch.py makes it."""
+    from grpo_lab.microbatch import settle
+    from grpo_lab.provenance import Layers
+
+    verl, lab = composed(*task_overrides)
+    lab["micro_batch"] = settle(verl, Layers({}, list(task_overrides)))
+    return verl, lab
+
+
+def test_micro_batch_explicit_turns_the_default_off_or_warns():
+    A = "actor_rollout_ref."
+    verl, lab = _settled(A + "actor.ppo_micro_batch_size_per_gpu=2")
+    assert [verl["actor_rollout_ref"][p][k] for p, k in (("actor", "use_dynamic_bsz"),
+            ("rollout", "log_prob_use_dynamic_bsz"), ("ref", "log_prob_use_dynamic_bsz"))] == [False] * 3
+    r = check(verl, lab)
+    assert r.ok and any(n.startswith("your micro-batch size wins") for n in r.notes)
+    verl, lab = _settled(A + "actor.ppo_micro_batch_size_per_gpu=2", A + "actor.use_dynamic_bsz=true")
+    assert verl["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is True and lab["micro_batch"]["turned_off"] == []
+    (w,) = [w for w in check(verl, lab).warnings if w.rule == "micro_batch_explicit"]
+    assert "is IGNORED" in w.message and w.checked.startswith("re-checked")
+    verl, lab = _settled()  # no micro-batch of the user's: nothing to say, dynamic batching stays on
+    assert lab["micro_batch"] == {} and verl["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is True

@@ -180,5 +180,11 @@ def ids() -> list[str]:
     return list(RULES)
 
 
+def launching_only_ids() -> list[str]:
+    """The environment rules: run only where Ray is about to start (the plan's readiness check runs them too)."""
+    _load()
+    return [r.id for r in RULES.values() if r.launching_only]
+
+
 def as_dict(p: Problem) -> dict[str, Any]:
     return asdict(p)

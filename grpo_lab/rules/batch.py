@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 from grpo_lab import facts
 from grpo_lab.config import get as _get
-from grpo_lab.inputs import local_files
+from grpo_lab.inputs import local_files, maker_for
 from grpo_lab.rules import A, ALT, Ctx, Problem, error, note, rule
 
 
@@ -277,9 +277,9 @@ def data_files(c: Ctx) -> Iterable[Problem]:
         return
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:  # a missing file is grpo_lab.inputs' to report (with the command that makes it)
-        make = _get(c.lab, "dataset.make")
+        cmds = [m for m in dict.fromkeys(maker_for(f, _get(c.lab, "dataset.name")) for f in missing) if m]
         yield note(f"train file not there yet ({', '.join(missing)}): steps_per_epoch unknown"
-                   + (f"; make it with `{make}`" if make else ""))
+                   + (f"; `{'`, `'.join(cmds)}` writes it" if cmds else ""))
         return
     parquet = [f for f in files if f.lower().endswith(".parquet")]
     if len(parquet) != len(files):

@@ -52,6 +52,10 @@ def resolve_model(c: Ctx) -> ModelFacts:
                               random_weights=facts.random_weights_mark(local / "config.json"))
         except (OSError, ValueError, KeyError, TypeError) as e:
             notes.append(f"could not read {local / 'config.json'} ({e}); planning the model group's facts")
+    elif local is not None and local.is_dir():  # a folder with no model in it is no model: not the group's either
+        return ModelFacts(None, {}, notes=[f"memory plan skipped: {path} holds no config.json, so there is no model "
+                                           f"to plan (the model option's {group.get('name')} is not planned in its "
+                                           f"place)"])
     cached = facts.hf_cached_config(path, c.environ) if path and not (local and local.exists()) else None
     if cached is not None:
         try:

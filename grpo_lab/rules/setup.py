@@ -228,6 +228,34 @@ def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
                 f"raises 'Unknown rollout mode: {name}')", f"{A}rollout.name=vllm")
 
 
+@rule("micro_batch_explicit")
+def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
+    """The user's micro-batch size against grpo-lab's dynamic batching default (grpo_lab/microbatch.py settles it
+    before the preflight and leaves what it did in lab.micro_batch)."""
+    from grpo_lab.microbatch import PASSES, ignored
+
+    info = c.lab.get("micro_batch") or {}
+    if not info:
+        return
+    yours = ", ".join(f"{m['key']}={m['value']} ({m['set_by']})" for m in info["micro"])
+    if info.get("turned_off"):
+        off = ", ".join(f"{o['key']}=false" for o in info["turned_off"])
+        by = ", ".join(dict.fromkeys(str(o["set_by"]) for o in info["turned_off"]))
+        yield note(f"your micro-batch size wins: {yours} has no effect under dynamic batching (verl then packs "
+                   f"micro-batches by tokens), so grpo-lab's default use_dynamic_bsz=true ({by}) is off: {off}. All "
+                   f"three passes together: verl 0.9.1's engine worker asserts that the actor's and the rollout "
+                   f"log-prob's agree. The passes you gave no size take theirs from conf/config.yaml. To keep dynamic "
+                   f"batching, leave the micro-batch size out or set use_dynamic_bsz=true yourself")
+    for m, dyn, budget in ignored(info, c.get):
+        on = [d for _, _, d, _ in PASSES if c.get(d, False)]
+        kept = ", ".join(f"{k['key']}=true ({k['set_by']})" for k in info.get("kept_on") or ())
+        yield warn(f"your {m['key']}={m['value']} ({m['set_by']}) is IGNORED: {dyn}=true, and you set dynamic "
+                   f"batching on yourself ({kept}), so verl packs the {m['pass']}'s micro-batches by tokens "
+                   f"({budget}={c.get(budget)} per GPU) and never reads a micro-batch size. Leave one of the two "
+                   f"out, or turn dynamic batching off for the micro-batch size to count",
+                   " ".join(f"{d}=false" for d in on))
+
+
 @rule("model_key_unknown")
 def model_key_unknown(c: Ctx) -> Iterable[Problem]:
     model_cfg = c.get(A + "model", {}) or {}
@@ -483,7 +511,8 @@ def nccl_p2p(c: Ctx) -> Iterable[Problem]:
 def environment_skipped(c: Ctx) -> Iterable[Problem]:
     if not c.launching:
         yield note("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
-                   "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join")
+                   "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join; a plan through run.py lists what this machine lacks under 'Not ready to launch "
+                   "here' instead of refusing")
     if attn_impl(c) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
         yield note(f"use_remove_padding with attn_implementation={attn_impl(c)} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")

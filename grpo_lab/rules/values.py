@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from grpo_lab.facts import preset_learning_rates
 from grpo_lab.knobs import KNOBS
-from grpo_lab.rules import A, Ctx, Problem, error, rule
+from grpo_lab.rules import A, ALT, Ctx, Problem, error, rule, warn
 
 _SHORT = {k.verl_key: k.key for k in KNOBS}
 
@@ -40,7 +41,15 @@ NUMBERS: tuple[tuple[str, type, float, Any, str], ...] = (
     (A + "actor.optim.lr", float, 0, 1e-6,
      "the learning rate must be a positive number: at 0 the actor never changes, below 0 it moves away from reward"),
     (A + "actor.kl_loss_coef", float, 0, 0.001, "a negative KL coefficient pushes the actor away from the reference"),
+    # null (verl's default) lets the epochs decide: steps per epoch x total_epochs
+    ("trainer.total_training_steps", int, 1, "null",
+     "verl ends training once its step count reaches total_training_steps (ray_trainer.py: is_last_step = "
+     "global_steps >= total_training_steps), and the count starts at 1: it trains one step and stops, not 'no limit'. "
+     "null lets total_epochs decide"),
 )
+
+# a learning rate from here up is warned: GRPO fine-tunes a pretrained model with rates around 1e-6 to 1e-5
+LR_WARN = 1e-3
 
 
 def _is(value: Any, kind: type) -> bool:
@@ -89,3 +98,21 @@ def group_size(c: Ctx) -> Iterable[Problem]:
                     f"rollout.n=1 gives each prompt one answer: there is no group (verl's {est} then uses the raw "
                     f"score with no baseline, a vectorized estimator gives zero advantages, grpo_passk raises). "
                     f"The guide's group is 5 answers", "rollout_n=5")
+
+
+@rule("learning_rate_high")
+def learning_rate_high(c: Ctx) -> Iterable[Problem]:
+    """actor_lr=1.0 or 1e-3 (a typo of 1e-6, a supervised fine-tuning habit): AdamW moves every weight by about the
+    learning rate each step, so the pretrained model is overwritten within a few steps. The presets' rates: conf/."""
+    key = A + "actor.optim.lr"
+    v = c.get(key)
+    if not _is(v, float) or v < LR_WARN:
+        return
+    presets = preset_learning_rates()
+    used = "; ".join(f"{lr:g} ({f})" for lr, f in presets) or "none found under conf/"
+    yield warn(f"{key}={v:g} is {LR_WARN:g} or more: AdamW moves every weight by about the learning rate at each "
+               f"update, {v / max(lr for lr, _ in presets or ((1e-6, ''),)):.0f}x the largest rate of the presets, "
+               f"and a pretrained model is overwritten within a few steps (its answers turn to noise, the rewards "
+               f"fall to the floor). The presets use {used}",
+               # verl's key: it wins over actor_lr, ACTOR_LR and a config file's value, however the rate was given
+               ALT.join(dict.fromkeys(f"{key}={lr:g}" for lr, _ in presets)))
