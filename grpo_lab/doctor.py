@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from grpo_lab import facts
+from grpo_lab import facts, logkind
 from grpo_lab.config import get as _get
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -864,6 +864,8 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
     text = read_log(log_path)
     config = _load_yaml(job_dir / "verl_config.yaml")
     status = read_json(job_dir / "status.json")
+    if not logkind.marker(text) and not (log_path.name == "train.log" and status.get("status")):
+        return log_path, [not_a_log(log_path, text)]  # a grpo-lab job's train.log may be empty while it starts
     if status.get("status") in ("failed", "ok") or status.get("ended"):
         idle = None  # the job is over: the log is complete
     error = status.get("error")
@@ -873,6 +875,21 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
             text += "\ngrpo-lab: the job raised (status.json):\n" + error + "\n"
     return log_path, diagnose(text, config, idle_s=idle, stale_minutes=stale_minutes,
                               stalls=status.get("status") != "ok")
+
+
+NOT_A_LOG = "not_a_log"
+
+
+def not_a_log(path: Path, text: str) -> Diagnosis:
+    """What the doctor says of a file that is no verl or grpo-lab log (grpo_lab/logkind.py): that, and nothing to try."""
+    first = logkind.first_line(text)
+    return Diagnosis(
+        id=NOT_A_LOG, title=f"{path} is not a verl or grpo-lab log" + ("" if first else " (it is empty)"),
+        evidence=f"first line: {first}" if first else "(empty file)",
+        remedy=("None of the lines that verl 0.9.1, Ray or run.py always print in a job is in it ("
+                + logkind.described() + "), so there is nothing to diagnose and nothing is suggested. Give the "
+                "doctor a job's log: make doctor LOG=outputs/runs/<job>/train.log (or the job's folder), or the "
+                "console output of a verl run."))
 
 
 def read_log(path: Path, limit: int = 32 << 20) -> str:
@@ -934,6 +951,10 @@ def gone_running(status: dict[str, Any]) -> str | None:
 def format_diagnoses(diagnoses: list[Diagnosis], source: str = "") -> str:
     if not diagnoses:
         return f"grpo-lab doctor: no known failure signature in {source or 'the log'}."
+    if [d.id for d in diagnoses] == [NOT_A_LOG]:
+        d = diagnoses[0]
+        return "\n".join([f"grpo-lab doctor: {d.title}; nothing to diagnose.", f"  {d.evidence}",
+                          f"  {d.remedy}"])
     head = f"grpo-lab doctor: {len(diagnoses)} finding(s)" + (f" in {source}" if source else "") + ":"
     return "\n".join([head] + [d.format() for d in diagnoses])
 
@@ -1102,7 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps([d.to_dict() for d in ds], indent=2))
     else:
         print(format_diagnoses(ds, str(log_path)))
-    return 0
+    return 2 if [d.id for d in ds] == [NOT_A_LOG] else 0
 
 
 if __name__ == "__main__":
