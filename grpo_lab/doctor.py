@@ -835,9 +835,11 @@ def refusal(job_dir: str | Path) -> Diagnosis | None:
     rules = list(dict.fromkeys(e["rule"] for e in errors))
     lines = [f"[{e['rule']}] {e.get('message', '')}" + (f"\n  fix: {e['fix']}" if e.get("fix") else "")
              for e in errors]
-    fix_all = (plan.get("fix_all") or {}).get("overrides")
-    first_fix = next((e["fix"].split("  or  ")[0] for e in errors if e.get("fix")), "")
-    overrides = shlex.split(fix_all or first_fix) if (fix_all or first_fix) and "=" in (fix_all or first_fix) else []
+    fix_all = (plan.get("fix_all") or {}).get("overrides") if (plan.get("fix_all") or {}).get("passes") else None
+    # the first fix that is overrides the preflight re-checked (not advice in words, not "no single fix is known")
+    first_fix = next((e["fix"].split("  or  ")[0] for e in errors if e.get("fix")
+                      and str(e.get("checked", "")).startswith("re-checked: the preflight passes")), "")
+    overrides = shlex.split(fix_all or first_fix) if fix_all or first_fix else []
     return Diagnosis(
         id="preflight_refused",
         title=f"Refused by the preflight ({', '.join(rules)}): nothing was started",

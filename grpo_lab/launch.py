@@ -68,13 +68,14 @@ def launch_job(cfg: DictConfig) -> str:
 def side_by_side_jobs(launcher: Any) -> int:
     """How many jobs of this sweep may run at once: Hydra's joblib launcher's n_jobs (conf/hydra/launcher/side_by_side.yaml;
     joblib's -1 = one a CPU core), 1 for a launcher that runs one job after another or each on its own machines."""
+    from grpo_lab.apply import jobs_at_once
+
     try:
         if "JoblibLauncher" not in str(launcher.get("_target_", "")):
             return 1
-        n = int(launcher.get("n_jobs") or 1)
+        return jobs_at_once(launcher.get("n_jobs") or 1)
     except (AttributeError, TypeError, ValueError):
         return 1
-    return (os.cpu_count() or 1) if n < 0 else max(1, n)
 
 
 def _append(path: Path, text: str) -> None:

@@ -454,3 +454,19 @@ def test_a_jobs_empty_train_log_is_still_its_log(tmp_path):
     """A grpo-lab job folder whose train.log is still empty (the job is starting) is read as before, not refused."""
     job = synth.write_job(tmp_path / "job", log="", status="running")
     assert doctor.diagnose_path(job)[1] == []
+
+
+def test_a_refusal_without_a_rechecked_fix_suggests_nothing(tmp_path):
+    """The preflight's "no single fix is known: ..." is words, not overrides: the doctor's refusal (and the sweep
+    summary's line built from it) has nothing to try, not the words split into fake overrides."""
+    plan = {"errors": [{"rule": "memory_training", "message": "training phase: predicted peak 40 GB",
+                        "fix": "no single fix is known: rollout_n=2 still fails ([memory_training] ...)",
+                        "checked": "re-checked: no single fix passes"}],
+            "fix_all": {"overrides": "rollout_n=2 max_response_length=128", "passes": False}}
+    job = synth.write_job(tmp_path / "job", log="grpo-lab preflight: x\n", status="failed", plan=plan,
+                          error="1 problem(s) above; nothing was started (plan: plan.json).")
+    (d,) = doctor.diagnose_path(job)[1]
+    assert d.id == "preflight_refused" and d.overrides == [] and "try:" not in d.format()
+    plan["errors"][0].update(fix="rollout_n=4", checked="re-checked: the preflight passes this rule with it")
+    (job / "plan.json").write_text(json.dumps(plan))
+    assert doctor.diagnose_path(job)[1][0].overrides == ["rollout_n=4"]
