@@ -127,6 +127,7 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
 
     only = bool(lab["preflight"].get("only"))
     report = run_preflight(planned, lab, launching=not only)
+    report.fit_args = own_args(multirun)  # for `make fit ARGS="..."` when no fix fits every phase
     plan = report.to_json()
     from grpo_lab.provenance import for_job
 
@@ -167,6 +168,18 @@ def next_command() -> str:
     args = overrides.LAST.args if overrides.LAST is not None else list(HydraConfig.get().overrides.task)
     keep = [a for a in args if a.split("=", 1)[0].lstrip("+") != "preflight.only"]
     return "python run.py " + " ".join(shlex.quote(a) for a in keep) if keep else "python run.py"
+
+
+def own_args(multirun: bool) -> list[str]:
+    """The user's own overrides of this job, as typed (a sweep job: its own point), without what only launches or
+    places it (preflight.only, Hydra's flags and hydra.* settings)."""
+    from grpo_lab import overrides
+
+    hc = HydraConfig.get()
+    args = list(hc.overrides.task) if multirun or overrides.LAST is None else list(overrides.LAST.args)
+    skip = ("preflight.only", "preflight.fit", "preflight.fit_write", "preflight.fit_overwrite")
+    return [a for a in args if not a.startswith("-") and a.split("=", 1)[0].lstrip("+~") not in skip
+            and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
 
 
 def _add_worker_env(verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) -> None:
