@@ -57,11 +57,14 @@ def launch_job(cfg: DictConfig) -> str:
             return "refused"
         raise SystemExit(2) from None
     except BaseException as e:
-        status.write("failed", error=f"{type(e).__name__}: {e}", exit=1)
+        error = f"{type(e).__name__}: {e}"
+        status.write("failed", error=error, exit=1)
         # the exception reaches this process after the tee has ended: put it in the log the doctor reads (a Ray task's
         # error, e.g. verl's weight sync raising, was otherwise only on the console and in status.json)
         _append(job_dir / "train.log", "grpo-lab: the job raised:\n" + traceback.format_exc())
-        _diagnose(job_dir / "train.log")
+        found = _diagnose(job_dir / "train.log")
+        if found:
+            status.write("failed", error=error, exit=1, diagnosis=[d.to_dict() for d in found])
         raise
 
 
@@ -223,28 +226,43 @@ def run_verl(verl: dict[str, Any]) -> None:
     else:
         from verl.trainer.main_ppo_v0 import TaskRunner as runner
     from grpo_lab.doctor import ProgressWatchdog
+    from grpo_lab.fatal import EngineDied, FatalWatch, TrackedRunner
 
-    watchdog = ProgressWatchdog(Path(os.environ["GRPO_LAB_LOG"])) if os.environ.get("GRPO_LAB_LOG") else None
+    log = Path(os.environ["GRPO_LAB_LOG"]) if os.environ.get("GRPO_LAB_LOG") else None
+    watchdog = ProgressWatchdog(log) if log else None
+    # a fatal engine / actor line in the log: verl would wait for ever; kill its TaskRunner (grpo_lab/fatal.py)
+    tracked = TrackedRunner(runner)
+    fatal = FatalWatch(log, stop=tracked.kill) if log else None
     try:
         if watchdog:
             watchdog.start()
-        run_ppo(config, task_runner_class=runner)
+        if fatal:
+            fatal.start()
+        run_ppo(config, task_runner_class=tracked)
+    except BaseException:
+        if fatal and fatal.fired and fatal.fired.message:  # stopped by the watcher: say why, not "killed by ray.kill"
+            raise EngineDied(fatal.fired.message) from None
+        raise
     finally:
+        if fatal:
+            fatal.stop()
         if watchdog:
             watchdog.stop()
         if ray.is_initialized():
             ray.shutdown()
 
 
-def _diagnose(log: Path) -> None:
+def _diagnose(log: Path) -> list[Any]:
+    """Print the doctor's diagnosis of a failed job's log; the diagnoses (for status.json)."""
     try:
-        from grpo_lab.doctor import diagnose_file
+        from grpo_lab.doctor import diagnose_path, format_diagnoses
 
-        text = diagnose_file(log)
-        if text:
-            print(text, file=sys.stderr)
+        log_path, found = diagnose_path(log)
+        print(format_diagnoses(found, str(log_path)), file=sys.stderr)
+        return found
     except Exception as e:  # a diagnosis must never hide the real error
         print(f"grpo-lab: (no diagnosis: {e})", file=sys.stderr)
+        return []
 
 
 class JobStatus:
@@ -291,9 +309,16 @@ def tee_output(log_path: Path) -> Iterator[None]:
     os.dup2(tee.stdin.fileno(), 1)
     os.dup2(tee.stdin.fileno(), 2)
     os.environ["GRPO_LAB_LOG"] = str(log_path)
+    # each line reaches the log when it is printed (Ray forwards the workers' lines without flushing): the watchers
+    # read the log while the job runs (grpo_lab/fatal.py, doctor.ProgressWatchdog)
+    buffered = [(f, f.line_buffering) for f in (sys.stdout, sys.stderr) if hasattr(f, "reconfigure")]
+    for f, _ in buffered:
+        f.reconfigure(line_buffering=True)
     try:
         yield
     finally:
+        for f, was in buffered:
+            f.reconfigure(line_buffering=was)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved_out, 1)
