@@ -788,6 +788,10 @@ def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float |
     found: list[Diagnosis] = []
     for fn in _SIGNATURE_ORDER:
         found.extend(fn(log, values))
+    if not found:  # an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/fatal.py)
+        from grpo_lab.fatal import engine_died
+
+        found = engine_died(log)
     if found or not stalls:
         found.sort(key=lambda d: d.line or 0)
         return found
@@ -883,7 +887,7 @@ NOT_A_LOG = "not_a_log"
 
 
 def not_a_log(path: Path, text: str) -> Diagnosis:
-    """What the doctor says of a file that is no verl or grpo-lab log (grpo_lab/logkind.py): that, and nothing to try."""
+    """What the doctor says of a file that is no verl or grpo-lab log (grpo_lab/logkind.py): that, nothing to try."""
     first = logkind.first_line(text)
     return Diagnosis(
         id=NOT_A_LOG, title=f"{path} is not a verl or grpo-lab log" + ("" if first else " (it is empty)"),

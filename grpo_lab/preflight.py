@@ -135,7 +135,9 @@ def fit_command(args: list[str] | None) -> str:
     if args is None:
         return 'make fit ARGS="<your overrides>"'
     joined = " ".join(shlex.quote(a) for a in args)
-    return f'make fit ARGS="{joined}"' if '"' not in joined and "$" not in joined else f"make fit ARGS={shlex.quote(joined)}"
+    if '"' in joined or "$" in joined or "`" in joined:
+        return f"make fit ARGS={shlex.quote(joined)}"
+    return f'make fit ARGS="{joined}"'
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -232,7 +234,8 @@ def _format(r: PreflightReport) -> str:
     if r.no_fit:
         out.append("")
         out.append("No fix above makes every phase fit: " + r.no_fit)
-        out.append(f"  Search settings that do (every phase below 80% of the card, re-checked): {fit_command(r.fit_args)}")
+        out.append(f"  Search settings that do (every phase below 80% of the card, re-checked): "
+                   f"{fit_command(r.fit_args)}")
     out.append("")
     out.append("preflight: " + ("OK" if r.ok else f"REFUSED ({len(r.errors)} error(s))"))
     return "\n".join(out)

@@ -446,7 +446,8 @@ def test_every_recorded_and_synthetic_log_is_recognised():
     for f in logs:
         assert logkind.marker(f.read_text(errors="replace")), f
     # the recorder's elapsed-time prefix and colour codes do not hide them
-    assert logkind.marker("   16.13 \x1b[36mray init kwargs: {'num_cpus': 16}\x1b[0m\n") == "verl's `ray init kwargs` line"
+    recorder = "   16.13 \x1b[36mray init kwargs: {'num_cpus': 16}\x1b[0m\n"
+    assert logkind.marker(recorder) == "verl's `ray init kwargs` line"
     assert logkind.marker("Traceback (most recent call last):\nValueError: x\n") is None  # not verl's, not Ray's
 
 

@@ -260,7 +260,8 @@ def test_a_refusal_that_no_fix_fits_points_at_make_fit_with_the_users_own_argume
     after = run_py("preflight.only=true", *args, f"hydra.run.dir={tmp_path}/c")
     assert after.returncode == 0 and "overall: fits" in after.stdout, after.stdout[-3000:]
     # memory and batch errors whose fixes together fit: "Fix all" offered, no pointer
-    ok = run_py("preflight.only=true", "rollout_gpu_mem_util=0.8", "ppo_mini_batch_size=7", f"hydra.run.dir={tmp_path}/d")
+    ok = run_py("preflight.only=true", "rollout_gpu_mem_util=0.8", "ppo_mini_batch_size=7",
+                f"hydra.run.dir={tmp_path}/d")
     plan = json.loads((tmp_path / "d" / "plan.json").read_text())
     assert plan["fix_all"] == {"overrides": "ppo_mini_batch_size=8 rollout_gpu_mem_util=0.55", "passes": True}
     assert "fit" not in plan and "make fit" not in ok.stdout

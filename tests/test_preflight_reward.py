@@ -223,7 +223,8 @@ def test_every_shipped_reward_is_in_the_table():
 @pytest.mark.parametrize("reward_fn", sorted(SHIPPED))
 def test_shipped_reward_passes_its_probe_with_its_presets_data(tmp_path, reward_fn):
     """`python run.py experiment=<preset>` on the preset's own data: no reward_fn_* error or warning (the countdown
-    reward's answers are "<answer>expr</answer>", not GSM8K's "#### n": its probe_answers gives answers of its shape)."""
+    reward's answers are "<answer>expr</answer>", not GSM8K's "#### n": its probe_answers gives answers of that
+    shape)."""
     from conftest import run_module, write_rows
 
     preset, generator, sizes = SHIPPED[reward_fn]
@@ -275,9 +276,9 @@ def test_probe_uses_the_files_own_answers_and_a_constant_reward_still_warns(tmp_
 
 
 def test_own_answers_that_fail_are_warned_and_the_rows_answers_used(tmp_path, train):
+    fails = "\ndef probe_answers(ground_truth, extra_info):\n    return ground_truth['target']\n"
     f = write(tmp_path, GOOD.replace('assert data_source == "my_source", data_source  # the probe uses the training '
-                                     'parquet\'s first row', "pass") + "\ndef probe_answers(ground_truth, extra_info):\n"
-                                                                        "    return ground_truth['target']\n")
+                                     'parquet\'s first row', "pass") + fails)
     (p,) = check(tmp_path, f, train=train)
     assert p.rule == "reward_fn_result" and p.level == "warn"
     assert "probe_answers raised TypeError" in p.message and "answers built from the row's ground truth" in p.message
