@@ -287,8 +287,8 @@ class FatalWatch:
         from grpo_lab import doctor
 
         ds = doctor.diagnose(doctor.read_log(self.log_path), stalls=False)
-        head = (f"{fired.label} at train.log line {fired.line_no} ({fired.line}); verl waited instead of failing, "
-                f"so grpo-lab stopped it {time.time() - fired.seen_at:.0f} s later")
+        head = (f"{fired.label} at train.log line {fired.line_no} ({fired.line}); verl had not stopped on it "
+                f"{time.time() - fired.seen_at:.0f} s later, so grpo-lab stopped the job")
         if not ds:
             return head
         d = ds[0]

@@ -239,7 +239,7 @@ def test_a_stand_in_job_whose_engine_died_ends_within_30_s(tmp_path, recorded, e
         assert ended - printed < 30, (ended - printed, text[-3000:])
         status = json.loads((job / "status.json").read_text())
         assert status["status"] == "failed" and status["exit"] == 1
-        assert status["error"].startswith("EngineDied: ") and "grpo-lab stopped it" in status["error"]
+        assert status["error"].startswith("EngineDied: ") and "so grpo-lab stopped the job" in status["error"]
         assert [d["id"] for d in status["diagnosis"]] == [expected]
         assert f"doctor: [{expected}]" in status["error"]
         assert "killed by `ray.kill`" not in text  # the user reads why, not how
