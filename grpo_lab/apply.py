@@ -12,7 +12,8 @@ What composing does that a plain dict update does not, and what this does instea
   - vLLM's max_model_len (conf/config.yaml: prompt + response) follows the two lengths unless it is set too;
   - a verl key the config sets on its own (`trainer.total_epochs=two` typed, or in a config file) no longer follows
     its short key: lab["set_apart"] (grpo_lab/config.py's split, from `set_apart`) lists them, and they are skipped;
-  - `lab.*` and `preflight.*` go to the lab dict; `~key` deletes; `+key`/`++key` add.
+  - `lab.*` and `preflight.*` go to the lab dict; `~key` deletes; `+key`/`++key` add;
+  - `hydra.launcher.n_jobs` (hydra/launcher=side_by_side) sets lab's side_by_side_jobs; other `hydra.*` are Hydra's.
 Overrides are parsed with Hydra's own override parser. A config-group choice (`model=qwen3_4b`) needs a compose and
 cannot be applied to a resolved config: `parse` returns None for it (and for advice in words).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import re
 import shlex
 from pathlib import Path
@@ -209,6 +211,15 @@ def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, tou
                 todo.append(f)
 
 
+def jobs_at_once(n_jobs: Any) -> int:
+    """Jobs run at once for joblib's n_jobs (-1: one a CPU core, as joblib counts them)."""
+    try:
+        n = int(n_jobs)
+    except (TypeError, ValueError):
+        return 1
+    return (os.cpu_count() or 1) if n < 0 else max(1, n)
+
+
 def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
                     overrides: Iterable[str] | Iterable[Override] | Mapping[str, Any]
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -225,7 +236,11 @@ def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
         if key in groups():
             raise ValueError(f"{key}={value} picks a config group option: compose it (python run.py {key}={value}) "
                              f"instead of applying it to a resolved config")
-        if key.startswith("lab."):
+        if key == "hydra.launcher.n_jobs":  # hydra/launcher=side_by_side: jobs at once (launch.side_by_side_jobs)
+            lb["side_by_side_jobs"] = 1 if delete else jobs_at_once(value)
+        elif key.startswith("hydra."):
+            continue  # Hydra's own settings (run dirs, ...): nothing the preflight reads
+        elif key.startswith("lab."):
             _set(lb, key[4:], value, delete)
         elif key.startswith("preflight."):
             _set(lb.setdefault("preflight", {}), key[len("preflight."):], value, delete)

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from grpo_lab import facts
+from grpo_lab import facts, logkind
 from grpo_lab.config import get as _get
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -811,6 +811,10 @@ def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float |
     found: list[Diagnosis] = []
     for fn in _SIGNATURE_ORDER:
         found.extend(fn(log, values))
+    if not found:  # an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/fatal.py)
+        from grpo_lab.fatal import engine_died
+
+        found = engine_died(log)
     if found or not stalls:
         found.sort(key=lambda d: d.line or 0)
         return found
@@ -858,9 +862,11 @@ def refusal(job_dir: str | Path) -> Diagnosis | None:
     rules = list(dict.fromkeys(e["rule"] for e in errors))
     lines = [f"[{e['rule']}] {e.get('message', '')}" + (f"\n  fix: {e['fix']}" if e.get("fix") else "")
              for e in errors]
-    fix_all = (plan.get("fix_all") or {}).get("overrides")
-    first_fix = next((e["fix"].split("  or  ")[0] for e in errors if e.get("fix")), "")
-    overrides = shlex.split(fix_all or first_fix) if (fix_all or first_fix) and "=" in (fix_all or first_fix) else []
+    fix_all = (plan.get("fix_all") or {}).get("overrides") if (plan.get("fix_all") or {}).get("passes") else None
+    # the first fix that is overrides the preflight re-checked (not advice in words, not "no single fix is known")
+    first_fix = next((e["fix"].split("  or  ")[0] for e in errors if e.get("fix")
+                      and str(e.get("checked", "")).startswith("re-checked: the preflight passes")), "")
+    overrides = shlex.split(fix_all or first_fix) if fix_all or first_fix else []
     return Diagnosis(
         id="preflight_refused",
         title=f"Refused by the preflight ({', '.join(rules)}): nothing was started",
@@ -887,6 +893,8 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
     text = read_log(log_path)
     config = _load_yaml(job_dir / "verl_config.yaml")
     status = read_json(job_dir / "status.json")
+    if not logkind.marker(text) and not (log_path.name == "train.log" and status.get("status")):
+        return log_path, [not_a_log(log_path, text)]  # a grpo-lab job's train.log may be empty while it starts
     if status.get("status") in ("failed", "ok") or status.get("ended"):
         idle = None  # the job is over: the log is complete
     error = status.get("error")
@@ -896,6 +904,21 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
             text += "\ngrpo-lab: the job raised (status.json):\n" + error + "\n"
     return log_path, diagnose(text, config, idle_s=idle, stale_minutes=stale_minutes,
                               stalls=status.get("status") != "ok")
+
+
+NOT_A_LOG = "not_a_log"
+
+
+def not_a_log(path: Path, text: str) -> Diagnosis:
+    """What the doctor says of a file that is no verl or grpo-lab log (grpo_lab/logkind.py): that, nothing to try."""
+    first = logkind.first_line(text)
+    return Diagnosis(
+        id=NOT_A_LOG, title=f"{path} is not a verl or grpo-lab log" + ("" if first else " (it is empty)"),
+        evidence=f"first line: {first}" if first else "(empty file)",
+        remedy=("None of the lines that verl 0.9.1, Ray or run.py always print in a job is in it ("
+                + logkind.described() + "), so there is nothing to diagnose and nothing is suggested. Give the "
+                "doctor a job's log: make doctor LOG=outputs/runs/<job>/train.log (or the job's folder), or the "
+                "console output of a verl run."))
 
 
 def read_log(path: Path, limit: int = 32 << 20) -> str:
@@ -957,6 +980,10 @@ def gone_running(status: dict[str, Any]) -> str | None:
 def format_diagnoses(diagnoses: list[Diagnosis], source: str = "") -> str:
     if not diagnoses:
         return f"grpo-lab doctor: no known failure signature in {source or 'the log'}."
+    if [d.id for d in diagnoses] == [NOT_A_LOG]:
+        d = diagnoses[0]
+        return "\n".join([f"grpo-lab doctor: {d.title}; nothing to diagnose.", f"  {d.evidence}",
+                          f"  {d.remedy}"])
     head = f"grpo-lab doctor: {len(diagnoses)} finding(s)" + (f" in {source}" if source else "") + ":"
     return "\n".join([head] + [d.format() for d in diagnoses])
 
@@ -1125,7 +1152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps([d.to_dict() for d in ds], indent=2))
     else:
         print(format_diagnoses(ds, str(log_path)))
-    return 0
+    return 2 if [d.id for d in ds] == [NOT_A_LOG] else 0
 
 
 if __name__ == "__main__":

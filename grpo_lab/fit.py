@@ -44,16 +44,13 @@ from grpo_lab.apply import apply_overrides, groups as _conf_groups, short_key_ta
 from grpo_lab.config import get as _get
 from grpo_lab.config import put as _put
 from grpo_lab.knobs import KNOBS
+from grpo_lab.rules.memory import MEMORY_RULES  # noqa: F401 (the rules the fit is here to clear)
 
 A = "actor_rollout_ref."
 CONF = Path(__file__).resolve().parent.parent / "conf"
 GB = memplan.GB
 MARGIN = memplan.TIGHT_FRACTION
 PHASES = ("generation", "training", "weight_sync", "host_ram")
-# preflight rules about memory: what the fit is here to clear; any other error must be fixed by the user first
-MEMORY_RULES = frozenset({"memory_generation", "memory_training", "memory_weight_sync", "memory_host_ram",
-                          "vllm_kv_cache", "full_finetune_too_big", "gpu_memory_utilization_range",
-                          "rollout_parallel"})
 # host <-> device copies per card when lab.hardware.pcie_gb_s is not given (pinned memory, one x16 link per card)
 PCIE_GB_S = {"pcie3": 12.0, "pcie4": 25.0, "pcie5": 50.0}
 PCIE_DEFAULT = ("pcie4", 25.0)

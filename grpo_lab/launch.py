@@ -63,11 +63,14 @@ def launch_job(cfg: DictConfig) -> str:
             return "refused"
         raise SystemExit(2) from None
     except BaseException as e:
-        status.write("failed", error=f"{type(e).__name__}: {e}", exit=1)
+        error = f"{type(e).__name__}: {e}"
+        status.write("failed", error=error, exit=1)
         # the exception reaches this process after the tee has ended: put it in the log the doctor reads (a Ray task's
         # error, e.g. verl's weight sync raising, was otherwise only on the console and in status.json)
         _append(job_dir / "train.log", "grpo-lab: the job raised:\n" + traceback.format_exc())
-        _diagnose(job_dir / "train.log")
+        found = _diagnose(job_dir / "train.log")
+        if found:
+            status.write("failed", error=error, exit=1, diagnosis=[d.to_dict() for d in found])
         raise
     # a plan that holds, not ready to launch here: its own exit code (a sweep: run.py's, after the last job)
     if multirun:
@@ -79,13 +82,14 @@ def launch_job(cfg: DictConfig) -> str:
 def side_by_side_jobs(launcher: Any) -> int:
     """How many jobs of this sweep may run at once: Hydra's joblib launcher's n_jobs (conf/hydra/launcher/side_by_side.yaml;
     joblib's -1 = one a CPU core), 1 for a launcher that runs one job after another or each on its own machines."""
+    from grpo_lab.apply import jobs_at_once
+
     try:
         if "JoblibLauncher" not in str(launcher.get("_target_", "")):
             return 1
-        n = int(launcher.get("n_jobs") or 1)
+        return jobs_at_once(launcher.get("n_jobs") or 1)
     except (AttributeError, TypeError, ValueError):
         return 1
-    return (os.cpu_count() or 1) if n < 0 else max(1, n)
 
 
 def _append(path: Path, text: str) -> None:
@@ -152,6 +156,7 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     report = run_preflight(planned, lab, launching=not only)
     # what this machine lacks: refused when launching; a plan that holds gets "not ready to launch here"
     report.not_ready = not_ready_here(planned, lab, os.environ, plan_only=only)
+    report.fit_args = own_args(multirun)  # for `make fit ARGS="..."` when no fix fits every phase
     plan = report.to_json()
     from grpo_lab.provenance import for_job
 
@@ -199,6 +204,18 @@ def next_command() -> str:
     return "python run.py " + " ".join(shlex.quote(a) for a in keep) if keep else "python run.py"
 
 
+def own_args(multirun: bool) -> list[str]:
+    """The user's own overrides of this job, as typed (a sweep job: its own point), without what only launches or
+    places it (preflight.only, Hydra's flags and hydra.* settings)."""
+    from grpo_lab import overrides
+
+    hc = HydraConfig.get()
+    args = list(hc.overrides.task) if multirun or overrides.LAST is None else list(overrides.LAST.args)
+    skip = ("preflight.only", "preflight.fit", "preflight.fit_write", "preflight.fit_overwrite")
+    return [a for a in args if not a.startswith("-") and a.split("=", 1)[0].lstrip("+~") not in skip
+            and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+
+
 def _add_worker_env(verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) -> None:
     """Environment for verl's Ray workers (Ray wants string values); the user's own settings win."""
     env_path = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -240,28 +257,43 @@ def run_verl(verl: dict[str, Any]) -> None:
     else:
         from verl.trainer.main_ppo_v0 import TaskRunner as runner
     from grpo_lab.doctor import ProgressWatchdog
+    from grpo_lab.fatal import EngineDied, FatalWatch, TrackedRunner
 
-    watchdog = ProgressWatchdog(Path(os.environ["GRPO_LAB_LOG"])) if os.environ.get("GRPO_LAB_LOG") else None
+    log = Path(os.environ["GRPO_LAB_LOG"]) if os.environ.get("GRPO_LAB_LOG") else None
+    watchdog = ProgressWatchdog(log) if log else None
+    # a fatal engine / actor line in the log: verl would wait for ever; kill its TaskRunner (grpo_lab/fatal.py)
+    tracked = TrackedRunner(runner)
+    fatal = FatalWatch(log, stop=tracked.kill) if log else None
     try:
         if watchdog:
             watchdog.start()
-        run_ppo(config, task_runner_class=runner)
+        if fatal:
+            fatal.start()
+        run_ppo(config, task_runner_class=tracked)
+    except BaseException:
+        if fatal and fatal.fired and fatal.fired.message:  # stopped by the watcher: say why, not "killed by ray.kill"
+            raise EngineDied(fatal.fired.message) from None
+        raise
     finally:
+        if fatal:
+            fatal.stop()
         if watchdog:
             watchdog.stop()
         if ray.is_initialized():
             ray.shutdown()
 
 
-def _diagnose(log: Path) -> None:
+def _diagnose(log: Path) -> list[Any]:
+    """Print the doctor's diagnosis of a failed job's log; the diagnoses (for status.json)."""
     try:
-        from grpo_lab.doctor import diagnose_file
+        from grpo_lab.doctor import diagnose_path, format_diagnoses
 
-        text = diagnose_file(log)
-        if text:
-            print(text, file=sys.stderr)
+        log_path, found = diagnose_path(log)
+        print(format_diagnoses(found, str(log_path)), file=sys.stderr)
+        return found
     except Exception as e:  # a diagnosis must never hide the real error
         print(f"grpo-lab: (no diagnosis: {e})", file=sys.stderr)
+        return []
 
 
 class JobStatus:
@@ -308,9 +340,16 @@ def tee_output(log_path: Path) -> Iterator[None]:
     os.dup2(tee.stdin.fileno(), 1)
     os.dup2(tee.stdin.fileno(), 2)
     os.environ["GRPO_LAB_LOG"] = str(log_path)
+    # each line reaches the log when it is printed (Ray forwards the workers' lines without flushing): the watchers
+    # read the log while the job runs (grpo_lab/fatal.py, doctor.ProgressWatchdog)
+    buffered = [(f, f.line_buffering) for f in (sys.stdout, sys.stderr) if hasattr(f, "reconfigure")]
+    for f, _ in buffered:
+        f.reconfigure(line_buffering=True)
     try:
         yield
     finally:
+        for f, was in buffered:
+            f.reconfigure(line_buffering=was)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved_out, 1)

@@ -52,6 +52,10 @@ class PreflightReport:
     # what this machine lacks to launch it (grpo_lab/readiness.py; set by the launcher, None: not checked): refusals
     # when launching, the plan's "not ready to launch here" when planning
     not_ready: list[Any] | None = None
+    # memory refused and no offered fix fits every phase (the plan's "fits": below 80% of the card): why; then the
+    # report points at `make fit ARGS="<fit_args>"` (fit_args: the user's own arguments, set by the launcher)
+    no_fit: str = ""
+    fit_args: list[str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -77,6 +81,8 @@ class PreflightReport:
             out["not_ready_here"] = [n.to_json() for n in self.not_ready]
         if self.fix_all:
             out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes}
+        if self.no_fit:
+            out["fit"] = {"why": self.no_fit, "command": fit_command(self.fit_args)}
         return out
 
     def format(self) -> str:
@@ -118,7 +124,45 @@ def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[st
             res = checker.fix_all(report.errors)
             if res:
                 report.fix_all, report.fix_all_passes = res
+        report.no_fit = _no_fit(checker, report)
+        if report.no_fit and report.fix_all:  # a "fix all" that leaves a phase tight or out of memory is no fix
+            report.fix_all, report.fix_all_passes = "", False
     return report
+
+
+def _no_fit(checker: FixChecker, report: PreflightReport) -> str:
+    """With memory errors: "" when the offered fix (`fix all`, or the one error's fix) leaves every phase of the
+    memory plan fitting (no memory rule left, not even a tight warning: make fit's "fits"); else why not."""
+    from grpo_lab.apply import parse
+    from grpo_lab.rules.memory import MEMORY_RULES
+
+    if not any(p.rule in MEMORY_RULES for p in report.errors):
+        return ""
+    if len(report.errors) > 1:
+        offered, what = (report.fix_all if report.fix_all_passes else ""), "with the fixes above together"
+    else:
+        p = report.errors[0]
+        offered = p.alternatives[0] if p.fix and p.checked.startswith("re-checked: the preflight passes") else ""
+        what = "with the fix above"
+    parsed = parse(offered) if offered else None
+    if not parsed:
+        return "no set of overrides above clears them"
+    left = [q for q in checker.evaluate(parsed) if q.rule in MEMORY_RULES and q.level != "note"]
+    if not left:
+        return ""
+    return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {left[0].message.split('. ')[0]}"
+
+
+def fit_command(args: list[str] | None) -> str:
+    """`make fit ARGS="..."` with the user's own arguments (the fit search of grpo_lab/fit.py on the same command)."""
+    import shlex
+
+    if args is None:
+        return 'make fit ARGS="<your overrides>"'
+    joined = " ".join(shlex.quote(a) for a in args)
+    if '"' in joined or "$" in joined or "`" in joined:
+        return f"make fit ARGS={shlex.quote(joined)}"
+    return f'make fit ARGS="{joined}"'
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -230,6 +274,11 @@ def _format(r: PreflightReport) -> str:
                 out.append(f"      {'make it' if n.rule == 'input_missing' else 'fix'}: {n.command}")
                 if n.checked:
                     out.append(f"           ({n.checked})")
+    if r.no_fit:
+        out.append("")
+        out.append("No fix above makes every phase fit: " + r.no_fit)
+        out.append(f"  Search settings that do (every phase below 80% of the card, re-checked): "
+                   f"{fit_command(r.fit_args)}")
     out.append("")
     if not r.ok:
         missing = f", {len(r.not_ready)} missing here" if r.launching and r.not_ready else ""

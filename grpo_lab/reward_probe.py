@@ -17,9 +17,17 @@ scored, after the first generation. Nothing in verl checks the file at config ti
     itself, and verl writes it into a float32 tensor (rm_scores).
 
 The row is the first one of the training parquet (data_source, reward_model.ground_truth, extra_info), else a
-synthetic GSM8K-like one. The answers tried are plausible model outputs: the ground truth as it is, "#### gt"
-(GSM8K), "\\boxed{gt}" (MATH) and an empty answer (a cut or blank generation): a function that fails on one of them
-fails inside verl too, at the first such answer.
+synthetic GSM8K-like one. The answers tried are plausible model outputs, shaped to the task:
+
+  - the reward file's own, when it defines `probe_answers(ground_truth, extra_info)` at module level: a list of
+    answer texts for that row (a right one, a wrong one, a malformed one: e.g. grpo_lab/rewards/countdown.py); an
+    empty list (a row that is not its task's, such as the synthetic one) falls back to the answers below. verl
+    never calls it; the probe calls it in the same child process, after the import;
+  - else built from the row: the ground truth as it is, "#### gt" (GSM8K), "\\boxed{gt}" (MATH), the row's reference
+    answer (extra_info.answer, which verl's GSM8K preprocessing and grpo-lab's generators write), a wrong number
+    ("#### gt+1", for a numeric ground truth) and an empty answer (a cut or blank generation).
+
+A function that fails on one of them fails inside verl too, at the first such answer.
 
 The child process keeps the launcher safe from what the file does at import (sys.exit, changes to sys.path or
 sys.modules, prints) and bounds the time: after TIMEOUT_S seconds it is killed (its process group) and the result
@@ -54,9 +62,43 @@ def file_of(path: str) -> str | None:
     return os.path.abspath(os.path.expanduser(path.removeprefix(FILE_PREFIX)))
 
 
-def answers(ground_truth: Any) -> list[str]:
+# the module-level function a reward file may define to give its own sample answers (module docstring)
+OWN_ANSWERS = "probe_answers"
+
+
+def answers(ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> list[str]:
+    """The sample answers built from a row: right ones in the common formats, the row's reference answer, a wrong
+    number and an empty answer."""
     gt = str(ground_truth)
-    return [gt, f"#### {gt}", f"The answer is \\boxed{{{gt}}}.", ""]
+    out = [gt, f"#### {gt}", f"The answer is \\boxed{{{gt}}}."]
+    ref = (extra_info or {}).get("answer")
+    if isinstance(ref, str) and ref.strip() and ref not in out:
+        out.append(ref)
+    try:
+        wrong = float(gt.replace(",", ""))
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(wrong):
+            out.append(f"#### {int(wrong) + 1 if wrong == int(wrong) else wrong + 1:g}")
+    return out + [""]
+
+
+def own_answers(module: Any, ground_truth: Any, extra_info: Mapping[str, Any]) -> tuple[list[str] | None, str]:
+    """The reward file's probe_answers for this row: (answers, "") ; (None, "") when it has none or gives none for
+    this row; (None, why) when it fails or returns something else than a list of texts."""
+    fn = getattr(module, OWN_ANSWERS, None)
+    if fn is None:
+        return None, ""
+    if not callable(fn):
+        return None, f"{OWN_ANSWERS} is a {type(fn).__name__}, not a function"
+    try:
+        got = fn(ground_truth, dict(extra_info))
+    except Exception as e:  # noqa: BLE001 (a helper of the file: say so, and use the answers built from the row)
+        return None, f"{OWN_ANSWERS} raised {type(e).__name__}: {e}"
+    if not isinstance(got, (list, tuple)) or not all(isinstance(a, str) for a in got):
+        return None, f"{OWN_ANSWERS} returned {type(got).__name__}, not a list of answer texts"
+    return (list(got) or None), ""
 
 
 def is_number(x: Any) -> bool:
@@ -205,7 +247,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     fn = getattr(module, name, None)
     mod_name = getattr(module, "__name__", None)
     defined = sorted(k for k, v in vars(module).items()
-                     if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == mod_name)
+                     if callable(v) and not k.startswith("_") and k != OWN_ANSWERS
+                     and getattr(v, "__module__", None) == mod_name)
     if fn is None or not callable(fn):
         return {"stage": "name", "found": None if fn is None else type(fn).__name__, "callables": defined}
     row, row_from = _first_row(spec.get("train_file"))
@@ -219,8 +262,10 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     unaccepted = [] if takes_any else [k for k in sent
                                        if k not in params or params[k].kind == params[k].POSITIONAL_ONLY]
     gt = row["reward_model"]["ground_truth"]
+    mine, answers_error = own_answers(module, gt, row.get("extra_info") or {})
+    answers_from = f"{OWN_ANSWERS} in the reward file" if mine else "built from the row's ground truth"
     calls = []
-    for answer in answers(gt):
+    for answer in mine or answers(gt, row.get("extra_info")):
         extra_info = dict(row.get("extra_info") or {})
         extra_info.update(num_turns=2, rollout_reward_scores={})  # what verl's reward managers add
         kwargs = {"data_source": row["data_source"], "solution_str": answer, "ground_truth": gt,
@@ -239,7 +284,9 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
                       "score": float(score) if is_number(score) else None,
                       "keys": sorted(map(str, result)) if isinstance(result, dict) else None})
     return {"stage": "ok", "row_from": row_from, "data_source": _jsonable(row["data_source"]),
-            "ground_truth": _jsonable(gt), "calls": calls, "callables": defined}
+            "ground_truth": _jsonable(gt), "calls": calls, "callables": defined, "answers_from": answers_from,
+            "own_answers": hasattr(module, OWN_ANSWERS), "answers_error": answers_error,
+            "synthetic_row": row_from.startswith("a synthetic row")}
 
 
 def _main(argv: Iterable[str]) -> None:

@@ -371,8 +371,9 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
         failed = _job_failed(job_return) or doctor.read_json(job_dir / "status.json").get("status") == "failed"
         if failed and (job_dir / "train.log").exists():
             diags = doctor.write_diagnosis(job_dir)
-            for d in diags:
-                log.warning("grpo-lab doctor (%s): %s; try: %s", job_dir.name, d.title, " ".join(d.overrides))
+            for d in diags:  # "try:" only with something to try
+                log.warning("grpo-lab doctor (%s): %s%s", job_dir.name, d.title,
+                            f"; try: {' '.join(d.overrides)}" if d.overrides else "")
         if self.job_reports and (job_dir / "metrics.jsonl").exists():
             from grpo_lab.report import make_report
 

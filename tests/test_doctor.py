@@ -430,3 +430,69 @@ def test_a_running_status_whose_process_is_gone_is_told_apart():
     assert doctor.gone_running({"status": "running", "host": "another-node", "pid": gone["pid"]}) is None
     assert doctor.gone_running({"status": "failed", **gone}) is None
     assert doctor.gone_running({"status": "running"}) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# only logs it recognises (grpo_lab/logkind.py)
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "results"
+
+
+def test_a_file_that_is_no_log_is_said_so_and_nothing_suggested(tmp_path):
+    """`make doctor LOG=/etc/hostname` read a made-up stalled start-up into it (num_cpus, NCCL_P2P_DISABLE): a file with
+    none of the lines verl, Ray or run.py print says so, suggests nothing and exits 2."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, run_module
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("shopping list\nmilk\neggs\n")
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    for f, first in ((notes, "first line: shopping list"), (empty, "(empty file)")):
+        out = run_module("grpo_lab.doctor", f)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"{f} is not a verl or grpo-lab log" in out.stdout and first in out.stdout
+        assert "try:" not in out.stdout and "num_cpus" not in out.stdout and "NCCL" not in out.stdout
+        data = json.loads(run_module("grpo_lab.doctor", f, "--json").stdout)
+        assert [(d["id"], d["overrides"]) for d in data] == [("not_a_log", [])]
+    made = subprocess.run(["make", "-s", "-C", str(ROOT), "doctor", f"LOG={notes}", f"PY={sys.executable}"],
+                          text=True, capture_output=True, timeout=60)
+    assert made.returncode != 0 and f"{notes} is not a verl or grpo-lab log" in made.stdout
+    assert "try:" not in made.stdout
+
+
+def test_every_recorded_and_synthetic_log_is_recognised():
+    from grpo_lab import logkind
+
+    logs = sorted(FIXTURES.glob("*/*.log")) + sorted(RESULTS.glob("**/train.log"))
+    assert len(logs) > 15
+    for f in logs:
+        assert logkind.marker(f.read_text(errors="replace")), f
+    # the recorder's elapsed-time prefix and colour codes do not hide them
+    recorder = "   16.13 \x1b[36mray init kwargs: {'num_cpus': 16}\x1b[0m\n"
+    assert logkind.marker(recorder) == "verl's `ray init kwargs` line"
+    assert logkind.marker("Traceback (most recent call last):\nValueError: x\n") is None  # not verl's, not Ray's
+
+
+def test_a_jobs_empty_train_log_is_still_its_log(tmp_path):
+    """A grpo-lab job folder whose train.log is still empty (the job is starting) is read as before, not refused."""
+    job = synth.write_job(tmp_path / "job", log="", status="running")
+    assert doctor.diagnose_path(job)[1] == []
+
+
+def test_a_refusal_without_a_rechecked_fix_suggests_nothing(tmp_path):
+    """The preflight's "no single fix is known: ..." is words, not overrides: the doctor's refusal (and the sweep
+    summary's line built from it) has nothing to try, not the words split into fake overrides."""
+    plan = {"errors": [{"rule": "memory_training", "message": "training phase: predicted peak 40 GB",
+                        "fix": "no single fix is known: rollout_n=2 still fails ([memory_training] ...)",
+                        "checked": "re-checked: no single fix passes"}],
+            "fix_all": {"overrides": "rollout_n=2 max_response_length=128", "passes": False}}
+    job = synth.write_job(tmp_path / "job", log="grpo-lab preflight: x\n", status="failed", plan=plan,
+                          error="1 problem(s) above; nothing was started (plan: plan.json).")
+    (d,) = doctor.diagnose_path(job)[1]
+    assert d.id == "preflight_refused" and d.overrides == [] and "try:" not in d.format()
+    plan["errors"][0].update(fix="rollout_n=4", checked="re-checked: the preflight passes this rule with it")
+    (job / "plan.json").write_text(json.dumps(plan))
+    assert doctor.diagnose_path(job)[1][0].overrides == ["rollout_n=4"]

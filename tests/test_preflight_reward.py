@@ -206,6 +206,84 @@ def test_refused_when_launching_too(tmp_path, train):
     assert_refused(out, text, plan, job, "reward_fn_result")
 
 
+# ---- the shipped rewards pass their own probe, with their preset's data; a constant one still warns ---------------
+
+# each conf/reward_fn option: the preset that picks it, and how its data is made (a small copy, in tmp_path)
+SHIPPED = {"countdown": ("countdown_smollm2", "grpo_lab.countdown", ("--train", "64", "--test", "16")),
+           "strict_format": ("learn_smollm2", "grpo_lab.arith", ("--train-size", "64", "--test-size", "16")),
+           "verl_default": ("smoke", None, ())}
+
+
+def test_every_shipped_reward_is_in_the_table():
+    from conftest import options
+
+    assert sorted(SHIPPED) == options("reward_fn")
+
+
+@pytest.mark.parametrize("reward_fn", sorted(SHIPPED))
+def test_shipped_reward_passes_its_probe_with_its_presets_data(tmp_path, reward_fn):
+    """`python run.py experiment=<preset>` on the preset's own data: no reward_fn_* error or warning (the countdown
+    reward's answers are "<answer>expr</answer>", not GSM8K's "#### n": its probe_answers gives answers of that
+    shape)."""
+    from conftest import run_module, write_rows
+
+    preset, generator, sizes = SHIPPED[reward_fn]
+    data = tmp_path / "data"
+    if generator:
+        made = run_module(generator, "--out", data, *sizes)
+        assert made.returncode == 0, made.stderr
+    else:
+        data.mkdir()
+        write_rows(data / "train.parquet", 256)
+        write_rows(data / "test.parquet", 16)
+    job = tmp_path / "job"
+    out = run_py("preflight.only=true", f"experiment={preset}", "hardware=h200x1", f"train_file={data}/train.parquet",
+                 f"test_file={data}/test.parquet", f"hydra.run.dir={job}")
+    text = out.stdout + out.stderr
+    plan = json.loads((job / "plan.json").read_text())
+    verl = json.loads(json.dumps(__import__("yaml").safe_load((job / "verl_config.yaml").read_text())))
+    assert verl["reward"]["custom_reward_function"]["path"] == (
+        None if reward_fn == "verl_default" else str(ROOT / "grpo_lab" / "rewards" / f"{reward_fn}.py"))
+    mine = [p for p in plan["errors"] + plan["warnings"] if p["rule"].startswith("reward_fn")]
+    assert mine == [], mine
+    assert "[reward_fn" not in text, text
+
+
+def test_probe_uses_the_files_own_answers_and_a_constant_reward_still_warns(tmp_path, train):
+    """A reward file's probe_answers(ground_truth, extra_info) gives the answers tried; a reward that scores every
+    answer alike is warned, with its own answers or with those built from the row."""
+    tagged = write(tmp_path, """\
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            return 1.0 if solution_str == f"<ans>{ground_truth}</ans>" else 0.0
+
+        def probe_answers(ground_truth, extra_info):
+            assert extra_info["index"] == 4, extra_info  # the row's own extra_info
+            return [f"<ans>{ground_truth}</ans>", "<ans>nope</ans>", ""]
+        """, "tagged.py")
+    out, text, plan, job = run_with(tmp_path / "a", train, tagged)
+    assert out.returncode == 0 and not [w for w in plan["warnings"] if w["rule"].startswith("reward_fn")], text
+    constant = write(tmp_path, "def compute_score(**kwargs):\n    return 0.5\n", "constant.py")
+    out, text, plan, job = run_with(tmp_path / "b", train, constant)
+    (w,) = [w for w in plan["warnings"] if w["rule"] == "reward_fn_result"]
+    assert out.returncode == 0 and "gave every sample answer the same score 0.5" in w["message"]
+    assert "answers built from the row's ground truth" in w["message"] and "#### 8" in w["message"]  # a wrong one
+    assert "define probe_answers(ground_truth, extra_info)" in w["message"]
+    constant_own = write(tmp_path, "def compute_score(**kwargs):\n    return 0.5\n\n"
+                                   "def probe_answers(ground_truth, extra_info):\n    return ['a', 'b']\n", "c2.py")
+    out, text, plan, job = run_with(tmp_path / "c", train, constant_own)
+    (w,) = [w for w in plan["warnings"] if w["rule"] == "reward_fn_result"]
+    assert "same score 0.5 (a, b; answers probe_answers in the reward file" in w["message"], w["message"]
+
+
+def test_own_answers_that_fail_are_warned_and_the_rows_answers_used(tmp_path, train):
+    fails = "\ndef probe_answers(ground_truth, extra_info):\n    return ground_truth['target']\n"
+    f = write(tmp_path, GOOD.replace('assert data_source == "my_source", data_source  # the probe uses the training '
+                                     'parquet\'s first row', "pass") + fails)
+    (p,) = check(tmp_path, f, train=train)
+    assert p.rule == "reward_fn_result" and p.level == "warn"
+    assert "probe_answers raised TypeError" in p.message and "answers built from the row's ground truth" in p.message
+
+
 # ---- the rules on a composed config ------------------------------------------------------------------------------
 
 def check(tmp_path, path, name="compute_score", kwargs=None, train=None):

@@ -347,10 +347,38 @@ def test_side_by_side_jobs_refused_when_three_vllm_shares_exceed_the_card(tmp_pa
     assert len(plans) == 3
     for plan in plans:
         e = next(e for e in plan["errors"] if e["rule"] == "side_by_side_jobs")
-        assert "3 x 63.8 GB (generation" in e["message"] and "> the 139.8 GB card" in e["message"]
-        assert "hydra.launcher.n_jobs=2" in e["message"]
-        assert e["fix"] == "rollout_gpu_mem_util=0.26"  # of 150.1e9 bytes
+        assert "3 x 58.8 GB (generation" in e["message"] and "> the 139.8 GB card" in e["message"]
+        assert "each job's vLLM share rollout_gpu_mem_util=0.4 (55.9 GB of the card) would have to go down to " \
+               "0.29, or 2 job(s) at once fit" in e["message"]
+        assert e["fix"] == "rollout_gpu_mem_util=0.29  or  hydra.launcher.n_jobs=2"
         assert e["checked"] == "re-checked: the preflight passes this rule with it"
+
+
+def test_side_by_side_jobs_that_no_vllm_share_fits_get_fewer_jobs_at_once(tmp_path):
+    """16 jobs at once: no vLLM share fits them (each job's training phase alone is 9.2 GB) and the host's RAM does
+    not hold them: each refusal prints the value that fits (fewer jobs at once), re-checked, never an empty `try:`;
+    the printed `fix all`, appended to the same command, passes."""
+    import re
+
+    from conftest import run_py
+
+    args = ["-m", "hydra/launcher=side_by_side", "experiment=learn_smollm2", "hardware=h200x1", "preflight.only=true",
+            "actor_lr=1e-6", "hydra.launcher.n_jobs=16"]
+    proc = run_py(*args, f"hydra.sweep.dir={tmp_path / 'a'}", timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-3000:]
+    plan = json.loads((tmp_path / "a" / "job0" / "plan.json").read_text())
+    gpu, ram = [e for e in plan["errors"] if e["rule"] == "side_by_side_jobs"]
+    assert "no vLLM share lets 16 fit" in gpu["message"] and "rollout_gpu_mem_util=0.4, 55.9 GB" in gpu["message"]
+    assert gpu["fix"] == "hydra.launcher.n_jobs=2" and "16 x 12.5 GB of host RAM" in ram["message"]
+    assert ram["fix"] == "hydra.launcher.n_jobs=10"
+    for e in (gpu, ram):
+        assert e["checked"] == "re-checked: the preflight passes this rule with it"
+    assert not re.search(r"try:\s*$", text, re.M), text[-3000:]
+    fix_all = plan["fix_all"]
+    assert fix_all["passes"] and "hydra.launcher.n_jobs=" in fix_all["overrides"], fix_all
+    again = run_py(*args, *fix_all["overrides"].split(), f"hydra.sweep.dir={tmp_path / 'b'}", timeout=300)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
 
 
 def test_side_by_side_jobs_with_a_fifth_each_run_at_once(tmp_path):

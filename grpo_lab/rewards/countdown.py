@@ -19,6 +19,9 @@ E is never run: it may hold only digits, spaces, + - * / and parentheses, and it
 whole-number literals and + - * / (no powers, no unary signs); the value is computed here with exact fractions. Returns
 {"score", "acc", "formatted", "valid"} for every answer (verl logs each key; "acc" becomes validation's
 val-core/countdown/acc/mean@1). Standard library only.
+
+probe_answers(ground_truth, extra_info) gives grpo-lab's preflight (grpo_lab/reward_probe.py) sample answers in this
+task's shape: GSM8K-shaped ones ("#### 182") all lack the tag and score alike. verl never calls it.
 """
 
 import ast
@@ -115,3 +118,18 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, corr
     if verdict == "wrong":
         return {"score": float(format_score), "acc": 0.0, "formatted": 1.0, "valid": 1.0}
     return {"score": float(invalid_score), "acc": 0.0, "formatted": 1.0, "valid": 0.0}
+
+
+def probe_answers(ground_truth, extra_info=None):
+    """Sample answers for grpo-lab's reward probe, one of each kind above: the row's reference answer (right; the
+    generator writes it as extra_info["answer"]), the numbers added up (a valid expression, most often of another
+    value), a number that is not given (invalid) and no tag at all. [] for a row that is not a countdown one."""
+    try:
+        target, numbers = read_ground_truth(ground_truth)
+    except (TypeError, ValueError, KeyError, IndexError):
+        return []
+    given = " + ".join(map(str, numbers))
+    not_given = max(numbers) + target + 1
+    out = [f"<answer>{given}</answer>", f"<answer>{not_given} - {numbers[0]}</answer>", f"{target}"]
+    reference = (extra_info or {}).get("answer")
+    return [reference] + out if isinstance(reference, str) else out

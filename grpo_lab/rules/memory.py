@@ -17,6 +17,12 @@ from grpo_lab import calibration, engines, facts, memplan
 from grpo_lab.config import get as _get
 from grpo_lab.rules import A, Ctx, Problem, error, note, oom, rule, warn
 
+# the rules about memory: what `make fit` (grpo_lab/fit.py) is there to clear, and what the preflight's "fix all" must
+# leave fitting (grpo_lab/preflight.py)
+MEMORY_RULES = frozenset({"memory_generation", "memory_training", "memory_weight_sync", "memory_host_ram",
+                          "vllm_kv_cache", "full_finetune_too_big", "gpu_memory_utilization_range",
+                          "rollout_parallel"})
+
 
 @dataclass
 class ModelFacts:

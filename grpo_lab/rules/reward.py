@@ -12,7 +12,9 @@ arguments as verl, on the first training row), and refuse the launch with the fi
     reward_fn_data_source  without a file: verl's own scorer knows every data_source of the data files
 
 A score of 0 for the ground truth is not refused (a reward may want a format the probe answers lack); a function that
-gives every probe answer the same score is a warning (GRPO learns nothing from a group of equal rewards).
+gives every probe answer the same score is a warning (GRPO learns nothing from a group of equal rewards). The sample
+answers are the reward file's own when it defines probe_answers(ground_truth, extra_info), else built from the row
+(grpo_lab/reward_probe.py).
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def reward_fn_file(c: Ctx) -> Iterable[Problem]:
                     f"would {fails}, after Ray and the model have started. Name the function verl calls "
                     f"(python run.py {KEY}.name=<function>) or define `{name}` in the file", ALT.join(fixes))
     elif stage == "timeout":
-        yield warn(f"the reward file {where}: importing it and calling `{name}` on 4 sample answers did not finish "
+        yield warn(f"the reward file {where}: importing it and calling `{name}` on its sample answers did not finish "
                    f"within {r.get('timeout_s'):g} s, so it was not checked. verl calls it once per answer "
                    f"(train_batch_size x rollout.n per step): if it hangs there, training hangs at the first scoring")
     elif stage == "crash":
@@ -204,12 +206,24 @@ def reward_fn_result(c: Ctx) -> Iterable[Problem]:
                    f"({' vs '.join(str(list(k)) for k in sorted(keys))}): verl makes one column per key from the "
                    f"first answer's keys (with trainer.use_v1=false its agent loop raises KeyError on an answer "
                    f"that lacks one). Return the same keys for every answer")
+    own = reward_probe.OWN_ANSWERS
+    if r.get("answers_error"):
+        yield warn(f"the reward file {where}: {r['answers_error']} on {sample}; the probe tried answers built from the "
+                   f"row's ground truth instead. Make {own}(ground_truth, extra_info) return a list of answer texts "
+                   f"(an empty list for a row that is not its task's)")
+    if r.get("synthetic_row") and r.get("own_answers"):
+        return  # the file shapes its answers to its own task, and this row is no row of it: equal scores say nothing
     scores = [c_["score"] for c_ in calls]
     if len(calls) > 1 and len(set(scores)) == 1:
         tried = ", ".join(_fmt(c_["answer"]) for c_ in calls)
+        shaped = ("" if r.get("answers_from", "").startswith(own) else
+                  f" If your task's answers have a shape of their own, define {own}(ground_truth, extra_info) in the "
+                  f"file: it returns sample answers for a row (a right one, a wrong one, a malformed one) and the "
+                  f"probe scores those (README, 'Your own task')")
         yield warn(f"the reward function {where}:{name} gave every sample answer the same score {scores[0]:g} "
-                   f"({tried}; {sample}): if it scores all answers alike, every group's rewards are equal and GRPO's "
-                   f"advantages are 0 (nothing is learned). Check that it can tell a right answer from a wrong one")
+                   f"({tried}; answers {r.get('answers_from', 'built from the row')}; {sample}): if it scores all "
+                   f"answers alike, every group's rewards are equal and GRPO's advantages are 0 (nothing is learned). "
+                   f"Check that it can tell a right answer from a wrong one.{shaped}")
 
 
 # ---- verl's own scorer: does it know the rows' data_source? ----------------------------------------------------------

@@ -306,7 +306,9 @@ OVERRIDE_KV = "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_byt
 @rule("side_by_side_jobs")
 def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     """hydra/launcher=side_by_side: up to k jobs at once on the same GPUs and host, each with its own Ray cluster and
-    vLLM. Any of them can be at its largest phase (vLLM's whole budget while generating) at the same time."""
+    vLLM. Any of them can be at its largest phase (vLLM's whole budget while generating) at the same time. The fixes:
+    the vLLM share that lets k generations fit, or fewer jobs at once (hydra.launcher.n_jobs, re-checked through
+    grpo_lab/apply.py like any override)."""
     k = as_int(c.lab.get("side_by_side_jobs", 1)) or 1
     plan = c.plan or {}
     phases = plan.get("phases") or {}
@@ -319,24 +321,30 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     if card and need > card:
         gen = peaks.get("generation", 0.0)
         budget = float((plan.get("kv_cache") or {}).get("budget_gb") or 0)
+        share = c.get(A + "rollout.gpu_memory_utilization")
         others = max((v for n, v in peaks.items() if n != "generation"), default=0.0)
-        fix = ""
+        util = 0.0
         if budget and k * others <= card * 0.95:
             # the engine's share that leaves k generations (their other memory included) inside the card; the
             # engine takes its share of the card's real bytes (memplan.card_bytes)
             util = math.floor(100 * (card * 0.95 / k - (gen - budget)) / (card * memplan.CARD_UNIT_BYTES / 1e9)) / 100
-            if util >= 0.05:
-                fix = f"rollout_gpu_mem_util={util}"
+        fewer = max(1, int(card // peaks[worst]))
+        fixes = ([f"rollout_gpu_mem_util={util}"] if util >= 0.05 else []) + [f"hydra.launcher.n_jobs={fewer}"]
+        why = (f"each job's vLLM share rollout_gpu_mem_util={share} ({budget:.1f} GB of the card) would have to go "
+               f"down to {util}" if util >= 0.05 else
+               f"no vLLM share lets {k} fit (each job's {max((n for n in peaks if n != 'generation'), key=peaks.get)}"
+               f" phase alone is {others:.1f} GB; its vLLM share is rollout_gpu_mem_util={share}, "
+               f"{budget:.1f} GB)")
         yield error(f"hydra/launcher=side_by_side runs up to {k} jobs at once on the same GPUs: {k} x "
                     f"{peaks[worst]:.1f} GB ({worst}, the largest phase of one job) = {need:.1f} GB > the "
-                    f"{card:.1f} GB card. Lower each job's vLLM share, or run fewer at once "
-                    f"(hydra.launcher.n_jobs={max(1, int(card // peaks[worst]))})", fix)
+                    f"{card:.1f} GB card: {why}, or {fewer} job(s) at once fit", ALT.join(fixes))
     ram = plan.get("host_ram") or {}
     total, cap = float(ram.get("total_gb") or 0), float(ram.get("capacity_gb") or 0)
     if cap and k * total > cap:
+        fewer = max(1, int(cap // total))
         yield error(f"hydra/launcher=side_by_side runs up to {k} jobs at once on one host: {k} x {total:.1f} GB of "
-                    f"host RAM each = {k * total:.1f} GB > {cap:.0f} GB. Run fewer at once "
-                    f"(hydra.launcher.n_jobs={max(1, int(cap // total))})")
+                    f"host RAM each = {k * total:.1f} GB > {cap:.0f} GB: {fewer} job(s) at once fit",
+                    f"hydra.launcher.n_jobs={fewer}")
     kv = plan.get("kv_cache") or {}
     pin = c.lab.get("side_by_side_kv_pin") or {}
     if pin.get("by") == "launcher":  # grpo_lab/kv_pin.py put the plan's KV cache into the config verl gets
