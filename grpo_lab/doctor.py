@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable
 
 from grpo_lab import facts, logkind
 from grpo_lab.config import get as _get
+from grpo_lab.logtail import LogTail
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the result
@@ -1057,19 +1058,15 @@ class ProgressWatchdog:
         self.message: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._offset = 0
+        self._tail = LogTail(self.log_path)
         self._last_progress = time.time()
-        self._partial = ""
 
     def start(self) -> "ProgressWatchdog":
         if self._thread is not None:
             return self
         self._stop.clear()
         self._last_progress = time.time()
-        try:
-            self._offset = self.log_path.stat().st_size
-        except OSError:
-            self._offset = 0
+        self._tail.from_end()
         self._thread = threading.Thread(target=self._run, name="grpo-lab-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -1104,22 +1101,7 @@ class ProgressWatchdog:
         return self.message
 
     def _read_new(self) -> bool:
-        try:
-            size = self.log_path.stat().st_size
-            if size < self._offset:
-                self._offset = 0  # truncated or replaced
-            if size == self._offset:
-                return False
-            with self.log_path.open("rb") as f:
-                f.seek(self._offset)
-                chunk = f.read(size - self._offset)
-            self._offset = size
-        except OSError:
-            return False
-        text = self._partial + chunk.decode("utf-8", errors="replace")
-        lines = text.split("\n")
-        self._partial = lines.pop()
-        return any(not _NOISE.search(_RAY_PREFIX.sub("", _ANSI.sub("", ln))) for ln in lines)
+        return any(not _NOISE.search(_RAY_PREFIX.sub("", _ANSI.sub("", ln))) for ln in self._tail.new_lines())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from grpo_lab.logtail import LogTail
+
 GRACE_S = 5.0        # after a fatal line, verl's own error may still end the job: wait this long before stopping it
 INTERVAL_S = 1.0     # how often the log is read
 KILL_WAIT_S = 10.0   # after the TaskRunner is killed, how long verl's driver may take to return before SIGINT
@@ -203,18 +205,14 @@ class FatalWatch:
         self._quit = threading.Event()
         self._thread: threading.Thread | None = None
         self._job_thread = threading.get_ident()
-        self._offset = 0
-        self._partial = ""
+        self._tail = LogTail(self.log_path)
         self._lines = 0
 
     def start(self) -> "FatalWatch":
-        try:
-            self._offset = self.log_path.stat().st_size
-        except OSError:
-            self._offset = 0
+        self._tail.from_end()
         try:
             with self.log_path.open("rb") as f:
-                self._lines = f.read(self._offset).count(b"\n")
+                self._lines = f.read(self._tail.offset).count(b"\n")
         except OSError:
             self._lines = 0
         self._job_thread = threading.get_ident()
@@ -234,20 +232,7 @@ class FatalWatch:
 
     def check(self) -> Fired | None:
         """Read what the log gained; the first fatal line in it, if any (the thread calls this every interval)."""
-        try:
-            size = self.log_path.stat().st_size
-            if size < self._offset:
-                self._offset, self._partial = 0, ""
-            if size == self._offset:
-                return None
-            with self.log_path.open("rb") as f:
-                f.seek(self._offset)
-                chunk = f.read(size - self._offset)
-            self._offset = size
-        except OSError:
-            return None
-        lines = (self._partial + chunk.decode("utf-8", errors="replace")).split("\n")
-        self._partial = lines.pop()
+        lines = self._tail.new_lines()
         for k, line in enumerate(lines):
             hit = fatal(line)
             if hit:

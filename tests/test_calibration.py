@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import ROOT, run_py
+from conftest import ROOT, planned, run_py
 from grpo_lab import calibration, memplan
 
 SCRIPT = ROOT / "benchmarks" / "calibrate_memplan.py"
@@ -104,7 +104,7 @@ def test_readme_and_outputs_quote_the_table():
 
 def test_make_plan_prints_the_range_of_its_regime(tmp_path):
     p = run_py("experiment=learn_smollm2", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={tmp_path}")
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     line = calibration.accuracy_lines(ONE_GPU_SMALL)[0]
     assert line.startswith("training peak: plan 0.") and f"plan vs recorded runs: {line}" in p.stdout
     assert "trainer's torch allocator peak" in p.stdout
@@ -124,7 +124,7 @@ def test_unmeasured_regime_warns_within_the_margin_and_refuses_beyond_it(tmp_pat
     a mixture of experts on several GPUs, which no recorded run measured."""
     common = ("hardware=a100_80gbx8", f"actor_rollout_ref.model.path={MOE}", "rollout_tp=8", "preflight.only=true")
     p = run_py(*common, "ppo_max_token_len_per_gpu=32768", f"hydra.run.dir={tmp_path / 'a'}")
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
     peak = plan["memory"]["phases"]["training"]["peak_gb_per_gpu"]
     assert 80 < peak <= 80 * (1 + calibration.UNMEASURED_MARGIN)

@@ -385,7 +385,8 @@ def test_watchdog_counts_real_lines_not_noise(tmp_path):
     log.write_text("ray init kwargs: {'num_cpus': 8}\n")
     seen: list[str] = []
     wd = doctor.ProgressWatchdog(log, stale_minutes=1, out=seen.append)
-    wd._offset, t0 = log.stat().st_size, 1000.0
+    wd._tail.from_end()  # what start() does, without its thread
+    t0 = 1000.0
     wd._last_progress = t0
     with log.open("a") as f:  # Ray's autoscaler repeating itself is not progress
         f.write("(autoscaler +1m) Warning: The following resource request cannot be scheduled right now: "
@@ -394,7 +395,8 @@ def test_watchdog_counts_real_lines_not_noise(tmp_path):
     assert wd.check(now=t0 + 61) is not None and len(seen) == 1
     assert wd.check(now=t0 + 200) is None and len(seen) == 1  # once
     wd2 = doctor.ProgressWatchdog(log, stale_minutes=1, out=seen.append)
-    wd2._offset, wd2._last_progress = log.stat().st_size, t0
+    wd2._tail.from_end()
+    wd2._last_progress = t0
     with log.open("a") as f:
         f.write("(TaskRunnerV1 pid=1) step:1 - critic/score/mean:0.1\n")
     assert wd2.check(now=t0 + 61) is None  # a real line moved the clock

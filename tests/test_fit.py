@@ -242,8 +242,8 @@ def test_make_fit_prints_the_lora_command_loudly(tmp_path):
 
 
 def test_a_refusal_that_no_fix_fits_points_at_make_fit_with_the_users_own_arguments(tmp_path):
-    """Qwen3-4B on 16 GB cards: five memory errors, and their fixes together still leave generation at 99% of the
-    card (tight): no "Fix all" is offered; the refusal points at `make fit ARGS="<the user's own arguments>"`, and
+    """Qwen3-4B on 16 GB cards: five memory errors, and their fixes together still leave generation 4% above the card
+    (inside the unmeasured regime's margin, so a warning): no "Fix all" is offered; the refusal points at `make fit ARGS="<the user's own arguments>"`, and
     that command prints settings that fit every phase. A "Fix all" that does fit is still offered, with no pointer."""
     proc = run_py("preflight.only=true", "model=qwen3_4b", "hardware=rtx4080_16gbx4", f"hydra.run.dir={tmp_path}/a")
     assert proc.returncode == 2, proc.stdout[-3000:]
@@ -251,7 +251,8 @@ def test_a_refusal_that_no_fix_fits_points_at_make_fit_with_the_users_own_argume
     assert "fix_all" not in plan and "Fix all" not in proc.stdout
     pointer = 'make fit ARGS="model=qwen3_4b hardware=rtx4080_16gbx4"'
     assert plan["fit"]["command"] == pointer and pointer in proc.stdout
-    assert "generation phase is tight: predicted peak 15.8 GB of 16 GB" in plan["fit"]["why"]
+    assert "[memory_generation] generation phase may not fit: predicted peak 16.61 GB per GPU, 4% above the 16 GB " \
+           "card" in plan["fit"]["why"]
     words = shlex.split(pointer)
     words[-1] += f" hydra.run.dir={tmp_path}/b"
     fit = subprocess.run([*words, f"PY={sys.executable}", "--no-print-directory"], cwd=ROOT, text=True,
@@ -259,10 +260,10 @@ def test_a_refusal_that_no_fix_fits_points_at_make_fit_with_the_users_own_argume
     assert fit.returncode == 0, fit.stderr[-3000:]
     args = [a for a in _command(fit.stdout) if not a.startswith("hydra.")]
     after = run_py("preflight.only=true", *args, f"hydra.run.dir={tmp_path}/c")
-    assert after.returncode == 0 and "overall: fits" in after.stdout, after.stdout[-3000:]
+    assert planned(after) and "overall: fits" in after.stdout, after.stdout[-3000:]
     # memory and batch errors whose fixes together fit: "Fix all" offered, no pointer
     ok = run_py("preflight.only=true", "rollout_gpu_mem_util=0.8", "ppo_mini_batch_size=7",
                 f"hydra.run.dir={tmp_path}/d")
     plan = json.loads((tmp_path / "d" / "plan.json").read_text())
-    assert plan["fix_all"] == {"overrides": "ppo_mini_batch_size=8 rollout_gpu_mem_util=0.55", "passes": True}
+    assert plan["fix_all"] == {"overrides": "ppo_mini_batch_size=8 rollout_gpu_mem_util=0.5", "passes": True}
     assert "fit" not in plan and "make fit" not in ok.stdout

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from conftest import compose_split, run_py
+from conftest import compose_split, planned, run_py
 from grpo_lab.config import get
 from grpo_lab.knobs import KNOBS, misspelt_env
 from grpo_lab.overrides import parse, prepare
@@ -147,7 +147,7 @@ def test_environment_sweep_under_m_plans_one_job_per_value(tmp_path):
     """The design's "Hydra multirun sweeps over ROLLOUT_GPU_MEM_UTIL" (issue 19 item 10): like the short key's sweep."""
     out = run_py("-m", "experiment=smoke", "preflight.only=true", f"hydra.sweep.dir={tmp_path}",
                  "~hydra.callbacks.sweep_summary", env={"ROLLOUT_GPU_MEM_UTIL": "0.3,0.4,0.5"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert planned(out), out.stdout[-3000:] + out.stderr[-3000:]
     jobs = sorted(tmp_path.glob("job*"))
     got = [yaml.safe_load((j / "verl_config.yaml").read_text())["actor_rollout_ref"]["rollout"]
            ["gpu_memory_utilization"] for j in jobs]
@@ -172,7 +172,7 @@ def test_a_value_given_twice_is_named_with_the_one_that_wins(tmp_path):
     out = run_py("preflight.only=true", f"hydra.run.dir={tmp_path}", "rollout_gpu_mem_util=0.3",
                  "rollout_gpu_mem_util=0.5", "model=qwen3_4b", "model=qwen3_0_6b",
                  "actor_rollout_ref.actor.optim.lr=3e-6", "actor_lr=2e-6", "rollout_n=4", env={"ROLLOUT_N": "3"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert planned(out), out.stdout[-3000:] + out.stderr[-3000:]
     expected = [
         "ROLLOUT_N=3 in the environment is ignored: the command line sets the same value, and its rollout_n=4 wins",
         "actor_lr (2e-6) and its verl key actor_rollout_ref.actor.optim.lr (3e-6) are both given: the verl key's 3e-6 "

@@ -261,11 +261,11 @@ def test_probe_uses_the_files_own_answers_and_a_constant_reward_still_warns(tmp_
             return [f"<ans>{ground_truth}</ans>", "<ans>nope</ans>", ""]
         """, "tagged.py")
     out, text, plan, job = run_with(tmp_path / "a", train, tagged)
-    assert out.returncode == 0 and not [w for w in plan["warnings"] if w["rule"].startswith("reward_fn")], text
+    assert planned(out) and not [w for w in plan["warnings"] if w["rule"].startswith("reward_fn")], text
     constant = write(tmp_path, "def compute_score(**kwargs):\n    return 0.5\n", "constant.py")
     out, text, plan, job = run_with(tmp_path / "b", train, constant)
     (w,) = [w for w in plan["warnings"] if w["rule"] == "reward_fn_result"]
-    assert out.returncode == 0 and "gave every sample answer the same score 0.5" in w["message"]
+    assert planned(out) and "gave every sample answer the same score 0.5" in w["message"]
     assert "answers built from the row's ground truth" in w["message"] and "#### 8" in w["message"]  # a wrong one
     assert "define probe_answers(ground_truth, extra_info)" in w["message"]
     constant_own = write(tmp_path, "def compute_score(**kwargs):\n    return 0.5\n\n"

@@ -12,8 +12,11 @@ import shlex
 
 import pytest
 
-from conftest import composed, run_py
+from conftest import NOT_READY_EXIT, composed, run_py
 from grpo_lab.preflight import run_preflight
+from grpo_lab.rules.memory import MEMORY_RULES
+
+PLANNED = (0, NOT_READY_EXIT)  # a plan that holds: ready here, or not (no GPU on the CPU test machine)
 
 # static batching (no dynamic batch size): the micro-batch sizes verl then validates
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
@@ -35,8 +38,9 @@ def rules(problems) -> set[str]:
 
 
 def printed_fix(plan: dict, rule: str) -> list[str]:
-    """What the user appends: `Fix all ... together` with several errors, else the rule's first alternative."""
-    if len(plan["errors"]) > 1:
+    """What the user appends: `Fix all ... together` with several errors when it is offered (it is not when the memory
+    plan would still be tight with it: then the console points at `make fit`), else the rule's first alternative."""
+    if len(plan["errors"]) > 1 and "fix_all" in plan:
         assert plan["fix_all"]["passes"], plan
         return shlex.split(plan["fix_all"]["overrides"])
     (p,) = [p for p in plan["errors"] if p["rule"] == rule]
@@ -57,10 +61,13 @@ def refused_then_fixed(tmp_path, args: tuple[str, ...], rule: str, *says: str, r
     fix = printed_fix(plan, rule)
     if rerun:
         rc2, plan2, text2 = preflight(tmp_path, *args, *fix)
-        assert rc2 == 0 and not plan2["errors"], (fix, text2[-3000:])
+        assert rc2 in PLANNED and not plan2["errors"], (fix, text2[-3000:])
     else:
         r = run_preflight(*composed(*args, *fix), launching=False, environ={})
-        assert r.ok, (fix, r.format())
+        left = {p.rule for p in r.errors}
+        # the fix clears its rule; what may remain is memory, which the console sends to `make fit` (a micro-batch
+        # that verl accepts can still be too large for the card: #405's 80 sequences of 1536 tokens a micro-batch)
+        assert rule not in left and left <= MEMORY_RULES and (not left or plan.get("fit")), (fix, r.format())
     return p, plan
 
 
@@ -74,7 +81,7 @@ def test_verl_issue_6801_agent_workers_equal_chunk(tmp_path):
     assert "trainer.use_v1=true" in p["fix"]
     # verl 0.9.1's V1 trainer (the default) splits unequal parts (trainer/ppo/v1/agent_loop_tq.py): not refused
     rc, plan, text = preflight(tmp_path, *args[1:])
-    assert rc == 0 and "agent_loop_workers" not in rules(plan["errors"]), text[-2000:]
+    assert rc in PLANNED and "agent_loop_workers" not in rules(plan["errors"]), text[-2000:]
 
 
 def test_verl_issue_1004_divisibility_chain(tmp_path):
@@ -139,7 +146,7 @@ def test_verl_issue_673_max_model_len_below_the_prompt(tmp_path):
                        "should be less than or equal to max_position_embeddings (40960)")
     # between the prompt and prompt + response: answers cut short, said, not refused
     rc, plan, _ = preflight(tmp_path, "actor_rollout_ref.rollout.max_model_len=1000")
-    assert rc == 0 and "rollout_max_model_len" in rules(plan["warnings"])
+    assert rc in PLANNED and "rollout_max_model_len" in rules(plan["warnings"])
 
 
 # ---- no longer failing in verl 0.9.1: let through --------------------------------------------------------------
@@ -149,14 +156,14 @@ def test_verl_issue_189_chunked_prefill_off_with_a_small_token_batch(tmp_path):
     max_model_len itself (vllm_async_server.py _validate_configs), so nothing is refused."""
     rc, plan, text = preflight(tmp_path, "actor_rollout_ref.rollout.enable_chunked_prefill=false",
                                "actor_rollout_ref.rollout.max_num_batched_tokens=1024")
-    assert rc == 0 and not plan["errors"], text[-2000:]
+    assert rc in PLANNED and not plan["errors"], text[-2000:]
 
 
 def test_verl_issue_145_dynamic_batching_without_micro_batch(tmp_path):
     """With dynamic batching verl 0.9.1 needs no micro-batch size (workers/config/actor.py checks it only without)."""
     rc, plan, text = preflight(tmp_path, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
                                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null")
-    assert rc == 0 and not plan["errors"], text[-2000:]
+    assert rc in PLANNED and not plan["errors"], text[-2000:]
 
 
 # ---- a rollout engine verl's schema takes: refused or planned, never a traceback ----------------------------------
@@ -175,7 +182,7 @@ def test_engine_verl_knows_but_the_plan_does_not_is_planned_as_not_measured(tmp_
     """rollout.name=trtllm: in verl's registries, not in the memory plan: no memory verdict, said so; make fit says why
     it cannot search."""
     rc, plan, text = preflight(tmp_path, "actor_rollout_ref.rollout.name=trtllm")
-    assert rc == 0 and not plan["errors"], text[-2000:]
+    assert rc in PLANNED and not plan["errors"], text[-2000:]
     assert plan["memory"]["verdict"] == {"overall": "not measured"}
     assert any("rollout engine 'trtllm' not measured" in n for n in plan["notes"])
     out = run_py("preflight.fit=true", "actor_rollout_ref.rollout.name=trtllm", f"hydra.run.dir={tmp_path / 'fit'}")
@@ -192,7 +199,7 @@ MULTI_NODE = ("hardware=a100_80gbx8", "trainer.nnodes=2", "trainer.n_gpus_per_no
 
 def test_verl_multi_node_script_plans_on_a_planning_machine(tmp_path):
     rc, plan, text = preflight(tmp_path, *MULTI_NODE)
-    assert rc == 0 and not plan["errors"], text[-2000:]
+    assert rc in PLANNED and not plan["errors"], text[-2000:]
     assert any("trainer.nnodes=2: the Ray cluster is not checked here (not launching)" in n for n in plan["notes"])
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from conftest import ROOT, run_module, run_py, write_rows
+from conftest import ROOT, planned, run_module, run_py, write_rows
 from grpo_lab import memplan
 from grpo_lab import qwen3_random as Q
 
@@ -167,7 +167,7 @@ def test_preflight_plans_the_folder_and_report_says_random_weights(built, tmp_pa
     train = write_rows(tmp_path / "train.parquet", 64)
     proc = run_py("experiment=smoke", "hardware=h200x1", f"model_path={FOLDER}", f"train_file={train}",
                   f"test_file={train}", "preflight.only=true", "hydra.run.dir=outputs/runs/q3", cwd=cwd)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     head = proc.stdout.split("Batch arithmetic")[0]
     assert "random weights: memory and speed only" in head, proc.stdout[:2000]
     assert f"params from {FOLDER}/config.json" in proc.stdout  # planned from the folder, not Qwen's hub facts
