@@ -70,10 +70,15 @@ def run_module(module: str, *args: str, timeout: int = 120) -> subprocess.Comple
                           timeout=timeout)
 
 
+_HUB_OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
 def run_py(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 120,
            root: Path = ROOT) -> subprocess.CompletedProcess:
     """python run.py ARGS as a user types it (run.py of the checkout at `root`); returns the finished process."""
-    full_env = {k: v for k, v in os.environ.items() if k not in _KNOB_ENV}
+    # the knobs and the hub's offline switches only as the test gives them: a value left in this process's environment
+    # (grpo_lab.smollm2.main and qwen3_random.main set HF_HUB_OFFLINE for their own run) must not change a plan
+    full_env = {k: v for k, v in os.environ.items() if k not in _KNOB_ENV and k not in _HUB_OFFLINE}
     full_env.update(env or {})
     return subprocess.run([sys.executable, str(root / "run.py"), *args], cwd=cwd, env=full_env, text=True,
                           capture_output=True, timeout=timeout)
