@@ -169,6 +169,16 @@ def fit_command(args: list[str] | None) -> str:
 # text
 # ---------------------------------------------------------------------------------------------------------------
 
+def _item(rule: str, message: str, label: str, fix: str, checked: str) -> list[str]:
+    """One problem (or missing thing) of the report: its line, what fixes it, and what the re-check found."""
+    lines = [f"  [{rule}] {message}"]
+    if fix:
+        lines.append(f"      {label}: {fix}")
+        if checked:
+            lines.append(f"           ({checked})")
+    return lines
+
+
 def _format(r: PreflightReport) -> str:
     out = [f"grpo-lab preflight: {r.title}" if r.title else "grpo-lab preflight"]
     if r.random_weights:
@@ -250,11 +260,7 @@ def _format(r: PreflightReport) -> str:
             out.append("")
             out.append(f"{title} ({len(items)})")
             for p in items:
-                out.append(f"  [{p.rule}] {p.message}")
-                if p.fix:
-                    out.append(f"      fix: {p.fix}")
-                    if p.checked:
-                        out.append(f"           ({p.checked})")
+                out.extend(_item(p.rule, p.message, "fix", p.fix, p.checked))
     if r.notes:
         out.append("")
         out.append("Notes")
@@ -269,11 +275,7 @@ def _format(r: PreflightReport) -> str:
         out.append("")
         out.append(f"Not ready to launch here ({len(r.not_ready)})")
         for n in r.not_ready:
-            out.append(f"  [{n.rule}] {n.message}")
-            if n.command:
-                out.append(f"      {'make it' if n.rule == 'input_missing' else 'fix'}: {n.command}")
-                if n.checked:
-                    out.append(f"           ({n.checked})")
+            out.extend(_item(n.rule, n.message, "make it" if n.rule == "input_missing" else "fix", n.command, n.checked))
     if r.no_fit:
         out.append("")
         out.append("No fix above makes every phase fit: " + r.no_fit)
