@@ -33,6 +33,8 @@ from typing import Any, Callable, Iterable
 
 from grpo_lab import facts, logkind
 from grpo_lab.config import get as _get
+from grpo_lab.fatal import RAY, root_cause, strip
+from grpo_lab.fatal import fatal as fatal_line
 from grpo_lab.logtail import LogTail
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -797,6 +799,33 @@ def _stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Di
 # public API
 
 
+def _engine_died(log: Log) -> list[Diagnosis]:
+    """A log with a fatal line (grpo_lab/fatal.py) that no signature explains: which engine or actor died, the first
+    error behind it, and that nothing is suggested blindly."""
+    for i, raw in enumerate(log.raw):
+        hit = fatal_line(raw)
+        if hit is None:
+            continue
+        engine, label = hit
+        clean = [strip(x)[0] for x in log.raw]
+        root, frame = root_cause(clean, i)
+        cause = f"{root} at {frame}" if root and frame else root
+        lora = "/lora/" in frame
+        remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
+                  f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
+                  f"(status.json failed). The cause is the first error above it in the log"
+                  + (f": {cause}" if cause else "") + ".")
+        if lora:
+            remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
+                       "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
+                       "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
+        return [Diagnosis(id="ray_actor_died" if engine == RAY else "engine_died",
+                          title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
+                          evidence=clean[i].strip()[:300], line=i + 1,
+                          phase=None if engine == RAY else "generation", remedy=remedy, overrides=[])]
+    return []
+
+
 def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float | None = None,
              stale_minutes: float = 10.0, stalls: bool = True) -> list[Diagnosis]:
     """What went wrong in this log, in the order of the evidence in the log.
@@ -813,13 +842,16 @@ def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float |
     for fn in _SIGNATURE_ORDER:
         found.extend(fn(log, values))
     if not found:  # an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/fatal.py)
-        from grpo_lab.fatal import engine_died
-
-        found = engine_died(log)
+        found = _engine_died(log)
     if found or not stalls:
         found.sort(key=lambda d: d.line or 0)
         return found
     return _stall(log, values, idle_s, stale_minutes * 60)
+
+
+def errors_in(path: str | Path) -> list[Diagnosis]:
+    """The error signatures of a job's log so far (no stall reading): what the dead-engine watcher reports."""
+    return diagnose(read_log(Path(path)), stalls=False)
 
 
 def failure_class(diagnoses: Iterable[Diagnosis]) -> str:

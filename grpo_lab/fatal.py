@@ -1,14 +1,13 @@
-"""A run whose engine died ends: the fatal lines of vLLM, SGLang and Ray, a watcher that stops verl's job on them,
-and the doctor's diagnosis of such a log.
+"""A run whose engine died ends: the fatal lines of vLLM, SGLang and Ray, and a watcher that stops verl's job on them
+(the doctor reads the same lines: grpo_lab/doctor.py's engine_died diagnosis).
 
-    watch = FatalWatch(log_path, stop=lambda: ray.kill(runner))   # launch.run_verl: around verl's run_ppo
+    watch = FatalWatch(log_path, stop=lambda: ray.kill(runner), diagnose=doctor.errors_in)   # launch.run_verl
     watch.start(); ...; watch.job_done(); watch.stop()
     watch.fired                                                  # None, or what was seen (label, line, diagnosis)
-    engine_died(doctor.Log.of(text))                             # the doctor's fallback diagnosis for such a log
 
 verl 0.9.1 does not restart a dead rollout engine or a dead Ray actor (no max_restarts on its actors) and does not
 time out waiting for one: on the GPU test machine a LoRA job's vLLM worker failed in add_lora (StopIteration in
-vllm/lora/model_manager.py, recorded in ../shared/recorded/2026-12-03-ceo-smollm2-recheck/) and verl waited,
+vllm/lora/model_manager.py, recorded in benchmarks/gpu/results/2026-12-03-smollm2-recheck/) and verl waited,
 printing nothing, until the job was killed 200 s later, status.json still "running". The watcher reads the job's
 train.log as it grows (once a second) and, on a fatal line, gives verl GRACE_S seconds to fail by itself; if it
 has not, it kills verl's TaskRunner actor (the actors it created die with it, their owner), verl's driver returns
@@ -104,7 +103,7 @@ def fatal(line: str) -> tuple[str, str] | None:
     return None
 
 
-def _root_cause(clean: list[str], i: int) -> tuple[str, str]:
+def root_cause(clean: list[str], i: int) -> tuple[str, str]:
     """(the exception that caused the fatal line at i, its innermost frame "file:line in fn" or "")."""
     order = list(range(i, min(len(clean), i + 80))) + list(range(i - 1, max(-1, i - 150), -1))
     for r in order:
@@ -120,35 +119,6 @@ def _root_cause(clean: list[str], i: int) -> tuple[str, str]:
                     break
             return (s if len(s) <= 200 else s[:197] + "..."), frame
     return "", ""
-
-
-def engine_died(log: Any) -> list[Any]:
-    """The doctor's diagnosis of a log with a fatal line (grpo_lab.doctor.Log), when no other signature explains it:
-    which engine or actor died, the first error behind it, and that nothing is suggested blindly."""
-    from grpo_lab.doctor import Diagnosis
-
-    for i, raw in enumerate(log.raw):
-        hit = fatal(raw)
-        if hit is None:
-            continue
-        engine, label = hit
-        clean = [strip(x)[0] for x in log.raw]
-        root, frame = _root_cause(clean, i)
-        cause = f"{root} at {frame}" if root and frame else root
-        lora = "/lora/" in frame
-        remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
-                  f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
-                  f"(status.json failed). The cause is the first error above it in the log"
-                  + (f": {cause}" if cause else "") + ".")
-        if lora:
-            remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
-                       "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
-                       "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
-        return [Diagnosis(id="ray_actor_died" if engine == RAY else "engine_died",
-                          title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
-                          evidence=clean[i].strip()[:300], line=i + 1,
-                          phase=None if engine == RAY else "generation", remedy=remedy, overrides=[])]
-    return []
 
 
 class EngineDied(RuntimeError):
@@ -195,9 +165,11 @@ class FatalWatch:
 
     def __init__(self, log_path: str | Path, stop: Callable[[], None], *, grace_s: float = GRACE_S,
                  interval_s: float = INTERVAL_S, kill_wait_s: float = KILL_WAIT_S,
-                 out: Callable[[str], None] | None = None) -> None:
+                 out: Callable[[str], None] | None = None,
+                 diagnose: Callable[[Path], list[Any]] | None = None) -> None:
         self.log_path = Path(log_path)
         self.stop_job = stop
+        self.diagnose = diagnose  # the log's findings so far, for the message (the launcher gives doctor.errors_in)
         self.grace_s, self.interval_s, self.kill_wait_s = grace_s, interval_s, kill_wait_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.fired: Fired | None = None
@@ -269,9 +241,7 @@ class FatalWatch:
 
     def _diagnosis(self, fired: Fired) -> str:
         """What grpo-lab tells about the stop: the fatal line and the doctor's first finding on the log so far."""
-        from grpo_lab import doctor
-
-        ds = doctor.diagnose(doctor.read_log(self.log_path), stalls=False)
+        ds = self.diagnose(self.log_path) if self.diagnose else []
         head = (f"{fired.label} at train.log line {fired.line_no} ({fired.line}); verl had not stopped on it "
                 f"{time.time() - fired.seen_at:.0f} s later, so grpo-lab stopped the job")
         if not ds:

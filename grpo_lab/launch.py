@@ -256,14 +256,14 @@ def run_verl(verl: dict[str, Any]) -> None:
         runner = TaskRunnerV1
     else:
         from verl.trainer.main_ppo_v0 import TaskRunner as runner
-    from grpo_lab.doctor import ProgressWatchdog
+    from grpo_lab.doctor import ProgressWatchdog, errors_in
     from grpo_lab.fatal import EngineDied, FatalWatch, TrackedRunner
 
     log = Path(os.environ["GRPO_LAB_LOG"]) if os.environ.get("GRPO_LAB_LOG") else None
     watchdog = ProgressWatchdog(log) if log else None
     # a fatal engine / actor line in the log: verl would wait for ever; kill its TaskRunner (grpo_lab/fatal.py)
     tracked = TrackedRunner(runner)
-    fatal = FatalWatch(log, stop=tracked.kill) if log else None
+    fatal = FatalWatch(log, stop=tracked.kill, diagnose=errors_in) if log else None
     try:
         if watchdog:
             watchdog.start()

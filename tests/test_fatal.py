@@ -135,7 +135,8 @@ def _watch(tmp_path, **kw):
     log.write_text("grpo-lab preflight: tiny_qwen3 on h200x1, variant grpo\n")
     stopped: list[float] = []
     out: list[str] = []
-    w = fatal.FatalWatch(log, stop=lambda: stopped.append(time.time()), interval_s=0.1, out=out.append, **kw)
+    w = fatal.FatalWatch(log, stop=lambda: stopped.append(time.time()), interval_s=0.1, out=out.append,
+                         diagnose=doctor.errors_in, **kw)
     return log, w, stopped, out
 
 

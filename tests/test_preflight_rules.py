@@ -265,7 +265,7 @@ def test_memory_training_oom_fix_is_rechecked():
 
 # ---- lora_layered_summon_one_gpu, lora_fsdp1_adapter ----------------------------------------------------------------
 # seen on the GPU test machine (benchmarks/gpu/results/2026-12-03-smollm2-variants-lora/lora/ and
-# /work/shared/recorded/2026-12-03-ceo-smollm2-recheck/): LoRA with FSDP1 on one GPU failed at the first weight sync,
+# benchmarks/gpu/results/2026-12-03-smollm2-recheck/): LoRA with FSDP1 on one GPU failed at the first weight sync,
 # with layered_summon=true (NO_SHARD) and with layered_summon=false (vLLM's add_lora got an empty adapter)
 
 LORA_ONE_GPU = ("experiment=smoke_smollm2", "hardware=h200x1", "actor_rollout_ref.model.lora_rank=64",
