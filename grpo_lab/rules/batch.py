@@ -354,8 +354,11 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
                         f"{_divisor_le(max(1, int(per_gpu_step)), 4)}")
         elif per_gpu_step.is_integer() and int(per_gpu_step) % max(1, as_int(micro, 1)):
-            yield error(f"each GPU's {int(per_gpu_step)} trajectories per step do not split into log-prob "
-                        f"micro-batches of {micro} ({key}.log_prob_micro_batch_size_per_gpu)",
+            padded = " (after the V1 trainer's padding)" if pad and pad["samples"] else ""
+            yield error(f"each GPU's {int(per_gpu_step)} trajectories per step{padded} do not split into log-prob "
+                        f"micro-batches of {micro} ({key}.log_prob_micro_batch_size_per_gpu): verl 0.9.1 asserts "
+                        f"'data size must be divisible by force_group_size * micro_batch_size_per_gpu' in the first "
+                        f"log-prob pass (verl/workers/engine/utils.py prepare_micro_batches)",
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
                         f"{_divisor_le(int(per_gpu_step), as_int(micro, 1))}")
 
