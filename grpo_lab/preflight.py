@@ -198,6 +198,11 @@ def _format(r: PreflightReport) -> str:
             out.append(f"  {b['mini_batch_trajectories']} / {dp} GPUs = {_num(b['trajectories_per_gpu'])} "
                        f"trajectories per GPU per mini-batch (algorithm sizes are global, micro-batch and token "
                        f"budgets are per GPU)")
+        pad = b.get("padding")
+        if pad and pad.get("samples"):
+            out.append(f"  verl's V1 trainer pads each step with {pad['samples']} no-op samples to "
+                       f"{pad['padded_trajectories']} (a multiple of {pad['multiple']}): {pad['fraction']:.0%} of the "
+                       f"step is padding, {pad['updates_per_step']} actor update(s)")
         if b.get("token_budgets", {}).get("actor"):
             out.append(f"  actor token budget {b['token_budgets']['actor']} per micro-batch on each GPU; sequences up "
                        f"to {b['sequence_length']} tokens"

@@ -108,17 +108,32 @@ def test_mini_batch_not_dividing():
     r = check(verl, lab)
     mini = only(r.errors, "mini_batch_divisibility")
     assert "7 x 5 = 35" in mini.message and "8.75" in mini.message
+    assert "'Got mini_batch_size=35 and self.engine.get_data_parallel_size()=4'" in mini.message
     assert mini.fix == "ppo_mini_batch_size=8"
-    upd = only(r.errors, "updates_per_step_integer")
+    # 128/7 updates: verl's V1 trainer pads the step to whole mini-batches (a warning); the legacy trainer fails
+    upd = only(r.warnings, "updates_per_step_integer")
     assert "128/7" in upd.message and upd.fix == "ppo_mini_batch_size=8"
+    assert "padded with 60 synthetic no-op samples to 700" in upd.message and "9% of each step" in upd.message
+    assert r.batch["padding"] == {"multiple": 140, "padded_trajectories": 700, "samples": 60, "fraction": 0.086,
+                                  "updates_per_step": 20}
+    put(verl, "trainer.use_v1", False)
+    upd = only(check(verl, lab).errors, "updates_per_step_integer")
+    assert "legacy trainer (trainer.use_v1=false)" in upd.message and upd.fix == "ppo_mini_batch_size=8"
 
 
 def test_train_batch_not_dividing_over_gpus():
+    """650 trajectories over 4 GPUs: the V1 trainer pads them (a warning), the legacy trainer's equal split fails."""
     verl, lab = composed()
     put(verl, "data.train_batch_size", 130)
     put(verl, "actor_rollout_ref.actor.ppo_mini_batch_size", 65)
-    p = only(check(verl, lab).errors, "batch_divisibility")
+    r = check(verl, lab)
+    p = only(r.warnings, "batch_divisibility")
     assert "650 trajectories" in p.message and "4 data-parallel GPUs" in p.message
+    assert "verl's V1 trainer with dynamic batching runs it" in p.message and "padded with 650" in p.message
+    assert "mini_batch_divisibility" in rules(r.errors)  # 325 per mini-batch over 4 GPUs: any mode fails
+    put(verl, "trainer.use_v1", False)
+    p = only(check(verl, lab).errors, "batch_divisibility")
+    assert "650 trajectories" in p.message and "'650 % 4 != 0'" in p.message
     # train batch and mini-batch chosen together: 2 updates of 64 x 5 = 320 = 80 per GPU
     assert p.fix.split("  or  ")[0] == "train_batch_size=128 ppo_mini_batch_size=64"
 
@@ -126,8 +141,15 @@ def test_train_batch_not_dividing_over_gpus():
 def test_train_batch_smaller_than_mini_batch():
     verl, lab = composed()
     put(verl, "data.train_batch_size", 32)
+    p = only(check(verl, lab).warnings, "train_batch_vs_mini_batch")  # the V1 trainer pads it to one mini-batch
+    assert "32 prompts" in p.message and "64" in p.message and "50% of each step's samples are padding" in p.message
+    assert p.fix == "ppo_mini_batch_size=32"
+    put(verl, "trainer.use_v1", False)  # the legacy trainer: each rank's 40 against 80 per mini-batch
+    assert "'40 % 80 != 0'" in only(check(verl, lab).errors, "train_batch_vs_mini_batch").message
+    put(verl, "trainer.use_v1", True)
+    _static_batches(verl)  # without dynamic batching verl's validate_config refuses it (either trainer)
     p = only(check(verl, lab).errors, "train_batch_vs_mini_batch")
-    assert "32 prompts" in p.message and "64" in p.message
+    assert "'ValueError: train_batch_size (32) must be >= actor.ppo_mini_batch_size (64)'" in p.message
     assert p.fix == "ppo_mini_batch_size=32"
 
 
@@ -275,12 +297,25 @@ def test_ray_env_vars_must_be_strings():
 
 
 def test_dynamic_batch_settings_that_disagree():
+    """The rollout's log-prob pass shares the actor's engine (verl asserts they agree): refused. The reference model
+    has an engine of its own, built with its own setting: warned about."""
     verl, lab = composed()
     put(verl, "actor_rollout_ref.actor.use_dynamic_bsz", False)
-    p = only(check(verl, lab).errors, "dynamic_bsz_mismatch")
-    assert "rollout.log_prob_use_dynamic_bsz=true" in p.message and "ref.log_prob_use_dynamic_bsz=true" in p.message
-    assert p.fix == ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false "
-                     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
+    r = check(verl, lab)
+    p = only(r.errors, "dynamic_bsz_mismatch")
+    assert "rollout.log_prob_use_dynamic_bsz=true" in p.message and "ref." not in p.message
+    assert "ActorRolloutRefWorker.init_model" in p.message
+    assert p.fix == "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false"
+    w = only(r.warnings, "dynamic_bsz_mismatch")
+    assert "ref.log_prob_use_dynamic_bsz=true" in w.message and "so this runs" in w.message
+    assert w.fix == "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false"
+    verl, lab = composed()
+    put(verl, "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", False)
+    r = check(verl, lab)
+    assert "dynamic_bsz_mismatch" not in rules(r.errors) and only(r.warnings, "dynamic_bsz_mismatch")
+    put(verl, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", None)  # and no micro-batch: verl fails
+    assert "ref.log_prob_micro_batch_size_per_gpu is not set" in only(check(verl, lab).errors,
+                                                                       "log_prob_micro_batch").message
 
 
 def test_misspelt_model_key():
@@ -307,6 +342,19 @@ def test_gpu_memory_utilization_outside_0_1(util):
     p = only(r.errors, "gpu_memory_utilization_range")
     assert f"gpu_memory_utilization={util!r}" in p.message and p.fix == "rollout_gpu_mem_util=0.4"
     assert "memory_generation" not in rules(r.errors)  # one problem, one message
+    if util == 1.0:  # vLLM 0.24 at start-up, its own words (vllm/v1/worker/utils.py request_memory)
+        assert "is less than desired GPU memory utilization (1.0, ... GiB)" in p.message
+        assert "request_memory" in p.message
+
+
+def test_gpu_memory_utilization_1_on_sglang_is_a_warning():
+    """SGLang's mem_fraction_static=1.0 is not checked against SGLang's code: warned about; the memory plan is made
+    with the value as set (and says what it predicts)."""
+    verl, lab = composed("rollout=sglang_tp1_mem04", "rollout_gpu_mem_util=1.0")
+    r = check(verl, lab)
+    assert "gpu_memory_utilization_range" not in rules(r.errors)
+    assert "not checked against sglang's code" in only(r.warnings, "gpu_memory_utilization_range").message
+    assert r.memory["phases"]["generation"]["components_gb"]["sglang_static"] > 30
 
 
 def test_lora_with_dummy_loading_is_a_warning():
@@ -441,8 +489,9 @@ def test_all_problems_are_collected_not_first_fail():
     put(verl, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 100)
     verl["actor_rollout_ref"]["model"]["enable_gradient_checkpoint"] = True
     r = check(verl, lab)
-    assert {"mini_batch_divisibility", "updates_per_step_integer", "gpu_memory_utilization_range", "ray_env_vars",
+    assert {"mini_batch_divisibility", "gpu_memory_utilization_range", "ray_env_vars",
             "token_budget", "model_key_unknown"} <= set(rules(r.errors))
+    assert "updates_per_step_integer" in rules(r.warnings)  # verl's V1 trainer pads the step
     assert not r.ok
     text = r.format()
     assert text.index("Batch arithmetic") < text.index("Memory plan") < text.index("Errors") < text.index("Warnings")

@@ -21,22 +21,27 @@ from grpo_lab.preflight import run_preflight
 
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
+LEGACY = ("trainer.use_v1=false",)  # verl's deprecated legacy trainer: it pads nothing (grpo_lab/rules/batch.py Mode)
 H200 = ("experiment=smoke_tiny", "hardware=h200x1")
 
-# (overrides, the error rule(s) it must raise): the issue's cases first, then one per error rule
+# (overrides, the error rule(s) it must raise): the issue's cases first, then one per error rule. A batch shape verl's
+# V1 trainer pads (grpo-lab's default mode: V1 with dynamic batching) is refused in the mode where verl 0.9.1 fails on
+# it, static batching (STATIC) or the legacy trainer (LEGACY); WARNED below has the default mode's warnings
 CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
-    (("ngpus_per_node=3",), {"batch_divisibility", "mini_batch_divisibility"}),
+    (("ngpus_per_node=3",), {"mini_batch_divisibility"}),
+    ((*STATIC, "ngpus_per_node=3"), {"batch_divisibility", "mini_batch_divisibility"}),
     ((*H200, "ngpus_per_node=0"), {"value_range"}),
     (("actor_lr=-1e-6",), {"value_range"}),
-    (("actor_lr=0",), {"value_range"}),
     (("actor_lr=abc",), {"value_types"}),
-    (("rollout_n=1",), {"group_size"}),
+    (("rollout_n=1", "algorithm.adv_estimator=grpo_passk"), {"group_size"}),
     (("total_epochs=-1",), {"value_range"}),
     (("max_response_length=0",), {"value_range"}),
     (("train_batch_size=abc",), {"value_types"}),
-    (("ppo_mini_batch_size=7",), {"mini_batch_divisibility", "updates_per_step_integer"}),
-    (("train_batch_size=32",), {"train_batch_vs_mini_batch"}),
-    (("train_batch_size=130", "ppo_mini_batch_size=65"), {"batch_divisibility", "mini_batch_divisibility"}),
+    (("ppo_mini_batch_size=7",), {"mini_batch_divisibility"}),
+    ((*LEGACY, "ppo_mini_batch_size=7"), {"mini_batch_divisibility", "updates_per_step_integer"}),
+    ((*STATIC, "train_batch_size=32"), {"train_batch_vs_mini_batch"}),
+    ((*LEGACY, "train_batch_size=32"), {"train_batch_vs_mini_batch"}),
+    ((*STATIC, "train_batch_size=130", "ppo_mini_batch_size=65"), {"batch_divisibility", "mini_batch_divisibility"}),
     (("rollout_tp=3",), {"rollout_parallel"}),
     ((*STATIC, "ppo_micro_batch_size_per_gpu=3"), {"micro_batch"}),
     ((*STATIC, "actor_rollout_ref.actor.ppo_micro_batch_size=8"), {"micro_batch"}),
@@ -56,10 +61,23 @@ CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
     (("model=qwen3_4b", "actor_rollout_ref.rollout.max_model_len=null"), {"vllm_kv_cache"}),
     (("lab.hardware.host_ram_gb=34",), {"memory_host_ram"}),
     (("ngpus_per_node=3", "actor_lr=-1", "rollout_gpu_mem_util=1.5"),
-     {"batch_divisibility", "value_range", "gpu_memory_utilization_range"}),
+     {"mini_batch_divisibility", "value_range", "gpu_memory_utilization_range"}),
     # issue 19 item 1: a value typed in verl's spelling got a fix in the short spelling, which loses to it
     (("total_epochs=two",), {"value_types"}),
-    (("data.train_batch_size=100", "rollout_n=3"), {"updates_per_step_integer"}),
+    ((*LEGACY, "data.train_batch_size=100", "rollout_n=3"), {"updates_per_step_integer"}),
+]
+
+# (overrides, the warning rule, what its message says): what verl 0.9.1 runs in grpo-lab's default mode (the V1
+# trainer with dynamic batching), so planned, with a warning and its re-checked fix (the refused forms are in CORPUS)
+WARNED: list[tuple[tuple[str, ...], str, str]] = [
+    (("train_batch_size=32",), "train_batch_vs_mini_batch", "padded with 160 synthetic no-op samples to 320"),
+    (("data.train_batch_size=100", "rollout_n=3"), "updates_per_step_integer", "padded with 84 synthetic no-op"),
+    (("train_batch_size=130", "ppo_mini_batch_size=64"), "batch_divisibility", "32% of each step's samples are padding"),
+    (("rollout_n=1",), "group_size", "the raw score as the advantage, no baseline"),
+    (("actor_lr=0",), "learning_rate_zero", "the actor never changes"),
+    (("actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",), "dynamic_bsz_mismatch", "so this runs"),
+    (("variant=dapo", "max_response_length=256", "reward.reward_kwargs.overlong_buffer_cfg.len=256"),
+     "dapo_overlong_buffer", "every answer, however short, gets a penalty"),
 ]
 
 
@@ -68,30 +86,39 @@ def check(verl, lab, launching=False, environ=None):
 
 
 def test_ngpus_per_node_3_gets_one_fix_that_keeps_two_updates():
-    """The issue's acceptance example: train batch and mini-batch change together (126 = 2 x 63, 63 x 5 / 3 = 105)."""
+    """The issue's acceptance example: train batch and mini-batch change together (126 = 2 x 63, 63 x 5 / 3 = 105).
+    In the default mode (verl's V1 trainer, dynamic batching) the mini-batch is refused and the step's padding warned
+    about, with the same fix; the legacy trainer refuses both, with one fix for both."""
     r = check(*composed("ngpus_per_node=3"))
-    assert r.fix_all == "train_batch_size=126 ppo_mini_batch_size=63"
-    assert {p.alternatives[0] for p in r.errors} == {"train_batch_size=126 ppo_mini_batch_size=63"}
-    assert all("ngpus_per_node=2" in p.alternatives for p in r.errors)
+    assert [p.rule for p in r.errors] == ["mini_batch_divisibility"]
+    (w,) = [p for p in r.warnings if p.rule == "batch_divisibility"]
+    assert "padded with 320 synthetic no-op samples to 960" in w.message
+    for p in (*r.errors, w):
+        assert p.alternatives[0] == "train_batch_size=126 ppo_mini_batch_size=63"
+        assert "ngpus_per_node=2" in p.alternatives
     r2 = check(*composed("ngpus_per_node=3", "train_batch_size=126", "ppo_mini_batch_size=63"))
     assert r2.ok and r2.batch["updates_per_step"] == 2 and r2.batch["trajectories_per_gpu"] == 105
+    assert r2.batch["padding"]["samples"] == 0 and "batch_divisibility" not in {p.rule for p in r2.warnings}
+    r = check(*composed(*LEGACY, "ngpus_per_node=3"))
+    assert {p.rule for p in r.errors} == {"batch_divisibility", "mini_batch_divisibility"}
+    # (630 generation requests do not split over its 8 agent loop workers: agent_loop_workers' fix joins in)
+    assert r.fix_all == "train_batch_size=126 ppo_mini_batch_size=63 actor_rollout_ref.rollout.agent.num_workers=7"
 
 
 def test_a_fix_that_causes_a_new_error_is_combined_or_replaced():
     """rollout_n=1's plain fix (rollout_n=5) on 3 GPUs would break the batch split: the printed fix carries both."""
-    verl, lab = composed("rollout_n=1", "ngpus_per_node=3", "train_batch_size=126", "ppo_mini_batch_size=63")
-    r = check(verl, lab)
+    shape = ("rollout_n=1", "algorithm.adv_estimator=grpo_passk", "ngpus_per_node=3", "train_batch_size=126",
+             "ppo_mini_batch_size=63")
+    r = check(*composed(*shape))
     p = next(p for p in r.errors if p.rule == "group_size")
-    verl2, lab2 = composed("rollout_n=1", "ngpus_per_node=3", "train_batch_size=126", "ppo_mini_batch_size=63",
-                           *shlex.split(p.alternatives[0]))
-    assert check(verl2, lab2).ok
+    assert check(*composed(*shape, *shlex.split(p.alternatives[0]))).ok
 
 
 def test_no_single_fix_is_said_plainly(monkeypatch):
     """When re-checking finds no alternative that passes, the fix says so instead of printing one that fails."""
     from grpo_lab.rules import Problem
 
-    verl, lab = composed("ngpus_per_node=3")
+    verl, lab = composed(*LEGACY, "ngpus_per_node=3")  # the legacy trainer: 129 is not whole mini-batches either
     checker = fixes.FixChecker(verl, lab, launching=False, environ={}, problems=check(verl, lab).errors)
     p = checker.check(Problem("batch_divisibility", "x", "train_batch_size=129"))
     assert p.fix.startswith("no single fix is known: train_batch_size=129 still fails")
@@ -217,6 +244,22 @@ def test_the_printed_fix_passes_appended_to_the_command_as_typed(tmp_path, spell
     assert f"fix: {fix}" in bad.stdout or f"together: {fix}" in bad.stdout
     good = run_py("preflight.only=true", f"hydra.run.dir={tmp_path / 'good'}", *argv, *shlex.split(fix), env=env)
     assert planned(good), (fix, good.stdout + good.stderr)
+
+
+@pytest.mark.parametrize("argv,rule,says", WARNED, ids=[" ".join(a) for a, _, _ in WARNED])
+def test_what_verl_runs_is_planned_with_a_warning_and_its_fix(tmp_path, argv, rule, says):
+    """Not refused: run.py plans it (exit 3 on this CPU machine: not ready to launch here), the warning in plan.json
+    says what verl does with it, and its fix, appended to the same command, clears it (re-checked)."""
+    out = run_py("preflight.only=true", f"hydra.run.dir={tmp_path}", *argv)
+    assert planned(out), out.stdout[-3000:] + out.stderr[-2000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert not plan["errors"], plan["errors"]
+    (w,) = [w for w in plan["warnings"] if w["rule"] == rule and says in w["message"]]
+    assert "verl 0.9.1" in w["message"] or "verl's V1 trainer" in w["message"], w["message"]
+    assert w["checked"].startswith("re-checked: the preflight passes"), w
+    fix = shlex.split(w["fix"].split("  or  ")[0])
+    r = run_preflight(*composed(*argv, *fix), launching=False, environ={})
+    assert r.ok and not [p for p in r.warnings if p.rule == rule and says in p.message], (fix, r.format())
 
 
 @pytest.mark.parametrize("file_text,expected", [

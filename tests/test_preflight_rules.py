@@ -66,8 +66,7 @@ def test_value_types(override, key):
 
 @pytest.mark.parametrize("override,fix,why", [
     ("ngpus_per_node=0", "ngpus_per_node=1", "Bundles must be a non-empty list"),
-    ("actor_lr=0", "actor_lr=1e-06", "never changes"),
-    ("actor_lr=-1e-6", "actor_lr=1e-06", "away from reward"),
+    ("actor_lr=-1e-6", "actor_lr=1e-06", "'ValueError: Invalid learning rate'"),
     ("total_epochs=-1", "total_epochs=1", "no training step runs"),
     ("max_response_length=0", "max_response_length=1024", "empty"),
 ])
@@ -76,11 +75,33 @@ def test_value_range(override, fix, why):
     assert p.fix == fix and why in p.message
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline"])
-def test_group_size(estimator):
-    p = only(check(*composed("rollout_n=1", f"algorithm.adv_estimator={estimator}")).errors, "group_size")
-    assert "rollout.n=1" in p.message and p.fix == "rollout_n=5"
-    assert "group_size" not in rules(check(*composed("rollout_n=1", "algorithm.adv_estimator=gae")).errors)
+def test_learning_rate_zero_runs_and_learns_nothing():
+    """torch's AdamW takes lr=0 (it refuses a negative one: value_range): verl runs, the actor never changes."""
+    r = check(*composed("actor_lr=0"))
+    assert not r.errors
+    p = only(r.warnings, "learning_rate_zero")
+    assert "the actor never changes" in p.message and p.fix == "actor_lr=1e-06"
+    assert "learning_rate_zero" not in rules(_all(check(*composed("actor_lr=1e-7"))))
+
+
+@pytest.mark.parametrize("estimator,says", [
+    ("grpo", "the raw score as the advantage, no baseline"),
+    ("rloo", "no leave-one-out baseline"),
+    ("rloo_vectorized", "zero advantages for every answer"),
+    ("reinforce_plus_plus_baseline", "no group baseline, whitened over the batch"),
+])
+def test_group_size_runs_without_a_baseline(estimator, says):
+    """verl 0.9.1 runs these estimators with one answer per prompt (core_algos.py): a warning naming what it does."""
+    r = check(*composed("rollout_n=1", f"algorithm.adv_estimator={estimator}"))
+    assert "group_size" not in rules(r.errors)
+    p = only(r.warnings, "group_size")
+    assert "rollout.n=1" in p.message and says in p.message and p.fix == "rollout_n=5"
+
+
+def test_group_size_pass_at_k_is_refused():
+    p = only(check(*composed("rollout_n=1", "algorithm.adv_estimator=grpo_passk")).errors, "group_size")
+    assert "'ValueError: Pass@k requires at least 2 samples per group." in p.message and p.fix == "rollout_n=5"
+    assert "group_size" not in rules(_all(check(*composed("rollout_n=1", "algorithm.adv_estimator=gae"))))
 
 
 # ---- Ray: several nodes, joining a cluster -------------------------------------------------------------------------
@@ -151,10 +172,13 @@ def test_dapo_overlong_buffer():
         assert "dapo_overlong_buffer" not in rules(_all(check(verl, lab)))
     len_key = "reward.reward_kwargs.overlong_buffer_cfg.len"
     verl, lab = composed("variant=dapo", "max_response_length=256", f"{len_key}=256")  # the ramp is the whole answer
-    p = only(check(verl, lab).errors, "dapo_overlong_buffer")
+    r = check(verl, lab)  # verl's assert (max_resp_len >= len) passes: it runs, every answer penalised
+    assert "dapo_overlong_buffer" not in rules(r.errors)
+    p = only(r.warnings, "dapo_overlong_buffer")
     assert "in proportion to its length" in p.message and p.fix == f"{len_key}=64"
     verl, lab = composed("variant=dapo", "max_response_length=256", f"{len_key}=300")  # verl asserts max_resp_len >= len
-    assert "asserts" in only(check(verl, lab).errors, "dapo_overlong_buffer").message
+    p = only(check(verl, lab).errors, "dapo_overlong_buffer")
+    assert "'max_resp_len must be larger than overlong_buffer.len'" in p.message and p.fix == f"{len_key}=64"
     verl, lab = composed("variant=dapo", "max_response_length=384", f"{len_key}=256")
     assert only(check(verl, lab).warnings, "dapo_overlong_buffer").fix.endswith("len=96")
 

@@ -21,6 +21,7 @@ PLANNED = (0, NOT_READY_EXIT)  # a plan that holds: ready here, or not (no GPU o
 # static batching (no dynamic batch size): the micro-batch sizes verl then validates
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
+LEGACY = ("trainer.use_v1=false",)  # verl's deprecated legacy trainer: it pads nothing (grpo_lab/rules/batch.py Mode)
 _JOB = itertools.count()
 
 
@@ -85,24 +86,51 @@ def test_verl_issue_6801_agent_workers_equal_chunk(tmp_path):
 
 
 def test_verl_issue_1004_divisibility_chain(tmp_path):
-    """10 prompts x 3 answers, mini-batch 4, micro-batch 2 on 4 GPUs: three rules of the chain, one fix for all."""
-    args = (*STATIC, "train_batch_size=10", "rollout_n=3", "ppo_mini_batch_size=4", "ppo_micro_batch_size_per_gpu=2",
-            "log_prob_micro_batch_size_per_gpu=1")
-    refused_then_fixed(tmp_path, args, "batch_divisibility", "30 trajectories per step")
+    """10 prompts x 3 answers, mini-batch 4, micro-batch 2 on 4 GPUs, static batching and the legacy trainer (the
+    issue's verl had no other): four rules of the chain, one fix for all."""
+    args = (*LEGACY, *STATIC, "train_batch_size=10", "rollout_n=3", "ppo_mini_batch_size=4",
+            "ppo_micro_batch_size_per_gpu=2", "log_prob_micro_batch_size_per_gpu=1")
+    refused_then_fixed(tmp_path, args, "batch_divisibility",
+                       "'real_train_batch_size (30) must be divisible by minimal possible batch size (4)'")
     r = run_preflight(*composed(*args), launching=False, environ={})
     assert {"batch_divisibility", "updates_per_step_integer", "micro_batch"} <= {p.rule for p in r.errors}
+    # verl 0.9.1's V1 trainer (the default) pads a step that is not whole mini-batches instead: a warning there
+    r = run_preflight(*composed(*args[1:]), launching=False, environ={})
+    assert "updates_per_step_integer" in {p.rule for p in r.warnings}
+    assert {"batch_divisibility", "micro_batch"} <= {p.rule for p in r.errors}
 
 
 def test_verl_issue_606_train_batch_below_the_gpu_count(tmp_path):
-    """2 nodes x 4 GPUs and 1 prompt x 4 answers per step: 4 trajectories over 8 GPUs ('only support equal chunk')."""
-    refused_then_fixed(tmp_path, ("nnodes=2", "train_batch_size=1", "ppo_mini_batch_size=1", "rollout_n=4"),
-                       "batch_divisibility", "4 trajectories per step do not split over the 8 data-parallel GPUs")
+    """2 nodes x 4 GPUs and 1 prompt x 4 answers per step: 4 trajectories over 8 GPUs ('only support equal chunk'),
+    with the legacy trainer the issue's verl had: it splits the step in equal parts over the ranks."""
+    args = ("nnodes=2", "train_batch_size=1", "ppo_mini_batch_size=1", "rollout_n=4")
+    refused_then_fixed(tmp_path, (*LEGACY, *args), "batch_divisibility",
+                       "4 trajectories per step do not split over the 8 data-parallel GPUs",
+                       "'number of items:[4] < k_partitions:[8]'")
     # without dynamic batching verl's validate_config counts every GPU, sequence-parallel ones too
     args = (*STATIC, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2", "train_batch_size=6",
             "ppo_mini_batch_size=2", "rollout_n=3", "ppo_micro_batch_size_per_gpu=1",
             "log_prob_micro_batch_size_per_gpu=1")
     refused_then_fixed(tmp_path, args, "batch_divisibility",
                        "'real_train_batch_size (18) must be divisible by minimal possible batch size (4)'")
+
+
+def test_verl_issue_606_shape_under_v1_with_dynamic_batching_is_padded(tmp_path):
+    """The same step in grpo-lab's default mode (verl 0.9.1's V1 trainer, dynamic batching): the trainer pads it with
+    no-op samples (trainer_base.py _balance_batch -> padding_utils.py): a warning that names the padding. The
+    mini-batch of 4 over 8 GPUs still fails in the V1 worker (engine_workers.py), so that one is refused; a mini-batch
+    of 2 prompts (8 trajectories) runs, the train batch below it padded too."""
+    rc, plan, text = preflight(tmp_path, "nnodes=2", "train_batch_size=1", "ppo_mini_batch_size=1", "rollout_n=4")
+    assert rc == 2 and rules(plan["errors"]) == {"mini_batch_divisibility"}, text[-3000:]
+    (w,) = [w for w in plan["warnings"] if w["rule"] == "batch_divisibility"]
+    assert "4 trajectories per step do not split over the 8 data-parallel GPUs" in w["message"]
+    assert "verl's V1 trainer with dynamic batching runs it" in w["message"]
+    assert "padded with 4 synthetic no-op samples to 8" in w["message"] and "50% of each step" in w["message"]
+    rc, plan, text = preflight(tmp_path, "nnodes=2", "train_batch_size=1", "ppo_mini_batch_size=2", "rollout_n=4")
+    assert rc in PLANNED and not plan["errors"], text[-3000:]
+    assert {"batch_divisibility", "train_batch_vs_mini_batch"} <= rules(plan["warnings"])
+    assert plan["batch"]["padding"] == {"multiple": 8, "padded_trajectories": 8, "samples": 4, "fraction": 0.5,
+                                        "updates_per_step": 1}
 
 
 def test_verl_issue_405_micro_batch_larger_than_mini_batch(tmp_path):
@@ -114,7 +142,8 @@ def test_verl_issue_405_micro_batch_larger_than_mini_batch(tmp_path):
 def test_verl_issue_559_train_batch_smaller_than_mini_batch(tmp_path):
     """verl raises 'train_batch_size (32) must be >= actor.ppo_mini_batch_size (64)' without dynamic batching."""
     refused_then_fixed(tmp_path, (*STATIC, "train_batch_size=32"), "train_batch_vs_mini_batch",
-                       "smaller than the PPO mini-batch")
+                       "smaller than the PPO mini-batch",
+                       "'ValueError: train_batch_size (32) must be >= actor.ppo_mini_batch_size (64)'")
 
 
 def test_verl_issue_1191_rollout_tp_over_one_gpu(tmp_path):

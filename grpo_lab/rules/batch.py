@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from grpo_lab import facts
 from grpo_lab.config import get as _get
 from grpo_lab.inputs import local_files, maker_for
-from grpo_lab.rules import A, ALT, Ctx, Problem, error, note, rule
+from grpo_lab.rules import A, ALT, Ctx, Problem, error, note, rule, warn
 
 
 def as_int(x: Any, default: int = 0) -> int:
@@ -44,6 +45,71 @@ def ref_used(c: Ctx) -> bool:
     return bool(c.get(A + "actor.use_kl_loss", False)) or bool(c.get("algorithm.use_kl_in_reward", False))
 
 
+def critic_used(c: Ctx) -> bool:
+    """verl 0.9.1's need_critic (verl/trainer/ppo/utils.py): critic.enable when set, else adv_estimator == gae."""
+    enable = c.get("critic.enable")
+    return bool(enable) if enable is not None else str(c.get("algorithm.adv_estimator", "gae")) == "gae"
+
+
+# ---- the trainer mode: which batch shapes verl 0.9.1 fails on, and which it only pads ---------------------------
+
+@dataclass(frozen=True)
+class Mode:
+    """verl 0.9.1's trainer and batching mode, the one thing the batch rules' verdicts turn on.
+
+    v1 (trainer.use_v1, verl's default true): the V1 trainer pads every step's batch with synthetic no-op samples
+    (tag is_padding, a 128-token sequence with zero response mask and reward, a uid of their own) up to a multiple of
+    lcm(actor data-parallel size, ppo_mini_batch_size x n) (and the critic's mini-batch x n when a critic is used):
+    verl/trainer/ppo/v1/trainer_base.py PPOTrainer._balance_batch -> _get_required_batch_multiple,
+    verl/trainer/ppo/padding_utils.py upsample_batch_to_divisible_size. A step that does not split over the GPUs or
+    into whole mini-batches then runs, its compute partly spent on padding. The legacy trainer (trainer.use_v1=false,
+    deprecated: verl/trainer/main_ppo_v0.py) pads nothing: its _balance_batch partitions the step in equal parts over
+    the data-parallel ranks (verl/utils/seqlen_balancing.py karmarkar_karp asserts it) and each rank's share must be
+    whole mini-batches (verl/workers/engine_workers.py TrainingWorker.train_mini_batch -> tu.make_iterator,
+    verl/utils/tensordict_utils.py, asserts it).
+    dyn (actor.use_dynamic_bsz): without it, verl's validate_config (verl/utils/config.py; grpo-lab's launch calls it
+    before run_ppo, as verl's main_ppo does) asserts the step splits over every GPU and ActorConfig.validate
+    (verl/workers/config/actor.py) raises for a train batch below the mini-batch, in both trainers."""
+
+    v1: bool
+    dyn: bool
+
+    @property
+    def name(self) -> str:
+        trainer = "verl's V1 trainer" if self.v1 else "verl's legacy trainer (trainer.use_v1=false)"
+        return trainer + (" with dynamic batching" if self.dyn else
+                          " without dynamic batching (actor.use_dynamic_bsz=false)")
+
+
+def mode(c: Ctx) -> Mode:
+    return Mode(bool(c.get("trainer.use_v1", True)), bool(c.get(A + "actor.use_dynamic_bsz", False)))
+
+
+def v1_padding(c: Ctx, b: dict[str, Any]) -> dict[str, Any] | None:
+    """What the V1 trainer adds to each step (Mode): the multiple it pads to and the no-op samples it adds."""
+    traj, dp, n, mini = b["trajectories_per_step"], b["data_parallel_size"], b["rollout_n"], b["ppo_mini_batch_size"]
+    if traj <= 0 or mini <= 0 or n <= 0:
+        return None
+    multiple = math.lcm(dp, mini * n)
+    if critic_used(c):
+        multiple = math.lcm(multiple, max(1, as_int(c.get("critic.ppo_mini_batch_size"), mini)) * n)
+    padded = math.ceil(traj / multiple) * multiple
+    return {"multiple": multiple, "padded_trajectories": padded, "samples": padded - traj,
+            "fraction": round((padded - traj) / padded, 3), "updates_per_step": padded // (mini * n)}
+
+
+def padding_text(c: Ctx) -> str:
+    """The V1 trainer's padding of this step, in words with the numbers."""
+    pad = c.batch["padding"]
+    if not pad or not pad["samples"]:
+        return ""
+    return (f"{c.batch['trajectories_per_step']} trajectories are padded with {pad['samples']} synthetic no-op samples "
+            f"to {pad['padded_trajectories']} (a multiple of lcm(data-parallel GPUs, mini-batch x n) = "
+            f"{pad['multiple']}): {pad['fraction']:.0%} of each step's samples are padding (short 128-token "
+            f"sequences with zero reward and loss mask, verl/trainer/ppo/padding_utils.py "
+            f"upsample_batch_to_divisible_size), {pad['updates_per_step']} actor update(s) per step")
+
+
 def batch_facts(c: Ctx) -> dict[str, Any]:
     per_node = as_int(c.get("trainer.n_gpus_per_node", 1), 1)
     nnodes = max(1, as_int(c.get("trainer.nnodes", 1), 1))
@@ -60,7 +126,7 @@ def batch_facts(c: Ctx) -> dict[str, Any]:
     rpp = max(1, as_int(c.get(A + "rollout.pipeline_model_parallel_size", 1), 1))
     traj, mini_traj, replica = tb * n, mini * n, tp * rdp * rpp
     replicas = n_gpus // replica if replica else 0
-    return {
+    b = {
         "n_gpus": n_gpus, "n_gpus_per_node": per_node, "nnodes": nnodes, "sequence_parallel_size": sp,
         "data_parallel_size": dp, "train_batch_size": tb, "rollout_n": n, "ppo_mini_batch_size": mini,
         "ppo_epochs": as_int(c.get(A + "actor.ppo_epochs", 1), 1),
@@ -74,6 +140,8 @@ def batch_facts(c: Ctx) -> dict[str, Any]:
         "total_epochs": as_int(c.get("trainer.total_epochs", 1), 1),
         "total_training_steps": c.get("trainer.total_training_steps"),
     }
+    b["padding"] = v1_padding(c, b) if mode(c).v1 else None
+    return b
 
 
 def _sizes_ok(c: Ctx) -> bool:
@@ -117,25 +185,54 @@ def _batch_fix_text(c: Ctx, max_tb: int | None = None, split_over: int | None = 
     return text
 
 
+def _legacy_share(c: Ctx) -> str:
+    """Why the legacy trainer fails on a rank's share that is not whole mini-batches, with verl's own text."""
+    b = c.batch
+    traj, mt, dp = b["trajectories_per_step"], b["mini_batch_trajectories"], b["data_parallel_size"]
+    where = ("TrainingWorker.train_mini_batch (verl/workers/engine_workers.py) cuts each data-parallel rank's share "
+             "into mini-batches with tu.make_iterator (verl/utils/tensordict_utils.py), which asserts")
+    if traj % dp or mt % dp:
+        return f"nothing pads the step, and {where} that they are whole, at the first actor update"
+    return (f"nothing pads the step, and {where} '{traj // dp} % {mt // dp} != 0' (each rank's {traj // dp} "
+            f"trajectories against {mt // dp} per GPU per mini-batch) at the first actor update")
+
+
 @rule("train_batch_vs_mini_batch")
 def train_batch_vs_mini_batch(c: Ctx) -> Iterable[Problem]:
+    """verl #559, #1265. Without dynamic batching verl 0.9.1's validate_config refuses it (ActorConfig.validate,
+    verl/workers/config/actor.py); with it the legacy trainer fails at the first update and the V1 trainer pads the
+    step up to one mini-batch and runs (Mode)."""
     b = c.batch
-    if _sizes_ok(c) and b["train_batch_size"] < b["ppo_mini_batch_size"]:
-        yield error(f"the train batch ({b['train_batch_size']} prompts) is smaller than the PPO mini-batch "
-                    f"({b['ppo_mini_batch_size']} prompts): there is not one full update per step (verl refuses it)",
-                    _batch_fix_text(c))
+    tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
+    if not (_sizes_ok(c) and tb < mini):
+        return
+    m, fix = mode(c), _batch_fix_text(c)
+    what = f"the train batch ({tb} prompts) is smaller than the PPO mini-batch ({mini} prompts)"
+    if not m.dyn:
+        yield error(f"{what}. {m.name}: verl 0.9.1's validate_config raises 'ValueError: train_batch_size ({tb}) must "
+                    f"be >= actor.ppo_mini_batch_size ({mini})' (verl/workers/config/actor.py ActorConfig.validate)",
+                    fix)
+    elif not m.v1:
+        yield error(f"{what}. {m.name}: {_legacy_share(c)}", fix)
+    else:
+        yield warn(f"{what}: there is not one full update per step. {m.name} runs it: {padding_text(c)}", fix)
 
 
 @rule("updates_per_step_integer")
 def updates_per_step_integer(c: Ctx) -> Iterable[Problem]:
+    """A step that is not whole mini-batches: the V1 trainer pads it (with or without dynamic batching), the legacy
+    trainer fails at the first update (Mode)."""
     b = c.batch
     tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
-    if _sizes_ok(c) and tb >= mini and tb % mini:
-        yield error(f"the train batch ({tb} prompts) is not a whole number of PPO mini-batches ({mini}): "
-                    f"{tb}/{mini} = {tb / mini:.2f} updates per step. verl's V1 trainer then pads the step with "
-                    f"synthetic no-op samples up to lcm(data-parallel size, mini-batch x n) = "
-                    f"{math.lcm(b['data_parallel_size'], b['mini_batch_trajectories'])} trajectories: compute spent "
-                    f"on nothing", _batch_fix_text(c))
+    if not (_sizes_ok(c) and tb >= mini and tb % mini):
+        return
+    m, fix = mode(c), _batch_fix_text(c)
+    what = (f"the train batch ({tb} prompts) is not a whole number of PPO mini-batches ({mini}): {tb}/{mini} = "
+            f"{tb / mini:.2f} updates per step")
+    if m.v1:
+        yield warn(f"{what}. {m.name} runs it: {padding_text(c)}", fix)
+    else:
+        yield error(f"{what}. {m.name}: {_legacy_share(c)}", fix)
 
 
 @rule("batch_divisibility")
@@ -143,28 +240,48 @@ def batch_divisibility(c: Ctx) -> Iterable[Problem]:
     """verl #473, #606, #1004 ('only support equal chunk', 'real_train_batch_size must be divisible by minimal possible
     batch size'). Without dynamic batching verl 0.9.1's validate_config asserts train_batch_size x n % n_gpus (all the
     GPUs, sequence-parallel ones too: verl/utils/config.py); the legacy trainer splits the step in equal parts over
-    the data-parallel ranks (verl/utils/seqlen_balancing.py get_seqlen_balanced_partitions, equal_size)."""
+    the data-parallel ranks (ray_trainer.py _balance_batch: verl/utils/seqlen_balancing.py karmarkar_karp,
+    equal_size); the V1 trainer with dynamic batching pads the step and runs (Mode)."""
     b = c.batch
     traj, dp, n_gpus = b["trajectories_per_step"], b["data_parallel_size"], b["n_gpus"]
-    if _sizes_ok(c) and traj % dp:
-        yield error(f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do "
-                    f"not split over the {dp} data-parallel GPUs ({traj}/{dp} = {traj / dp:.2f})", _batch_fix_text(c))
-    elif _sizes_ok(c) and traj % n_gpus and not c.get(A + "actor.use_dynamic_bsz", False):
-        yield error(f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do "
-                    f"not split over all {n_gpus} GPUs ({traj}/{n_gpus} = {traj / n_gpus:.2f}): without dynamic "
-                    f"batching verl 0.9.1 asserts 'real_train_batch_size ({traj}) must be divisible by minimal possible "
+    if not _sizes_ok(c):
+        return
+    m = mode(c)
+    steps = f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do not split"
+    if not m.dyn and traj % n_gpus:
+        yield error(f"{steps} over all {n_gpus} GPUs ({traj}/{n_gpus} = {traj / n_gpus:.2f}). {m.name}: verl 0.9.1's "
+                    f"validate_config asserts 'real_train_batch_size ({traj}) must be divisible by minimal possible "
                     f"batch size ({n_gpus})' over every GPU, sequence-parallel ones included (verl/utils/config.py "
                     f"validate_config)", _batch_fix_text(c, split_over=n_gpus))
+    elif traj % dp:
+        over = f"{steps} over the {dp} data-parallel GPUs ({traj}/{dp} = {traj / dp:.2f})"
+        if m.v1:
+            yield warn(f"{over}. {m.name} runs it: {padding_text(c)}", _batch_fix_text(c))
+        else:
+            said = (f"'number of items:[{traj}] < k_partitions:[{dp}]'" if traj < dp else f"'{traj} % {dp} != 0'")
+            yield error(f"{over}. {m.name}: nothing pads the step; its _balance_batch splits it in equal parts over "
+                        f"the data-parallel ranks and asserts {said} (verl/utils/seqlen_balancing.py; with "
+                        f"trainer.balance_batch=false the dispatch's equal split asserts instead, "
+                        f"verl/utils/tensordict_utils.py chunk_tensordict; older verl: 'only support equal chunk', "
+                        f"verl #606)",
+                        _batch_fix_text(c))
 
 
 @rule("mini_batch_divisibility")
 def mini_batch_divisibility(c: Ctx) -> Iterable[Problem]:
+    """The mini-batch must split over the data-parallel GPUs in every mode: verl 0.9.1's
+    TrainingWorker.train_mini_batch (verl/workers/engine_workers.py) asserts mini_batch_size % dp == 0; the V1
+    trainer's padding makes the step whole mini-batches, not the mini-batch a multiple of the GPUs."""
     b = c.batch
     mt, dp = b["mini_batch_trajectories"], b["data_parallel_size"]
     if _sizes_ok(c) and mt % dp:
         yield error(f"mini-batch {b['ppo_mini_batch_size']} x {b['rollout_n']} = {mt} trajectories do not split over "
-                    f"the {dp} data-parallel GPUs ({mt}/{dp} = {mt / dp:.2f} per GPU); verl normalises the "
-                    f"mini-batch per GPU", _batch_fix_text(c))
+                    f"the {dp} data-parallel GPUs ({mt}/{dp} = {mt / dp:.2f} per GPU): verl 0.9.1's "
+                    f"TrainingWorker.train_mini_batch asserts 'Got mini_batch_size={mt} and "
+                    f"self.engine.get_data_parallel_size()={dp}' at the first actor update "
+                    f"(verl/workers/engine_workers.py), in either trainer, with or without dynamic batching (the V1 "
+                    f"trainer's padding makes the step whole mini-batches, not the mini-batch whole GPUs)",
+                    _batch_fix_text(c))
 
 
 @rule("rollout_parallel")
@@ -226,7 +343,8 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
     b = c.batch
     if not _sizes_ok(c):
         return
-    per_gpu_step = b["trajectories_per_step"] / b["data_parallel_size"]
+    pad = b.get("padding")  # the V1 trainer pads the step before the log-prob passes (Mode)
+    per_gpu_step = (pad["padded_trajectories"] if pad else b["trajectories_per_step"]) / b["data_parallel_size"]
     for key in ("rollout", "ref"):
         if c.get(A + f"{key}.log_prob_use_dynamic_bsz", False) or (key == "ref" and not ref_used(c)):
             continue
@@ -236,8 +354,11 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
                         f"{_divisor_le(max(1, int(per_gpu_step)), 4)}")
         elif per_gpu_step.is_integer() and int(per_gpu_step) % max(1, as_int(micro, 1)):
-            yield error(f"each GPU's {int(per_gpu_step)} trajectories per step do not split into log-prob "
-                        f"micro-batches of {micro} ({key}.log_prob_micro_batch_size_per_gpu)",
+            padded = " (after the V1 trainer's padding)" if pad and pad["samples"] else ""
+            yield error(f"each GPU's {int(per_gpu_step)} trajectories per step{padded} do not split into log-prob "
+                        f"micro-batches of {micro} ({key}.log_prob_micro_batch_size_per_gpu): verl 0.9.1 asserts "
+                        f"'data size must be divisible by force_group_size * micro_batch_size_per_gpu' in the first "
+                        f"log-prob pass (verl/workers/engine/utils.py prepare_micro_batches)",
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
                         f"{_divisor_le(int(per_gpu_step), as_int(micro, 1))}")
 

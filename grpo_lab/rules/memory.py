@@ -103,9 +103,11 @@ def plan_memory(c: Ctx) -> dict[str, Any]:
     if s.card_gb <= 0:
         c.notes.append("lab.hardware.gpu_memory_gb is not set: memory plan skipped")
         return {"params": m.arch.params(), "architecture_source": m.arch.source}
-    if not 0.0 < s.gpu_memory_utilization < 1.0:  # gpu_memory_utilization_range says so; plan with the guide's 0.4
+    util = s.gpu_memory_utilization
+    if not 0.0 < util <= 1.0 or (util == 1.0 and engine == "vllm"):
+        # refused by gpu_memory_utilization_range (out of (0, 1], or 1.0 on vLLM); plan with the guide's 0.4
         s = replace(s, gpu_memory_utilization=0.4)
-        c.notes.append("memory plan made with gpu_memory_utilization 0.4 (the configured value is out of range)")
+        c.notes.append("memory plan made with gpu_memory_utilization 0.4 (the configured value is refused)")
     if m.arch.is_moe:
         a = m.arch
         c.notes.append(f"mixture of experts: {a.num_experts} experts, {a.num_experts_per_tok} per token in "

@@ -41,15 +41,35 @@ def attn_impl(c: Ctx) -> str:
 
 @rule("gpu_memory_utilization_range")
 def gpu_memory_utilization_range(c: Ctx) -> Iterable[Problem]:
+    """The fraction of each card's total memory the rollout engine takes. Outside (0, 1]: vLLM 0.24's CacheConfig
+    refuses it (gpu_memory_utilization: Field(gt=0, le=1), vllm/config/cache.py). Exactly 1.0 with vLLM: refused too,
+    because vLLM 0.24 provably fails at start-up whenever any memory is in use on the card, and its own worker's is:
+    Worker.init_device (vllm/v1/worker/gpu_worker.py) sets up the worker's CUDA context and NCCL, then takes a
+    MemorySnapshot (cudaMemGetInfo) and request_memory (vllm/v1/worker/utils.py) raises when the free memory is below
+    ceil(total x gpu_memory_utilization), i.e. below the whole card at 1.0. SGLang (mem_fraction_static) and the other
+    engines at 1.0 are not checked against their code: a warning."""
     util = c.get(A + "rollout.gpu_memory_utilization")
     try:
         u = float(util) if not isinstance(util, bool) else None
     except (TypeError, ValueError):
         u = None
-    if u is None or not 0.0 < u < 1.0:
-        yield error(f"actor_rollout_ref.rollout.gpu_memory_utilization={util!r} is outside (0, 1): it is the fraction "
-                    f"of each card's total memory vLLM may take (on 32 GB cards the guide starts at 0.4)",
-                    "rollout_gpu_mem_util=0.4")
+    engine = str(c.get(A + "rollout.name", "vllm"))
+    what = (f"actor_rollout_ref.rollout.gpu_memory_utilization={util!r}: it is the fraction of each card's total "
+            f"memory the rollout engine takes (on 32 GB cards the guide starts at 0.4)")
+    if u is None or not 0.0 < u <= 1.0:
+        yield error(f"{what}, and it must be in (0, 1]: vLLM's CacheConfig refuses it (gpu_memory_utilization: gt=0, "
+                    f"le=1) when the rollout engine starts, after Ray and the actor", "rollout_gpu_mem_util=0.4")
+    elif u == 1.0 and engine == "vllm":
+        yield error(f"{what}, and 1.0 asks for the whole card: vLLM 0.24 measures the free memory after its worker's "
+                    f"own CUDA context and NCCL buffers are on the card, so it is always below the total, and it "
+                    f"raises 'ValueError: Free memory on device cuda:0 (... GiB) on startup is less than desired GPU "
+                    f"memory utilization (1.0, ... GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+                    f"other processes.' when the rollout engine starts (vllm/v1/worker/utils.py request_memory, "
+                    f"called from gpu_worker.py Worker.init_device)", "rollout_gpu_mem_util=0.4")
+    elif u == 1.0:
+        yield warn(f"{what}, and 1.0 gives {engine} the whole card, with nothing left for the actor's share, CUDA "
+                   f"contexts or activations (not checked against {engine}'s code; vLLM refuses 1.0 at start-up)",
+                   "rollout_gpu_mem_util=0.4")
 
 
 # ---- Ray --------------------------------------------------------------------------------------------------------
@@ -185,19 +205,31 @@ def ray_env_vars(c: Ctx) -> Iterable[Problem]:
 
 @rule("dynamic_bsz_mismatch")
 def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
+    """The actor update and the old-log-prob pass run on one engine: verl 0.9.1's ActorRolloutRefWorker.init_model
+    (verl/workers/engine_workers.py) asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz (both
+    trainers use this worker): an error. The reference model gets an engine of its own, built with its own
+    ref.log_prob_use_dynamic_bsz (same function, the ref branch): a mismatch there runs, and a missing ref micro-batch
+    size is log_prob_micro_batch's error."""
     actor_dyn = bool(c.get(A + "actor.use_dynamic_bsz", False))
-    others = {"rollout": bool(c.get(A + "rollout.log_prob_use_dynamic_bsz", False))}
+    val = "true" if actor_dyn else "false"
+    roll = bool(c.get(A + "rollout.log_prob_use_dynamic_bsz", False))
+    if roll != actor_dyn:
+        yield error(f"actor.use_dynamic_bsz={val} but rollout.log_prob_use_dynamic_bsz={str(roll).lower()}: the actor "
+                    f"update and the old-log-prob pass share one engine, and verl 0.9.1 asserts "
+                    f"'self.config.actor.use_dynamic_bsz == self.config.rollout.log_prob_use_dynamic_bsz' (a bare "
+                    f"AssertionError) when it builds the actor, after Ray has started (verl/workers/engine_workers.py "
+                    f"ActorRolloutRefWorker.init_model), with either trainer",
+                    f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz={val}")
     if ref_used(c):
-        others["ref"] = bool(c.get(A + "ref.log_prob_use_dynamic_bsz", False))
-    wrong = [k for k, v in others.items() if v != actor_dyn]
-    if wrong:
-        val = "true" if actor_dyn else "false"
-        yield error(f"actor.use_dynamic_bsz={str(actor_dyn).lower()} but "
-                    + ", ".join(f"{k}.log_prob_use_dynamic_bsz={str(others[k]).lower()}" for k in wrong)
-                    + ": the update and the log-prob passes batch differently, and verl validates the log-prob "
-                      "micro-batch sizes only when the actor's dynamic batching is off, so a missing one fails inside "
-                      "the workers after start-up",
-                    " ".join(f"actor_rollout_ref.{k}.log_prob_use_dynamic_bsz={val}" for k in wrong))
+        ref = bool(c.get(A + "ref.log_prob_use_dynamic_bsz", False))
+        if ref != actor_dyn:
+            how = ("packs micro-batches by tokens (ref.log_prob_max_token_len_per_gpu)" if ref else
+                   "uses fixed micro-batches of ref.log_prob_micro_batch_size_per_gpu")
+            yield warn(f"actor.use_dynamic_bsz={val} but ref.log_prob_use_dynamic_bsz={str(ref).lower()}: the "
+                       f"reference log-prob pass batches differently from the actor. verl 0.9.1 builds the reference "
+                       f"engine with its own setting (verl/workers/engine_workers.py ActorRolloutRefWorker.init_model), "
+                       f"so this runs; the reference pass {how}, which is likely not what was meant",
+                       f"actor_rollout_ref.ref.log_prob_use_dynamic_bsz={val}")
 
 
 @rule("rollout_engine_known")
@@ -469,11 +501,16 @@ def dapo_overlong_buffer(c: Ctx) -> Iterable[Problem]:
     if ramp <= 0 or limit <= 0:
         return
     fix = f"reward.reward_kwargs.overlong_buffer_cfg.len={max(1, limit // 4)}"
-    if ramp >= limit:
-        what = ("verl's DAPO reward manager stops on it (it asserts max_resp_len >= len)" if ramp > limit else
-                "every answer, however short, gets a penalty in proportion to its length")
-        yield error(f"DAPO's overlong ramp (reward.reward_kwargs.overlong_buffer_cfg.len={ramp}) covers the whole "
-                    f"response limit ({limit} tokens): {what}", fix)
+    if ramp > limit:
+        yield error(f"DAPO's overlong ramp (reward.reward_kwargs.overlong_buffer_cfg.len={ramp}) is longer than the "
+                    f"response limit ({limit} tokens): verl 0.9.1's DAPO reward manager asserts 'max_resp_len must be "
+                    f"larger than overlong_buffer.len' when its reward workers start "
+                    f"(verl/experimental/reward_loop/reward_manager/dapo.py DAPORewardManager.__init__)", fix)
+    elif ramp == limit:
+        yield warn(f"DAPO's overlong ramp (reward.reward_kwargs.overlong_buffer_cfg.len={ramp}) covers the whole "
+                   f"response limit ({limit} tokens): verl 0.9.1 accepts it (it asserts max_resp_len >= len) and runs, "
+                   f"but the ramp starts at 0 tokens, so every answer, however short, gets a penalty in proportion "
+                   f"to its length (dapo.py: expected_len = max_resp_len - len = 0)", fix)
     elif ramp > limit // 2:
         yield warn(f"DAPO's overlong ramp ({ramp} tokens) is more than half of the response limit ({limit}): answers "
                    f"past {limit - ramp} tokens are penalised (DAPO used 4k of 20k)", fix)

@@ -11,12 +11,24 @@ from grpo_lab.rules import A, ALT, Ctx, Problem, error, rule, warn
 _SHORT = {k.verl_key: k.key for k in KNOBS}
 
 # verl 0.9.1's estimators that compare the answers of one prompt (verl/trainer/ppo/core_algos.py, grouped by the
-# prompt `index`): with one answer per prompt there is no group. grpo/rloo/opo/gpg/reinforce_plus_plus_baseline then
-# use the raw score with no baseline (their `len(id2score[idx]) == 1` branch), the vectorized ones give zero
-# advantages, grpo_passk raises "Pass@k requires at least 2 samples per group".
-GROUP_ESTIMATORS = frozenset({"grpo", "grpo_vectorized", "grpo_passk", "gdpo", "rloo", "rloo_vectorized", "opo",
-                              "reinforce_plus_plus_baseline", "gpg", "optimal_token_baseline",
-                              "tir_optimal_token_baseline"})
+# prompt `index`), and what each does with a group of one answer (rollout.n=1): grpo_passk raises; the others run.
+GROUP_ESTIMATORS: dict[str, str] = {
+    "grpo": "the raw score as the advantage, no baseline (mean 0, std 1: compute_grpo_outcome_advantage)",
+    "gdpo": "the raw scores, no baseline, whitened over the batch (compute_gdpo_outcome_advantage via GRPO's)",
+    "grpo_vectorized": "the raw score as the advantage, no baseline (verl/utils/groupwise.py group_mean_std: a "
+                       "singleton group gets mean 0, std 1)",
+    "rloo": "the raw score as the advantage, no leave-one-out baseline (compute_rloo_outcome_advantage)",
+    "rloo_vectorized": "zero advantages for every answer ((c > 1) mask: compute_rloo_vectorized_outcome_advantage): "
+                       "no policy gradient at all, only the KL and entropy terms move the actor",
+    "opo": "the raw score as the advantage, no baseline (compute_opo_outcome_advantage)",
+    "gpg": "the raw score as the advantage, no baseline (compute_gpg_outcome_advantage)",
+    "reinforce_plus_plus_baseline": "the raw score, no group baseline, whitened over the batch "
+                                    "(compute_reinforce_plus_plus_baseline_outcome_advantage)",
+    "optimal_token_baseline": "the return as the advantage, no baseline (compute_optimal_token_baseline_advantage: "
+                              "'Single trajectory - no baseline')",
+    "tir_optimal_token_baseline": "the return as the advantage, no baseline (its N == 1 branch)",
+    "grpo_passk": "",  # raises: group_size's error
+}
 
 
 def override_key(verl_key: str) -> str:
@@ -38,8 +50,10 @@ NUMBERS: tuple[tuple[str, type, float, Any, str], ...] = (
      "verl's step count, steps per epoch x total_epochs, is not positive: no training step runs"),
     (A + "rollout.tensor_model_parallel_size", int, 1, 1, "vLLM cannot place a replica"),
     (A + "actor.ppo_max_token_len_per_gpu", int, 1, 4096, "dynamic batching has no token budget"),
+    # (0 itself runs and trains nothing: learning_rate_zero's warning)
     (A + "actor.optim.lr", float, 0, 1e-6,
-     "the learning rate must be a positive number: at 0 the actor never changes, below 0 it moves away from reward"),
+     "torch refuses it when verl builds the actor's optimizer, after Ray and the model have started "
+     "(torch.optim.AdamW: 'ValueError: Invalid learning rate'); a negative rate would move away from reward"),
     (A + "actor.kl_loss_coef", float, 0, 0.001, "a negative KL coefficient pushes the actor away from the reference"),
     # null (verl's default) lets the epochs decide: steps per epoch x total_epochs
     ("trainer.total_training_steps", int, 1, "null",
@@ -79,25 +93,45 @@ def value_range(c: Ctx) -> Iterable[Problem]:
         v = c.get(key)
         if v is None or not _is(v, kind) and not (kind is int and isinstance(v, float)):
             continue
-        bad = v <= 0 if (kind is float and lo == 0 and key.endswith("optim.lr")) else v < lo
-        if bad:
+        if v < lo:
             if key == "trainer.n_gpus_per_node" and c.launching:
                 from grpo_lab.facts import visible_gpus
 
                 fix = max(1, visible_gpus(c.environ)[0])
-            bound = "above 0" if key.endswith("optim.lr") else f"at least {lo:g}"
-            yield error(f"{key}={v!r} must be {bound}: {why}", f"{override_key(key)}={fix}")
+            yield error(f"{key}={v!r} must be at least {lo:g}: {why}", f"{override_key(key)}={fix}")
+
+
+@rule("learning_rate_zero")
+def learning_rate_zero(c: Ctx) -> Iterable[Problem]:
+    """actor_lr=0: torch's AdamW takes it (it refuses only a negative rate) and verl runs every step, generation,
+    rewards and all, but each update moves every weight by lr x (its Adam step + weight decay) = 0: nothing is
+    learned, at the full cost of the run."""
+    key = A + "actor.optim.lr"
+    v = c.get(key)
+    if _is(v, float) and v == 0:
+        yield warn(f"{key}=0: verl 0.9.1 runs it (torch.optim.AdamW accepts a rate of 0), but every actor update then "
+                   f"moves no weight, so the run generates and scores answers at full cost and the actor never changes "
+                   f"(the rewards stay where they start)", f"{override_key(key)}=1e-06")
 
 
 @rule("group_size")
 def group_size(c: Ctx) -> Iterable[Problem]:
+    """rollout.n=1 with an estimator that compares the answers of one prompt: grpo_passk raises in verl 0.9.1, the
+    others run with no baseline (GROUP_ESTIMATORS says what each does)."""
     est = str(c.get("algorithm.adv_estimator", "gae"))
     n = c.get(A + "rollout.n", 1)
-    if est in GROUP_ESTIMATORS and _is(n, int) and n == 1:
-        yield error(f"algorithm.adv_estimator={est} compares the answers of one prompt with each other, and "
-                    f"rollout.n=1 gives each prompt one answer: there is no group (verl's {est} then uses the raw "
-                    f"score with no baseline, a vectorized estimator gives zero advantages, grpo_passk raises). "
-                    f"The guide's group is 5 answers", "rollout_n=5")
+    if est not in GROUP_ESTIMATORS or not _is(n, int) or n != 1:
+        return
+    what = (f"algorithm.adv_estimator={est} compares the answers of one prompt with each other, and rollout.n=1 gives "
+            f"each prompt one answer: there is no group")
+    if est == "grpo_passk":
+        yield error(f"{what}, and verl 0.9.1 raises 'ValueError: Pass@k requires at least 2 samples per group. Got 1 "
+                    f"for group ...' at the first advantage computation, after the first generation "
+                    f"(verl/trainer/ppo/core_algos.py compute_grpo_passk_outcome_advantage). The guide's group is 5 "
+                    f"answers", "rollout_n=5")
+    else:
+        yield warn(f"{what}. verl 0.9.1 runs it (verl/trainer/ppo/core_algos.py) with {GROUP_ESTIMATORS[est]}: not "
+                   f"the group-relative signal {est} is for. The guide's group is 5 answers", "rollout_n=5")
 
 
 @rule("learning_rate_high")
