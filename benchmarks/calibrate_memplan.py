@@ -1,12 +1,12 @@
 """Replay every recorded GPU job through the memory plan and compare the plan with what the job measured.
 
     python benchmarks/calibrate_memplan.py            # print plan vs measured per job and per regime; exit 1 when a
-                                                      # job is outside the stated accuracy (grpo_lab/calibration.py)
+                                                      # job is outside the stated accuracy (grpo_lab/memory/calibration.py)
     python benchmarks/calibrate_memplan.py --write    # also write benchmarks/gpu/memplan_calibration.{json,md}
     make calibrate                                    # the same as --write
 
 A job is a folder under benchmarks/gpu/results/ with the verl_config.yaml it ran with. The plan is made from that
-config exactly as the preflight makes it (grpo_lab.memplan.settings_from_verl, the model's facts from conf/model/ by
+config exactly as the preflight makes it (grpo_lab.memory.memplan.settings_from_verl, the model's facts from conf/model/ by
 the model folder's name, the card from the job's plan.json). Measured:
 
 * training: the largest `actor/perf/max_memory_reserved_gb` (and `..._allocated_gb`) in its metrics.jsonl: verl's
@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 import yaml  # noqa: E402
 
-from grpo_lab import calibration, memplan  # noqa: E402
+from grpo_lab.memory import calibration, memplan  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 BENCH_JSON = RESULTS / "2026-12-02" / "memplan" / "memplan_h200.json"
@@ -133,7 +133,7 @@ def side_by_side(job: Path) -> bool:
 
 def job_model_facts(job: Path) -> dict[str, Any]:
     """The model group's facts the job was composed with (its .hydra/config.yaml's lab.model): a model folder of
-    another name, e.g. the random-weight Qwen3 of grpo_lab.qwen3_random, planned as the group of its size."""
+    another name, e.g. the random-weight Qwen3 of grpo_lab.tasks.qwen3_random, planned as the group of its size."""
     doc = _yaml(job / ".hydra" / "config.yaml") or {}
     model = (doc.get("lab") or {}).get("model") or {}
     if not model.get("hidden_size"):
@@ -266,7 +266,7 @@ def render(result: dict[str, Any]) -> str:
            f"{result['units']}. Stated accuracy: training within {st['training']:.0%} of verl's reserved peak, "
            f"vLLM's KV cache within {st['kv_cache']:.0%}. A regime with no recorded run is \"not measured\": its "
            f"verdicts refuse only above the card by more than {result['unmeasured_margin']:.0%} "
-           "(grpo_lab/calibration.py). A measured regime's margin is the plan's largest overshoot of the allocated "
+           "(grpo_lab/memory/calibration.py). A measured regime's margin is the plan's largest overshoot of the allocated "
            "peak (torch empties its cache and retries before it raises an out-of-memory error); what torch reserves "
            "above it (its cache, fragmentation) is not knowable before the run and shows as plan / measured < 1.",
            "", "## Per regime", "",

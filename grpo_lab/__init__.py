@@ -13,13 +13,13 @@ if not OmegaConf.has_resolver("lab_sum"):
 if not OmegaConf.has_resolver("lab_fraction"):
     OmegaConf.register_new_resolver("lab_fraction", lambda n, f: max(1, int(n * f)))
 
-# `${lab_unique_dir:path}` in conf/config.yaml's hydra.run.dir and hydra.sweep.dir: one folder per run (grpo_lab/config.py)
+# `${lab_unique_dir:path}` in conf/config.yaml's hydra.run.dir and hydra.sweep.dir: one folder per run (grpo_lab/cli/config.py)
 if not OmegaConf.has_resolver("lab_unique_dir"):
-    from grpo_lab.config import unique_dir
+    from grpo_lab.cli.config import unique_dir
 
     OmegaConf.register_new_resolver("lab_unique_dir", unique_dir, use_cache=True)
 
-# `${lab_pkg:rewards/strict_format.py}` in conf/reward_fn/: a file shipped inside this package, by absolute path, so a
+# `${lab_pkg:tasks/rewards/strict_format.py}` in conf/reward_fn/: a file shipped inside this package, by absolute path, so a
 # shipped reward is found wherever run.py is launched from (`${hydra:runtime.cwd}` is the launch folder)
 if not OmegaConf.has_resolver("lab_pkg"):
     import os as _os

@@ -8,7 +8,7 @@ atomic file writes, and what the machine, the files and the config folder say (c
     parquet_num_rows(path)                                   from the footer, without pyarrow
     known_model_keys()                                       keys verl accepts under actor_rollout_ref.model
     model_groups()                                           conf/model/*.yaml: model_path -> the group's lab.model
-    random_weights_mark(config)                              a random-weight model's mark (grpo_lab.qwen3_random)
+    random_weights_mark(config)                              a random-weight model's mark (grpo_lab.tasks.qwen3_random)
     verl_rollout_engines()                                   the rollout engines verl's registries can start
 
 
@@ -127,7 +127,7 @@ def model_groups() -> dict[str, dict[str, Any]]:
     return out
 
 
-# the key grpo_lab.qwen3_random writes into config.json: its value starts "random weights: memory and speed only"
+# the key grpo_lab.tasks.qwen3_random writes into config.json: its value starts "random weights: memory and speed only"
 RANDOM_WEIGHTS_KEY = "grpo_lab_random_weights"
 
 
@@ -344,7 +344,7 @@ def module_available(name: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def known_model_keys() -> tuple[frozenset[str], str]:
     """Keys verl accepts under actor_rollout_ref.model: verl's model/hf_model.yaml + HFModelConfig's fields."""
-    from grpo_lab.verl_paths import verl_config_dir
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
     root = verl_config_dir()
     if root is None:
@@ -391,7 +391,7 @@ def verl_rollout_engines() -> tuple[frozenset[tuple[str, str]], frozenset[str], 
     registry, names of its server registry, where from). verl 0.9.1: verl/workers/rollout/base.py `_ROLLOUT_REGISTRY`
     (the worker: get_rollout_class asserts the pair is there) and verl/workers/rollout/replica.py
     `RolloutReplicaRegistry.register(...)` (the server: get raises 'Unknown rollout mode'). Empty when not readable."""
-    from grpo_lab.verl_paths import verl_config_dir
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
     root = verl_config_dir()
     if root is None:

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 
-# this session's cache of verl's composed config (grpo_lab/verl_cache.py), for the run.py subprocesses too
+# this session's cache of verl's composed config (grpo_lab/verl_schema/verl_cache.py), for the run.py subprocesses too
 if not os.environ.get("GRPO_LAB_CACHE_DIR"):
     os.environ["GRPO_LAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo-lab-test-cache-")
     atexit.register(shutil.rmtree, os.environ["GRPO_LAB_CACHE_DIR"], True)
@@ -31,9 +31,9 @@ _INIT = None
 
 def compose_cfg(*overrides: str, environ: dict[str, str] | None = None):
     """The composed config (with `hydra` node, so ${hydra:runtime.cwd} resolves) for these command-line overrides,
-    read and checked as run.py reads them (grpo_lab.overrides), with the knobs of `environ` added."""
+    read and checked as run.py reads them (grpo_lab.cli.overrides), with the knobs of `environ` added."""
     global _INIT
-    from grpo_lab.overrides import check, parse
+    from grpo_lab.cli.overrides import check, parse
 
     cli = parse(list(overrides), environ or {}, flags=False)
     check(cli, CONF)
@@ -48,7 +48,7 @@ def compose_cfg(*overrides: str, environ: dict[str, str] | None = None):
 
 def compose_split(*overrides: str, environ: dict[str, str] | None = None):
     """(verl dict, lab dict) as the launcher hands them on."""
-    from grpo_lab.config import split
+    from grpo_lab.cli.config import split
 
     return split(compose_cfg(*overrides, environ=environ))
 
@@ -77,7 +77,7 @@ def run_py(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int =
            root: Path = ROOT) -> subprocess.CompletedProcess:
     """python run.py ARGS as a user types it (run.py of the checkout at `root`); returns the finished process."""
     # the knobs and the hub's offline switches only as the test gives them: a value left in this process's environment
-    # (grpo_lab.smollm2.main and qwen3_random.main set HF_HUB_OFFLINE for their own run) must not change a plan
+    # (grpo_lab.tasks.smollm2.main and qwen3_random.main set HF_HUB_OFFLINE for their own run) must not change a plan
     full_env = {k: v for k, v in os.environ.items() if k not in _KNOB_ENV and k not in _HUB_OFFLINE}
     full_env.update(env or {})
     return subprocess.run([sys.executable, str(root / "run.py"), *args], cwd=cwd, env=full_env, text=True,
@@ -95,7 +95,7 @@ def fresh_clone(dest: Path) -> Path:
     return dest
 
 
-NOT_READY_EXIT = 3  # run.py's exit code for a plan that holds but cannot start here (grpo_lab/launch.py, README)
+NOT_READY_EXIT = 3  # run.py's exit code for a plan that holds but cannot start here (grpo_lab/launch/job.py, README)
 
 
 def planned(proc: subprocess.CompletedProcess) -> bool:
@@ -139,7 +139,7 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-from grpo_lab.knobs import ENV_NAMES as _KNOB_ENV  # noqa: E402
+from grpo_lab.cli.knobs import ENV_NAMES as _KNOB_ENV  # noqa: E402
 
 
 def write_rows(path: Path, n: int) -> Path:

@@ -1,4 +1,4 @@
-"""grpo_lab.arith (make arith-oneshot): the synthetic tasks SmolLM2 is trained on, offline and deterministic."""
+"""grpo_lab.tasks.arith (make arith-oneshot): the synthetic tasks SmolLM2 is trained on, offline and deterministic."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, compose_split, run_module
-from grpo_lab import arith
-from grpo_lab.config import get
-from grpo_lab.rewards.strict_format import compute_score
+from grpo_lab.tasks import arith
+from grpo_lab.cli.config import get
+from grpo_lab.tasks.rewards.strict_format import compute_score
 
 
 def _cli(*args):
-    return run_module("grpo_lab.arith", *args)
+    return run_module("grpo_lab.tasks.arith", *args)
 
 
 @pytest.fixture(scope="module")

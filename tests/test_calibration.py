@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import ROOT, planned, run_py
-from grpo_lab import calibration, memplan
+from grpo_lab.memory import calibration, memplan
 
 SCRIPT = ROOT / "benchmarks" / "calibrate_memplan.py"
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"

@@ -67,7 +67,7 @@ NOT_RUN = {
     "make test": "the test suite itself",
     "make data": "downloads GSM8K from the hub (no hub downloads in tests); tests/test_data.py covers the converter",
     "make setup": "installs the GPU environment",
-    "make tiny": "writes the tiny model into data/ of the checkout; tests/test_tiny.py runs grpo_lab.tiny itself",
+    "make tiny": "writes the tiny model into data/ of the checkout; tests/test_tiny.py runs grpo_lab.tasks.tiny itself",
     "make own-data": "reads the user's own file; tests/test_own_data.py runs it on files it writes",
     "make doctor": "reads a run's log; tests/test_doctor.py and tests/test_refusals.py run it",
     "make report": "reads a run's folder; tests/test_report.py and tests/test_refusals.py run it",
@@ -81,7 +81,7 @@ NOT_RUN = {
 }
 # commands for the user's own files or machines, by their first words
 NOT_RUN_PREFIX = {
-    "python -m grpo_lab.data own": "reads the user's own file; tests/test_own_data.py runs it on files it writes",
+    "python -m grpo_lab.tasks.data own": "reads the user's own file; tests/test_own_data.py runs it on files it writes",
     "ray ": "starts, lists or stops a Ray cluster on the user's nodes",
     "pip install": "installs packages (make test and make setup install these into their environments)",
     "python run.py experiment=my_4b": "runs the file that `make fit ... WRITE=my_4b` writes; tests/test_fit.py "
@@ -232,13 +232,13 @@ def test_mistakes_are_refused_before_composing(args, says, tmp_path):
 
 
 def test_rawcmd_refuses_the_same_way(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.rawcmd", "rollout_gpu_mem_utils=0.5"], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.cli.rawcmd", "rollout_gpu_mem_utils=0.5"], cwd=ROOT, text=True,
                           capture_output=True, timeout=60)
     assert proc.returncode == 2 and "did you mean 'rollout_gpu_mem_util'" in proc.stderr
     assert run_py("rollout_gpu_mem_utils=0.5").stderr.strip() == proc.stderr.strip()
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.rawcmd", "--help"], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.cli.rawcmd", "--help"], cwd=ROOT, text=True,
                           capture_output=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m grpo_lab.rawcmd")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m grpo_lab.cli.rawcmd")
 
 
 @pytest.mark.parametrize("args", [

@@ -13,9 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg, compose_split, composed, planned, run_py
-from grpo_lab import slurm
-from grpo_lab.config import get
-from grpo_lab.launch import GrpoLabError
+from grpo_lab.launch.job import slurm
+from grpo_lab.cli.config import get
+from grpo_lab.launch.job import GrpoLabError
 
 
 # ---- hardware=ray_cluster ------------------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ def test_a_worker_gives_up_when_the_head_ended_or_never_came():
 
 
 def test_the_preflight_counts_each_nodes_ray_cpus():
-    from grpo_lab.preflight import run_preflight
+    from grpo_lab.checks.preflight import run_preflight
 
     fake = FakeRay()
     verl, lab = composed("hardware=rtx4080x4", "nnodes=2", "ray_kwargs.ray_init.num_cpus=12")

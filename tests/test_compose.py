@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose_split, options
-from grpo_lab.config import get
+from grpo_lab.cli.config import get
 
 GROUPS = ["hardware", "model", "rollout", "variant", "dataset", "logger", "experiment"]
 # vLLM's allowed LoRA ranks (vllm.config.lora.MaxLoRARanks; verl checks a LoRA rank against them when vLLM is there)
@@ -27,7 +27,7 @@ def test_every_group_has_the_issue_options():
 def test_no_option_shadows_verl_config_files():
     # verl has groups `model` (hf_model) and `rollout` (rollout): an option of ours with the same name would replace
     # verl's own file wherever ppo_trainer.yaml loads it
-    from grpo_lab.verl_paths import verl_config_dir
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
     from pathlib import Path
 
     verl = Path(verl_config_dir())

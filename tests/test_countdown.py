@@ -1,5 +1,5 @@
-"""The countdown task (issue 12, item 1): grpo_lab/countdown.py (make countdown) writes verl rows whose every problem
-is solvable, grpo_lab/rewards/countdown.py scores answers without running them, verl's own loaders read both (its
+"""The countdown task (issue 12, item 1): grpo_lab/tasks/countdown.py (make countdown) writes verl rows whose every problem
+is solvable, grpo_lab/tasks/rewards/countdown.py scores answers without running them, verl's own loaders read both (its
 RLHFDataset the rows, its get_custom_reward_fn the reward file named by conf/reward_fn/countdown.yaml), and the
 preset passes the preflight."""
 
@@ -14,10 +14,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, compose_split, planned, run_module, run_py
-from grpo_lab import countdown
-from grpo_lab.config import get
-from grpo_lab.rewards import countdown as reward
-from grpo_lab.rewards.countdown import compute_score
+from grpo_lab.tasks import countdown
+from grpo_lab.cli.config import get
+from grpo_lab.tasks.rewards import countdown as reward
+from grpo_lab.tasks.rewards.countdown import compute_score
 
 SRC = countdown.DATA_SOURCE
 VERL_COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}
@@ -25,7 +25,7 @@ PRESET = ("experiment=countdown_smollm2", "hardware=h200x1")
 
 
 def _cli(*args):
-    return run_module("grpo_lab.countdown", *args)
+    return run_module("grpo_lab.tasks.countdown", *args)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,7 @@ def test_the_preset_selects_the_file_and_verl_loads_it():
     assert lab["reward_fn"] == "countdown" and lab["dataset"]["name"] == "countdown"
     assert get(verl, "data.train_files") == str(ROOT / "data" / "countdown" / "train.parquet")
     crf = get(verl, "reward.custom_reward_function")
-    assert crf["path"] == str(ROOT / "grpo_lab" / "rewards" / "countdown.py") and crf["name"] == "compute_score"
+    assert crf["path"] == str(ROOT / "grpo_lab" / "tasks" / "rewards" / "countdown.py") and crf["name"] == "compute_score"
     fn = get_custom_reward_fn(OmegaConf.create(verl))
     assert fn is not None
     # verl merges reward_kwargs into the call: the amounts in conf/reward_fn/countdown.yaml reach the function

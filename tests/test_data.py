@@ -1,4 +1,4 @@
-"""GSM8K -> verl rows (grpo_lab.data): verl's RLHFDataset loads them and verl's gsm8k scorer scores them right."""
+"""GSM8K -> verl rows (grpo_lab.tasks.data): verl's RLHFDataset loads them and verl's gsm8k scorer scores them right."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_lab import data
+from grpo_lab.tasks import data
 
 INSTR = 'Let\'s think step by step and output the final answer after "####".'
 RECORDS = {
@@ -61,7 +61,7 @@ def test_cli_local_jsonl_rows_load_in_rlhfdataset_and_score(tmp_path, capsys):
     from verl.utils.reward_score import default_compute_score
     from verl.utils.reward_score.gsm8k import compute_score
 
-    from grpo_lab.tiny import build_tokenizer, tokenizer_corpus
+    from grpo_lab.tasks.tiny import build_tokenizer, tokenizer_corpus
 
     src = _write_jsonl(tmp_path / "src")
     out = tmp_path / "gsm8k"

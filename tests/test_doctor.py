@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_lab import doctor
+from grpo_lab.after_run import doctor
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
@@ -274,7 +274,7 @@ def test_hydra_new_key_and_host_ram():
 
 
 def _config_keys() -> tuple[dict, set[str]]:
-    from grpo_lab.verl_paths import verl_config_dir
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
     verl = yaml.safe_load((Path(verl_config_dir()) / "_generated_ppo_trainer.yaml").read_text())
     ours = yaml.safe_load((Path(__file__).resolve().parent.parent / "conf" / "config.yaml").read_text())
@@ -435,7 +435,7 @@ def test_a_running_status_whose_process_is_gone_is_told_apart():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# only logs it recognises (grpo_lab/logkind.py)
+# only logs it recognises (grpo_lab/after_run/logkind.py)
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "results"
 
@@ -453,11 +453,11 @@ def test_a_file_that_is_no_log_is_said_so_and_nothing_suggested(tmp_path):
     empty = tmp_path / "empty.log"
     empty.write_text("")
     for f, first in ((notes, "first line: shopping list"), (empty, "(empty file)")):
-        out = run_module("grpo_lab.doctor", f)
+        out = run_module("grpo_lab.after_run.doctor", f)
         assert out.returncode == 2, out.stdout + out.stderr
         assert f"{f} is not a verl or grpo-lab log" in out.stdout and first in out.stdout
         assert "try:" not in out.stdout and "num_cpus" not in out.stdout and "NCCL" not in out.stdout
-        data = json.loads(run_module("grpo_lab.doctor", f, "--json").stdout)
+        data = json.loads(run_module("grpo_lab.after_run.doctor", f, "--json").stdout)
         assert [(d["id"], d["overrides"]) for d in data] == [("not_a_log", [])]
     made = subprocess.run(["make", "-s", "-C", str(ROOT), "doctor", f"LOG={notes}", f"PY={sys.executable}"],
                           text=True, capture_output=True, timeout=60)
@@ -466,7 +466,7 @@ def test_a_file_that_is_no_log_is_said_so_and_nothing_suggested(tmp_path):
 
 
 def test_every_recorded_and_synthetic_log_is_recognised():
-    from grpo_lab import logkind
+    from grpo_lab.after_run import logkind
 
     logs = sorted(FIXTURES.glob("*/*.log")) + sorted(RESULTS.glob("**/train.log"))
     assert len(logs) > 15

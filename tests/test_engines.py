@@ -11,9 +11,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from conftest import composed, options, planned, run_py
-from grpo_lab import engines, memplan
-from grpo_lab.config import get
-from grpo_lab.memplan import Arch, memory_plan, settings_from_verl
+from grpo_lab.memory import engines, memplan
+from grpo_lab.cli.config import get
+from grpo_lab.memory.memplan import Arch, memory_plan, settings_from_verl
 
 SGLANG = ["sglang_tp1_mem04", "sglang_tp2_mem04"]
 
@@ -112,7 +112,7 @@ def test_tp2_halves_sglangs_weights():
 def test_option_names_do_not_clash_with_verls_rollout_files():
     from pathlib import Path
 
-    from grpo_lab.verl_paths import verl_config_dir
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
     theirs = {p.stem for p in (Path(verl_config_dir()) / "rollout").glob("*.yaml")}
     assert set(SGLANG) <= set(options("rollout")) and not set(SGLANG) & theirs and "rollout" not in SGLANG
@@ -125,7 +125,7 @@ def test_verl_validates_the_sglang_config(option, tp):
 
     verl, _ = composed(f"rollout={option}")
     cfg = OmegaConf.create(verl)
-    OmegaConf.set_struct(cfg, True)  # as grpo_lab/launch.py:run_verl hands it to verl
+    OmegaConf.set_struct(cfg, True)  # as grpo_lab/launch/job.py:run_verl hands it to verl
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     assert rollout.name == "sglang" and rollout.tensor_model_parallel_size == tp

@@ -1,4 +1,4 @@
-"""A run whose engine died ends (grpo_lab/fatal.py): the fatal lines of vLLM / SGLang / Ray, read from RECORDED logs of
+"""A run whose engine died ends (grpo_lab/launch/fatal.py): the fatal lines of vLLM / SGLang / Ray, read from RECORDED logs of
 the GPU test machine; the watcher that stops verl's job on them; and a STAND-IN job through run.py (verl's own driver
 and Ray, only its TaskRunner replaced) that prints the recorded lines of a dead vLLM worker and then hangs: it ends
 within 30 s, status.json says failed with the doctor's diagnosis, the exit code is not 0, no process is left."""
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, write_rows
-from grpo_lab import doctor, fatal
+from grpo_lab.after_run import doctor
+from grpo_lab.launch.job import fatal
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RECORDED = FIXTURES / "recorded"

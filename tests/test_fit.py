@@ -1,4 +1,4 @@
-"""make fit / preflight.fit (grpo_lab/fit.py): every model on every hardware option gets one command that passes the
+"""make fit / preflight.fit (grpo_lab/checks/fit.py): every model on every hardware option gets one command that passes the
 preflight with the batch arithmetic unchanged, or a message naming what would fit; the real entry points too."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import replace
 import pytest
 
 from conftest import CONF, ROOT, compose_split, composed, options, planned, run_py
-from grpo_lab import fit as F
-from grpo_lab import memplan
-from grpo_lab.preflight import run_preflight
+from grpo_lab.checks import fit as F
+from grpo_lab.memory import memplan
+from grpo_lab.checks.preflight import run_preflight
 
 GRID = [(m, h) for m in options("model") for h in options("hardware")]
 # what the fit may set without changing what is trained (LoRA aside, said loudly)

@@ -108,7 +108,7 @@ def test_ray_is_shut_down_after_a_failed_or_interrupted_job(monkeypatch, exc):
     import verl.trainer.main_ppo as main_ppo
 
     from conftest import compose_split
-    from grpo_lab import launch
+    from grpo_lab.launch import job as launch
 
     def fake_run_ppo(config, task_runner_class):
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
@@ -142,7 +142,7 @@ def test_refusal_imports_nothing_heavy(tmp_path):
 
 
 def test_verl_group_options_still_work_on_the_command_line():
-    # verl's ppo_trainer is served composed (grpo_lab/verl_cache.py); run.py walks verl's own tree for these
+    # verl's ppo_trainer is served composed (grpo_lab/verl_schema/verl_cache.py); run.py walks verl's own tree for these
     proc = run_py("--cfg", "job", "model_engine=veomni")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert yaml.safe_load(proc.stdout)["actor_rollout_ref"]["actor"]["strategy"] == "veomni"
@@ -170,7 +170,7 @@ def test_plan_lists_every_changed_default_with_what_set_it(tmp_path):
     assert "actor_rollout_ref.actor.use_dynamic_bsz" in changed
     assert "trainer.nnodes" not in changed  # 1 is verl's default too
     # every changed value is listed: the verl config minus the listed keys equals verl's defaults there
-    from grpo_lab.provenance import flatten, lookup, verl_defaults
+    from grpo_lab.cli.provenance import flatten, lookup, verl_defaults
 
     verl = yaml.safe_load((out / "verl_config.yaml").read_text())
     defaults = verl_defaults()
@@ -200,7 +200,7 @@ def test_a_failed_jobs_exception_goes_into_its_log(monkeypatch, tmp_path):
 
     from hydra.types import RunMode
 
-    from grpo_lab import launch
+    from grpo_lab.launch import job as launch
 
     hc = SimpleNamespace(runtime=SimpleNamespace(output_dir=str(tmp_path)), mode=RunMode.RUN,
                          job=SimpleNamespace(override_dirname=""))

@@ -1,4 +1,4 @@
-"""The memory planner (grpo_lab/memplan.py): the guide's table, formulas, monotonicity, the GPU benchmark's wiring."""
+"""The memory planner (grpo_lab/memory/memplan.py): the guide's table, formulas, monotonicity, the GPU benchmark's wiring."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from conftest import ROOT, composed
-from grpo_lab import memplan
-from grpo_lab.memplan import Arch, Settings, memory_plan, settings_from_verl
+from grpo_lab.memory import memplan
+from grpo_lab.memory.memplan import Arch, Settings, memory_plan, settings_from_verl
 
 
 

@@ -1,4 +1,4 @@
-"""Your own question/answer pairs -> verl rows (grpo_lab/own_data.py through `python -m grpo_lab.data own`).
+"""Your own question/answer pairs -> verl rows (grpo_lab/tasks/own_data.py through `python -m grpo_lab.tasks.data own`).
 
 The input files are small ones each test writes; no downloads.
 """
@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, compose_split, planned, run_py
-from grpo_lab import own_data
-from grpo_lab.data import DataError
+from grpo_lab.tasks import own_data
+from grpo_lab.tasks.data import DataError
 
 PAIRS = [
     {"problem": f"What is {a} + {b}?", "solution": a + b, "topic": "add"} for a, b in
@@ -29,9 +29,9 @@ def _jsonl(path, records):
 
 
 def _cli(*args, cwd=ROOT):
-    """python -m grpo_lab.data own ARGS, as a user types it."""
+    """python -m grpo_lab.tasks.data own ARGS, as a user types it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "grpo_lab.data", "own", *map(str, args)], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "grpo_lab.tasks.data", "own", *map(str, args)], cwd=cwd, env=env,
                           text=True, capture_output=True, timeout=120)
 
 
@@ -101,7 +101,7 @@ def test_rows_load_in_verls_dataset(tmp_path):
     from omegaconf import OmegaConf
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from grpo_lab.tiny import build_tokenizer, tokenizer_corpus
+    from grpo_lab.tasks.tiny import build_tokenizer, tokenizer_corpus
 
     src = _jsonl(tmp_path / "qa.jsonl", PAIRS)
     own_data.convert_own(src, tmp_path / "out", question_field="problem", answer_field="solution",
@@ -195,11 +195,11 @@ def test_dataset_option_reads_the_made_files_through_run_py(tmp_path):
     verl, lab = compose_split("dataset=own_qa")
     assert verl["data"]["train_files"].endswith("/data/own_qa/train.parquet")
     assert verl["data"]["val_files"].endswith("/data/own_qa/test.parquet")
-    assert lab["dataset"]["make"].startswith("python -m grpo_lab.data own")
+    assert lab["dataset"]["make"].startswith("python -m grpo_lab.tasks.data own")
     # before the files exist, the plan says how to make them
     p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
     assert planned(p), p.stdout + p.stderr
-    assert "python -m grpo_lab.data own --input" in p.stdout
+    assert "python -m grpo_lab.tasks.data own --input" in p.stdout
     # make them in the folder run.py is started from: with the default data_source (own_qa) verl's own scorer has
     # nothing for the rows, and the preflight says so (rule reward_fn_data_source) ...
     src = _jsonl(tmp_path / "qa.jsonl", [{"question": f"What is {i} + {i}?", "answer": 2 * i} for i in range(400)])

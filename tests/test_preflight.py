@@ -1,4 +1,4 @@
-"""Preflight (grpo_lab/preflight.py): a corpus of bad configs, one per rule, the guide's arithmetic, the report."""
+"""Preflight (grpo_lab/checks/preflight.py): a corpus of bad configs, one per rule, the guide's arithmetic, the report."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, composed, planned, run_py
-from grpo_lab import facts, preflight
-from grpo_lab import memplan
-from grpo_lab.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
+from grpo_lab import facts
+from grpo_lab.checks import preflight
+from grpo_lab.memory import memplan
+from grpo_lab.checks.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
 
 
 
@@ -74,7 +75,7 @@ def test_steps_per_epoch_unknown_without_the_file():
     assert r.batch["steps_per_epoch"] is None
     # the command that writes that very path (issue 19: `make data` writes data/gsm8k/ only)
     (n,) = [n for n in r.notes if "steps_per_epoch unknown" in n]
-    assert "python -m grpo_lab.data gsm8k --out /nonexistent` writes it" in n and "make data" not in n
+    assert "python -m grpo_lab.tasks.data gsm8k --out /nonexistent` writes it" in n and "make data" not in n
 
 
 def test_parquet_footer_row_count_matches_pyarrow(tmp_path):
@@ -516,7 +517,7 @@ def test_no_heavy_imports_and_fast():
     code = (
         "import json, sys, time\n"
         "t = time.time()\n"
-        "from grpo_lab.preflight import run_preflight\n"
+        "from grpo_lab.checks.preflight import run_preflight\n"
         "verl, lab = json.load(sys.stdin)\n"
         "r = run_preflight(verl, lab, launching=False, environ={})\n"
         "heavy = [m for m in ('verl', 'torch', 'ray', 'vllm', 'pyarrow', 'transformers') if m in sys.modules]\n"

@@ -1,11 +1,11 @@
-"""The preflight's emulation rules (grpo_lab/rules/emulation.py) on composed configs; through run.py:
+"""The preflight's emulation rules (grpo_lab/checks/rules/emulation.py) on composed configs; through run.py:
 tests/test_emulate.py."""
 
 from __future__ import annotations
 
 from conftest import composed
-from grpo_lab import emulate
-from grpo_lab.preflight import run_preflight
+from grpo_lab.checks import emulate
+from grpo_lab.checks.preflight import run_preflight
 
 EMU = "hardware=h200x4_as_rtx4080x4"
 

@@ -1,4 +1,4 @@
-"""Fixes that fix (grpo_lab/fixes.py): for a corpus of bad configurations, each written in every spelling a user may
+"""Fixes that fix (grpo_lab/checks/fixes.py): for a corpus of bad configurations, each written in every spelling a user may
 use (short key, verl key, the official script's environment variable), the fix `python run.py ... preflight.only=true`
 prints, appended to that same command as typed (the environment kept), passes the preflight. A config file's
 spelling: through Hydra's --config-dir/--config-name. The fixer's parts at function level below."""
@@ -14,14 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import composed, planned, run_py
-from grpo_lab import facts, fixes
-from grpo_lab.config import get
-from grpo_lab.knobs import KNOBS
-from grpo_lab.preflight import run_preflight
+from grpo_lab import facts
+from grpo_lab.checks import fixes
+from grpo_lab.cli.config import get
+from grpo_lab.cli.knobs import KNOBS
+from grpo_lab.checks.preflight import run_preflight
 
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
-LEGACY = ("trainer.use_v1=false",)  # verl's deprecated legacy trainer: it pads nothing (grpo_lab/rules/batch.py Mode)
+LEGACY = ("trainer.use_v1=false",)  # verl's deprecated legacy trainer: it pads nothing (grpo_lab/checks/rules/batch.py Mode)
 H200 = ("experiment=smoke_tiny", "hardware=h200x1")
 
 # (overrides, the error rule(s) it must raise): the issue's cases first, then one per error rule. A batch shape verl's
@@ -54,7 +55,7 @@ CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
     (("++ray_kwargs.ray_init.runtime_env.env_vars.FOO=1",), {"ray_env_vars"}),
     (("actor_rollout_ref.actor.use_dynamic_bsz=false",), {"dynamic_bsz_mismatch"}),
     # (+actor_rollout_ref.model.use_remove_paddin=true: refused on the command line before composing, by
-    #  grpo_lab/overrides.py; the model_key_unknown rule, for such a key in a config file, is in test_preflight.py)
+    #  grpo_lab/cli/overrides.py; the model_key_unknown rule, for such a key in a config file, is in test_preflight.py)
     (("variant=dapo", "algorithm.filter_groups.metric=null"), {"dapo_filter_metric"}),
     (("model=qwen3_8b_lora", "actor_rollout_ref.model.lora_rank=0"), {"full_finetune_too_big"}),
     (("model=qwen3_4b", "rollout_gpu_mem_util=0.85"), {"memory_generation"}),
@@ -116,7 +117,7 @@ def test_a_fix_that_causes_a_new_error_is_combined_or_replaced():
 
 def test_no_single_fix_is_said_plainly(monkeypatch):
     """When re-checking finds no alternative that passes, the fix says so instead of printing one that fails."""
-    from grpo_lab.rules import Problem
+    from grpo_lab.checks.rules import Problem
 
     verl, lab = composed(*LEGACY, "ngpus_per_node=3")  # the legacy trainer: 129 is not whole mini-batches either
     checker = fixes.FixChecker(verl, lab, launching=False, environ={}, problems=check(verl, lab).errors)
@@ -128,7 +129,7 @@ def test_no_single_fix_is_said_plainly(monkeypatch):
 def test_words_and_group_choices_are_not_applied_but_marked():
     verl, lab = composed()
     checker = fixes.FixChecker(verl, lab, launching=False, environ={}, problems=[])
-    from grpo_lab.rules import Problem
+    from grpo_lab.checks.rules import Problem
 
     p = checker.check(Problem("x", "y", "model=qwen3_4b  or  point train_file at a parquet file", "warn"))
     assert p.fix == "model=qwen3_4b  or  point train_file at a parquet file"

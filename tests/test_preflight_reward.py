@@ -1,4 +1,4 @@
-"""The custom reward file is imported and called before Ray (grpo_lab/rules/reward.py, grpo_lab/reward_probe.py):
+"""The custom reward file is imported and called before Ray (grpo_lab/checks/rules/reward.py, grpo_lab/checks/reward_probe.py):
 a file that is missing, raises at import, lacks the function, or whose function raises or returns no number is
 refused by `python run.py` with the file, the line and the fix, and nothing starts; a good file passes."""
 
@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, composed, planned, run_py
-from grpo_lab import doctor, reward_probe
-from grpo_lab.preflight import run_preflight
+from grpo_lab.after_run import doctor
+from grpo_lab.checks import reward_probe
+from grpo_lab.checks.preflight import run_preflight
 
 KEY = "reward.custom_reward_function"
 GOOD = """\
@@ -89,19 +90,19 @@ def test_missing_file(tmp_path, train):
 
 def test_preset_launched_from_another_directory(tmp_path):
     """The shipped rewards are found by the package's own path (${lab_pkg:...}), so a preset passes from any launch
-    folder; a path built from the launch folder (${hydra:runtime.cwd}/grpo_lab/rewards/...) does not, and its fix is
+    folder; a path built from the launch folder (${hydra:runtime.cwd}/grpo_lab/tasks/rewards/...) does not, and its fix is
     the repository's file (re-checked), which typed back passes."""
     ok = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1",
                 f"hydra.run.dir={tmp_path / 'preset'}", cwd=tmp_path)
     assert planned(ok), ok.stdout + ok.stderr
-    shipped = ROOT / "grpo_lab" / "rewards" / "strict_format.py"
+    shipped = ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py"
     assert json.loads((tmp_path / "preset" / "plan.json").read_text())["errors"] == []
     out = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1",
-                 KEY + ".path=${hydra:runtime.cwd}/grpo_lab/rewards/strict_format.py",
+                 KEY + ".path=${hydra:runtime.cwd}/grpo_lab/tasks/rewards/strict_format.py",
                  f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
     e = assert_refused(out, out.stdout + out.stderr, plan, tmp_path / "a", "reward_fn_file")
-    assert f"the reward file {tmp_path}/grpo_lab/rewards/strict_format.py does not exist" in e["message"]
+    assert f"the reward file {tmp_path}/grpo_lab/tasks/rewards/strict_format.py does not exist" in e["message"]
     assert e["fix"].split("  or  ")[0] == f"{KEY}.path={shipped}" and f"run from {ROOT}" in e["message"]
     good = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", f"{KEY}.path={shipped}",
                   f"hydra.run.dir={tmp_path / 'b'}", cwd=tmp_path)
@@ -209,8 +210,8 @@ def test_refused_when_launching_too(tmp_path, train):
 # ---- the shipped rewards pass their own probe, with their preset's data; a constant one still warns ---------------
 
 # each conf/reward_fn option: the preset that picks it, and how its data is made (a small copy, in tmp_path)
-SHIPPED = {"countdown": ("countdown_smollm2", "grpo_lab.countdown", ("--train", "64", "--test", "16")),
-           "strict_format": ("learn_smollm2", "grpo_lab.arith", ("--train-size", "64", "--test-size", "16")),
+SHIPPED = {"countdown": ("countdown_smollm2", "grpo_lab.tasks.countdown", ("--train", "64", "--test", "16")),
+           "strict_format": ("learn_smollm2", "grpo_lab.tasks.arith", ("--train-size", "64", "--test-size", "16")),
            "verl_default": ("smoke", None, ())}
 
 
@@ -243,7 +244,7 @@ def test_shipped_reward_passes_its_probe_with_its_presets_data(tmp_path, reward_
     plan = json.loads((job / "plan.json").read_text())
     verl = json.loads(json.dumps(__import__("yaml").safe_load((job / "verl_config.yaml").read_text())))
     assert verl["reward"]["custom_reward_function"]["path"] == (
-        None if reward_fn == "verl_default" else str(ROOT / "grpo_lab" / "rewards" / f"{reward_fn}.py"))
+        None if reward_fn == "verl_default" else str(ROOT / "grpo_lab" / "tasks" / "rewards" / f"{reward_fn}.py"))
     mine = [p for p in plan["errors"] + plan["warnings"] if p["rule"].startswith("reward_fn")]
     assert mine == [], mine
     assert "[reward_fn" not in text, text
@@ -296,8 +297,8 @@ def check(tmp_path, path, name="compute_score", kwargs=None, train=None):
 
 
 def test_shipped_strict_format_passes(train, tmp_path):
-    assert check(tmp_path, ROOT / "grpo_lab" / "rewards" / "strict_format.py") == []
-    assert check(tmp_path, ROOT / "grpo_lab" / "rewards" / "strict_format.py", train=train) == []
+    assert check(tmp_path, ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py") == []
+    assert check(tmp_path, ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py", train=train) == []
     verl, lab = composed("experiment=learn_smollm2", "hardware=h200x1")
     assert not [p for p in run_preflight(verl, lab, launching=False, environ={}).errors if "reward" in p.rule]
 
@@ -434,7 +435,7 @@ def test_verl_default_scorer_with_rows_it_does_not_know_is_refused(tmp_path):
     from conftest import run_module
 
     data = tmp_path / "arith"
-    assert run_module("grpo_lab.arith", "--out", data, "--train-size", "64", "--test-size", "16").returncode == 0
+    assert run_module("grpo_lab.tasks.arith", "--out", data, "--train-size", "64", "--test-size", "16").returncode == 0
     files = (f"train_file={data / 'train.parquet'}", f"test_file={data / 'test.parquet'}")
     out = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1", "reward_fn=verl_default",
                  *files, f"hydra.run.dir={tmp_path / 'a'}")
@@ -449,7 +450,7 @@ def test_verl_default_scorer_with_rows_it_does_not_know_is_refused(tmp_path):
 
 
 def test_verl_knows_its_own_sources_from_its_source():
-    from grpo_lab.rules.reward import verl_sources
+    from grpo_lab.checks.rules.reward import verl_sources
 
     names, prefixes = verl_sources()
     assert {"openai/gsm8k", "lighteval/MATH", "hiyouga/geometry3k"} <= names and "aime" in prefixes

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from conftest import ROOT, composed, planned
-from grpo_lab import memplan
-from grpo_lab.preflight import run_preflight
-from grpo_lab.rules import ids, run_rules, Ctx
+from grpo_lab.memory import memplan
+from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.checks.rules import ids, run_rules, Ctx
 
 MOE = ROOT / "tests" / "fixtures" / "synthetic" / "qwen3_30b_a3b"
 
@@ -129,7 +129,7 @@ def test_ray_join_num_cpus():
 
 
 def test_ray_nnodes_without_cluster(tmp_path):
-    """Ray's own lookup (grpo_lab/ray_lookup.py): an environment check, a note when not launching."""
+    """Ray's own lookup (grpo_lab/checks/ray_lookup.py): an environment check, a note when not launching."""
     verl, lab = composed("nnodes=2")  # the course machine's own Ray, asked for two nodes
     r = check(verl, lab)  # planning: nothing of this machine's Ray is read
     assert "ray_nnodes_without_cluster" not in rules(r.errors)
@@ -442,7 +442,7 @@ def test_side_by_side_jobs_keep_the_users_own_kv_pin(tmp_path):
 
 
 def test_side_by_side_jobs_counts_only_the_joblib_launcher():
-    from grpo_lab.launch import side_by_side_jobs
+    from grpo_lab.launch.job import side_by_side_jobs
 
     joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
     assert side_by_side_jobs({"_target_": joblib, "n_jobs": 4}) == 4
@@ -480,9 +480,9 @@ def test_learning_rate_high_from_1e_3():
 
 
 def _settled(*task_overrides):
-    """(verl, lab) with grpo_lab.microbatch's settlement for these command-line overrides, as launch.py makes it."""
-    from grpo_lab.microbatch import settle
-    from grpo_lab.provenance import Layers
+    """(verl, lab) with grpo_lab.checks.microbatch's settlement for these command-line overrides, as launch.py makes it."""
+    from grpo_lab.checks.microbatch import settle
+    from grpo_lab.cli.provenance import Layers
 
     verl, lab = composed(*task_overrides)
     lab["micro_batch"] = settle(verl, Layers({}, list(task_overrides)))

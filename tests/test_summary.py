@@ -16,8 +16,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from conftest import run_module
-from grpo_lab import report as R
-from grpo_lab import summary as S
+from grpo_lab.after_run import report as R
+from grpo_lab.after_run import summary as S
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
@@ -179,7 +179,7 @@ def test_callback_in_a_real_hydra_multirun(tmp_path):
     proc = subprocess.run(
         [sys.executable, "app.py", str(FIXTURES / "synth.py"), "-m", "+rollout_gpu_mem_util=0.3,0.4,0.5",
          "hydra.sweep.dir=sweep", "hydra.sweep.subdir=job${hydra.job.num}",
-         "+hydra.callbacks.summary._target_=grpo_lab.summary.SweepSummaryCallback",
+         "+hydra.callbacks.summary._target_=grpo_lab.after_run.summary.SweepSummaryCallback",
          "+hydra.callbacks.summary.plots=false"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(root)})
@@ -193,7 +193,7 @@ def test_callback_in_a_real_hydra_multirun(tmp_path):
 
 def test_callback_module_imports_pandas_and_the_doctor_only_when_used():
     # Hydra instantiates the callback before every run, the refusals of a bad config too
-    code = "import sys, grpo_lab.summary; print(sorted({'pandas', 'numpy', 'grpo_lab.doctor'} & set(sys.modules)))"
+    code = "import sys, grpo_lab.after_run.summary; print(sorted({'pandas', 'numpy', 'grpo_lab.after_run.doctor'} & set(sys.modules)))"
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -229,7 +229,7 @@ def test_a_sweep_cut_short_is_ranked_at_the_last_step_every_job_validated(tmp_pa
                "since step 0.")
     assert ranking in (sweep / "summary.md").read_text()
     # what `make report RUN=<sweep>` prints
-    proc = run_module("grpo_lab.report", sweep)
+    proc = run_module("grpo_lab.after_run.report", sweep)
     assert proc.returncode == 0, proc.stderr
     assert ranking in proc.stdout and "| val_last | val_step |" in proc.stdout
 

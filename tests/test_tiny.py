@@ -1,4 +1,4 @@
-"""make tiny (grpo_lab.tiny) and the warm-up (grpo_lab.warmup) on CPU, offline."""
+"""make tiny (grpo_lab.tasks.tiny) and the warm-up (grpo_lab.tasks.warmup) on CPU, offline."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from grpo_lab import tiny
+from grpo_lab.tasks import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -21,10 +21,10 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFL
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """`python -m grpo_lab.tiny --out DIR` as `make tiny` runs it: (DIR, seconds, stdout)."""
+    """`python -m grpo_lab.tasks.tiny --out DIR` as `make tiny` runs it: (DIR, seconds, stdout)."""
     out = tmp_path_factory.mktemp("tiny")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.tiny", "--out", str(out)], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.tasks.tiny", "--out", str(out)], cwd=ROOT, text=True,
                           capture_output=True, timeout=120, env={**os.environ, **OFFLINE})
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
@@ -183,7 +183,7 @@ def test_warmup_trains_saves_and_the_cli_runs(made, tmp_path, capsys):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_lab import warmup
+    from grpo_lab.tasks import warmup
 
     out = made[0]
     small = tmp_path / "small"
@@ -221,7 +221,7 @@ def test_warmup_trains_saves_and_the_cli_runs(made, tmp_path, capsys):
 
 
 def test_warmup_cli_errors(tmp_path, capsys):
-    from grpo_lab import warmup
+    from grpo_lab.tasks import warmup
 
     assert warmup.main(["--model", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
-    assert "grpo_lab.tiny" in capsys.readouterr().err
+    assert "grpo_lab.tasks.tiny" in capsys.readouterr().err

@@ -13,8 +13,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from conftest import CONF, ROOT
-from grpo_lab import verl_cache
-from grpo_lab.verl_paths import verl_config_dir
+from grpo_lab.verl_schema import verl_cache
+from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
 VERL = verl_config_dir()
 

@@ -13,8 +13,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from conftest import CONF, run_py
-from grpo_lab.config import split
-from grpo_lab.verl_cache import ENV
+from grpo_lab.cli.config import split
+from grpo_lab.verl_schema.verl_cache import ENV
 
 # what the cache must not change: the defaults, a preset on other hardware, a variant, a model that picks its rollout
 CONFIGS = [(), ("experiment=smoke_tiny", "hardware=h200x1"), ("variant=dapo",), ("model=qwen3_8b_lora",)]
@@ -53,7 +53,7 @@ def test_cached_ppo_trainer_composes_the_identical_config(monkeypatch, overrides
 
 
 def test_with_the_cache_a_verl_group_option_needs_the_tree(monkeypatch):
-    # why run.py turns the cache off for such a command line (grpo_lab.verl_cache.tree_needed)
+    # why run.py turns the cache off for such a command line (grpo_lab.verl_schema.verl_cache.tree_needed)
     monkeypatch.setenv(ENV, "1")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base=None):

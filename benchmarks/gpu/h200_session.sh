@@ -25,7 +25,7 @@ VERL_STARTUP_DEFAULTS=(data.dataloader_num_workers=8 reward.num_workers=8 actor_
 export RAW_ARGS_FILE=$OUT/raw_args.txt
 raw_run() {  # raw_run NAME LIMIT_S [override ...]: the preset through raw verl, timed, metrics into $LOGS/NAME.metrics.jsonl
   local name=$1 limit=$2; shift 2
-  [ -s "$RAW_ARGS_FILE" ] || python3 -m grpo_lab.rawcmd --list "${PRESET[@]}" > "$RAW_ARGS_FILE"
+  [ -s "$RAW_ARGS_FILE" ] || python3 -m grpo_lab.cli.rawcmd --list "${PRESET[@]}" > "$RAW_ARGS_FILE"
   VERL_FILE_LOGGER_PATH=$LOGS/$name.metrics.jsonl timed "$name" "$limit" bash benchmarks/gpu/raw_verl.sh "$@"
 }
 
@@ -34,7 +34,7 @@ case "${1:-}" in
     t0=$(date +%s)
     python3 -m compileall -q -j 16 /root/site >/dev/null 2>&1
     echo "compileall /root/site: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/times.txt"
-    python3 -m grpo_lab.tiny --out data --variant all 2>&1 | tail -5
+    python3 -m grpo_lab.tasks.tiny --out data --variant all 2>&1 | tail -5
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
     python3 -c "import torch, vllm, ray, verl, transformers, hydra; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__, 'hydra', hydra.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
     ;;

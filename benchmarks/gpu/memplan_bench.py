@@ -1,4 +1,4 @@
-"""Measure the training-phase memory of an FSDP actor on one GPU and compare it with grpo_lab.memplan's prediction.
+"""Measure the training-phase memory of an FSDP actor on one GPU and compare it with grpo_lab.memory.memplan's prediction.
 
 Builds real Qwen3 architectures (0.6B, 1.7B, 4B; facts from conf/model/*.yaml) from transformers' Qwen3Config with
 random weights (no download), shards them with torch FSDP2 on a world of one GPU, bf16 mixed precision with fp32
@@ -13,7 +13,7 @@ gradient loss, backward, clip, AdamW step, zero_grad. It records torch.cuda.max_
               as verl's optimizer_offload does between phases; gradients freed by zero_grad)
   log_prob    a no-grad forward of T_lp tokens with the entropy, as verl's old-log-prob pass
 
-and prints them beside grpo_lab.memplan's numbers for n_gpus=1 (FSDP over one GPU: per-GPU shares x 1), with the
+and prints them beside grpo_lab.memory.memplan's numbers for n_gpus=1 (FSDP over one GPU: per-GPU shares x 1), with the
 ratio measured / predicted. Target: within 15% per row.
 
     python benchmarks/gpu/memplan_bench.py --out memplan_h200.json            # all rows, ~2-4 min on an H200
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from grpo_lab import memplan  # noqa: E402  (pure Python: no torch)
+from grpo_lab.memory import memplan  # noqa: E402  (pure Python: no torch)
 
 MODELS = {"0.6b": "qwen3_0_6b", "1.7b": "qwen3_1_7b", "4b": "qwen3_4b", "tiny": "tiny_qwen3"}
 GIB = 1 << 30

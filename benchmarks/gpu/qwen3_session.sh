@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Qwen3 at its real sizes on the H200 test machine (issue 20): random weights built there from the real configs
-# (grpo_lab/qwen3_random.py: memory and speed only), the guide's smoke, the presets' phases against the plan, an
+# (grpo_lab/tasks/qwen3_random.py: memory and speed only), the guide's smoke, the presets' phases against the plan, an
 # emulated 32 GB card, LoRA, DAPO to its end. Run inside the device calls after verl/vLLM/Ray are staged
 # (`source /root/site.env`), from a copy of the repo outside the synced checkout (cp -a . /tmp/w). Each phase packs
 # its job folder and stamped log into $OUT/<phase>.tgz.
@@ -29,20 +29,20 @@ SDPA=++actor_rollout_ref.model.override_config.attn_implementation=sdpa
 HW=(hardware=h200x1 "$SDPA" ${UTIL:+rollout_gpu_mem_util=$UTIL}
   ${KV_GB:+"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=${KV_GB}000000000"} "${EXTRA_ARGS[@]}")
 ARITH=(dataset=arith_tiny)
-Q=$PWD/data/qwen3  # + -<size>-random-weights (grpo_lab/qwen3_random.py)
+Q=$PWD/data/qwen3  # + -<size>-random-weights (grpo_lab/tasks/qwen3_random.py)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 mp() { echo "$Q-$1-random-weights"; }  # mp 0.6b: the folder of that size
 build() {  # build SIZE (0.6b, 1.7b, 4b, 8b): the random Qwen3 of that size, once
-  [ -f "$(mp "$1")/config.json" ] || timed "build_$1" 900 python3 -m grpo_lab.qwen3_random --size "${1/./_}" --out "$(mp "$1")"
+  [ -f "$(mp "$1")/config.json" ] || timed "build_$1" 900 python3 -m grpo_lab.tasks.qwen3_random --size "${1/./_}" --out "$(mp "$1")"
 }
 
 case "${1:-}" in
   prepare)
     for s in ${SIZES:-0.6b 1.7b}; do build "$s"; done
-    timed tiny 120 python3 -m grpo_lab.tiny --out data
-    timed smollm2 300 python3 -m grpo_lab.smollm2 --out data/smollm2-135m-instruct
-    timed arith 120 python3 -m grpo_lab.arith --out data/arith_oneshot
+    timed tiny 120 python3 -m grpo_lab.tasks.tiny --out data
+    timed smollm2 300 python3 -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct
+    timed arith 120 python3 -m grpo_lab.tasks.arith --out data/arith_oneshot
     du -sh data/* | tee "$LOGS/data_sizes.txt"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
     python3 -c "import torch, vllm, ray, verl, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
@@ -52,7 +52,7 @@ case "${1:-}" in
     build 0.6b
     timed smoke 600 python3 run.py experiment=smoke "${HW[@]}" "${ARITH[@]}" model_path="$(mp 0.6b)" \
       hydra.run.dir="$LOGS/smoke"
-    python3 -m grpo_lab.report "$LOGS/smoke" > "$LOGS/report_smoke.txt" 2>&1
+    python3 -m grpo_lab.after_run.report "$LOGS/smoke" > "$LOGS/report_smoke.txt" 2>&1
     pack smoke
     ;;
   p17|p4)
@@ -61,12 +61,12 @@ case "${1:-}" in
     timed "$1" 1500 python3 run.py experiment="$preset" "${HW[@]}" "${ARITH[@]}" model_path="$(mp "$size")" \
       trainer.total_training_steps="${STEPS:-2}" trainer.val_before_train=false test_freq=-1 save_freq=-1 \
       trainer.resume_mode=disable hydra.run.dir="$LOGS/$1"
-    python3 -m grpo_lab.report "$LOGS/$1" > "$LOGS/report_$1.txt" 2>&1
+    python3 -m grpo_lab.after_run.report "$LOGS/$1" > "$LOGS/report_$1.txt" 2>&1
     pack "$1"
     ;;
   dapo)
     timed dapo 1200 python3 run.py experiment=smoke_smollm2 variant=dapo "${HW[@]}" hydra.run.dir="$LOGS/dapo"
-    python3 -m grpo_lab.report "$LOGS/dapo" > "$LOGS/report_dapo.txt" 2>&1
+    python3 -m grpo_lab.after_run.report "$LOGS/dapo" > "$LOGS/report_dapo.txt" 2>&1
     pack dapo
     ;;
   emu_fit|emu_oom)
@@ -77,7 +77,7 @@ case "${1:-}" in
     if [ "$1" = emu_fit ]; then args=(experiment=smoke model_path="$(mp 0.6b)")
     else build 1.7b; args=(experiment=smoke model=qwen3_1_7b model_path="$(mp 1.7b)" preflight.strict=false); fi
     timed "$1" 900 python3 run.py "${HW[@]}" "${ARITH[@]}" "${EMU[@]}" "${args[@]}" hydra.run.dir="$LOGS/$1"
-    python3 -m grpo_lab.doctor "$LOGS/$1/train.log" > "$LOGS/doctor_$1.txt" 2>&1
+    python3 -m grpo_lab.after_run.doctor "$LOGS/$1/train.log" > "$LOGS/doctor_$1.txt" 2>&1
     pack "$1"
     ;;
   lora_smol|lora_smol_merge|lora_q06|lora_8b)
@@ -95,7 +95,7 @@ case "${1:-}" in
         ${LORA8_ARGS:-}) ;;
     esac
     timed "$1" "${LORA_LIMIT:-600}" python3 run.py "${HW[@]}" "${args[@]}" experiment_name="$1" hydra.run.dir="$LOGS/$1"
-    python3 -m grpo_lab.doctor "$LOGS/$1/train.log" > "$LOGS/doctor_$1.txt" 2>&1
+    python3 -m grpo_lab.after_run.doctor "$LOGS/$1/train.log" > "$LOGS/doctor_$1.txt" 2>&1
     pack "$1"
     ;;
   pause) sleep "${PAUSE:-120}" ;;  # par 'PAUSE=150 pause dapo': a chain that starts later (vLLM profiles the card alone)

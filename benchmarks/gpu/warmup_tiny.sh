@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The tiny model's warm-up on one GPU (issue 6, item 6), before GRPO: make the offline data and models, check that
-# vLLM loads and runs them, warm the "learn" variant up with grpo_lab.warmup, and score the result with vLLM the way
+# vLLM loads and runs them, warm the "learn" variant up with grpo_lab.tasks.warmup, and score the result with vLLM the way
 # GRPO's rollout samples it (chat template with enable_thinking=False, temperature 1, n draws per prompt).
 #
 #   source /root/site.env            # on the H200 test machine (../../../shared/device/README.md)
@@ -59,13 +59,13 @@ EOF
 }
 
 echo "== make tiny (all variants)"
-{ time "$PY" -m grpo_lab.tiny --out "$DATA" --variant all; } 2>&1 | tee "$RES/tiny.log"
+{ time "$PY" -m grpo_lab.tasks.tiny --out "$DATA" --variant all; } 2>&1 | tee "$RES/tiny.log"
 
 echo "== vLLM on the random tiny model"
 vllm_score "$DATA/tiny-qwen3" tiny-qwen3-random 2>&1 | tail -40 | tee "$RES/vllm_tiny-qwen3-random.log"
 
 echo "== warm-up: $STEPS steps on $SYNTHETIC synthetic problems"
-{ time "$PY" -m grpo_lab.warmup --model "$DATA/tiny-qwen3-learn" --data "$DATA/arith_tiny" --out "$SFT" \
+{ time "$PY" -m grpo_lab.tasks.warmup --model "$DATA/tiny-qwen3-learn" --data "$DATA/arith_tiny" --out "$SFT" \
   --steps "$STEPS" --synthetic "$SYNTHETIC" --device cuda; } 2>&1 | tee "$RES/warmup.log"
 cp "$SFT/grpo_lab_warmup.json" "$RES/"
 

@@ -5,7 +5,7 @@ the installed verl package without importing it (importing verl pulls in torch a
 config and refusing a bad one stays fast. Hydra discovers this file through the `hydra_plugins` namespace package.
 
 VerlConfigSource (scheme `grpolab-verl://`) reads verl's folder as Hydra's own file source does, except for
-`ppo_trainer` itself: that one comes composed, from grpo_lab/verl_cache.py (one file instead of ~40). With
+`ppo_trainer` itself: that one comes composed, from grpo_lab/verl_schema/verl_cache.py (one file instead of ~40). With
 GRPO_LAB_VERL_CACHE=0 (run.py sets it for a command line that picks an option of a verl config group) the folder goes
 on the searchpath as a plain `file://` one and Hydra walks verl's defaults tree itself.
 """
@@ -20,8 +20,8 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class VerlSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from grpo_lab import verl_cache
-        from grpo_lab.verl_paths import verl_config_dir
+        from grpo_lab.verl_schema import verl_cache
+        from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
         path = verl_config_dir()
         if path is not None:
@@ -42,7 +42,7 @@ class VerlConfigSource(ConfigSource):
         return "grpolab-verl"
 
     def load_config(self, config_path: str) -> ConfigResult:
-        from grpo_lab import verl_cache
+        from grpo_lab.verl_schema import verl_cache
 
         if self._normalize_file_name(config_path) == f"{verl_cache.CONFIG_NAME}.yaml":
             cfg = verl_cache.composed_ppo_trainer(self.path)

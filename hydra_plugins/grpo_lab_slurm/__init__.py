@@ -1,1 +1,1 @@
-"""grpo-lab's SLURM launcher (hydra/launcher=slurm): see slurm_launcher.py and grpo_lab/slurm.py."""
+"""grpo-lab's SLURM launcher (hydra/launcher=slurm): see slurm_launcher.py and grpo_lab/launch/slurm.py."""

@@ -1,0 +1,441 @@
+"""The summary of a Hydra multirun sweep: one row per job, as Markdown, CSV and a plot against the swept value.
+
+    python -m grpo_lab.after_run.summary SWEEP_DIR      (make report RUN=outputs/sweeps/<sweep> does the same)
+
+Each row: the job's overrides, its status (ok / refused: <rule> / OOM in generation / OOM in training / other
+failure / unfinished; failed jobs are read by the doctor, refused ones from their plan.json), steps done, time per step, generation time, throughput, peak training memory and
+last score. The swept key is the override whose value differs across the jobs' .hydra/overrides.yaml.
+summary.png plots throughput and step time against it.
+
+`SweepSummaryCallback` (a Hydra callback) re-makes the summary after every job of a multirun and at its end, writes
+a failed job's diagnosis.json, and never raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo_lab import facts
+from grpo_lab.after_run import metrics as M
+
+if TYPE_CHECKING:  # pandas and the doctor are imported where used: Hydra instantiates the callback before every run
+    import pandas as pd
+
+    from grpo_lab.after_run import doctor
+
+try:  # Hydra is a dependency of grpo-lab; the summary itself works without it
+    from hydra.experimental.callback import Callback as _HydraCallback
+except Exception:  # pragma: no cover
+    _HydraCallback = object  # type: ignore[assignment,misc]
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["job", "status", "steps", "step_time_s", "gen_time_s", "throughput_tok_s_gpu", "peak_train_mem_gb",
+           "last_score", "val_first", "val_last", "val_step", "diagnosis", "overrides"]
+
+OK, UNFINISHED, OTHER, KILLED = "ok", "unfinished", "other failure", "killed"
+
+
+def job_dirs(sweep_dir: str | Path) -> list[Path]:
+    """The job dirs of a sweep: subdirs that look like a Hydra job (job<N>, or any with .hydra/ or a train.log)."""
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for d in root.iterdir():
+        if not d.is_dir() or d.name.startswith("."):
+            continue
+        if re.fullmatch(r"job\d+", d.name) or d.name.isdigit() or (d / ".hydra").is_dir() or \
+                (d / "train.log").exists() or (d / "status.json").exists():
+            out.append(d)
+    return sorted(out, key=_job_key)
+
+
+def _job_key(p: Path) -> tuple[int, str]:
+    m = re.search(r"(\d+)$", p.name)
+    return (int(m.group(1)) if m else 1 << 30, p.name)
+
+
+def read_overrides(job_dir: Path) -> list[str]:
+    try:
+        import yaml
+
+        data = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text())
+        return [str(x) for x in data] if isinstance(data, list) else []
+    except Exception:
+        return []
+
+
+def _split_override(o: str) -> tuple[str, str] | None:
+    if "=" not in o:
+        return None
+    key, value = o.split("=", 1)
+    return key.lstrip("+~"), value
+
+
+def swept_keys(overrides: list[list[str]]) -> list[str]:
+    """Override keys whose value differs across the jobs (in first-seen order)."""
+    values: dict[str, set[str]] = {}
+    order: list[str] = []
+    for ovs in overrides:
+        seen = {}
+        for o in ovs:
+            kv = _split_override(o)
+            if kv:
+                seen[kv[0]] = kv[1]
+        for k in seen:
+            if k not in values:
+                values[k] = set()
+                order.append(k)
+    for ovs in overrides:
+        d = dict(kv for kv in (_split_override(o) for o in ovs) if kv)
+        for k in order:
+            values[k].add(d.get(k, "<unset>"))
+    return [k for k in order if len(values[k]) > 1]
+
+
+
+def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
+    """(status word, diagnosis text, diagnoses) of one job."""
+    from grpo_lab.after_run import doctor
+
+    status = doctor.read_json(job_dir / "status.json")
+    st = status.get("status")
+    if st == "ok":
+        return OK, "", []
+    gone = doctor.gone_running(status)
+    if st == "running" and not gone:
+        return UNFINISHED, "", []
+    refused = doctor.refusal(job_dir)
+    if refused is not None:  # the preflight refused it: its rules, not a traceback
+        return doctor.failure_class([refused]), refused.title, [refused]
+    log_path = job_dir / "train.log"
+    diags: list[doctor.Diagnosis] = []
+    if log_path.exists():
+        _, diags = doctor.diagnose_path(job_dir)
+    if st == "failed":
+        word = doctor.failure_class(diags)
+        text = "; ".join(d.title for d in diags) or str(status.get("error") or "")
+        return word, text, diags
+    # no status.json, or "running" with its process gone: a job killed hard, or one that never started
+    errors = [d for d in diags if d.id not in ("stopped_without_error",)]
+    if errors:
+        return doctor.failure_class(errors), "; ".join(d.title for d in errors), errors
+    if gone:
+        return KILLED, f"killed: {gone}", diags
+    return UNFINISHED, "; ".join(d.title for d in diags), diags
+
+
+def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagnosis]] | None = None
+                  ) -> dict[str, Any]:
+    """One job's row of the summary."""
+    job_dir = Path(job_dir)
+    df = M.read_metrics(job_dir)
+    steps = M.training_steps(df)
+    word, diag_text, _ = status or job_status(job_dir)
+
+    def train(name: str) -> pd.Series:
+        s = M.series(df, name)
+        return s[s.index.isin(steps)] if not s.empty else s
+
+    mem = train("actor/perf/max_memory_allocated_gb")
+    val_col = M.primary_val_column(df)  # what a learning-rate sweep is chosen by
+    val = M.series(df, val_col).dropna() if val_col else None
+    return {
+        "job": job_dir.name,
+        "status": word,
+        "steps": int(steps.max()) if len(steps) else 0,
+        "step_time_s": M.steady_mean(train("timing_s/step")),
+        "gen_time_s": M.steady_mean(train("timing_s/gen")),
+        "throughput_tok_s_gpu": M.steady_mean(train("perf/throughput")),
+        "peak_train_mem_gb": float(mem.max()) if not mem.empty else None,
+        "last_score": M.last(train("critic/score/mean")),
+        "val_first": float(val.iloc[0]) if val is not None and len(val) else None,
+        "val_last": float(val.iloc[-1]) if val is not None and len(val) else None,
+        "val_step": int(val.index[-1]) if val is not None and len(val) else None,
+        "_val": {int(k): float(v) for k, v in val.items()} if val is not None else {},
+        "diagnosis": diag_text,
+        "overrides": " ".join(read_overrides(job_dir)),
+    }
+
+
+def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagnosis]] | None = None
+                  ) -> tuple[pd.DataFrame, list[str]]:
+    """One row per job (swept keys as their own columns, after `job`), and the swept keys.
+
+    diagnoses: filled with each job's doctor findings, by job name.
+    """
+    dirs = job_dirs(sweep_dir)
+    statuses = [job_status(d) for d in dirs]
+    if diagnoses is not None:
+        diagnoses.update({d.name: st[2] for d, st in zip(dirs, statuses)})
+    rows = [summarize_job(d, st) for d, st in zip(dirs, statuses)]
+    keys = swept_keys([read_overrides(d) for d in dirs])
+    for row, d in zip(rows, dirs):
+        ov = dict(kv for kv in (_split_override(o) for o in read_overrides(d)) if kv)
+        for k in keys:
+            row[k] = ov.get(k)
+    import pandas as pd
+
+    table = pd.DataFrame(rows, columns=["job", *keys, *COLUMNS[1:]])
+    table.attrs["val_ranking"] = val_ranking(rows, keys)
+    return table, keys
+
+
+def val_ranking(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
+    """The jobs ranked by validation at the last step that every validated job reached.
+
+    Jobs that stop at different steps (a sweep cut short, a failure) are not compared by their last values: a job
+    validated at step 15 would beat one last validated at step 10 for no reason but time.
+    """
+    validated = [r for r in rows if r.get("_val")]
+    if len(validated) < 2:
+        return None
+    common = set.intersection(*(set(r["_val"]) for r in validated))
+    if not common:
+        return None
+    step = max(common)
+    if all(step == min(r["_val"]) for r in validated):  # only the validation before training is shared
+        return None
+
+    def name(r: dict[str, Any]) -> str:
+        swept = ", ".join(f"{k}={r.get(k)}" for k in keys)
+        return f"{r['job']} ({swept})" if swept else str(r["job"])
+
+    ranked = sorted(validated, key=lambda r: -r["_val"][step])
+    first = ranked[0]
+    gain = first["_val"][step] - first["_val"][min(first["_val"])]
+    return (f"Validation at step {step}, the last step every validated job reached: "
+            + ", ".join(f"{name(r)} {r['_val'][step]:.3g}" for r in ranked)
+            + f". Best: {name(first)}, {gain * 100:+.1f} points since step {min(first['_val'])}.")
+
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    return str(v).replace("|", "\\|")
+
+
+def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
+                diagnoses: dict[str, list[doctor.Diagnosis]] | None = None) -> str:
+    cols = list(table.columns)
+    out = [f"# Sweep summary: {sweep_dir.name}", ""]
+    out.append(f"Swept: {', '.join(f'`{k}`' for k in keys) if keys else '(no override differs across the jobs)'}; "
+               f"{len(table)} job(s): " + ", ".join(f"{n} {s}" for s, n in table["status"].value_counts().items())
+               + ".")
+    out.append("")
+    out.append("| " + " | ".join(cols) + " |")
+    out.append("|" + "|".join("---" for _ in cols) + "|")
+    for _, row in table.iterrows():
+        out.append("| " + " | ".join(_cell(row[c]) for c in cols) + " |")
+    out += ["", "step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
+            "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has more than 2 steps; "
+            "peak_train_mem_gb: max of actor/perf/max_memory_allocated_gb; last_score: critic/score/mean of the "
+            "last step; val_first, val_last, val_step: the job's main validation metric (val-core/.../mean@N) at its "
+            "first and last validation, and the step of the last.", ""]
+    if table.attrs.get("val_ranking"):
+        out += [table.attrs["val_ranking"], ""]
+    failed = table[~table["status"].isin([OK, UNFINISHED])]
+    if len(failed):
+        out.append("## Failed jobs")
+        for _, row in failed.iterrows():
+            diags = (diagnoses or {}).get(str(row["job"]))
+            if diags is None:
+                _, _, diags = job_status(Path(sweep_dir) / str(row["job"]))
+            out.append(f"- {row['job']} ({row['status']}): {row['diagnosis'] or 'no known signature'}")
+            for dg in diags:
+                if dg.overrides:
+                    out.append(f"  - try: `{' '.join(dg.overrides)}`")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot_summary(table: pd.DataFrame, keys: list[str], path: Path) -> Path | None:
+    if table.empty:
+        return None
+    from matplotlib.figure import Figure
+
+    if keys:
+        labels = [", ".join(str(r[k]) for k in keys) for _, r in table.iterrows()]
+        xlabel = ", ".join(keys)
+    else:
+        labels = list(table["job"])
+        xlabel = "job"
+    numeric = len(keys) == 1 and all(M.finite_float(v) is not None for v in table[keys[0]])
+    xs = [M.finite_float(v) for v in table[keys[0]]] if numeric else list(range(len(labels)))
+    fig = Figure(figsize=(11, 4.5), dpi=80)
+    axes = fig.subplots(1, 2)
+    for ax, col, title in ((axes[0], "throughput_tok_s_gpu", "throughput (tokens/s per GPU)"),
+                           (axes[1], "step_time_s", "time per step (s)")):
+        ok_x, ok_y = [], []
+        for x, (_, row) in zip(xs, table.iterrows()):
+            y = M.finite_float(row[col])
+            if row["status"] == OK or (y is not None and row["status"] == UNFINISHED):
+                if y is not None:
+                    ok_x.append(x)
+                    ok_y.append(y)
+            else:
+                ax.scatter([x], [0], marker="x", color="red", s=80, zorder=3, clip_on=False)
+                ax.annotate(str(row["status"]), (x, 0), textcoords="offset points", xytext=(0, 8), ha="center",
+                            fontsize=8, color="red")
+        if ok_x:
+            order = sorted(range(len(ok_x)), key=lambda i: ok_x[i])
+            ax.plot([ok_x[i] for i in order], [ok_y[i] for i in order], marker="o")
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        if not numeric:
+            ax.set_xticks(xs)
+            ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(bottom=0)
+    fig.suptitle(f"sweep {path.parent.name}")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def summarize_sweep(sweep_dir: str | Path, *, plots: bool = True, write: bool = True) -> pd.DataFrame:
+    """Write summary.md, summary.csv and summary.png into the sweep dir (write=False: none); return the table."""
+    sweep_dir = Path(sweep_dir)
+    diagnoses: dict[str, list[doctor.Diagnosis]] = {}
+    table, keys = summary_table(sweep_dir, diagnoses)
+    table.attrs["markdown"] = to_markdown(table, keys, sweep_dir, diagnoses)
+    if not write:
+        return table
+    facts.atomic_write(sweep_dir / "summary.csv", table.to_csv(index=False))
+    facts.atomic_write(sweep_dir / "summary.md", table.attrs["markdown"])
+    if plots:
+        try:
+            plot_summary(table, keys, sweep_dir / "summary.png")
+        except Exception as e:  # the table matters more than the picture
+            log.warning("grpo-lab: no summary.png: %s: %s", type(e).__name__, e)
+    return table
+
+
+def format_summary(sweep_dir: str | Path, table: pd.DataFrame, written: bool = True) -> str:
+    sweep_dir = Path(sweep_dir)
+    text = table.attrs.get("markdown") or table.to_string()
+    if not written:
+        return f"{text}\nnot written: {sweep_dir} is a recorded sweep outside outputs/ (--write writes it)"
+    files = ", ".join(str(sweep_dir / f) for f in ("summary.md", "summary.csv", "summary.png")
+                      if (sweep_dir / f).exists())
+    return f"{text}\nwritten: {files}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Hydra callback
+
+
+def _sweep_dir_of(job_dir: Path) -> Path | None:
+    for d in (job_dir.parent, job_dir.parent.parent):
+        if (d / "multirun.yaml").exists():
+            return d
+    return None
+
+
+class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
+    """Hydra callback: a failed job's diagnosis.json, each job's report.json, and the sweep summary.
+
+    Register in conf/config.yaml:
+        hydra:
+          callbacks:
+            sweep_summary:
+              _target_: grpo_lab.after_run.summary.SweepSummaryCallback
+    """
+
+    def __init__(self, job_reports: bool = True, plots: bool = True) -> None:
+        self.job_reports = job_reports
+        self.plots = plots
+        self._sweep_dirs: list[Path] = []
+
+    def on_job_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
+        try:
+            self._job_end(config, job_return)
+        except BaseException as e:  # a summary must never break the sweep
+            log.warning("grpo-lab: sweep summary callback: %s: %s", type(e).__name__, e)
+
+    def _job_end(self, config: Any, job_return: Any) -> None:
+        from grpo_lab.after_run import doctor
+
+        hydra_cfg = config.hydra
+        job_dir = Path(str(hydra_cfg.runtime.output_dir))
+        failed = _job_failed(job_return) or doctor.read_json(job_dir / "status.json").get("status") == "failed"
+        if failed and (job_dir / "train.log").exists():
+            diags = doctor.write_diagnosis(job_dir)
+            for d in diags:  # "try:" only with something to try
+                log.warning("grpo-lab doctor (%s): %s%s", job_dir.name, d.title,
+                            f"; try: {' '.join(d.overrides)}" if d.overrides else "")
+        if self.job_reports and (job_dir / "metrics.jsonl").exists():
+            from grpo_lab.after_run.report import make_report
+
+            make_report(job_dir, plots=self.plots)
+        if str(hydra_cfg.mode) in ("RunMode.MULTIRUN", "MULTIRUN"):
+            sweep = _sweep_dir_of(job_dir) or Path(str(hydra_cfg.sweep.dir))
+            if sweep not in self._sweep_dirs:
+                self._sweep_dirs.append(sweep)
+            summarize_sweep(sweep, plots=self.plots)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        try:
+            dirs = list(self._sweep_dirs)
+            if not dirs:
+                dirs = [Path(str(config.hydra.sweep.dir))]
+            for sweep in dirs:
+                if sweep.is_dir():
+                    summarize_sweep(sweep, plots=self.plots)
+                    log.info("grpo-lab: sweep summary in %s", sweep / "summary.md")
+                    _note_refused(sweep)
+        except BaseException as e:
+            log.warning("grpo-lab: sweep summary callback: %s: %s", type(e).__name__, e)
+
+
+def _note_refused(sweep: Path) -> None:
+    """Jobs refused in other processes (hydra/launcher=side_by_side runs each job in a worker process) join
+    grpo_lab.launch.job.REFUSED here, in run.py's process, so that run.py exits 2 after such a sweep too; plans that are
+    not ready to launch here join grpo_lab.launch.job.NOT_READY (run.py exits 3)."""
+    from grpo_lab.after_run import doctor
+    from grpo_lab.launch import job as launch
+
+    known = {str(Path(p).resolve()) for p in launch.REFUSED + launch.NOT_READY}
+    for status in sorted(sweep.glob("*/status.json")):
+        st = doctor.read_json(status)
+        job = str(status.parent.resolve())
+        if job in known:
+            continue
+        if st.get("status") == "failed" and st.get("exit") == 2:
+            launch.REFUSED.append(job)
+        elif st.get("status") == "ok" and st.get("ready_here") is False:
+            launch.NOT_READY.append(job)
+
+
+def _job_failed(job_return: Any) -> bool:
+    try:
+        return str(getattr(job_return, "status", "")).endswith("FAILED")
+    except Exception:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m grpo_lab.after_run.summary", description="Summarise a Hydra sweep dir.")
+    ap.add_argument("sweep_dir")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    if not Path(args.sweep_dir).is_dir():
+        print(f"grpo-lab summary: {args.sweep_dir} is not a directory", file=sys.stderr)
+        return 2
+    table = summarize_sweep(args.sweep_dir, plots=not args.no_plots)
+    print(format_summary(args.sweep_dir, table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

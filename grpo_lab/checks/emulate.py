@@ -1,0 +1,286 @@
+"""Rehearse a smaller card on a bigger one: plan for the small card, cap each torch process, shrink vLLM's budget.
+
+A hardware option turns it on with `lab.hardware.emulate.real_gpu_memory_gb` (the card the job really runs on) next
+to `lab.hardware.gpu_memory_gb` (the card it stands in for; the preflight, the planner and `make fit` plan for it):
+
+    python run.py hardware=h200x4_as_rtx4080x4                               # the course machine on 4 H200
+    python run.py hardware=a100_80gbx8 lab.hardware.gpu_memory_gb=32 lab.hardware.emulate.real_gpu_memory_gb=80
+
+What changes, all here (the launcher calls `worker_env` and `for_devices` from two marked hooks):
+
+* every numeric `gpu_memory_utilization` verl hands to an inference engine (the rollout's, a reward model's, a
+  teacher's) is scaled by small/real, so `rollout_gpu_mem_util=0.5` still means "0.5 of the small card": vLLM
+  takes util x card TOTAL (grpo_lab/memory/engines.py), and 0.5 x 139.8 GB would be a budget no 32 GB card has.
+  The preflight plans with the value as typed (0.5 of 32 GB); verl gets the scaled one (verl_config.yaml).
+* `PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:<small/real>` for verl's Ray workers, merged into the
+  user's own value (no other key is touched). torch applies the fraction when its caching allocator is created
+  (DeviceCachingAllocator's constructor: setMemoryFraction) and refuses any new segment that would take this
+  process's reserved memory past fraction x the device's total memory (alloc_block), whatever pool or mode
+  (expandable segments, a MemPool) the block is for. What it does not see: the CUDA context, NCCL's and cuBLAS's
+  buffers (about 1-2 GB per process outside the cap), so a run that fits under the cap is strong evidence, not
+  proof, that the small card fits it. The cap is per process, not per card: vLLM's engine runs in processes of
+  its own (verl 0.9.1 starts it with vLLM's "mp" executor from the vLLMHttpServer actor), which inherit the same
+  variable (Ray merges the job's env_vars into every actor's) and are capped at the same 32 GB; their own budget
+  (util x card) stays far below it, so the cap never binds there and vLLM's sleep mode (cumem, which allocates
+  through a torch MemPool and so counts against the cap while asleep) keeps working. Keeping the cap away from
+  vLLM would need code inside verl's workers; it is not needed. What the per-process cap does NOT check is the
+  SUM on one card (trainer + vLLM): the planner does (its per-phase peaks), and on the GPU the runs record
+  nvidia-smi's used memory per card next to the 32 GB.
+
+Pure on plain dicts; raises EmulationError with the fix for bad input (the launcher turns it into its error).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from grpo_lab.cli.config import get, put
+
+ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the name torch 2.11 reads first, then the new one
+FRACTION_KEY = "per_process_memory_fraction"
+UTIL_KEY = "gpu_memory_utilization"
+
+
+class EmulationError(ValueError):
+    """Bad emulation input: what is wrong, the numbers, the override that fixes it."""
+
+
+@dataclass(frozen=True)
+class Emulation:
+    card_gb: float  # the card planned for (lab.hardware.gpu_memory_gb)
+    real_gb: float  # the card the job runs on (lab.hardware.emulate.real_gpu_memory_gb)
+    name: str = ""
+    real_name: str = ""
+
+    @property
+    def fraction(self) -> float:
+        return self.card_gb / self.real_gb
+
+    def scale(self, util: float) -> float:
+        """A fraction of the small card as a fraction of the real one (vLLM: util x TOTAL memory)."""
+        return round(float(util) * self.fraction, 6)
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def settings(lab: Mapping[str, Any]) -> Emulation | None:
+    """The emulation the `lab` facts ask for, checked; None when lab.hardware.emulate.real_gpu_memory_gb is unset."""
+    raw = get(lab, "hardware.emulate.real_gpu_memory_gb")
+    if raw is None:
+        return None
+    real, card = _number(raw), _number(get(lab, "hardware.gpu_memory_gb"))
+    if real is None or real <= 0:
+        raise EmulationError(f"lab.hardware.emulate.real_gpu_memory_gb={raw!r} is not a size in GB: set it to the "
+                             f"memory of the cards the job runs on, e.g. lab.hardware.emulate.real_gpu_memory_gb=139.8 "
+                             f"(H200) or =80 (A100 80GB), or drop it to run without emulation")
+    if card is None or card <= 0:
+        raise EmulationError(f"emulation on {real:g} GB cards needs the card to plan for: set "
+                             f"lab.hardware.gpu_memory_gb, e.g. lab.hardware.gpu_memory_gb=32")
+    if card > real:
+        raise EmulationError(f"cannot emulate a {card:g} GB card on {real:g} GB cards (the cap would be "
+                             f"{card / real:.3f} of the card, over 1): emulation only rehearses a smaller card. Set "
+                             f"lab.hardware.gpu_memory_gb={real:g} (no emulation) or "
+                             f"lab.hardware.emulate.real_gpu_memory_gb to the real card's size")
+    return Emulation(card, real, str(get(lab, "hardware.gpu_name", "") or ""),
+                     str(get(lab, "hardware.emulate.real_gpu_name", "") or ""))
+
+
+# ---- the allocator string: "key:value,key:value" (roundup_power2_divisions takes a [..] list with commas) ----
+
+def parse_alloc_conf(text: str) -> list[tuple[str, str]]:
+    """[(key, value)] of an allocator config string, in order; a value may be a [...] list."""
+    items, depth, cur = [], 0, ""
+    for ch in text or "":
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    out = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise EmulationError(f"allocator setting {item!r} in {text!r} has no value: torch reads key:value pairs "
+                                 f"separated by commas, e.g. expandable_segments:False,max_split_size_mb:512")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def merge_alloc_conf(user: str | None, fraction: float) -> tuple[str, bool]:
+    """(the user's allocator string with the fraction added, whether the user's own fraction was kept)."""
+    pairs = parse_alloc_conf(user or "")
+    if any(k == FRACTION_KEY for k, _ in pairs):
+        return ",".join(f"{k}:{v}" for k, v in pairs), True
+    pairs.append((FRACTION_KEY, f"{fraction:.6g}"))
+    return ",".join(f"{k}:{v}" for k, v in pairs), False
+
+
+def _user_alloc(env: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(the user's allocator string, where it came from): the job's env_vars first (they override the shell's in
+    Ray's workers), then the shell; PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF, the order torch reads them."""
+    for var in ALLOC_VARS:
+        for where, src in (("ray_kwargs.ray_init.runtime_env.env_vars", env), ("the environment", environ)):
+            v = src.get(var)
+            if v not in (None, ""):
+                return str(v), f"{var} from {where}"
+    return None, None
+
+
+def worker_env(env: Mapping[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str],
+               verl: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The variables emulation adds to verl's Ray workers ({} without emulation); `env` is what the job already
+    hands them. PYTORCH_CUDA_ALLOC_CONF always (torch 2.11 reads it first); PYTORCH_ALLOC_CONF too when the user set
+    it, with the same value, so that whichever name a torch reads first carries the cap."""
+    emu = settings(lab)
+    if emu is None:
+        return {}
+    user, _ = _user_alloc(env, environ)
+    merged, _ = merge_alloc_conf(user, emu.fraction)
+    sleep = get(verl or {}, "actor_rollout_ref.rollout.enable_sleep_mode", True)
+    if sleep and any(k == "expandable_segments" and v == "True" for k, v in parse_alloc_conf(merged)):
+        raise EmulationError(f"your allocator setting {user!r} turns expandable_segments on; emulation hands it to "
+                             f"vLLM's processes in PYTORCH_CUDA_ALLOC_CONF, and vLLM's sleep mode refuses that "
+                             f"(vllm/device_allocator/cumem.py: 'Expandable segments are not compatible with memory "
+                             f"pool'). Drop expandable_segments:True from it (verl turns it on and off itself around "
+                             f"the weight sync)")
+    out = {"PYTORCH_CUDA_ALLOC_CONF": merged}
+    if env.get("PYTORCH_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF"):
+        out["PYTORCH_ALLOC_CONF"] = merged
+    return out
+
+
+def _utils(d: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    if isinstance(d, Mapping):
+        for k, v in d.items():
+            p = f"{path}.{k}" if path else str(k)
+            if k == UTIL_KEY and _number(v) is not None:
+                yield p, float(v)
+            else:
+                yield from _utils(v, p)
+
+
+def for_raw(verl: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What run.py's two hooks do, for `python -m grpo_lab.cli.rawcmd` (raw verl with the same config)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    if settings(lab) is None:
+        return verl
+    path = "ray_kwargs.ray_init.runtime_env.env_vars"
+    env = dict(get(verl, path, {}) or {})
+    env.update(worker_env(env, lab, environ, verl))
+    verl = copy.deepcopy(verl)
+    put(verl, path, env)
+    return for_devices(verl, lab, environ)[0]
+
+
+def check_engine(verl: Mapping[str, Any]) -> None:
+    engine = str(get(verl, "actor_rollout_ref.rollout.name", "vllm") or "vllm").lower()
+    if engine != "vllm":
+        raise EmulationError(f"emulation scales vLLM's gpu_memory_utilization (a fraction of the card's total); "
+                             f"{engine} reads it as a fraction of the memory free at start, which emulation cannot "
+                             f"scale. Use actor_rollout_ref.rollout.name=vllm, or run {engine} without emulation")
+
+
+def for_devices(verl: dict[str, Any], lab: Mapping[str, Any],
+                environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the config verl gets, the plan's "emulation" section). Without emulation: (verl itself, None). With it: a
+    copy whose gpu_memory_utilization values are scaled to the real card; `verl` (as planned) is left as it is."""
+    emu = settings(lab)
+    if emu is None:
+        return verl, None
+    check_engine(verl)
+    out = copy.deepcopy(verl)
+    scaled = {}
+    for path, util in _utils(verl):
+        parts = path.split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node[p]
+        node[parts[-1]] = emu.scale(util)
+        scaled[path] = {"planned": util, "handed_to_engine": emu.scale(util),
+                        # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
+                        "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
+    env = get(out, "ray_kwargs.ray_init.runtime_env.env_vars", {}) or {}
+    info = {
+        "emulated": True,
+        "card": f"{emu.name or f'{emu.card_gb:g} GB card'} ({emu.card_gb:g} GB)",
+        "real_card": f"{emu.real_name or 'the real card'} ({emu.real_gb:g} GB)",
+        "card_gb": emu.card_gb,
+        "real_gpu_memory_gb": emu.real_gb,
+        "fraction": round(emu.fraction, 6),
+        "torch_cap_gb_per_process": round(emu.fraction * emu.real_gb, 2),
+        "gpu_memory_utilization": scaled,
+        "worker_env": {k: env[k] for k in (*ALLOC_VARS, "NCCL_P2P_DISABLE") if k in env},
+    }
+    return out, info
+
+
+def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
+    """plan.json's changed_defaults (what verl got) says which values emulation scaled, from what."""
+    for item in changed:
+        if item.get("key") in {f"ray_kwargs.ray_init.runtime_env.env_vars.{v}" for v in ALLOC_VARS}:
+            item["set_by"] = "emulation (grpo_lab/checks/emulate.py): the torch cap, merged into your own setting if any"
+        u = info["gpu_memory_utilization"].get(item.get("key"))
+        if u is not None:
+            item["set_by"] = (f"{item.get('set_by') or 'verl'}; emulation (grpo_lab/checks/emulate.py) scaled "
+                              f"{u['planned']:g} of a {info['card_gb']:g} GB card to {u['handed_to_engine']:g} of "
+                              f"{info['real_gpu_memory_gb']:g} GB")
+
+
+def describe(verl: Mapping[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    """One paragraph for the preflight's notes: the run is emulated, and the real values vLLM and torch get."""
+    emu = settings(lab)
+    if emu is None:
+        return ""
+    env = get(verl, "ray_kwargs.ray_init.runtime_env.env_vars", {}) or {}
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF") or worker_env(env, lab, environ, verl)["PYTORCH_CUDA_ALLOC_CONF"]
+    cap = float(dict(parse_alloc_conf(conf)).get(FRACTION_KEY, emu.fraction))
+    own = (f" (your own {FRACTION_KEY}, kept; emulation's would be {emu.fraction:.6g})"
+           if abs(cap - emu.fraction) > 1e-6 else "")
+    utils = "; ".join(f"{p.split('.')[-2]}.{UTIL_KEY} {u:g} of {emu.card_gb:g} GB = {u * emu.card_gb:.2f} GB -> "
+                      f"{emu.scale(u):g} of {emu.real_gb:g} GB" for p, u in _utils(verl)
+                      if p.startswith("actor_rollout_ref."))
+    names = [f" ({n})" if n else "" for n in (emu.name, emu.real_name)]
+    return (f"EMULATED: planned for {emu.card_gb:g} GB cards{names[0]}, running on {emu.real_gb:g} GB cards{names[1]}. "
+            f"Handed to vLLM: {utils}. Handed to torch in every Ray worker: "
+            f"PYTORCH_CUDA_ALLOC_CONF={conf}{own} = {cap * emu.real_gb:.2f} GB per process (grpo_lab/checks/emulate.py)")
+
+
+# ---- does this machine's torch know the key? (an unknown key is an error at the first CUDA allocation) ----
+
+@functools.lru_cache(maxsize=None)
+def torch_knows_fraction_key() -> bool | None:
+    """True/False: torch's CUDA library has (not) the per_process_memory_fraction parser; None: no CUDA torch here
+    (a CPU build, or no torch). Reads libc10_cuda.so's bytes; torch is not imported."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        for lib in sorted(Path(loc, "lib").glob("libc10_cuda*.so*")):
+            try:
+                data = lib.read_bytes()
+            except OSError:
+                continue
+            return re.search(rb"per_process_memory_fraction", data) is not None
+    return None

@@ -1,0 +1,189 @@
+"""Fixes that fix: apply a printed fix's overrides to a copy of the config, run the rules again, keep what passes.
+
+    checker = FixChecker(verl, lab, launching=False, environ={}, problems=first_run)
+    checker.check(problem)      # rewrites problem.fix to the alternatives that pass; problem.checked says how
+    checker.fix_all(errors)     # the overrides that clear every error together (re-checked), or None
+
+A fix is one or more alternatives ("a=1 b=2  or  c=3"), each overrides as typed after `python run.py`. Applying one:
+a short key (grpo_lab/cli/knobs.py) sets every verl key that conf/config.yaml builds from it (`${ppo_mini_batch_size}`
+...), `~key` deletes, `+key`/`++key` add; vLLM's max_model_len, derived from prompt + response, follows them unless it
+was set apart. An alternative passes when its problem goes and no error appears that was not there. When it makes
+new errors, their own fixes are added (at most 3 rounds, each re-checked); when nothing passes, the fix says so.
+A config-group choice (model=..., hardware=...) or advice in words cannot be applied to a resolved config: it is
+printed as it is and marked as not re-checked.
+
+A fix is printed in the spelling that wins when appended to the user's command as typed: where the config sets a verl
+key on its own (`trainer.total_epochs=two` typed, or in a config file: lab["set_apart"], grpo_lab/cli/apply.py), a short
+key would no longer reach it, so `total_epochs=1` is re-checked and printed as `trainer.total_epochs=1` (`respell`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from grpo_lab import facts
+from grpo_lab.cli.apply import apply_overrides, parse, respell
+from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
+
+ROOT = facts.ROOT
+MAX_ROUNDS = 3
+GROUPS = frozenset(p.name for p in (ROOT / "conf").iterdir() if p.is_dir()) if (ROOT / "conf").is_dir() else frozenset()
+_TOKEN = re.compile(r"^(~|\+\+|\+)?([A-Za-z_][\w.\-@]*)(?:=(.*))?$", re.S)
+MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
+LENGTHS = ("data.max_prompt_length", "data.max_response_length")
+
+
+def apply(verl: Mapping, lab: Mapping, overrides: list[tuple[str, str, Any]]) -> tuple[dict, dict]:
+    """Copies of (verl, lab) with the overrides applied and derived values derived again (grpo_lab/cli/apply.py)."""
+    return apply_overrides(verl, lab, overrides)
+
+
+def merge(*alternatives: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any]]:
+    """Overrides of several alternatives, one per key (the later wins)."""
+    out: dict[str, tuple[str, str, Any]] = {}
+    for alt in alternatives:
+        for o in alt:
+            out[o[1]] = o
+    return list(out.values())
+
+
+def text(overrides: list[tuple[str, str, Any]]) -> str:
+    """The overrides as typed after `python run.py`: values quoted for Hydra (grpo_lab.cli.overrides.quote), and a token
+    the shell would split or expand quoted for the shell."""
+    from grpo_lab.cli.overrides import quote
+
+    out = []
+    for op, key, value in overrides:
+        tok = f"~{key}" if op == "~" else f"{op}{key}={quote(value)}"
+        if re.fullmatch(r"[\w.+~=@/:,-]+", tok):
+            out.append(tok)
+        elif not re.search(r"[\"$`!\\]", tok):
+            out.append(f'"{tok}"')  # key='1': the shell keeps Hydra's quotes inside double quotes
+        else:
+            out.append(shlex.quote(tok))
+    return " ".join(out)
+
+
+def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[tuple[str, str, Any]]]:
+    """Of each problem, its first alternative that is overrides (not words, not a config-group choice), parsed."""
+    out = []
+    for p in problems:
+        parsed = next((x for x in map(parse_fn, p.alternatives) if x), None)
+        if parsed:
+            out.append(parsed)
+    return out
+
+
+class FixChecker:
+    def __init__(self, verl: Mapping, lab: Mapping, *, launching: bool, environ: Mapping[str, str],
+                 problems: list[Problem]) -> None:
+        self.verl, self.lab, self.launching, self.environ = verl, lab, launching, environ
+        self.before = Counter(p.rule for p in problems if p.level == "error")
+        self.apart = lab.get("set_apart") or {}
+        self._memo: dict[tuple, list[Problem]] = {}
+        self.runs = 0
+
+    def parse(self, alt: str) -> list[tuple[str, str, Any]] | None:
+        """One alternative's overrides, in the spelling that wins in this config (module docstring)."""
+        parsed = parse(alt)
+        return respell(parsed, self.apart) if parsed else parsed
+
+    def spelled(self, alt: str) -> str:
+        """An override text (a memory remedy) in the spelling that wins; words are left as they are."""
+        parsed = self.parse(alt) if self.apart else None
+        return text(parsed) if parsed else alt
+
+    def evaluate(self, overrides: list[tuple[str, str, Any]], quick: bool = True) -> list[Problem]:
+        key = (tuple((o, k, repr(v)) for o, k, v in overrides), quick)
+        if key not in self._memo:
+            v, lb = apply(self.verl, self.lab, overrides)
+            self.runs += 1
+            self._memo[key] = run_rules(Ctx.of(v, lb, launching=self.launching, environ=self.environ, quick=quick))
+        return self._memo[key]
+
+    def _verdict(self, p: Problem, after: list[Problem]) -> list[Problem]:
+        """The errors the alternative leaves that it should not: new ones, and p itself when it is still there."""
+        errs = [q for q in after if q.level == "error"]
+        count = Counter(q.rule for q in errs)
+        bad = [q for q in errs if q.rule != p.rule and count[q.rule] > self.before.get(q.rule, 0)]
+        mine_before = self.before.get(p.rule, 0) if p.level == "error" else 0
+        still = [q for q in after if q.rule == p.rule and q.level == p.level]
+        if p.level == "error" and count[p.rule] >= mine_before:
+            bad += [q for q in errs if q.rule == p.rule][:1]
+        elif p.level != "error" and len(still) >= 1 and still[0].message == p.message:
+            bad += still[:1]
+        return bad
+
+    def settle(self, p: Problem, overrides: list[tuple[str, str, Any]]
+               ) -> tuple[list[tuple[str, str, Any]] | None, list[Problem]]:
+        """The overrides (grown by the fixes of what they cause) that clear p without new errors, or (None, why)."""
+        cur = overrides
+        for _ in range(MAX_ROUNDS):
+            bad = self._verdict(p, self.evaluate(cur))
+            if not bad:
+                return cur, []
+            full = self.evaluate(cur, quick=False)
+            added = []
+            for q in full:
+                if q.level == "error" and any(b.rule == q.rule for b in bad):
+                    for alt in q.alternatives:
+                        parsed = self.parse(alt)
+                        if parsed and not any(k == o[1] for o in cur for _, k, _ in parsed):
+                            added.append(parsed)
+                            break
+            if not added:
+                return None, bad
+            cur = merge(cur, *added)
+        bad = self._verdict(p, self.evaluate(cur))
+        return (cur, []) if not bad else (None, bad)
+
+    def check(self, p: Problem) -> Problem:
+        if not p.fix:
+            return p
+        kept, unchecked, failures = [], [], []
+        for alt in p.alternatives:
+            parsed = self.parse(alt)
+            if parsed is None:
+                unchecked.append(alt)
+                continue
+            good, bad = self.settle(p, parsed)
+            if good is None:
+                failures.append((text(parsed), bad))
+            else:
+                t = text(good)
+                if t not in kept:
+                    kept.append(t)
+        if kept:
+            p.fix = ALT.join(kept + unchecked)
+            p.checked = "re-checked: the preflight passes this rule with it" + (
+                "; the words/config-group alternatives are not re-checked" if unchecked else "")
+        elif unchecked:
+            p.fix = ALT.join(unchecked)
+            p.checked = "not re-checked (a config-group choice or advice in words)"
+        elif failures:
+            alt, bad = failures[0]
+            why = "; ".join(f"[{q.rule}] {q.message[:160]}" for q in bad[:2])
+            p.fix = (f"no single fix is known: {alt} still fails ({why}); change these values together so that "
+                     f"every rule above holds")
+            p.checked = "re-checked: no single fix passes"
+        return p
+
+    def fix_all(self, errors: list[Problem]) -> tuple[str, bool] | None:
+        """The first passing alternative of every error, together, re-checked: (overrides, passes)."""
+        parts = _first_appliable(errors, self.parse)
+        if not parts:
+            return None
+        cur = merge(*parts)
+        for _ in range(MAX_ROUNDS):
+            errs = [q for q in self.evaluate(cur) if q.level == "error"]
+            if not errs:
+                return text(cur), True
+            more = _first_appliable((q for q in self.evaluate(cur, quick=False) if q.level == "error"), self.parse)
+            if not more:
+                break
+            cur = merge(cur, *more)
+        return text(cur), not [q for q in self.evaluate(cur) if q.level == "error"]

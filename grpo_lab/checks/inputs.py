@@ -1,0 +1,172 @@
+"""The files a job reads: train/validation parquet and the model. Missing ones are named with the command that makes
+them.
+
+    for m in missing_inputs(verl, lab):        # [] when every file is there
+        print(m.message, m.command)            # "... does not exist", "make countdown"
+
+The command is one that writes exactly that path: a make target for the paths it writes under the repository
+(MAKERS: `make data` for data/gsm8k only), the generator's own command with `--out` for the same files elsewhere,
+`huggingface-cli download` for a hub model; none when nothing of grpo-lab writes it (a file of the user's own).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import facts
+from grpo_lab.cli.config import get
+from grpo_lab.facts import hf_cached_config, hf_model_cache_dir
+
+ROOT = facts.ROOT
+_TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's reading of HF_HUB_OFFLINE
+
+
+@dataclass(frozen=True)
+class Maker:
+    """A make target (Makefile) and what it writes, relative to the repository root."""
+
+    make: str  # the command as typed in the repository root
+    out: str  # the folder it writes
+    files: tuple[str, ...]  # what it writes in `out` ("" = the folder itself: a model)
+    module: str  # the same generator for another folder: {out} (or {parent}: --out is the parent folder)
+    group: str  # the dataset or model option (conf/dataset, conf/model) whose default path it is
+
+
+MAKERS: tuple[Maker, ...] = (
+    Maker("make data", "data/gsm8k", ("train.parquet", "test.parquet"), "python -m grpo_lab.tasks.data gsm8k --out {out}",
+          "gsm8k"),
+    Maker("make arith-oneshot", "data/arith_oneshot", ("train.parquet", "test.parquet"),
+          "python -m grpo_lab.tasks.arith --out {out}", "arith_oneshot"),
+    Maker("make countdown", "data/countdown", ("train.parquet", "test.parquet"),
+          "python -m grpo_lab.tasks.countdown --out {out}", "countdown"),
+    Maker("make tiny", "data/arith_tiny", ("train.parquet", "test.parquet"), "python -m grpo_lab.tasks.tiny --out {parent}",
+          "arith_tiny"),
+    Maker("make own-data IN=<your .jsonl or .csv>", "data/own_qa", ("train.parquet", "test.parquet"),
+          "python -m grpo_lab.tasks.data own --input <your .jsonl or .csv> --out {out}", "own_qa"),
+    Maker("make smollm2", "data/smollm2-135m-instruct", ("",), "python -m grpo_lab.tasks.smollm2 --out {out}",
+          "smollm2_135m"),
+    Maker("make tiny", "data/tiny-qwen3", ("",), "python -m grpo_lab.tasks.tiny --out {parent}", "tiny_qwen3"),
+)
+
+
+@dataclass(frozen=True)
+class Missing:
+    key: str  # the verl key that names the file
+    path: str
+    message: str  # what is wrong
+    command: str = ""  # the command that makes it ("" when nothing of grpo-lab does)
+
+    def short(self) -> str:
+        """The path (relative when it is under the current folder) and its command, for a verdict line."""
+        where = os.path.abspath(os.path.expanduser(self.path))
+        rel = os.path.relpath(where)
+        where = rel if not rel.startswith("..") else self.path
+        return f"{where} ({self.command})" if self.command else where
+
+    def to_json(self) -> dict[str, str]:
+        return {"rule": "input_missing", "key": self.key, "path": self.path, "message": self.message,
+                "command": self.command}
+
+
+def local_files(value: Any) -> list[str] | None:
+    """Local paths of data.train_files / val_files (a string or a list); None when any is remote (hdfs://, s3://)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in items:
+        if item is None:
+            continue
+        s = str(item)
+        if "://" in s and not s.startswith("file://"):
+            return None
+        out.append(os.path.expanduser(s.removeprefix("file://")))
+    return out
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(path))
+
+
+def maker_for(path: str, group: str | None = None, cwd: str | None = None) -> str:
+    """The command that writes `path` ("" when none does): the make target whose output it is; else, when `group`
+    (the dataset or model option in use) has a generator that writes a file of that name, that generator with its
+    output folder set to the path's folder. Commands of the second kind run from the repository root."""
+    p = Path(os.path.abspath(os.path.expanduser(path)))
+    here = Path(os.path.abspath(cwd or os.getcwd()))
+    for m in MAKERS:
+        for f in m.files:
+            if p == ROOT / m.out / f if f else p == ROOT / m.out:
+                return m.make if here == ROOT else f"make -C {ROOT} {m.make.removeprefix('make ')}"
+    for m in MAKERS:
+        if m.group != group:
+            continue
+        folder = p if m.files == ("",) else p.parent
+        if m.files != ("",) and p.name not in m.files:
+            continue
+        if "{parent}" in m.module and folder.name != Path(m.out).name:
+            continue  # grpo_lab.tasks.tiny names its folders itself
+        cmd = m.module.format(out=folder, parent=folder.parent)
+        return cmd if here == ROOT else f"cd {ROOT} && {cmd}"
+    return ""
+
+
+def offline(environ: Mapping[str, str]) -> str:
+    """The variable that keeps the Hugging Face hub off ("" when it is on)."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if str(environ.get(name, "")).strip().upper() in _TRUE:
+            return name
+    return ""
+
+
+def missing_inputs(verl: Mapping[str, Any], lab: Mapping[str, Any],
+                   environ: Mapping[str, str] | None = None) -> list[Missing]:
+    """The job's input files that are not here, each with the command that makes it; [] when all are there."""
+    environ = os.environ if environ is None else environ
+    out: list[Missing] = []
+    dataset = get(lab, "dataset.name")
+    for key in ("data.train_files", "data.val_files"):
+        value = get(verl, key)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for path in (p for item in items for p in (local_files(item) or [])):  # remote files are not checked
+            if os.path.isfile(path):
+                continue
+            flag = "train_file" if "train" in key else "test_file"
+            cmd = maker_for(path, dataset)
+            how = (f"`{cmd}` writes it" if cmd else "nothing in grpo-lab writes this path: check it") + \
+                f", or point to your own file: python run.py {flag}=/path/to/file.parquet"
+            out.append(Missing(key, path, f"{key}: {path} does not exist; {how}", cmd))
+    key = "actor_rollout_ref.model.path"
+    model = str(get(verl, key) or "")
+    if not model:
+        return out
+    if _looks_local(model):
+        folder = Path(os.path.expanduser(model))
+        if (folder / "config.json").is_file():
+            return out
+        what = ("does not exist" if not folder.exists() else
+                "is empty" if folder.is_dir() and not any(folder.iterdir()) else "holds no model (no config.json)")
+        name, hub = get(lab, "model.name"), get(lab, "model.hub_id")
+        cmd = maker_for(model, name)
+        if cmd:
+            how = f"`{cmd}` makes it"
+        elif hub:
+            cmd = f"huggingface-cli download {hub} --local-dir {model}"
+            how = f"`{cmd}` puts the model option's {name} there"
+        else:
+            how = "put a Hugging Face model folder there (config.json, weights, tokenizer)"
+        out.append(Missing(key, model, f"{key}: {model} {what}; {how}, or choose another: python run.py "
+                                       f"model_path=/path/to/model", cmd))
+        return out
+    gate = offline(environ)
+    if gate and hf_cached_config(model, environ) is None:
+        cached = hf_model_cache_dir(model, environ)
+        cmd = f"huggingface-cli download {model}"
+        out.append(Missing(key, model, f"{key}: {model} is a hub id, the hub is off ({gate}={environ.get(gate)}) and "
+                                       f"it is not in the cache (no snapshot with config.json under {cached}). "
+                                       f"Download it where there is a network (`{cmd}`), or use a local folder: "
+                                       f"python run.py model_path=/path", cmd))
+    return out
+

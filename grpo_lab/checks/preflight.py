@@ -1,0 +1,297 @@
+"""Preflight: refuse configs that will fail, explain the batch arithmetic and the memory plan, before Ray starts.
+
+    from grpo_lab.checks.preflight import run_preflight
+    report = run_preflight(verl_cfg, lab_cfg, launching=True)
+    print(report.format()); json.dump(report.to_json(), f)      # plan.json
+    if not report.ok: sys.exit(1)
+
+`verl_cfg` is the resolved config verl will receive (plain dict), `lab_cfg` grpo-lab's own `lab` section. The checks
+are rules, one function per rule id (grpo_lab/checks/rules/: batch, values, setup, memory); every rule runs and every problem
+is collected. Each printed fix is re-checked first (grpo_lab/checks/fixes.py): applied to a copy of the config, the rules
+run again, and only what passes is printed (or the report says that no single fix is known). With more than one
+error, `fix all` is the set of overrides that clears them together, re-checked.
+
+Fast on purpose (the whole `python run.py <bad config>` must refuse within ~2 s): this module imports neither verl,
+torch, ray nor vllm. It reads verl's YAML/source text for the known keys, a parquet footer for the row count, and
+/proc or `nvidia-smi -L` for the GPUs (grpo_lab/facts.py). The memory model is grpo_lab/memory/memplan.py. A custom reward
+file is imported and called in a child process (grpo_lab/checks/reward_probe.py: 0.1-0.4 s, once per file version).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from grpo_lab.memory import calibration
+from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
+from grpo_lab.checks.fixes import FixChecker
+from grpo_lab.checks.rules import A, Ctx, Problem, ids, run_rules
+from grpo_lab.checks.rules.batch import num as _num
+from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
+
+__all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
+           "machine_cpus"]
+
+
+def rule_ids() -> list[str]:
+    return ids()
+
+
+@dataclass
+class PreflightReport:
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    batch: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    title: str = ""
+    random_weights: str = ""  # the model folder's mark (grpo_lab.tasks.qwen3_random): "random weights: memory and ..."
+    fix_all: str = ""  # the overrides that clear every error together ("" with one error or none)
+    fix_all_passes: bool = False
+    launching: bool = True
+    # what this machine lacks to launch it (grpo_lab/checks/readiness.py; set by the launcher, None: not checked): refusals
+    # when launching, the plan's "not ready to launch here" when planning
+    not_ready: list[Any] | None = None
+    # memory refused and no offered fix fits every phase (the plan's "fits": below 80% of the card): why; then the
+    # report points at `make fit ARGS="<fit_args>"` (fit_args: the user's own arguments, set by the launcher)
+    no_fit: str = ""
+    fit_args: list[str] | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Nothing refuses it (a plan that is not ready here is OK as a plan)."""
+        return not self.errors and not (self.launching and self.not_ready)
+
+    @property
+    def ready(self) -> bool:
+        """OK, and this machine has what it needs: the command would start."""
+        return self.ok and not self.not_ready
+
+    def to_json(self) -> dict[str, Any]:
+        errors = [p.to_json() for p in self.errors]
+        if self.launching:  # refusals: the doctor and the sweep summary read them here
+            errors += [n.to_json() for n in self.not_ready or ()]
+        out = {"batch": self.batch, "memory": self.memory, "errors": errors,
+               "warnings": [p.to_json() for p in self.warnings], "notes": list(self.notes)}
+        if self.random_weights:
+            out["random_weights"] = self.random_weights
+        if self.not_ready is not None:
+            out["ready_here"] = self.ready
+        if self.not_ready:
+            out["not_ready_here"] = [n.to_json() for n in self.not_ready]
+        if self.fix_all:
+            out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes}
+        if self.no_fit:
+            out["fit"] = {"why": self.no_fit, "command": fit_command(self.fit_args)}
+        return out
+
+    def format(self) -> str:
+        return _format(self)
+
+
+def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[str, str] | None = None,
+                  check_fixes: bool = True) -> PreflightReport:
+    """Check a resolved verl config (plain dict) and grpo-lab's `lab` dict; collect every problem.
+
+    launching=True: Ray is about to start here, so the environment checks run too (flash-attn importable, visible
+    GPUs, the machine's CPUs when ray num_cpus is null); launching=False (preflight.only on any machine) skips
+    them and says so in the notes. check_fixes=False prints the fixes as the rules made them (not re-checked).
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    verl, lab = verl or {}, lab or {}
+    c = Ctx.of(verl, lab, launching=launching, environ=environ)
+    problems = run_rules(c)
+    report = PreflightReport(launching=launching)
+    name = (c.model.info or {}).get("name") if c.model else None
+    report.title = (f"{name or c.get(A + 'model.path', '?')} on "
+                    f"{(lab.get('hardware') or {}).get('name', '?')}, variant {lab.get('variant', '?')}")
+    report.random_weights = c.model.random_weights if c.model else ""
+    report.batch = c.batch
+    report.memory = {k: v for k, v in c.plan.items() if not k.startswith("_")}
+    report.errors = [p for p in problems if p.level == "error"]
+    report.warnings = [p for p in problems if p.level == "warn"]
+    report.notes = [p.message for p in problems if p.level == "note"]
+    if check_fixes:
+        checker = FixChecker(verl, lab, launching=launching, environ=environ, problems=problems)
+        for p in report.errors + report.warnings:
+            checker.check(p)
+        for opts in (report.memory.get("remedies") or {}).values():  # in the spelling that wins, as the fixes
+            for o in opts:
+                o["override"] = checker.spelled(o["override"])
+        if len(report.errors) > 1:
+            res = checker.fix_all(report.errors)
+            if res:
+                report.fix_all, report.fix_all_passes = res
+        report.no_fit = _no_fit(checker, report)
+        if report.no_fit and report.fix_all:  # a "fix all" that leaves a phase tight or out of memory is no fix
+            report.fix_all, report.fix_all_passes = "", False
+    return report
+
+
+def _no_fit(checker: FixChecker, report: PreflightReport) -> str:
+    """With memory errors: "" when the offered fix (`fix all`, or the one error's fix) leaves every phase of the
+    memory plan fitting (no memory rule left, not even a tight warning: make fit's "fits"); else why not."""
+    from grpo_lab.cli.apply import parse
+    from grpo_lab.checks.rules.memory import MEMORY_RULES
+
+    if not any(p.rule in MEMORY_RULES for p in report.errors):
+        return ""
+    if len(report.errors) > 1:
+        offered, what = (report.fix_all if report.fix_all_passes else ""), "with the fixes above together"
+    else:
+        p = report.errors[0]
+        offered = p.alternatives[0] if p.fix and p.checked.startswith("re-checked: the preflight passes") else ""
+        what = "with the fix above"
+    parsed = parse(offered) if offered else None
+    if not parsed:
+        return "no set of overrides above clears them"
+    left = [q for q in checker.evaluate(parsed) if q.rule in MEMORY_RULES and q.level != "note"]
+    if not left:
+        return ""
+    return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {left[0].message.split('. ')[0]}"
+
+
+def fit_command(args: list[str] | None) -> str:
+    """`make fit ARGS="..."` with the user's own arguments (the fit search of grpo_lab/checks/fit.py on the same command)."""
+    import shlex
+
+    if args is None:
+        return 'make fit ARGS="<your overrides>"'
+    joined = " ".join(shlex.quote(a) for a in args)
+    if '"' in joined or "$" in joined or "`" in joined:
+        return f"make fit ARGS={shlex.quote(joined)}"
+    return f'make fit ARGS="{joined}"'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# text
+# ---------------------------------------------------------------------------------------------------------------
+
+def _item(rule: str, message: str, label: str, fix: str, checked: str) -> list[str]:
+    """One problem (or missing thing) of the report: its line, what fixes it, and what the re-check found."""
+    lines = [f"  [{rule}] {message}"]
+    if fix:
+        lines.append(f"      {label}: {fix}")
+        if checked:
+            lines.append(f"           ({checked})")
+    return lines
+
+
+def _format(r: PreflightReport) -> str:
+    out = [f"grpo-lab preflight: {r.title}" if r.title else "grpo-lab preflight"]
+    if r.random_weights:
+        out.append(f"  {r.random_weights}")
+    b = r.batch
+    if b.get("train_batch_size"):
+        out.append("")
+        out.append("Batch arithmetic")
+        dp = b["data_parallel_size"]
+        out.append(f"  {b['train_batch_size']} prompts x {b['rollout_n']} answers = {b['trajectories_per_step']} "
+                   f"trajectories per step ({_num(b['trajectories_per_gpu_per_step'])} per GPU over {dp} "
+                   f"data-parallel GPUs)")
+        if b.get("ppo_mini_batch_size"):
+            out.append(f"  mini-batch {b['ppo_mini_batch_size']} x {b['rollout_n']} = {b['mini_batch_trajectories']} "
+                       f"trajectories -> {_num(b['updates_per_step'] or 0)} actor update(s) per step"
+                       + (f" x {b['ppo_epochs']} epochs" if b.get("ppo_epochs", 1) != 1 else ""))
+            out.append(f"  {b['mini_batch_trajectories']} / {dp} GPUs = {_num(b['trajectories_per_gpu'])} "
+                       f"trajectories per GPU per mini-batch (algorithm sizes are global, micro-batch and token "
+                       f"budgets are per GPU)")
+        pad = b.get("padding")
+        if pad and pad.get("samples"):
+            out.append(f"  verl's V1 trainer pads each step with {pad['samples']} no-op samples to "
+                       f"{pad['padded_trajectories']} (a multiple of {pad['multiple']}): {pad['fraction']:.0%} of the "
+                       f"step is padding, {pad['updates_per_step']} actor update(s)")
+        if b.get("token_budgets", {}).get("actor"):
+            out.append(f"  actor token budget {b['token_budgets']['actor']} per micro-batch on each GPU; sequences up "
+                       f"to {b['sequence_length']} tokens"
+                       + (f"; up to {b['micro_batches_per_update_max']} micro-batches per update"
+                          if b.get("micro_batches_per_update_max") else ""))
+        if b.get("rollout_replicas"):
+            out.append(f"  {b['rollout_replicas']} vLLM replica(s): {b['trajectories_per_replica']} trajectories each "
+                       f"per step")
+        if b.get("steps_per_epoch") is not None:
+            out.append(f"  {b['train_rows']} train rows / {b['train_batch_size']} = {b['steps_per_epoch']} steps per "
+                       f"epoch (last partial batch dropped) x {b['total_epochs']} epochs -> "
+                       f"{b['total_training_steps']} steps")
+        rc = b.get("ray_cpus")
+        if rc:
+            node = " per node" if rc.get("per_node") else ""
+            have = rc["available"] if rc["available"] is not None else "not checked"
+            out.append(f"  Ray CPUs{node}: {rc['needed']} needed, {have} available ({rc['source']})")
+    m = r.memory
+    if m.get("phases"):
+        out.append("")
+        size = f"{m['params_b']}B" if m["params"] >= 1e8 else f"{m['params'] / 1e6:.1f}M"
+        out.append(f"Memory plan per GPU ({m['card_gb']:g} GB cards, {m['n_gpus']} GPU(s), FSDP over {m['fsdp_size']}; "
+                   f"{size} params from {m['architecture_source']})")
+        if m.get("moe"):
+            out.append(f"  mixture of experts: {m['moe']['num_experts']} experts, {m['moe']['num_experts_per_tok']} per "
+                       f"token: all {m['params_b']}B parameters in the state and vLLM, {m['moe']['active_params_b']}B "
+                       f"active for activations")
+        out.append(f"  actor state {m['actor_state_gb_per_gpu']} GB per GPU (16 B per trained parameter / "
+                   f"{m['fsdp_size']}, minus offloaded)")
+        out.append(f"  {'phase':<12} {'peak GB':>8}  {'verdict':<7}  what")
+        for phase in ("generation", "training", "weight_sync"):
+            ph = m["phases"][phase]
+            parts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ph["components_gb"].items() if v)
+            if phase == "training":
+                parts = f"{ph['peak_of']}: {parts}"
+            out.append(f"  {phase.replace('_', ' '):<12} {ph['peak_gb_per_gpu']:>8}  {ph['verdict']:<7}  {parts}")
+        ta = m.get("trainer_allocator")
+        if ta:
+            out.append(f"  trainer's torch allocator peak {ta['peak_gb']} GB ({ta['peak_of']}): what verl will log as "
+                       f"actor/perf/max_memory_allocated_gb (in GiB)")
+        kv = m["kv_cache"]
+        waves = kv["waves"] if kv["waves"] is not None else "-"
+        out.append(f"  KV cache {kv['kv_cache_gb']} GB = {kv['tokens']} tokens = {kv['sequences']} sequences of "
+                   f"{kv['sequence_length']}; {kv['trajectories_per_replica']} trajectories per replica -> {waves} "
+                   f"wave(s); max_model_len {kv['max_model_len']}")
+        h = m["host_ram"]
+        cap = f" of {h['capacity_gb']:g} GB" if h.get("capacity_gb") else ""
+        out.append(f"  host RAM{' per node' if h.get('per_node') else ''} {h['total_gb']} GB{cap}: {h['verdict']}")
+        out.append(f"  overall: {m['verdict']['overall']}")
+        regime = ((m.get("calibration") or {}).get("training") or {}).get("regime")
+        if regime:
+            out.extend(f"  plan vs recorded runs: {line}" for line in calibration.accuracy_lines(regime))
+        for phase, opts in (m.get("remedies") or {}).items():
+            if opts:
+                out.append(f"  remedies for {phase.replace('_', ' ')}:")
+                for o in opts:
+                    out.append(f"    {o['override']}  -> {o['peak_gb_per_gpu']} GB {o['verdict']}")
+    for title, items in (("Errors", r.errors), ("Warnings", r.warnings)):
+        if items:
+            out.append("")
+            out.append(f"{title} ({len(items)})")
+            for p in items:
+                out.extend(_item(p.rule, p.message, "fix", p.fix, p.checked))
+    if r.notes:
+        out.append("")
+        out.append("Notes")
+        out.extend(f"  - {n}" for n in r.notes)
+    if r.fix_all:
+        out.append("")
+        verdict = ("re-checked: the preflight passes with all of them" if r.fix_all_passes else
+                   "re-checked: errors remain with all of them; see each error above")
+        out.append(f"Fix all {len(r.errors)} errors together: {r.fix_all}")
+        out.append(f"  ({verdict})")
+    if r.not_ready:
+        out.append("")
+        out.append(f"Not ready to launch here ({len(r.not_ready)})")
+        for n in r.not_ready:
+            out.extend(_item(n.rule, n.message, "make it" if n.rule == "input_missing" else "fix", n.command, n.checked))
+    if r.no_fit:
+        out.append("")
+        out.append("No fix above makes every phase fit: " + r.no_fit)
+        out.append(f"  Search settings that do (every phase below 80% of the card, re-checked): "
+                   f"{fit_command(r.fit_args)}")
+    out.append("")
+    if not r.ok:
+        missing = f", {len(r.not_ready)} missing here" if r.launching and r.not_ready else ""
+        out.append(f"preflight: REFUSED ({len(r.errors)} error(s){missing})")
+    elif r.not_ready:
+        out.append("preflight: plan OK; not ready to launch here: " + "; ".join(n.short for n in r.not_ready))
+    else:
+        out.append("preflight: OK")
+    return "\n".join(out)

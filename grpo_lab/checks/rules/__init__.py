@@ -1,0 +1,190 @@
+"""The preflight's rules: one function per rule id, registered with `@rule("id")`, run over one read-only context.
+
+    @rule("batch_divisibility")
+    def batch_divisibility(c: Ctx) -> Iterable[Problem]:
+        if ...: yield error("what is wrong, with the numbers", "the_override=that_fixes_it")
+
+A rule reads `c.verl` and `c.lab` (the resolved config and grpo-lab's facts, frozen: mappings cannot be changed,
+lists are tuples), `c.environ` / `c.launching` (the environment) and what the context derives once for every rule
+(`c.batch`: the batch arithmetic, `c.model`: the model planned, `c.plan`: the memory plan). It yields problems:
+error (refuses the launch), warn, oom (a predicted out-of-memory: an error under preflight.strict, else a warning)
+or note. A fix is one or more alternatives separated by "  or  ", each a list of overrides as typed after
+`python run.py`; grpo_lab.checks.fixes applies them to a copy of the config and runs the rules again before they are printed.
+
+The rule modules: rules.batch (arithmetic of batches, tokens, data), rules.values (values verl takes but cannot
+use), rules.setup (Ray, keys, recipes, the model, the machine), rules.memory (the memory plan's verdicts), rules.reward (the
+custom reward file: imported and called as verl will, in a child process: grpo_lab/checks/reward_probe.py), rules.verl_issues
+(configurations verl's issue tracker reported failing late: docs/verl_issues.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping
+
+from grpo_lab.cli.config import get as _get
+
+A = "actor_rollout_ref."
+ALT = "  or  "  # between the alternatives of one fix
+
+
+@dataclass
+class Problem:
+    """One thing wrong: its rule id, what is wrong with the numbers, and the override(s) that fix it."""
+
+    rule: str
+    message: str
+    fix: str = ""
+    level: str = "error"  # error | warn | oom | note
+    checked: str = ""  # what re-running the rules on the fix found (grpo_lab.checks.fixes)
+
+    @property
+    def alternatives(self) -> list[str]:
+        return [a.strip() for a in self.fix.split(ALT) if a.strip()]
+
+    def to_json(self) -> dict[str, str]:
+        d = {"rule": self.rule, "message": self.message, "fix": self.fix}
+        if self.checked:
+            d["checked"] = self.checked
+        return d
+
+
+def error(message: str, fix: str = "") -> Problem:
+    return Problem("", message, fix, "error")
+
+
+def warn(message: str, fix: str = "") -> Problem:
+    return Problem("", message, fix, "warn")
+
+
+def oom(message: str, fix: str = "") -> Problem:
+    return Problem("", message, fix, "oom")
+
+
+def note(message: str) -> Problem:
+    return Problem("", message, "", "note")
+
+
+RuleFn = Callable[["Ctx"], Iterable[Problem]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    fn: RuleFn
+    launching_only: bool = False
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(rule_id: str, *, launching_only: bool = False) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule function under its id (ids are unique; the registration order is the report's order)."""
+
+    def deco(fn: RuleFn) -> RuleFn:
+        if rule_id in RULES:
+            raise ValueError(f"rule {rule_id!r} registered twice")
+        RULES[rule_id] = Rule(rule_id, fn, launching_only)
+        return fn
+
+    return deco
+
+
+def freeze(x: Any) -> Any:
+    """A read-only copy: mappings become MappingProxyType, lists tuples (rules cannot change what they read)."""
+    if isinstance(x, Mapping):
+        return MappingProxyType({k: freeze(v) for k, v in x.items()})
+    if isinstance(x, (list, tuple)):
+        return tuple(freeze(v) for v in x)
+    return x
+
+
+@dataclass
+class Ctx:
+    """What every rule reads. `quick`: a re-check of a fix (the memory plan without its remedies)."""
+
+    verl: Mapping[str, Any]
+    lab: Mapping[str, Any]
+    launching: bool
+    environ: Mapping[str, str]
+    quick: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, verl: Mapping[str, Any], lab: Mapping[str, Any], *, launching: bool, environ: Mapping[str, str],
+           quick: bool = False) -> "Ctx":
+        return cls(freeze(verl or {}), freeze(lab or {}), launching, environ, quick)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        return _get(self.verl, dotted, default)
+
+    @property
+    def strict(self) -> bool:
+        return bool(_get(self.lab, "preflight.strict", True))
+
+    @cached_property
+    def batch(self) -> dict[str, Any]:
+        from grpo_lab.checks.rules.batch import batch_facts
+
+        return batch_facts(self)
+
+    @cached_property
+    def model(self) -> Any:
+        from grpo_lab.checks.rules.memory import resolve_model
+
+        return resolve_model(self)
+
+    @cached_property
+    def plan(self) -> dict[str, Any]:
+        from grpo_lab.checks.rules.memory import plan_memory
+
+        return plan_memory(self)
+
+
+def _load() -> None:
+    # the rule modules register themselves; imported here so that RULES is complete whoever imports the package
+    from grpo_lab.checks.rules import batch, values, setup, memory  # noqa: F401
+    from grpo_lab.checks.rules import emulation  # noqa: F401  (grpo_lab/checks/emulate.py: a smaller card on a bigger one)
+    from grpo_lab.checks.rules import reward  # noqa: F401  (the custom reward file, imported and called in a child process)
+    from grpo_lab.checks.rules import verl_issues  # noqa: F401  (configurations verl's issue tracker reported failing late)
+
+
+def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
+    """Every rule (or those named) on this context; a rule that fails is reported as a note, never raised."""
+    _load()
+    wanted = set(only) if only is not None else None
+    out: list[Problem] = []
+    for r in RULES.values():
+        if wanted is not None and r.id not in wanted:
+            continue
+        if r.launching_only and not c.launching:
+            continue
+        try:
+            for p in r.fn(c) or ():
+                p.rule = p.rule or r.id
+                if p.level == "oom":
+                    p.level = "error" if c.strict else "warn"
+                    if c.strict:
+                        p.message += " (preflight.strict=false makes this a warning)"
+                out.append(p)
+        except Exception as e:  # a check must never take the launcher down; say what was skipped
+            out.append(Problem(r.id, f"{r.id}: check skipped after an internal error ({type(e).__name__}: {e})",
+                               level="note"))
+    return out
+
+
+def ids() -> list[str]:
+    _load()
+    return list(RULES)
+
+
+def launching_only_ids() -> list[str]:
+    """The environment rules: run only where Ray is about to start (the plan's readiness check runs them too)."""
+    _load()
+    return [r.id for r in RULES.values() if r.launching_only]
+
+
+def as_dict(p: Problem) -> dict[str, Any]:
+    return asdict(p)

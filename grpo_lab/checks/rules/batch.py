@@ -1,0 +1,471 @@
+"""Rules on the batch arithmetic, the token budgets and the train file (the guide's "batch arithmetic")."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from grpo_lab import facts
+from grpo_lab.cli.config import get as _get
+from grpo_lab.checks.inputs import local_files, maker_for
+from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, rule, warn
+
+
+def as_int(x: Any, default: int = 0) -> int:
+    """An integer config value; `default` when it is not one (values.* rules name the bad ones)."""
+    if isinstance(x, bool):
+        return default
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, str):
+        try:
+            return int(x.strip())
+        except ValueError:
+            return default
+    return default
+
+
+def num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
+
+
+def sp_size(c: Ctx) -> int:
+    """Ulysses sequence-parallel size as verl 0.9.1 takes it: actor.fsdp_config.ulysses_sequence_parallel_size, unless
+    the deprecated actor.ulysses_sequence_parallel_size is above 1 (FSDPActorConfig.__post_init__ copies it over)."""
+    old = as_int(c.get(A + "actor.ulysses_sequence_parallel_size", 1), 1)
+    new = as_int(c.get(A + "actor.fsdp_config.ulysses_sequence_parallel_size", 1), 1)
+    return max(1, old if old > 1 else new)
+
+
+def ref_used(c: Ctx) -> bool:
+    return bool(c.get(A + "actor.use_kl_loss", False)) or bool(c.get("algorithm.use_kl_in_reward", False))
+
+
+def critic_used(c: Ctx) -> bool:
+    """verl 0.9.1's need_critic (verl/trainer/ppo/utils.py): critic.enable when set, else adv_estimator == gae."""
+    enable = c.get("critic.enable")
+    return bool(enable) if enable is not None else str(c.get("algorithm.adv_estimator", "gae")) == "gae"
+
+
+# ---- the trainer mode: which batch shapes verl 0.9.1 fails on, and which it only pads ---------------------------
+
+@dataclass(frozen=True)
+class Mode:
+    """verl 0.9.1's trainer and batching mode, the one thing the batch rules' verdicts turn on.
+
+    v1 (trainer.use_v1, verl's default true): the V1 trainer pads every step's batch with synthetic no-op samples
+    (tag is_padding, a 128-token sequence with zero response mask and reward, a uid of their own) up to a multiple of
+    lcm(actor data-parallel size, ppo_mini_batch_size x n) (and the critic's mini-batch x n when a critic is used):
+    verl/trainer/ppo/v1/trainer_base.py PPOTrainer._balance_batch -> _get_required_batch_multiple,
+    verl/trainer/ppo/padding_utils.py upsample_batch_to_divisible_size. A step that does not split over the GPUs or
+    into whole mini-batches then runs, its compute partly spent on padding. The legacy trainer (trainer.use_v1=false,
+    deprecated: verl/trainer/main_ppo_v0.py) pads nothing: its _balance_batch partitions the step in equal parts over
+    the data-parallel ranks (verl/utils/seqlen_balancing.py karmarkar_karp asserts it) and each rank's share must be
+    whole mini-batches (verl/workers/engine_workers.py TrainingWorker.train_mini_batch -> tu.make_iterator,
+    verl/utils/tensordict_utils.py, asserts it).
+    dyn (actor.use_dynamic_bsz): without it, verl's validate_config (verl/utils/config.py; grpo-lab's launch calls it
+    before run_ppo, as verl's main_ppo does) asserts the step splits over every GPU and ActorConfig.validate
+    (verl/workers/config/actor.py) raises for a train batch below the mini-batch, in both trainers."""
+
+    v1: bool
+    dyn: bool
+
+    @property
+    def name(self) -> str:
+        trainer = "verl's V1 trainer" if self.v1 else "verl's legacy trainer (trainer.use_v1=false)"
+        return trainer + (" with dynamic batching" if self.dyn else
+                          " without dynamic batching (actor.use_dynamic_bsz=false)")
+
+
+def mode(c: Ctx) -> Mode:
+    return Mode(bool(c.get("trainer.use_v1", True)), bool(c.get(A + "actor.use_dynamic_bsz", False)))
+
+
+def v1_padding(c: Ctx, b: dict[str, Any]) -> dict[str, Any] | None:
+    """What the V1 trainer adds to each step (Mode): the multiple it pads to and the no-op samples it adds."""
+    traj, dp, n, mini = b["trajectories_per_step"], b["data_parallel_size"], b["rollout_n"], b["ppo_mini_batch_size"]
+    if traj <= 0 or mini <= 0 or n <= 0:
+        return None
+    multiple = math.lcm(dp, mini * n)
+    if critic_used(c):
+        multiple = math.lcm(multiple, max(1, as_int(c.get("critic.ppo_mini_batch_size"), mini)) * n)
+    padded = math.ceil(traj / multiple) * multiple
+    return {"multiple": multiple, "padded_trajectories": padded, "samples": padded - traj,
+            "fraction": round((padded - traj) / padded, 3), "updates_per_step": padded // (mini * n)}
+
+
+def padding_text(c: Ctx) -> str:
+    """The V1 trainer's padding of this step, in words with the numbers."""
+    pad = c.batch["padding"]
+    if not pad or not pad["samples"]:
+        return ""
+    return (f"{c.batch['trajectories_per_step']} trajectories are padded with {pad['samples']} synthetic no-op samples "
+            f"to {pad['padded_trajectories']} (a multiple of lcm(data-parallel GPUs, mini-batch x n) = "
+            f"{pad['multiple']}): {pad['fraction']:.0%} of each step's samples are padding (short 128-token "
+            f"sequences with zero reward and loss mask, verl/trainer/ppo/padding_utils.py "
+            f"upsample_batch_to_divisible_size), {pad['updates_per_step']} actor update(s) per step")
+
+
+def batch_facts(c: Ctx) -> dict[str, Any]:
+    per_node = as_int(c.get("trainer.n_gpus_per_node", 1), 1)
+    nnodes = max(1, as_int(c.get("trainer.nnodes", 1), 1))
+    n_gpus = max(1, per_node * nnodes)
+    sp = sp_size(c)
+    dp = max(1, n_gpus // sp)
+    tb = as_int(c.get("data.train_batch_size", 0))
+    n = as_int(c.get(A + "rollout.n", 1), 1)
+    mini = as_int(c.get(A + "actor.ppo_mini_batch_size", 0))
+    prompt = as_int(c.get("data.max_prompt_length", 0))
+    resp = as_int(c.get("data.max_response_length", 0))
+    tp = max(1, as_int(c.get(A + "rollout.tensor_model_parallel_size", 1), 1))
+    rdp = max(1, as_int(c.get(A + "rollout.data_parallel_size", 1), 1))
+    rpp = max(1, as_int(c.get(A + "rollout.pipeline_model_parallel_size", 1), 1))
+    traj, mini_traj, replica = tb * n, mini * n, tp * rdp * rpp
+    replicas = n_gpus // replica if replica else 0
+    b = {
+        "n_gpus": n_gpus, "n_gpus_per_node": per_node, "nnodes": nnodes, "sequence_parallel_size": sp,
+        "data_parallel_size": dp, "train_batch_size": tb, "rollout_n": n, "ppo_mini_batch_size": mini,
+        "ppo_epochs": as_int(c.get(A + "actor.ppo_epochs", 1), 1),
+        "trajectories_per_step": traj, "mini_batch_trajectories": mini_traj,
+        "updates_per_step": (tb // mini if mini > 0 and tb % mini == 0 else round(tb / mini, 3) if mini > 0 else None),
+        "trajectories_per_gpu": (mini_traj // dp if mini_traj % dp == 0 else round(mini_traj / dp, 3)),
+        "trajectories_per_gpu_per_step": (traj // dp if traj % dp == 0 else round(traj / dp, 3)),
+        "sequence_length": prompt + resp, "rollout_replica_gpus": replica, "rollout_replicas": replicas,
+        "trajectories_per_replica": math.ceil(traj / replicas) if replicas else None,
+        "train_rows": None, "steps_per_epoch": None,
+        "total_epochs": as_int(c.get("trainer.total_epochs", 1), 1),
+        "total_training_steps": c.get("trainer.total_training_steps"),
+    }
+    b["padding"] = v1_padding(c, b) if mode(c).v1 else None
+    return b
+
+
+def _sizes_ok(c: Ctx) -> bool:
+    b = c.batch
+    return b["train_batch_size"] > 0 and b["ppo_mini_batch_size"] > 0 and b["rollout_n"] > 0
+
+
+# ---- one fix for the four batch rules: train batch and mini-batch chosen together --------------------------------
+
+def batch_fix(tb: int, mini: int, n: int, dp: int, max_tb: int | None = None) -> tuple[int, int]:
+    """(train batch, mini-batch) nearest to (tb, mini) with a whole number of updates per step and each mini-batch's
+    trajectories splitting over the data-parallel GPUs (then the step's do too); about as many updates as before."""
+    q = dp // math.gcd(dp, max(1, n))  # the mini-batch must be a multiple of q
+    want = max(1, round(tb / mini)) if mini > 0 else 1
+    best: tuple[float, int, int] | None = None
+    hi = max(tb, mini, q) * 2 + q
+    for m in range(q, hi + 1, q):
+        for t in {tb, want * m}:
+            if t <= 0 or t % m or (max_tb is not None and t > max_tb):
+                continue
+            cost = abs(t // m - want) / want + abs(t - tb) / max(1, tb) + abs(m - mini) / max(1, mini)
+            if best is None or cost < best[0]:
+                best = (cost, t, m)
+    return (best[1], best[2]) if best else (tb, mini)
+
+
+def _batch_fix_text(c: Ctx, max_tb: int | None = None, split_over: int | None = None) -> str:
+    b = c.batch
+    tb, mini, n, dp = b["train_batch_size"], b["ppo_mini_batch_size"], b["rollout_n"], b["data_parallel_size"]
+    t, m = batch_fix(tb, mini, n, split_over or dp, max_tb)
+    parts = ([f"train_batch_size={t}"] if t != tb else []) + ([f"ppo_mini_batch_size={m}"] if m != mini else [])
+    text = " ".join(parts)
+    # or fewer GPUs on each node, with the batch as it is
+    per_node, nnodes, sp = b["n_gpus_per_node"], b["nnodes"], b["sequence_parallel_size"]
+    for k in range(per_node - 1, 0, -1):
+        d = max(1, k * nnodes // sp)
+        if (k * nnodes) % sp == 0 and (tb * n) % d == 0 and (mini * n) % d == 0 and tb % mini == 0 \
+                and (max_tb is None or tb <= max_tb):
+            text = (text + ALT if text else "") + f"ngpus_per_node={k}"
+            break
+    return text
+
+
+def _legacy_share(c: Ctx) -> str:
+    """Why the legacy trainer fails on a rank's share that is not whole mini-batches, with verl's own text."""
+    b = c.batch
+    traj, mt, dp = b["trajectories_per_step"], b["mini_batch_trajectories"], b["data_parallel_size"]
+    where = ("TrainingWorker.train_mini_batch (verl/workers/engine_workers.py) cuts each data-parallel rank's share "
+             "into mini-batches with tu.make_iterator (verl/utils/tensordict_utils.py), which asserts")
+    if traj % dp or mt % dp:
+        return f"nothing pads the step, and {where} that they are whole, at the first actor update"
+    return (f"nothing pads the step, and {where} '{traj // dp} % {mt // dp} != 0' (each rank's {traj // dp} "
+            f"trajectories against {mt // dp} per GPU per mini-batch) at the first actor update")
+
+
+@rule("train_batch_vs_mini_batch")
+def train_batch_vs_mini_batch(c: Ctx) -> Iterable[Problem]:
+    """verl #559, #1265. Without dynamic batching verl 0.9.1's validate_config refuses it (ActorConfig.validate,
+    verl/workers/config/actor.py); with it the legacy trainer fails at the first update and the V1 trainer pads the
+    step up to one mini-batch and runs (Mode)."""
+    b = c.batch
+    tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
+    if not (_sizes_ok(c) and tb < mini):
+        return
+    m, fix = mode(c), _batch_fix_text(c)
+    what = f"the train batch ({tb} prompts) is smaller than the PPO mini-batch ({mini} prompts)"
+    if not m.dyn:
+        yield error(f"{what}. {m.name}: verl 0.9.1's validate_config raises 'ValueError: train_batch_size ({tb}) must "
+                    f"be >= actor.ppo_mini_batch_size ({mini})' (verl/workers/config/actor.py ActorConfig.validate)",
+                    fix)
+    elif not m.v1:
+        yield error(f"{what}. {m.name}: {_legacy_share(c)}", fix)
+    else:
+        yield warn(f"{what}: there is not one full update per step. {m.name} runs it: {padding_text(c)}", fix)
+
+
+@rule("updates_per_step_integer")
+def updates_per_step_integer(c: Ctx) -> Iterable[Problem]:
+    """A step that is not whole mini-batches: the V1 trainer pads it (with or without dynamic batching), the legacy
+    trainer fails at the first update (Mode)."""
+    b = c.batch
+    tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
+    if not (_sizes_ok(c) and tb >= mini and tb % mini):
+        return
+    m, fix = mode(c), _batch_fix_text(c)
+    what = (f"the train batch ({tb} prompts) is not a whole number of PPO mini-batches ({mini}): {tb}/{mini} = "
+            f"{tb / mini:.2f} updates per step")
+    if m.v1:
+        yield warn(f"{what}. {m.name} runs it: {padding_text(c)}", fix)
+    else:
+        yield error(f"{what}. {m.name}: {_legacy_share(c)}", fix)
+
+
+@rule("batch_divisibility")
+def batch_divisibility(c: Ctx) -> Iterable[Problem]:
+    """verl #473, #606, #1004 ('only support equal chunk', 'real_train_batch_size must be divisible by minimal possible
+    batch size'). Without dynamic batching verl 0.9.1's validate_config asserts train_batch_size x n % n_gpus (all the
+    GPUs, sequence-parallel ones too: verl/utils/config.py); the legacy trainer splits the step in equal parts over
+    the data-parallel ranks (ray_trainer.py _balance_batch: verl/utils/seqlen_balancing.py karmarkar_karp,
+    equal_size); the V1 trainer with dynamic batching pads the step and runs (Mode)."""
+    b = c.batch
+    traj, dp, n_gpus = b["trajectories_per_step"], b["data_parallel_size"], b["n_gpus"]
+    if not _sizes_ok(c):
+        return
+    m = mode(c)
+    steps = f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do not split"
+    if not m.dyn and traj % n_gpus:
+        yield error(f"{steps} over all {n_gpus} GPUs ({traj}/{n_gpus} = {traj / n_gpus:.2f}). {m.name}: verl 0.9.1's "
+                    f"validate_config asserts 'real_train_batch_size ({traj}) must be divisible by minimal possible "
+                    f"batch size ({n_gpus})' over every GPU, sequence-parallel ones included (verl/utils/config.py "
+                    f"validate_config)", _batch_fix_text(c, split_over=n_gpus))
+    elif traj % dp:
+        over = f"{steps} over the {dp} data-parallel GPUs ({traj}/{dp} = {traj / dp:.2f})"
+        if m.v1:
+            yield warn(f"{over}. {m.name} runs it: {padding_text(c)}", _batch_fix_text(c))
+        else:
+            said = (f"'number of items:[{traj}] < k_partitions:[{dp}]'" if traj < dp else f"'{traj} % {dp} != 0'")
+            yield error(f"{over}. {m.name}: nothing pads the step; its _balance_batch splits it in equal parts over "
+                        f"the data-parallel ranks and asserts {said} (verl/utils/seqlen_balancing.py; with "
+                        f"trainer.balance_batch=false the dispatch's equal split asserts instead, "
+                        f"verl/utils/tensordict_utils.py chunk_tensordict; older verl: 'only support equal chunk', "
+                        f"verl #606)",
+                        _batch_fix_text(c))
+
+
+@rule("mini_batch_divisibility")
+def mini_batch_divisibility(c: Ctx) -> Iterable[Problem]:
+    """The mini-batch must split over the data-parallel GPUs in every mode: verl 0.9.1's
+    TrainingWorker.train_mini_batch (verl/workers/engine_workers.py) asserts mini_batch_size % dp == 0; the V1
+    trainer's padding makes the step whole mini-batches, not the mini-batch a multiple of the GPUs."""
+    b = c.batch
+    mt, dp = b["mini_batch_trajectories"], b["data_parallel_size"]
+    if _sizes_ok(c) and mt % dp:
+        yield error(f"mini-batch {b['ppo_mini_batch_size']} x {b['rollout_n']} = {mt} trajectories do not split over "
+                    f"the {dp} data-parallel GPUs ({mt}/{dp} = {mt / dp:.2f} per GPU): verl 0.9.1's "
+                    f"TrainingWorker.train_mini_batch asserts 'Got mini_batch_size={mt} and "
+                    f"self.engine.get_data_parallel_size()={dp}' at the first actor update "
+                    f"(verl/workers/engine_workers.py), in either trainer, with or without dynamic batching (the V1 "
+                    f"trainer's padding makes the step whole mini-batches, not the mini-batch whole GPUs)",
+                    _batch_fix_text(c))
+
+
+@rule("rollout_parallel")
+def rollout_parallel(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    replica, n_gpus = b["rollout_replica_gpus"], b["n_gpus"]
+    if replica > n_gpus or n_gpus % replica:
+        tp = max(d for d in (1, 2, 4, 8) if n_gpus % d == 0 and d <= n_gpus)
+        yield error(f"a vLLM replica spans tensor x data x pipeline parallel = {replica} GPUs, which does not divide "
+                    f"the {n_gpus} GPUs: verl 0.9.1 asserts 'rollout world_size: {n_gpus} is not divisible by "
+                    f"infer_world_size: {replica}' when it builds the rollout, after Ray and the actor have started "
+                    f"(verl/workers/engine_workers.py; verl #1191)", f"rollout_tp={tp}")
+
+
+def _divisor_le(n: int, limit: int) -> int:
+    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
+
+
+@rule("micro_batch")
+def micro_batch(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    if not _sizes_ok(c) or c.get(A + "actor.use_dynamic_bsz", False):
+        return
+    dp = b["data_parallel_size"]
+    per_gpu_mini = b["mini_batch_trajectories"] / dp
+    micro = c.get(A + "actor.ppo_micro_batch_size_per_gpu")
+    old = c.get(A + "actor.ppo_micro_batch_size")
+    if old is not None:
+        yield error(f"actor.ppo_micro_batch_size={old} is the deprecated global form; verl wants the per-GPU "
+                    f"actor.ppo_micro_batch_size_per_gpu (performance sizes are local per GPU)",
+                    f"~actor_rollout_ref.actor.ppo_micro_batch_size "
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), max(1, as_int(old) // dp))}")
+        return
+    if micro is None:
+        yield error("dynamic batch size is off and actor.ppo_micro_batch_size_per_gpu is not set",
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
+        return
+    micro = as_int(micro)
+    if micro <= 0:
+        yield error(f"actor.ppo_micro_batch_size_per_gpu={micro} must be positive",
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
+    elif micro > per_gpu_mini:
+        yield error(f"the micro-batch ({micro} per GPU) is larger than the mini-batch's share of a GPU "
+                    f"({num(per_gpu_mini)} trajectories): verl 0.9.1 asserts 'data size must be divisible by "
+                    f"force_group_size * micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py "
+                    f"prepare_micro_batches; verl #405)",
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), micro)}")
+    elif per_gpu_mini.is_integer() and int(per_gpu_mini) % micro:
+        yield error(f"each GPU's {int(per_gpu_mini)} trajectories per mini-batch do not split into micro-batches of "
+                    f"{micro}: verl 0.9.1 asserts 'data size must be divisible by force_group_size * "
+                    f"micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py)",
+                    f"ppo_micro_batch_size_per_gpu={_divisor_le(int(per_gpu_mini), micro)}")
+    if micro > 0 and per_gpu_mini.is_integer():
+        b["micro_batches_per_update"] = int(per_gpu_mini) // micro
+
+
+@rule("log_prob_micro_batch")
+def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
+    b = c.batch
+    if not _sizes_ok(c):
+        return
+    pad = b.get("padding")  # the V1 trainer pads the step before the log-prob passes (Mode)
+    per_gpu_step = (pad["padded_trajectories"] if pad else b["trajectories_per_step"]) / b["data_parallel_size"]
+    for key in ("rollout", "ref"):
+        if c.get(A + f"{key}.log_prob_use_dynamic_bsz", False) or (key == "ref" and not ref_used(c)):
+            continue
+        micro = c.get(A + f"{key}.log_prob_micro_batch_size_per_gpu")
+        if micro is None:
+            yield error(f"{key}.log_prob_use_dynamic_bsz is off and {key}.log_prob_micro_batch_size_per_gpu is not set",
+                        f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
+                        f"{_divisor_le(max(1, int(per_gpu_step)), 4)}")
+        elif per_gpu_step.is_integer() and int(per_gpu_step) % max(1, as_int(micro, 1)):
+            padded = " (after the V1 trainer's padding)" if pad and pad["samples"] else ""
+            yield error(f"each GPU's {int(per_gpu_step)} trajectories per step{padded} do not split into log-prob "
+                        f"micro-batches of {micro} ({key}.log_prob_micro_batch_size_per_gpu): verl 0.9.1 asserts "
+                        f"'data size must be divisible by force_group_size * micro_batch_size_per_gpu' in the first "
+                        f"log-prob pass (verl/workers/engine/utils.py prepare_micro_batches)",
+                        f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
+                        f"{_divisor_le(int(per_gpu_step), as_int(micro, 1))}")
+
+
+# ---- the train file ---------------------------------------------------------------------------------------------
+
+@rule("data_files")
+def data_files(c: Ctx) -> Iterable[Problem]:
+    """Steps per epoch from the train file's row count; a file verl cannot read, or smaller than one batch: refused."""
+    b = c.batch
+    for key in ("data.train_files", "data.val_files"):
+        files = local_files(c.get(key))
+        for f in files or ():
+            if not os.path.isfile(f):
+                continue
+            low = f.lower()
+            if low.endswith((".json", ".jsonl")):
+                continue  # verl reads these too (datasets' json loader)
+            bad = not low.endswith(".parquet")
+            if not bad:
+                try:
+                    with open(f, "rb") as fh:
+                        fh.seek(-4, os.SEEK_END)
+                        bad = fh.read(4) != b"PAR1"
+                except OSError:
+                    bad = True
+            if bad:
+                what = "has no parquet footer (PAR1)" if low.endswith(".parquet") else "is not a .parquet file"
+                flag = "train_file" if "train" in key else "test_file"
+                yield error(f"{key}: {f} {what}: verl's RLHFDataset reads .parquet (or .json/.jsonl) files and "
+                            f"stops with 'Unsupported file format' after Ray has started",
+                            f"point {flag} at a parquet file: `make data` writes data/gsm8k/train.parquet and "
+                            f"test.parquet (python run.py {flag}=/path/to/file.parquet)")
+    files = local_files(c.get("data.train_files"))
+    if files is None:
+        yield note("data.train_files is remote: steps per epoch unknown until verl reads it")
+        return
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:  # a missing file is grpo_lab.checks.inputs' to report (with the command that makes it)
+        cmds = [m for m in dict.fromkeys(maker_for(f, _get(c.lab, "dataset.name")) for f in missing) if m]
+        yield note(f"train file not there yet ({', '.join(missing)}): steps_per_epoch unknown"
+                   + (f"; `{'`, `'.join(cmds)}` writes it" if cmds else ""))
+        return
+    parquet = [f for f in files if f.lower().endswith(".parquet")]
+    if len(parquet) != len(files):
+        yield note("steps per epoch unknown: the train file is not parquet (its rows are not counted here)")
+        return
+    try:
+        rows = sum(facts.parquet_num_rows(f) for f in files)
+    except (OSError, ValueError, ImportError):
+        return  # named above
+    b["train_rows"] = rows
+    tb = b["train_batch_size"]
+    if tb > 0:
+        b["steps_per_epoch"] = rows // tb  # verl's train dataloader drops the last partial batch
+        if b["total_training_steps"] is None:
+            b["total_training_steps"] = b["steps_per_epoch"] * b["total_epochs"]
+        if rows < tb:
+            yield error(f"the train file has {rows} rows, fewer than one train batch ({tb}): verl's dataloader "
+                        f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
+
+
+# ---- token budgets ----------------------------------------------------------------------------------------------
+
+def _budget_checks(c: Ctx) -> list[tuple[str, str, str, str, str]]:
+    checks = [("actor", "actor.use_dynamic_bsz", "actor.ppo_max_token_len_per_gpu", "ppo_max_token_len_per_gpu",
+               "the actor update"),
+              ("rollout", "rollout.log_prob_use_dynamic_bsz", "rollout.log_prob_max_token_len_per_gpu",
+               A + "rollout.log_prob_max_token_len_per_gpu", "the old-log-prob pass")]
+    if ref_used(c):
+        checks.append(("ref", "ref.log_prob_use_dynamic_bsz", "ref.log_prob_max_token_len_per_gpu",
+                       A + "ref.log_prob_max_token_len_per_gpu", "the reference log-prob pass"))
+    return checks
+
+
+@rule("token_budget")
+def token_budget(c: Ctx) -> Iterable[Problem]:
+    """Dynamic batching packs up to max_token_len_per_gpu x Ulysses SP size tokens per micro-batch: verl 0.9.1,
+    verl/workers/engine/utils.py prepare_micro_batches (`max_token_len = max_token_len_per_gpu * sp_size`)."""
+    b = c.batch
+    seq, sp = b["sequence_length"], b["sequence_parallel_size"]
+    budgets = {}
+    for name, dyn_key, key, override, what in _budget_checks(c):
+        if not c.get(A + dyn_key, False):
+            continue
+        budget = as_int(c.get(A + key, 0))
+        budgets[name] = budget
+        if budget * sp < seq:
+            need = math.ceil(seq / sp)
+            with_sp = f" x Ulysses SP {sp} = {budget * sp}" if sp > 1 else ""
+            yield error(f"{A}{key}={budget}{with_sp} cannot hold one full sequence of max_prompt_length + "
+                        f"max_response_length = {seq} tokens: verl asserts max_token_len >= the longest sequence, so "
+                        f"{what} fails the first time a long answer appears (mid-run)", f"{override}={need}")
+    b["token_budgets"] = budgets
+    if "actor" in budgets and isinstance(b["trajectories_per_gpu"], int):
+        per_gpu_tokens = b["trajectories_per_gpu"] * seq
+        b["max_tokens_per_gpu_per_update"] = per_gpu_tokens
+        b["micro_batches_per_update_max"] = math.ceil(per_gpu_tokens / max(1, budgets["actor"] * sp))
+
+
+@rule("token_budget_advice")
+def token_budget_advice(c: Ctx) -> Iterable[Problem]:
+    seq, sp = c.batch["sequence_length"], c.batch["sequence_parallel_size"]
+    for _, dyn_key, key, _, _ in _budget_checks(c):
+        budget = as_int(c.get(A + key, 0))
+        if c.get(A + dyn_key, False) and seq <= budget * sp < 2 * seq:
+            yield note(f"{key}={budget} is below 2 x (prompt + response) = {2 * seq}: verl's tuning guide advises "
+                       f"ppo_max_token_len_per_gpu >= 2 x (max_prompt_length + max_response_length) so that a "
+                       f"micro-batch packs at least two full sequences (the official script's 3000 is a cautious "
+                       f"choice on 32 GB cards; raise it if memory allows)")

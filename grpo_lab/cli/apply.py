@@ -1,0 +1,259 @@
+"""Apply command-line overrides to a resolved config, as composing them would have: one function for the preflight's
+fix re-check (grpo_lab/checks/fixes.py) and the fit's search (grpo_lab/checks/fit.py).
+
+    verl2, lab2 = apply_overrides(verl, lab, ["rollout_n=8", "actor_rollout_ref.actor.use_dynamic_bsz=false"])
+
+What composing does that a plain dict update does not, and what this does instead:
+  - a short key (grpo_lab/cli/knobs.py) is not in the resolved config: it sets every key that conf/config.yaml
+    interpolates from it (`${rollout_n}`);
+  - a key that others interpolate (`${actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu}` in our
+    conf/config.yaml, `${data.max_response_length}` in verl's own config) carries them along while they still hold its
+    old value, i.e. while they still followed it;
+  - vLLM's max_model_len (conf/config.yaml: prompt + response) follows the two lengths unless it is set too;
+  - a verl key the config sets on its own (`trainer.total_epochs=two` typed, or in a config file) no longer follows
+    its short key: lab["set_apart"] (grpo_lab/cli/config.py's split, from `set_apart`) lists them, and they are skipped;
+  - `lab.*` and `preflight.*` go to the lab dict; `~key` deletes; `+key`/`++key` add;
+  - `hydra.launcher.n_jobs` (hydra/launcher=side_by_side) sets lab's side_by_side_jobs; other `hydra.*` are Hydra's.
+Overrides are parsed with Hydra's own override parser. A config-group choice (`model=qwen3_4b`) needs a compose and
+cannot be applied to a resolved config: `parse` returns None for it (and for advice in words).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from grpo_lab import facts
+from grpo_lab.cli.config import get
+from grpo_lab.cli.knobs import SHORT_KEYS
+
+CONF = facts.ROOT / "conf"
+MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
+LENGTHS = ("data.max_prompt_length", "data.max_response_length")
+# `${key}` or `${oc.select:key,default}`: a value that is exactly another key's
+_FOLLOW = re.compile(r"\$\{(?:oc\.select:)?([A-Za-z_][\w.]*)(?:,[^}]*)?\}")
+_MISSING = object()
+
+Override = tuple[str, str, Any]  # (op: "" | "+" | "++" | "~", key, value)
+
+
+@functools.lru_cache(maxsize=None)
+def groups() -> frozenset[str]:
+    return frozenset(p.name for p in CONF.iterdir() if p.is_dir()) if CONF.is_dir() else frozenset()
+
+
+def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str, ...] = ()) -> None:
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            if not prefix and k in skip_top:
+                continue
+            _walk(v, f"{prefix}{k}.", out)
+    elif isinstance(node, str):
+        m = _FOLLOW.fullmatch(node.strip())
+        if m:
+            out.setdefault(m.group(1), []).append(prefix[:-1])
+
+
+@functools.lru_cache(maxsize=None)
+def our_followers() -> dict[str, tuple[str, ...]]:
+    """key -> the keys whose value is exactly `${key}` in conf/config.yaml (short keys included)."""
+    import yaml
+
+    out: dict[str, list[str]] = {}
+    try:
+        ours = yaml.load((CONF / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError):
+        ours = {}
+    _walk(ours or {}, "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
+    return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def followers() -> dict[str, tuple[str, ...]]:
+    """key -> the keys whose value is exactly `${key}`: in conf/config.yaml (short keys included) and in verl's
+    composed ppo_trainer (grpo_lab/verl_schema/verl_cache.py; e.g. rollout.response_length follows data.max_response_length)."""
+    out: dict[str, list[str]] = {k: list(v) for k, v in our_followers().items()}
+    from grpo_lab.verl_schema.verl_cache import composed_ppo_trainer
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
+
+    root = verl_config_dir()
+    cfg = composed_ppo_trainer(root) if root else None
+    if cfg is not None:
+        from omegaconf import OmegaConf
+
+        _walk(OmegaConf.to_container(cfg, resolve=False), "", out)
+    return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
+
+
+def short_key_targets(key: str) -> tuple[str, ...]:
+    """The verl keys a short key sets (conf/config.yaml's `${key}`), or the knob table's verl key."""
+    from grpo_lab.cli.knobs import KNOBS
+
+    return followers().get(key) or tuple(k.verl_key for k in KNOBS if k.key == key)
+
+
+def knob_keys(key: str) -> tuple[str, ...]:
+    """The keys conf/config.yaml builds from a short key, directly or through one another (log_prob_micro_batch...:
+    the rollout's key, and the ref's, which reads the rollout's)."""
+    out: list[str] = []
+    todo = list(our_followers().get(key, ()))
+    while todo:
+        k = todo.pop(0)
+        if k not in out:
+            out.append(k)
+            todo += our_followers().get(k, ())
+    return tuple(out)
+
+
+def set_apart(cfg: Any) -> dict[str, list[str]]:
+    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}.
+
+    A verl key given on the command line (`trainer.total_epochs=two`) or in a config file replaces conf/config.yaml's
+    `${total_epochs}` with a value: the short key no longer reaches it, so a fix must name the verl key (`respell`).
+    The environment's knobs set the short key (grpo_lab/cli/overrides.py) and set nothing apart."""
+    from omegaconf import DictConfig, OmegaConf
+
+    out: dict[str, list[str]] = {}
+    for key in sorted(SHORT_KEYS):
+        for k in knob_keys(key):
+            parent, _, leaf = k.rpartition(".")
+            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+            if isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf):
+                out.setdefault(key, []).append(k)
+    return out
+
+
+def respell(overrides: list[Override], apart: Mapping[str, Iterable[str]]) -> list[Override]:
+    """Overrides in the spelling that wins in a config where `apart` (set_apart) keys no longer follow their short
+    key: `total_epochs=1` becomes `trainer.total_epochs=1` when the user set `trainer.total_epochs` on its own. The
+    short key stays when it still reaches one of its keys; each key set apart gets the value by its own name."""
+    if not apart:
+        return overrides
+    out: dict[str, Override] = {}
+    for op, key, value in overrides:
+        keys = list(apart.get(key) or ()) if op == "" and key in SHORT_KEYS else []
+        if not keys:
+            out[key] = (op, key, value)
+            continue
+        if any(t not in keys for t in short_key_targets(key)):
+            out[key] = (op, key, value)
+        for k in keys:
+            out[k] = ("", k, value)
+    return list(out.values())
+
+
+def parse(text: str | Iterable[str]) -> list[Override] | None:
+    """[(op, key, value)] of overrides as typed after `python run.py` (Hydra's grammar); None when it is not all
+    overrides: advice in words, or a config-group choice, which only a compose can apply."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        tokens = shlex.split(text) if isinstance(text, str) else [str(t) for t in text]
+        parsed = OverridesParser.create().parse_overrides(tokens)
+    except Exception:
+        return None
+    out: list[Override] = []
+    for o in parsed:
+        key = o.key_or_group
+        if key in groups() or "/" in key or "@" in key or o.is_sweep_override():
+            return None
+        op = "~" if o.is_delete() else ("++" if o.is_force_add() else ("+" if o.is_add() else ""))
+        out.append((op, key, None if o.is_delete() else o.value()))
+    return out or None
+
+
+def _as_overrides(overrides: Iterable[str] | Iterable[Override] | Mapping[str, Any]) -> list[Override]:
+    if isinstance(overrides, Mapping):
+        return [("", k, v) for k, v in overrides.items()]
+    items = list(overrides)
+    if all(isinstance(o, tuple) for o in items):
+        return items
+    parsed = parse([str(o) for o in items])
+    if parsed is None:
+        bad = [o for o in items if str(o).split("=", 1)[0].lstrip("+~") in groups()]
+        raise ValueError(f"{' '.join(map(str, bad or items))}: a config group choice (or not an override) cannot be "
+                         f"applied to a resolved config; compose it: python run.py {' '.join(map(str, items))}")
+    return parsed
+
+
+def _set(d: dict[str, Any], dotted: str, value: Any, delete: bool = False) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        nxt = d.get(p)
+        if not isinstance(nxt, dict):
+            if delete:
+                return
+            nxt = d[p] = {}
+        d = nxt
+    if delete:
+        d.pop(parts[-1], None)
+    else:
+        d[parts[-1]] = copy.deepcopy(value)
+
+
+def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, touched: set[str]) -> None:
+    """Set a key, and the keys interpolated from it that still hold its old value (they followed it)."""
+    old = get(verl, key, _MISSING)
+    _set(verl, key, value, delete)
+    touched.add(key)
+    if delete or old is _MISSING:
+        return
+    todo, seen = [key], {key}
+    while todo:
+        for f in followers().get(todo.pop(), ()):
+            if f not in seen and f not in touched and get(verl, f, _MISSING) == old:
+                seen.add(f)
+                _set(verl, f, value)
+                todo.append(f)
+
+
+def jobs_at_once(n_jobs: Any) -> int:
+    """Jobs run at once for joblib's n_jobs (-1: one a CPU core, as joblib counts them)."""
+    try:
+        n = int(n_jobs)
+    except (TypeError, ValueError):
+        return 1
+    return (os.cpu_count() or 1) if n < 0 else max(1, n)
+
+
+def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
+                    overrides: Iterable[str] | Iterable[Override] | Mapping[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Copies of (verl, lab) with the overrides applied as composing them would (module docstring); inputs untouched.
+    `overrides`: Hydra override strings, (op, key, value) triples from `parse`, or a {key: value} mapping."""
+    items = _as_overrides(overrides)
+    v, lb = copy.deepcopy(dict(verl)), copy.deepcopy(dict(lab))
+    # keys the config sets on their own (set_apart) follow neither their short key nor a key they once read
+    apart = {k for keys in (lab.get("set_apart") or {}).values() for k in keys}
+    touched: set[str] = set(apart)
+    old_lengths = [get(v, k) for k in LENGTHS]
+    for op, key, value in items:
+        delete = op == "~"
+        if key in groups():
+            raise ValueError(f"{key}={value} picks a config group option: compose it (python run.py {key}={value}) "
+                             f"instead of applying it to a resolved config")
+        if key == "hydra.launcher.n_jobs":  # hydra/launcher=side_by_side: jobs at once (launch.side_by_side_jobs)
+            lb["side_by_side_jobs"] = 1 if delete else jobs_at_once(value)
+        elif key.startswith("hydra."):
+            continue  # Hydra's own settings (run dirs, ...): nothing the preflight reads
+        elif key.startswith("lab."):
+            _set(lb, key[4:], value, delete)
+        elif key.startswith("preflight."):
+            _set(lb.setdefault("preflight", {}), key[len("preflight."):], value, delete)
+        elif key in SHORT_KEYS:
+            for t in short_key_targets(key):
+                if t not in apart:
+                    _set_following(v, t, value, delete, touched)
+        else:
+            _set_following(v, key, value, delete, touched)
+    new_lengths = [get(v, k) for k in LENGTHS]
+    if MAX_MODEL_LEN not in touched and new_lengths != old_lengths \
+            and all(isinstance(x, int) for x in old_lengths + new_lengths) \
+            and get(verl, MAX_MODEL_LEN) == sum(old_lengths):  # conf/config.yaml: prompt + response
+        _set(v, MAX_MODEL_LEN, sum(new_lengths))
+    return v, lb

@@ -1,0 +1,97 @@
+"""From the composed Hydra config to what verl receives: resolve in the driver, split off grpo-lab's own keys.
+
+verl must get a plain, fully resolved config: `${hydra:...}` interpolations fail inside Ray actors, and our own
+namespace (`lab`) and the short knob keys (grpo_lab/cli/knobs.py) mean nothing to verl.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from grpo_lab.cli.knobs import SHORT_KEYS
+
+OUR_KEYS = frozenset({"lab", "preflight"}) | SHORT_KEYS
+
+
+def split(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(verl config, lab config) as plain resolved dicts."""
+    if "hydra" in cfg:  # present when composed with return_hydra_config (tests); never verl's
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    assert isinstance(resolved, dict)
+    lab = dict(resolved.get("lab") or {})
+    lab["preflight"] = resolved.get("preflight") or {}
+    from grpo_lab.cli.apply import set_apart  # (grpo_lab.cli.apply reads this module's `get`)
+
+    apart = set_apart(cfg)
+    if apart:  # verl keys set on their own, which their short key no longer reaches: fixes name them (grpo_lab/fixes)
+        lab["set_apart"] = apart
+    verl = {k: v for k, v in resolved.items() if k not in OUR_KEYS}
+    return verl, lab
+
+
+def checkpoint_key(override_dirname: str) -> str:
+    """A folder name for one sweep job's checkpoints, made from its overrides (same overrides, same folder)."""
+    key = re.sub(r"[^\w.=,+-]", "_", override_dirname) or "defaults"
+    if len(key) > 100:
+        key = key[:80] + "-" + hashlib.sha1(override_dirname.encode()).hexdigest()[:12]
+    return key
+
+
+def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
+    """d['a']['b'] for 'a.b', or default when any part is missing or the value is None."""
+    cur: Any = d
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return default
+        cur = cur[part]
+    return default if cur is None else cur
+
+
+def put(d: dict[str, Any], dotted: str, value: Any) -> None:
+    """d['a']['b'] = value for 'a.b', making the dicts on the way."""
+    parts = dotted.split(".")
+    cur = d
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = cur[part] = {}
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+# run.py sets this False when Hydra will only print the config (--cfg, --info, --help): no run folder is made then
+CREATE_RUN_DIRS = True
+
+
+def unique_dir(path: str) -> str:
+    """`path`, created now; `path_2`, `path_3`, ... when it exists (two runs started in the same second).
+
+    The `lab_unique_dir` resolver of hydra.run.dir / hydra.sweep.dir. Registered with use_cache: a job resolves its
+    folder once, and a sweep's jobs get the sweep's folder (Hydra copies the resolver cache into each job's config).
+    mkdir is atomic: of two processes that try the same name, one gets it and the other moves on to the next one.
+    """
+    candidate, n = path, 1
+    if not CREATE_RUN_DIRS:  # Hydra only prints (--cfg, --info, --help): name the folder, make nothing
+        while os.path.exists(candidate):
+            n += 1
+            candidate = f"{path}_{n}"
+        return candidate
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    while True:
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = f"{path}_{n}"

@@ -1,0 +1,559 @@
+"""The command line, parsed once: Hydra's own flag parser and override grammar, checked against the config groups and keys.
+
+run.py, `python -m grpo_lab.cli.rawcmd`, grpo_lab.verl_schema.verl_cache.tree_if_needed and the tests' compose helper all go through
+`parse()` and `check()`; nothing here or there rewrites argv with regular expressions. What it knows, without
+importing verl (that takes seconds) and without composing:
+
+    groups     ours: the folders of conf/ and their option files; verl's: the folders of verl/trainer/config
+               (verl's `model/hf_model.yaml` and `rollout/rollout.yaml` show up in our `model` and `rollout` groups
+               through the searchpath: `model=` without a package is always ours); Hydra's: `hydra/...`
+    keys       verl's composed ppo_trainer (from grpo_lab/verl_schema/verl_cache.py's file, ~10 ms to read), merged with every
+               file under conf/ (all `# @package _global_`)
+    env knobs  the official script's environment variables (grpo_lab/cli/knobs.py), added as overrides unless the command
+               line sets the knob by its short key or its verl key (then a warning names both); `quote()` is the one
+               place values are quoted. A comma list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4,0.5) sweeps under -m, as the
+               short key would; without -m it is refused with the -m command
+    twice      a key given more than once, a short key and its verl key both given, an environment knob the command
+               line overrides: a warning each (`given_twice`), naming the value that wins (Hydra keeps the last
+               silently; a verl key set on its own wins over its short key whatever the order)
+
+What it refuses, with the closest real name:
+    - a group option that is not one of ours (`model=hf_model`), `null` for a group (Hydra cannot take it), a glob
+      sweep that would pick up verl's options of the same group
+    - a top-level key that is neither a group, nor a short key, nor a key of the composed config; `+key` at the top
+      level only when it is a near miss of one (a new top-level key is legal: verl hands its config to custom code)
+    - under verl's sections (item 9 of issue 10), for `a.b.c`: walking the known keys to the first name that is not
+      there, with P its parent node,
+        * `a.b.c=...` (change) and `~a.b.c` (delete) need the key to exist: always refused
+        * `+a.b.c` / `++a.b.c` (add) is refused when P's keys are fixed, or when the name is a near miss of one of
+          P's keys (difflib ratio >= 0.8: ppo_mini_batch vs ppo_mini_batch_size)
+      P's keys are fixed when P carries a `_target_`: verl 0.9.1 builds such a node into its dataclass
+      (omega_conf_to_dataclass), and a key that is neither in verl's YAML nor a field of that dataclass (read from
+      verl's source with `ast`, never imported) makes it raise inside a worker. Every other node (override_config,
+      engine_kwargs, runtime_env.env_vars, reward_kwargs, data, trainer, lab, ...) is free-form: verl reads it with
+      .get() or passes it on, so `+` may add to it.
+      A command line that picks an option of one of verl's groups (model_engine=megatron, actor@...=...) changes
+      verl's tree: keys under verl's sections are then not checked (Hydra still refuses what does not exist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import fnmatch
+import functools
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from grpo_lab import facts
+from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS
+
+CONF_DIR = facts.ROOT / "conf"
+# names that are close enough to a real one to be a typo, when adding a key is otherwise legal
+NEAR_MISS = 0.8
+
+
+class OverrideError(ValueError):
+    """A command line grpo-lab refuses before composing; the message names the mistake and the fix."""
+
+
+@dataclass
+class CommandLine:
+    args: list[str]                 # as typed, without the program name
+    flags: argparse.Namespace       # Hydra's own flags (--cfg, -m, ...), parsed by Hydra's own parser
+    overrides: list[Any]            # hydra.core.override_parser.types.Override: the command line's
+    env: list[str] = field(default_factory=list)          # overrides from the environment's knobs
+    env_names: dict[str, str] = field(default_factory=dict)  # override -> the environment variable it came from
+    warnings: list[str] = field(default_factory=list)  # a value given twice (given_twice), one line each
+
+    @property
+    def argv(self) -> list[str]:
+        """What Hydra gets: the command line, then the environment's knobs."""
+        return self.args + self.env
+
+    def keys(self) -> set[str]:
+        return {o.key_or_group for o in self.overrides}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parsing
+
+
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def parse_overrides(overrides: Sequence[str]) -> list[Any]:
+    """Hydra's parse of override strings; a syntax error becomes an OverrideError."""
+    from hydra.errors import OverrideParseException
+
+    try:
+        return _parser().parse_overrides(list(overrides))
+    except OverrideParseException as e:
+        raise OverrideError(f"{e} (quote a value with spaces or commas: key='a b,c')") from None
+
+
+def split_flags(args: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Hydra's own argument parser (the one @hydra.main uses): (its flags, the override strings)."""
+    from hydra._internal.utils import get_args_parser
+
+    ns = get_args_parser().parse_args(list(args))
+    return ns, list(ns.overrides or [])
+
+
+def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flags: bool = True) -> CommandLine:
+    """The command line (flags and overrides) plus the environment's knobs. environ=None: no knobs from it."""
+    if flags:
+        ns, texts = split_flags(args)
+    else:
+        ns, texts = argparse.Namespace(), list(args)
+    cli = CommandLine(args=list(args), flags=ns, overrides=parse_overrides(texts))
+    if environ is not None:
+        for knob in KNOBS:
+            value = environ.get(knob.env)
+            if value is None or value == "":
+                continue
+            over = [o for o in cli.overrides if o.key_or_group in (knob.key, knob.verl_key) and not o.is_delete()]
+            if over:
+                wins = ([o for o in over if o.key_or_group == knob.verl_key] or over)[-1]
+                cli.warnings.append(f"{knob.env}={value} in the environment is ignored: the command line sets the "
+                                    f"same value, and its {wins.input_line} wins")
+                continue
+            if _reads_as(value)[0] == "sweep":
+                if not getattr(ns, "multirun", False):
+                    raise OverrideError(_env_sweep_without_m(knob, value, cli.args))
+                text = f"{knob.key}={value}"  # -m: the sweep, as the short key would sweep
+            else:
+                text = f"{knob.key}={env_value(value)}"
+            cli.env.append(text)
+            cli.env_names[text] = knob.env
+    cli.warnings += given_twice(cli.overrides)
+    return cli
+
+
+def _env_sweep_without_m(knob: Any, value: str, args: Sequence[str]) -> str:
+    import shlex
+
+    def command(*extra: str) -> str:
+        return " ".join(["python run.py -m", *(shlex.quote(a) for a in args), *extra])
+
+    (o,) = parse_overrides([f"{knob.key}={value}"])
+    values = _sweep_values(o) or []
+    words = ("" if values and all(isinstance(v, (int, float)) for v in values) else
+             f"; for one value that holds a comma, quote it: {knob.env}=\"'{value}'\"; for a list: "
+             f"{knob.env}=[{value}]")
+    return (f"{knob.env}={value} is a list of values, which only a sweep takes (Hydra's -m): "
+            f"{knob.env}={shlex.quote(value)} {command()} (the same as: {command(f'{knob.key}={value}')}){words}")
+
+
+def given_twice(overrides: Sequence[Any]) -> list[str]:
+    """A warning for each value the command line gives more than once, naming the one that wins."""
+    by_key: dict[tuple[str, Any], list[Any]] = {}
+    for o in overrides:
+        if not o.is_delete():
+            by_key.setdefault((o.key_or_group, o.package), []).append(o)
+
+    def values(given: list[Any]) -> str:
+        return ", then ".join(_value_text(o) for o in given)
+
+    out = []
+    paired = set()
+    for knob in KNOBS:  # a short key and its verl key: the verl key wins
+        short, verl = by_key.get((knob.key, None)), by_key.get((knob.verl_key, None))
+        if short and verl:
+            paired.add(knob.key)
+            out.append(f"{knob.key} ({values(short)}) and its verl key {knob.verl_key} ({values(verl)}) are both "
+                       f"given: the verl key's {_value_text(verl[-1])} wins, whatever the order (a verl key given on "
+                       f"its own no longer reads the short key)")
+    for (key, _), given in by_key.items():
+        if len(given) > 1 and key not in paired:
+            out.append(f"{key} is given {len(given)} times on the command line ({values(given)}): the last, "
+                       f"{_value_text(given[-1])}, wins")
+    return out
+
+
+def quote(value: Any) -> str:
+    """The one place values become override text: a value as Hydra's grammar reads it back as the same value.
+    Strings stay strings ('1' and 'true' are quoted: Ray wants its env vars as strings) and are quoted when they hold
+    what the grammar reads otherwise (commas, brackets, spaces); true/false/null, numbers, [lists] and {dicts}."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(quote(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{quote(str(k))}:{quote(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if _reads_as(text) == ("element", text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def env_value(text: str) -> str:
+    """An environment variable's text as an override value: read as the official script's `key=$VAR` reads it
+    (0.5 a number, [a,b] a list), except that it is never a sweep or a syntax error (then it is one quoted string)."""
+    kind, _ = _reads_as(text)
+    return text if kind in ("element", "other") else quote(text)
+
+
+def _reads_as(text: str) -> tuple[str, Any]:
+    """('element', value) for one plain value, ('other', value) for a list/dict/null, ('sweep'|'error', None)."""
+    try:
+        (o,) = _parser().parse_overrides([f"k={text}"])
+    except Exception:
+        return "error", None
+    if o.is_sweep_override():
+        return "sweep", None
+    v = o.value()
+    return ("element", v) if isinstance(v, (str, int, float, bool)) else ("other", v)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what exists: groups, options, keys
+
+
+def _group_dirs(root: str | os.PathLike | None) -> dict[str, set[str]]:
+    """{group: its options} for the folders of a config folder that hold YAML files."""
+    out: dict[str, set[str]] = {}
+    if not root:
+        return out
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return out
+    for e in entries:
+        if e.is_dir():
+            opts = {f[:-5] for f in os.listdir(e.path) if f.endswith(".yaml")}
+            if opts:
+                out[e.name] = opts
+    return out
+
+
+def our_groups(conf_dir: str | os.PathLike = CONF_DIR) -> dict[str, set[str]]:
+    return _group_dirs(conf_dir)
+
+
+@functools.lru_cache(maxsize=None)
+def verl_groups() -> dict[str, set[str]]:
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
+
+    return _group_dirs(verl_config_dir())
+
+
+def _yaml_load(path: Path) -> Any:
+    import yaml
+
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _merge(into: dict, new: Mapping) -> None:
+    for k, v in new.items():
+        if isinstance(v, Mapping) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        elif isinstance(v, Mapping):
+            into[k] = {}
+            _merge(into[k], v)
+        elif k not in into or not isinstance(into[k], dict):
+            into[k] = v
+
+
+@functools.lru_cache(maxsize=None)
+def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
+    """Every key that conf/config.yaml and any group option file sets (all `@package _global_`), merged."""
+    tree: dict = {}
+    root = Path(conf_dir)
+    for path in [root / "config.yaml", *sorted(root.glob("*/*.yaml"))]:
+        try:
+            data = _yaml_load(path)
+        except Exception:
+            continue
+        if isinstance(data, dict):
+            _merge(tree, {k: v for k, v in data.items() if k not in ("defaults", "hydra")})
+    return tree
+
+
+@functools.lru_cache(maxsize=None)
+def verl_tree() -> dict:
+    """verl's composed ppo_trainer as plain data (not resolved): from the cache file, else composed (and cached)."""
+    from grpo_lab.verl_schema import verl_cache
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
+
+    verl_dir = verl_config_dir()
+    if verl_dir is None:
+        return {}
+    key = verl_cache.cache_key(verl_dir)
+    data = verl_cache._read(verl_cache.cache_file(verl_dir, key), key)
+    if data is None:
+        cfg = verl_cache.composed_ppo_trainer(verl_dir)
+        if cfg is None:
+            return {}
+        from omegaconf import OmegaConf
+
+        data = OmegaConf.to_container(cfg, resolve=False)
+    return data if isinstance(data, dict) else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _classes_in(path: str) -> dict[str, tuple[list[str], set[str]]]:
+    """{class name: (base names, annotated field names)} of one Python file, read with ast (never imported)."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    out: dict[str, tuple[list[str], set[str]]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                     for b in node.bases]
+            out[node.name] = (bases, {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                                      and isinstance(s.target, ast.Name)
+                                      and "ClassVar" not in ast.unparse(s.annotation)})
+    return out
+
+
+def _module_files(module: str) -> list[Path]:
+    """The source files of a dotted module under the installed verl: a package's own files, or one module."""
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
+
+    verl_dir = verl_config_dir()
+    if verl_dir is None or not module.startswith("verl"):
+        return []
+    base = Path(verl_dir).parents[2].joinpath(*module.split("."))
+    if base.is_dir():
+        return sorted(base.glob("*.py"))
+    return [base.with_suffix(".py")] if base.with_suffix(".py").is_file() else []
+
+
+def dataclass_fields(target: str) -> set[str] | None:
+    """Field names of verl's dataclass `target` (a `_target_` value) and its bases', or None when not found."""
+    module, _, name = target.rpartition(".")
+    classes: dict[str, tuple[list[str], set[str]]] = {}
+    # the module (a package: its own files), verl's BaseConfig, and the package above when the class is not there
+    for mod in (module, "verl.base_config", module.rpartition(".")[0]):
+        if mod == module.rpartition(".")[0] and name in classes:
+            break
+        for f in _module_files(mod):
+            for k, v in _classes_in(str(f)).items():
+                classes.setdefault(k, v)
+    if name not in classes:
+        return None
+    out: set[str] = set()
+    todo, seen = [name], set()
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in classes:
+            continue
+        seen.add(n)
+        bases, fields = classes[n]
+        out |= fields
+        todo += bases
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def known_tree(conf_dir: str = str(CONF_DIR)) -> dict:
+    tree: dict = {}
+    _merge(tree, verl_tree())
+    _merge(tree, our_tree(conf_dir))
+    return tree
+
+
+def top_level_names(conf_dir: str | os.PathLike = CONF_DIR) -> set[str]:
+    return set(known_tree(str(conf_dir))) | set(SHORT_KEYS) | set(our_groups(conf_dir)) | set(verl_groups())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checks
+
+
+def _closest(name: str, names: Iterable[str], cutoff: float = 0.6) -> str | None:
+    match = difflib.get_close_matches(name, sorted(set(names)), n=1, cutoff=cutoff)
+    return match[0] if match else None
+
+
+def _did_you_mean(name: str, names: Iterable[str], prefix: str = "") -> str:
+    best = _closest(name, names)
+    return f"; did you mean '{prefix}{best}'?" if best else ""
+
+
+def _sweep_values(o: Any) -> list[Any] | None:
+    """The values of a group override: one, or a choice sweep's list; None for globs and ranges."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    if not o.is_sweep_override():
+        return [o.value()]
+    v = o.value()
+    if isinstance(v, ChoiceSweep):
+        return list(v.list)
+    return None
+
+
+def picks_verl_group(o: Any, conf_dir: str | os.PathLike = CONF_DIR) -> bool:
+    group = o.key_or_group.split("/")[0]
+    return group in verl_groups() and (o.package is not None or group not in our_groups(conf_dir))
+
+
+def _group_of(o: Any, conf_dir: str | os.PathLike) -> str | None:
+    """Whose config group an override picks: 'ours', 'verl', 'hydra', or None (it sets a config key)."""
+    key = o.key_or_group
+    ours, theirs = our_groups(conf_dir), verl_groups()
+    first = key.split("/")[0]
+    if "/" not in key and "." in key:
+        return None
+    if first == "hydra":
+        return "hydra" if "/" in key else None
+    if first in ours and o.package is None:
+        return "ours"
+    if first in theirs:
+        return "verl"
+    return "ours" if first in ours else None
+
+
+def _check_our_group(o: Any, conf_dir: str | os.PathLike) -> None:
+    from hydra.core.override_parser.types import Glob
+
+    group = o.key_or_group
+    options = our_groups(conf_dir)[group]
+    listed = ", ".join(sorted(options))
+    if o.is_delete():
+        return
+    if o.is_sweep_override() and isinstance(o.value(), Glob):
+        g = o.value()
+        theirs = verl_groups().get(group, set())
+        picked = [t for t in sorted(theirs) if any(fnmatch.fnmatch(t, p) for p in g.include)
+                  and not any(fnmatch.fnmatch(t, p) for p in g.exclude)]
+        if picked:
+            raise OverrideError(f"{o.input_line}: the glob also matches verl's own {group} file(s) "
+                                f"{', '.join(picked)}, which are not grpo-lab {group} options; list ours instead: "
+                                f"{group}={','.join(sorted(options))}")
+        return
+    values = _sweep_values(o)
+    for v in values or []:
+        if v is None:
+            if group == "experiment":
+                raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and no experiment is "
+                                    f"already the default: leave '{o.input_line}' out (options: {listed})")
+            raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and every run needs a "
+                                f"{group}: pick one of {listed} (conf/{group}/)")
+        if str(v) not in options:
+            theirs = str(v) in verl_groups().get(group, set())
+            why = (f"'{v}' is verl's own {group} file, not a grpo-lab {group} option" if theirs
+                   else f"'{v}' is not a {group} option")
+            raise OverrideError(f"{group}={v}: {why}{_did_you_mean(str(v), options, f'{group}=')}. "
+                                f"The {group} options (conf/{group}/): {listed}")
+
+
+def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
+    key = o.key_or_group
+    parts = key.split(".")
+    adding = o.is_add() or o.is_force_add()
+    top = top_level_names(conf_dir)
+    if parts[0] == "hydra":
+        return  # Hydra checks its own node
+    if parts[0] not in top:
+        if adding and not _closest(parts[0], top, NEAR_MISS):
+            return  # a new top-level key on purpose
+        knob = next((k for k in KNOBS if k.env == parts[0]), None)
+        if knob is not None:  # ROLLOUT_N=3 after `python run.py`: an environment variable written as an argument
+            raise OverrideError(f"'{parts[0]}' is an environment variable, not a config key: write "
+                                f"{knob.key}={_value_text(o)} (or {parts[0]}={_value_text(o)} before python run.py)")
+        raise OverrideError(f"'{parts[0]}' is not a config key, a short key or a config group"
+                            f"{_did_you_mean(parts[0], top)} (the override: {o.input_line})")
+    if len(parts) == 1 or not tree_ok:
+        return
+    node: Any = known_tree(str(conf_dir))
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict):
+            return  # below a value or a null: nothing to compare with
+        if part in node:
+            node = node[part]
+            continue
+        if i == 0:
+            return  # a short key or group name used with a dot: Hydra says what it makes of it
+        parent = ".".join(parts[:i])
+        target = node.get("_target_")
+        names = set(node) - {"_target_"}
+        fields = dataclass_fields(target) if isinstance(target, str) else None
+        if fields is not None:
+            names |= fields - {"_target_"}
+            if part in names:  # a dataclass field verl's YAML leaves out
+                if adding:
+                    return
+                raise OverrideError(f"'{parent}.{part}' is a field of verl's {target.rpartition('.')[2]} that verl's "
+                                    f"config does not list: add it with a plus, +{key}={_value_text(o)}")
+        near = _closest(part, names, NEAR_MISS)
+        best = _closest(part, names)
+        hint = f"; did you mean '{parent}.{best}'?" if best else ""
+        if not adding:
+            extra = ("" if target or best else
+                     f" To add a key to '{parent}' (its keys are free-form), write +{key}={_value_text(o)}.")
+            raise OverrideError(f"'{key}' is not a config key: '{parent}' has no '{part}'{hint}{extra}")
+        if isinstance(target, str):
+            raise OverrideError(f"'{key}': '{parent}' is verl's {target.rpartition('.')[2]}, whose keys are fixed, "
+                                f"and it has no '{part}'{hint} (verl would fail on it inside a worker)")
+        if near:
+            raise OverrideError(f"'{key}' adds a new key next to '{parent}.{near}'{hint} (if the new key is meant, "
+                                f"it is a near miss that verl would ignore)")
+        return
+
+
+def _value_text(o: Any) -> str:
+    return o.input_line.partition("=")[2] or "..."
+
+
+def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
+    """Raise OverrideError for the first override that is not what the user can mean (see the module doc)."""
+    f = cli.flags
+    modes = [name for name, on in (("-m/--multirun", getattr(f, "multirun", False)), ("--run", getattr(f, "run", False)),
+                                   ("--cfg", getattr(f, "cfg", None)), ("--info", getattr(f, "info", None)),
+                                   ("--shell-completion", getattr(f, "shell_completion", False))) if on]
+    if len(modes) > 1:  # Hydra would raise "Only one of --run, --multirun, --cfg, ..." with a traceback
+        raise OverrideError(f"{' and '.join(modes)} cannot go together: Hydra runs one mode at a time. To see what a "
+                            f"sweep's first job composes, drop -m: python run.py --cfg job <overrides without sweeps>")
+    overrides = cli.overrides + parse_overrides(cli.env)
+    tree_ok = not any(_group_of(o, conf_dir) == "verl" and picks_verl_group(o, conf_dir) for o in overrides)
+    added: set[str] = set()  # keys an earlier `+key=` of the same command line brought in (a later `key=` may set it)
+    for o in overrides:
+        kind = _group_of(o, conf_dir)
+        if kind == "ours" and o.package is None and "/" not in o.key_or_group:
+            _check_our_group(o, conf_dir)
+        elif kind is None and not any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in added):
+            _check_key(o, conf_dir, tree_ok)
+        if o.is_add() or o.is_force_add():
+            added.add(o.key_or_group)
+
+
+def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=sys.stderr,
+            conf_dir: str | os.PathLike = CONF_DIR) -> CommandLine:
+    """run.py's front door: argv (with the program name) parsed and checked, the environment's knobs added.
+    A mistake: its message on `err` and SystemExit(2)."""
+    from grpo_lab.cli.knobs import misspelt_env
+
+    environ = os.environ if environ is None else environ
+    for wrong, right in misspelt_env(environ).items():
+        print(f"grpo-lab: warning: environment variable {wrong} is not a grpo-lab knob and is ignored; "
+              f"did you mean {right}?", file=err)
+    try:
+        cli = parse(argv[1:], environ)
+        check(cli, conf_dir)
+    except OverrideError as e:
+        print(f"grpo-lab: error: {e}", file=err)
+        raise SystemExit(2) from None
+    for w in cli.warnings:  # also in each job's plan.json (grpo_lab/launch/job.py)
+        print(f"grpo-lab: warning: {w}", file=err)
+    global LAST
+    LAST = cli
+    return cli
+
+
+# the command line run.py parsed in this process (grpo_lab.cli.provenance reads which override came from where)
+LAST: CommandLine | None = None

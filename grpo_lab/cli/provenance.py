@@ -1,0 +1,215 @@
+"""Changed defaults, never silent: every value of a job's verl config that differs from verl's own default, with verl's
+value, ours, and what set it (a file under conf/, the command line, or an environment variable).
+
+    plan.json -> "changed_defaults": [{"key", "verl", "ours", "set_by"}, ...]   (grpo_lab/launch/job.py writes it)
+
+verl's default is verl's composed ppo_trainer before any file of ours (grpo_lab/verl_schema/verl_cache.py's copy), resolved.
+What set a value is found by walking the layers Hydra merged, highest first: the command line, the environment's
+knobs (grpo_lab/cli/overrides.py recorded which overrides came from there), the chosen group option files in the order
+of the defaults list (hydra.runtime.choices), conf/config.yaml. When the layer that sets a key sets it to an
+interpolation (`data.train_batch_size: ${train_batch_size}`), the value comes from whatever set what it reads, and
+set_by says so: "conf/experiment/smoke.yaml (train_batch_size)". A value no layer sets follows one of verl's own
+interpolations ("verl (follows ...)"); launch.py's own per-job values (the metrics file, a sweep job's checkpoint
+folder) say "grpo_lab/launch/job.py".
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from grpo_lab.cli.overrides import CONF_DIR
+
+_MISSING = object()
+_RESOLVER_ARG_REF = re.compile(r"\$\{(?:[\w.]+:)?([\w.]+)")
+
+# set per job by grpo_lab/launch/job.py, not by a config layer
+LAUNCH_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH",
+               "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR",
+               "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE",
+               "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_FLASHINFER_SAMPLER")
+
+
+def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, leaf) pairs; an empty dict is a leaf."""
+    if isinstance(d, Mapping) and d:
+        for k, v in d.items():
+            yield from flatten(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], d
+
+
+def lookup(d: Any, dotted: str) -> Any:
+    cur = d
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return _MISSING
+        cur = cur[part]
+    return cur
+
+
+def verl_defaults() -> dict[str, Any]:
+    """verl's composed ppo_trainer, resolved (what verl would run with given nothing). Resolving takes ~0.3 s on a
+    small CPU, so the result is kept beside grpo_lab/verl_schema/verl_cache.py's file, under the same key."""
+    from omegaconf import OmegaConf
+
+    from grpo_lab.verl_schema import verl_cache
+    from grpo_lab.cli.overrides import verl_tree
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
+
+    verl_dir = verl_config_dir()
+    key = verl_cache.cache_key(verl_dir) if verl_dir else None
+    path = verl_cache.cache_dir() / f"verl-{verl_cache.CONFIG_NAME}-resolved-{key[:24]}.yaml" if key else None
+    if path is not None:
+        data = verl_cache._read(path, key)
+        if data is not None:
+            return data
+    cfg = OmegaConf.create(verl_tree())
+    try:
+        out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except Exception:  # an interpolation verl resolves only with more context: compare the raw values
+        out = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(out, dict)
+    if path is not None:
+        verl_cache._write(path, key, out)
+    return out
+
+
+class Layers:
+    """The config layers of one job, lowest first: [(name, nested data)]."""
+
+    def __init__(self, choices: Mapping[str, Any], task_overrides: Sequence[str],
+                 env_overrides: Mapping[str, str] | None = None, conf_dir: Path = CONF_DIR) -> None:
+        from grpo_lab.cli.overrides import _yaml_load, our_groups, parse_overrides
+
+        self.layers: list[tuple[str, dict]] = []
+        conf_dir = Path(conf_dir)
+        self._add("conf/config.yaml", _yaml_load(conf_dir / "config.yaml"))
+        ours = our_groups(conf_dir)
+        for group, choice in choices.items():
+            if group in ours and choice:
+                path = conf_dir / group / f"{choice}.yaml"
+                if path.is_file():
+                    self._add(f"conf/{group}/{choice}.yaml", _yaml_load(path))
+        env_overrides = env_overrides or {}
+        # by key too: a sweep job's override is one value of the environment's list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4 -m)
+        env_keys = {t.split("=", 1)[0]: name for t, name in env_overrides.items()}
+        env_layer: dict = {}
+        cli_layer: dict = {}
+        for text in task_overrides:
+            try:
+                (o,) = parse_overrides([text])
+            except Exception:
+                continue
+            if o.is_delete() or "/" in o.key_or_group or o.key_or_group in ours:
+                continue
+            name = env_overrides.get(text) or env_keys.get(o.key_or_group)
+            target = env_layer if name else cli_layer
+            _put(target, o.key_or_group, (f"environment ({name})" if name else "command line", o.value()))
+        self.env = env_layer
+        self.cli = cli_layer
+
+    def _add(self, name: str, data: Any) -> None:
+        if isinstance(data, dict):
+            self.layers.append((name, {k: v for k, v in data.items() if k not in ("defaults", "hydra")}))
+
+    def set_by(self, key: str, depth: int = 0) -> tuple[int, str] | None:
+        """(precedence, what set it) of the highest layer that sets `key`, following interpolations."""
+        for i, (name, data) in reversed(list(enumerate(self._all()))):
+            raw = lookup(data, key)
+            if raw is _MISSING:
+                continue
+            if isinstance(raw, tuple) and len(raw) == 2 and isinstance(raw[0], str) and name == "":
+                return i, raw[0]
+            if isinstance(raw, str) and "${" in raw and depth < 4:
+                refs = [r for r in _RESOLVER_ARG_REF.findall(raw) if not r.startswith("hydra")]
+                found = [s for s in (self.set_by(r, depth + 1) for r in refs) if s]
+                if found:
+                    best = max(found, key=lambda s: s[0])
+                    if best[0] > i:  # what it reads was set higher up than the interpolation
+                        ref = refs[found.index(best)]
+                        return best[0], best[1] if best[1].endswith(")") else f"{best[1]} ({ref})"
+            return i, name
+        return None
+
+    def _all(self) -> list[tuple[str, Any]]:
+        # overrides as layers whose leaves are (what set it, value); name "" marks them
+        return [*self.layers, ("", self.env), ("", self.cli)]
+
+
+def _put(d: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        if not isinstance(d.get(p), dict):
+            d[p] = {}
+        d = d[p]
+    d[parts[-1]] = value
+
+
+def changed_defaults(verl: Mapping[str, Any], layers: Layers,
+                     defaults: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every leaf of `verl` that differs from verl's default (or that verl does not have), and every default leaf
+    that `verl` no longer has; each with what set it."""
+    defaults = verl_defaults() if defaults is None else defaults
+    out = []
+    seen = set()
+    for key, ours in flatten(verl):
+        seen.add(key)
+        if key.endswith("_target_"):
+            continue
+        theirs = lookup(defaults, key)
+        if theirs is not _MISSING and _same(theirs, ours):
+            continue
+        out.append({"key": key, "verl": "(not in verl's config)" if theirs is _MISSING else theirs, "ours": ours,
+                    "set_by": _source(key, layers)})
+    for key, theirs in flatten(defaults):
+        if key not in seen and lookup(verl, key) is _MISSING and not key.endswith("_target_"):
+            out.append({"key": key, "verl": theirs, "ours": "(removed)", "set_by": _source(key, layers)})
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or a == b and type(a) is type(b)
+    return a == b
+
+
+def _source(key: str, layers: Layers) -> str:
+    if key in LAUNCH_KEYS:
+        return "grpo_lab/launch/job.py (per job)"
+    found = layers.set_by(key)
+    if found is not None:
+        return found[1]
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):  # an override that set a whole section: +x={a:1}
+        for data in (layers.cli, layers.env):
+            raw = lookup(data, ".".join(parts[:n]))
+            if isinstance(raw, tuple):
+                return raw[0]
+    from grpo_lab.cli.overrides import verl_tree
+
+    raw = lookup(verl_tree(), key)
+    refs = _RESOLVER_ARG_REF.findall(raw) if isinstance(raw, str) else []
+    return f"verl: follows {', '.join(refs)}" if refs else "verl (follows a value set above)"
+
+
+def job_layers() -> Layers:
+    """The config layers of the running Hydra job (its choices, its overrides, which came from the environment)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from grpo_lab.cli import overrides
+
+    hc = HydraConfig.get()
+    env = overrides.LAST.env_names if overrides.LAST is not None else {}
+    return Layers(dict(hc.runtime.choices), list(hc.overrides.task), env)
+
+
+def for_job(verl: Mapping[str, Any], *, multirun: bool = False, layers: Layers | None = None) -> list[dict[str, Any]]:
+    """changed_defaults for the running Hydra job (its choices and overrides)."""
+    out = changed_defaults(verl, layers or job_layers())
+    if multirun:
+        for item in out:
+            if item["key"] == "trainer.default_local_dir":
+                item["set_by"] += "; grpo_lab/launch/job.py adds the sweep job's folder"
+    return out

@@ -1,0 +1,2 @@
+"""Stage 3, the hand-over to verl: one job's files, verl's PPO entrypoint, the watchers of a running job, and SLURM.
+"""

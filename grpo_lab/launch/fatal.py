@@ -1,0 +1,251 @@
+"""A run whose engine died ends: the fatal lines of vLLM, SGLang and Ray, and a watcher that stops verl's job on them
+(the doctor reads the same lines: grpo_lab/after_run/doctor.py's engine_died diagnosis).
+
+    watch = FatalWatch(log_path, stop=lambda: ray.kill(runner), diagnose=doctor.errors_in)   # launch.run_verl
+    watch.start(); ...; watch.job_done(); watch.stop()
+    watch.fired                                                  # None, or what was seen (label, line, diagnosis)
+
+verl 0.9.1 does not restart a dead rollout engine or a dead Ray actor (no max_restarts on its actors) and does not
+time out waiting for one: on the GPU test machine a LoRA job's vLLM worker failed in add_lora (StopIteration in
+vllm/lora/model_manager.py, recorded in benchmarks/gpu/results/2026-12-03-smollm2-recheck/) and verl waited,
+printing nothing, until the job was killed 200 s later, status.json still "running". The watcher reads the job's
+train.log as it grows (once a second) and, on a fatal line, gives verl GRACE_S seconds to fail by itself; if it
+has not, it kills verl's TaskRunner actor (the actors it created die with it, their owner), verl's driver returns
+from its ray.get with an error, run_verl shuts Ray down, and the launcher writes status.json "failed" with the
+doctor's diagnosis and exits non-zero, within 30 s of the line.
+
+Fatal lines, matched at the start of a line once Ray's "(Actor pid=N) " prefixes and the library's own logger prefix
+are stripped, so that a message quoting them is no match (texts from vLLM 0.24 and Ray 2.60; SGLang's from its
+engine and scheduler):
+
+  vLLM     "EngineCore failed to start."  "EngineCore encountered a fatal error."  (v1/engine/core.py)
+           "RuntimeError: Engine core initialization failed. ..."                (v1/engine/utils.py)
+           "...EngineDeadError..." as an exception line                          (v1/engine/exceptions.py)
+           "RuntimeError: Worker failed with error '...'"                        (the engine's call to a worker)
+           "Worker proc <name> died unexpectedly, shutting down executor."        (multiproc_executor.py)
+           "WorkerProc failed to start." / "WorkerProc failed."                  (a worker process ends)
+           an exception line logged at ERROR by multiproc_executor.py: the end of the traceback vLLM logs when a call
+           to a worker raised ("WorkerProc hit an exception."); the recorded LoRA failure ends in "StopIteration"
+  SGLang   "Scheduler hit an exception"  "Received sigquit from a child process"
+  Ray      "ActorDiedError: The actor died ..." / "RayActorError: The actor died ..." as an exception line
+
+Not fatal: warnings (vLLM's WARNING lines, Ray's "ActorUnavailableError", which Ray retries), "WorkerProc hit an
+exception." alone (its traceback's last line decides), a worker or task error that verl's driver raises itself (the
+job ends on its own within the grace time).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from grpo_lab.launch.logtail import LogTail
+
+GRACE_S = 5.0        # after a fatal line, verl's own error may still end the job: wait this long before stopping it
+INTERVAL_S = 1.0     # how often the log is read
+KILL_WAIT_S = 10.0   # after the TaskRunner is killed, how long verl's driver may take to return before SIGINT
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_PREFIX = re.compile(r"^(?:\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\) ?)+")
+_ELAPSED = re.compile(r"^\s*\d+\.\d+ (?=\()")  # a recorder's elapsed seconds before Ray's prefix ("  198.98 (A pid=")
+# vLLM's logger ("ERROR 12-03 16:45:35 [multiproc_executor.py:1000] "), SGLang's ("[2026-02-27 15:27:13] ")
+_VLLM_PREFIX = re.compile(r"^(?:ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[([\w.:\-]+)\] ")
+_SGLANG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [^\]]*)?\] ")
+_EXC = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception|Exit)|StopIteration|StopAsyncIteration|"
+                  r"KeyboardInterrupt)(?:\(\w+\))?(?::|$)")
+
+VLLM, SGLANG, RAY = "vLLM", "SGLang", "Ray"
+FATAL: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (re.compile(r"^EngineCore failed to start\."), VLLM, "vLLM's engine failed to start"),
+    (re.compile(r"^RuntimeError: Engine core initialization failed\b"), VLLM, "vLLM's engine failed to start"),
+    (re.compile(r"^EngineCore encountered a fatal error\."), VLLM, "vLLM's engine died"),
+    (re.compile(r"^(?:[\w.]+\.)?(?:RayTaskError\()?EngineDeadError\b"), VLLM, "vLLM's engine is dead"),
+    (re.compile(r"^RuntimeError: Worker failed with error '"), VLLM, "a vLLM worker failed its engine's call"),
+    (re.compile(r"^Worker proc \S+ died unexpectedly"), VLLM, "a vLLM worker process died"),
+    (re.compile(r"^WorkerProc failed(?: to start)?\.$"), VLLM, "a vLLM worker process failed"),
+    (re.compile(r"^Scheduler hit an exception"), SGLANG, "SGLang's scheduler died"),
+    (re.compile(r"^Received sigquit from a child process"), SGLANG, "an SGLang process died"),
+    (re.compile(r"^(?:ray\.exceptions\.)?(?:RayTaskError\()?(?:ActorDiedError|RayActorError)\)?: The actor died"),
+     RAY, "a Ray actor of verl's died"),
+)
+_WORKER_CALL = (VLLM, "a vLLM worker's call raised")
+# exception lines that only say that something else failed: the cause is another line
+_WRAPPERS = re.compile(r"Engine core initialization failed|Worker failed with error|EngineDeadError|ActorDiedError|"
+                       r"RayActorError|RayTaskError|WorkerProc initialization failed|EngineGenerateError|"
+                       r"^KeyboardInterrupt|^SystemExit")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+
+
+def strip(line: str) -> tuple[str, str]:
+    """(the line without colour codes, Ray's prefixes and a logger's prefix, the vLLM logger's source file or "")."""
+    s = _RAY_PREFIX.sub("", _ELAPSED.sub("", _ANSI.sub("", line).rstrip("\r\n")))
+    m = _VLLM_PREFIX.match(s)
+    if m:
+        return s[m.end():], m.group(1).split(":")[0]
+    return _SGLANG_PREFIX.sub("", s), ""
+
+
+def fatal(line: str) -> tuple[str, str] | None:
+    """(engine, label) when this log line says an engine or an actor is dead for good, else None."""
+    text, source = strip(line)
+    text = text.strip()
+    for pattern, engine, label in FATAL:
+        if pattern.match(text):
+            return engine, label
+    if source == "multiproc_executor.py" and _EXC.match(text):
+        return _WORKER_CALL
+    return None
+
+
+def root_cause(clean: list[str], i: int) -> tuple[str, str]:
+    """(the exception that caused the fatal line at i, its innermost frame "file:line in fn" or "")."""
+    order = list(range(i, min(len(clean), i + 80))) + list(range(i - 1, max(-1, i - 150), -1))
+    for r in order:
+        s = clean[r].strip()
+        if _EXC.match(s) and not _WRAPPERS.search(s):
+            frame = ""
+            for j in range(r - 1, max(-1, r - 40), -1):
+                fm = _FRAME.match(clean[j])
+                if fm:
+                    path = fm.group(1)
+                    short = path[path.find("/vllm/") + 1:] if "/vllm/" in path else path
+                    frame = f"{short}:{fm.group(2)} in {fm.group(3)}"
+                    break
+            return (s if len(s) <= 200 else s[:197] + "..."), frame
+    return "", ""
+
+
+class EngineDied(RuntimeError):
+    """verl's job was stopped because its engine or an actor died (the message says which, and the doctor's view)."""
+
+
+@dataclass
+class Fired:
+    label: str
+    line: str
+    line_no: int
+    seen_at: float
+    message: str = ""
+
+
+class TrackedRunner:
+    """verl's TaskRunner actor class as run_ppo uses it (`.remote()`, `.options(...).remote()`), remembering the
+    actor it creates, so that the watcher can kill it."""
+
+    def __init__(self, cls: Any, owner: "TrackedRunner | None" = None) -> None:
+        self.cls, self.owner = cls, owner or self
+        self.handle: Any = None
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        self.owner.handle = self.cls.remote(*args, **kwargs)
+        return self.owner.handle
+
+    def options(self, **kwargs: Any) -> "TrackedRunner":
+        return TrackedRunner(self.cls.options(**kwargs), self.owner)
+
+    def kill(self) -> None:
+        """Kill the TaskRunner (the actors it created die with it, their owner); without one yet, a RuntimeError."""
+        import ray
+
+        if self.owner.handle is None:
+            raise RuntimeError("verl has not created its TaskRunner yet")
+        ray.kill(self.owner.handle, no_restart=True)
+
+
+class FatalWatch:
+    """Reads a growing log once a second; on a fatal line, waits GRACE_S for the job to end by itself, then calls
+    `stop` (kill verl's TaskRunner) and, if the job still runs KILL_WAIT_S later, interrupts the thread that runs it
+    (SIGINT, when that is the main thread). `fired` says what was seen; `job_done()` ends the waiting early."""
+
+    def __init__(self, log_path: str | Path, stop: Callable[[], None], *, grace_s: float = GRACE_S,
+                 interval_s: float = INTERVAL_S, kill_wait_s: float = KILL_WAIT_S,
+                 out: Callable[[str], None] | None = None,
+                 diagnose: Callable[[Path], list[Any]] | None = None) -> None:
+        self.log_path = Path(log_path)
+        self.stop_job = stop
+        self.diagnose = diagnose  # the log's findings so far, for the message (the launcher gives doctor.errors_in)
+        self.grace_s, self.interval_s, self.kill_wait_s = grace_s, interval_s, kill_wait_s
+        self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.fired: Fired | None = None
+        self._done = threading.Event()
+        self._quit = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._job_thread = threading.get_ident()
+        self._tail = LogTail(self.log_path)
+        self._lines = 0
+
+    def start(self) -> "FatalWatch":
+        self._tail.from_end()
+        try:
+            with self.log_path.open("rb") as f:
+                self._lines = f.read(self._tail.offset).count(b"\n")
+        except OSError:
+            self._lines = 0
+        self._job_thread = threading.get_ident()
+        self._thread = threading.Thread(target=self._run, name="grpo-lab-fatal-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def job_done(self) -> None:
+        self._done.set()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._quit.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def check(self) -> Fired | None:
+        """Read what the log gained; the first fatal line in it, if any (the thread calls this every interval)."""
+        lines = self._tail.new_lines()
+        for k, line in enumerate(lines):
+            hit = fatal(line)
+            if hit:
+                return Fired(hit[1], strip(line)[0].strip()[:300], self._lines + k + 1, time.time())
+        self._lines += len(lines)
+        return None
+
+    def _run(self) -> None:
+        while not self._quit.wait(self.interval_s):
+            try:
+                fired = self.check()
+            except Exception:  # a watcher must never take the job down
+                continue
+            if fired is None:
+                continue
+            self.fired = fired
+            self.out(f"grpo-lab: {fired.label} (train.log line {fired.line_no}: {fired.line}); verl does not recover "
+                     f"from this and would wait for ever: the job is stopped in {self.grace_s:g} s unless it ends "
+                     f"first")
+            if self._done.wait(self.grace_s):
+                return  # verl failed (or finished) by itself
+            fired.message = self._diagnosis(fired)
+            self.out(f"grpo-lab: stopping the job: {fired.message}")
+            try:
+                self.stop_job()
+                killed = True
+            except Exception as e:  # noqa: BLE001 (no TaskRunner yet, or Ray already gone)
+                self.out(f"grpo-lab: could not kill verl's TaskRunner ({type(e).__name__}: {e}); interrupting it")
+                killed = False
+            if (not killed or not self._done.wait(self.kill_wait_s)) and not self._done.is_set() \
+                    and self._job_thread == threading.main_thread().ident:
+                signal.pthread_kill(self._job_thread, signal.SIGINT)  # Ctrl+C: ray.get gives up, run_verl cleans up
+            return
+
+    def _diagnosis(self, fired: Fired) -> str:
+        """What grpo-lab tells about the stop: the fatal line and the doctor's first finding on the log so far."""
+        ds = self.diagnose(self.log_path) if self.diagnose else []
+        head = (f"{fired.label} at train.log line {fired.line_no} ({fired.line}); verl had not stopped on it "
+                f"{time.time() - fired.seen_at:.0f} s later, so grpo-lab stopped the job")
+        if not ds:
+            return head
+        d = ds[0]
+        return head + f". doctor: [{d.id}] {d.title}" + (f"; try: {' '.join(d.overrides)}" if d.overrides else "")
+

@@ -1,0 +1,364 @@
+"""One job: resolve the composed config, check it, write the job's files, run verl's PPO entrypoint, clean up.
+
+run.py calls `launch_job(cfg)` once per Hydra job (one for a run, one per sweep point in multirun). What a job
+leaves in its output dir: verl_config.yaml (what verl got), plan.json (preflight, and the values that differ from
+verl's defaults), train.log (everything printed), metrics.jsonl (verl's file logger), status.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from grpo_lab.cli.config import checkpoint_key, get, put, split
+from grpo_lab.facts import atomic_write
+
+
+# the sweep jobs of this process that grpo-lab refused (run.py exits 2 after the sweep when there are any)
+REFUSED: list[str] = []
+# the exit code of a plan (preflight.only) that holds but cannot start on this machine (README: exit codes)
+NOT_READY_EXIT = 3
+# the sweep jobs of this process planned OK but not ready to launch here (run.py exits 3 when no job was refused)
+NOT_READY: list[str] = []
+
+
+class GrpoLabError(Exception):
+    """A problem the user can fix; its message says how. Printed without a traceback."""
+
+
+def launch_job(cfg: DictConfig) -> str:
+    hc = HydraConfig.get()
+    job_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    status = JobStatus(job_dir / "status.json")
+    try:
+        with tee_output(job_dir / "train.log"):
+            status.write("running")
+            result, ready = _run(cfg, job_dir, multirun, hc.job.override_dirname)
+        if ready:
+            status.write("ok", note=result)
+            return result
+        status.write("ok", note=result, ready_here=False, exit=NOT_READY_EXIT)
+    except GrpoLabError as e:
+        status.write("failed", error=str(e), exit=2)
+        print(f"\ngrpo-lab: {e}", file=sys.stderr)
+        if multirun:  # a refusal is no crash: no traceback; the sweep goes on, and run.py exits 2 at its end
+            REFUSED.append(str(job_dir))
+            return "refused"
+        raise SystemExit(2) from None
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        status.write("failed", error=error, exit=1)
+        # the exception reaches this process after the tee has ended: put it in the log the doctor reads (a Ray task's
+        # error, e.g. verl's weight sync raising, was otherwise only on the console and in status.json)
+        _append(job_dir / "train.log", "grpo-lab: the job raised:\n" + traceback.format_exc())
+        found = _diagnose(job_dir / "train.log")
+        if found:
+            status.write("failed", error=error, exit=1, diagnosis=[d.to_dict() for d in found])
+        raise
+    # a plan that holds, not ready to launch here: its own exit code (a sweep: run.py's, after the last job)
+    if multirun:
+        NOT_READY.append(str(job_dir))
+        return result
+    raise SystemExit(NOT_READY_EXIT)
+
+
+def side_by_side_jobs(launcher: Any) -> int:
+    """How many jobs of this sweep may run at once: Hydra's joblib launcher's n_jobs (conf/hydra/launcher/side_by_side.yaml;
+    joblib's -1 = one a CPU core), 1 for a launcher that runs one job after another or each on its own machines."""
+    from grpo_lab.cli.apply import jobs_at_once
+
+    try:
+        if "JoblibLauncher" not in str(launcher.get("_target_", "")):
+            return 1
+        return jobs_at_once(launcher.get("n_jobs") or 1)
+    except (AttributeError, TypeError, ValueError):
+        return 1
+
+
+def _append(path: Path, text: str) -> None:
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    except OSError:
+        pass  # a log that cannot be written must not hide the job's own error
+
+
+def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) -> tuple[str, bool]:
+    """(what the job did, whether it was ready here: False only for a plan of a run that cannot start here)."""
+    try:
+        verl, lab = split(cfg)
+    except MissingMandatoryValue as e:
+        raise GrpoLabError(f"a required value is missing: {e.full_key}. Set it on the command line, "
+                           f"e.g. python run.py {e.full_key}=...") from None
+    if multirun:
+        # each sweep job its own checkpoints, so that none resumes from a sibling's
+        ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(override_dirname))
+        put(verl, "trainer.default_local_dir", ckpt)
+        # hydra/launcher=side_by_side: up to n_jobs jobs share the GPUs and the host (rule side_by_side_jobs)
+        lab["side_by_side_jobs"] = side_by_side_jobs(HydraConfig.get().launcher)
+    # the user's micro-batch size wins over our dynamic batching default (grpo_lab/checks/microbatch.py; rule
+    # micro_batch_explicit reports it)
+    from grpo_lab.checks.microbatch import settle
+    from grpo_lab.cli.provenance import job_layers
+
+    layers = job_layers()
+    lab["micro_batch"] = settle(verl, layers)
+    # --- SLURM hook (grpo_lab/launch/slurm.py): the first node of a SLURM job of several nodes starts a Ray cluster across
+    # them (below, around verl) and the job joins it by address; None everywhere else
+    from grpo_lab.launch.slurm import cluster_for_job
+
+    cluster = cluster_for_job(verl, lab)
+    # --- end of SLURM hook
+    # --- fit hook (make fit; grpo_lab/checks/fit.py): search settings that fit every phase, print one command, never launch
+    if lab["preflight"].get("fit") or lab["preflight"].get("fit_write"):
+        from grpo_lab.checks.fit import fit_job
+
+        return fit_job(cfg, verl, lab, job_dir), True
+    # --- end of fit hook
+    _add_worker_env(verl, lab, job_dir)
+    # --- emulation hook (grpo_lab/checks/emulate.py): the preflight plans `planned` (utilizations of the small card);
+    # verl gets `verl`, their values scaled to the real card. Without emulation both are the same dict.
+    from grpo_lab.checks.emulate import EmulationError, for_devices, mark_scaled
+
+    try:
+        planned, (verl, emulation) = verl, for_devices(verl, lab, os.environ)
+    except EmulationError as e:
+        raise GrpoLabError(str(e)) from None
+    # --- end of emulation hook
+    # --- side-by-side hook (grpo_lab/checks/kv_pin.py): each job's vLLM KV cache pinned to the plan's (the user's pin wins)
+    from grpo_lab.checks.kv_pin import mark_changed, pin_side_by_side
+
+    verl, kv_pin = pin_side_by_side(planned, verl, lab, os.environ)
+    # --- end of side-by-side hook
+    _write_yaml(job_dir / "verl_config.yaml", verl)
+
+    from grpo_lab.checks.preflight import run_preflight
+    from grpo_lab.checks.readiness import not_ready_here
+
+    only = bool(lab["preflight"].get("only"))
+    report = run_preflight(planned, lab, launching=not only)
+    # what this machine lacks: refused when launching; a plan that holds gets "not ready to launch here"
+    report.not_ready = not_ready_here(planned, lab, os.environ, plan_only=only)
+    report.fit_args = own_args(multirun)  # for `make fit ARGS="..."` when no fix fits every phase
+    plan = report.to_json()
+    from grpo_lab.cli.provenance import for_job
+
+    plan["changed_defaults"] = changed = for_job(verl, multirun=multirun, layers=layers)
+    mark_changed(changed, kv_pin)  # side-by-side hook
+    from grpo_lab.cli import overrides
+
+    # a value given twice (grpo_lab/cli/overrides.py warned on the console before composing): which one wins, on record
+    twice = overrides.LAST.warnings if overrides.LAST is not None else []
+    plan["warnings"] = list(plan.get("warnings", [])) + [{"rule": "key_given_twice", "message": w, "fix": ""}
+                                                         for w in twice]
+    if lab["micro_batch"]:
+        plan["micro_batch"] = lab["micro_batch"]
+    if emulation:  # emulation hook: what vLLM and torch really get, and which values it scaled
+        plan["emulation"] = emulation
+        mark_scaled(changed, emulation)
+    _write_json(job_dir / "plan.json", plan)
+    print(report.format())
+    print(f"grpo-lab: {len(changed)} value(s) differ from verl's defaults, each with verl's value, ours and what set "
+          f"it: \"changed_defaults\" in {job_dir}/plan.json")
+    if not report.ok:
+        n = len(report.errors) + (len(report.not_ready) if report.launching else 0)
+        raise GrpoLabError(f"{n} problem(s) above; nothing was started (plan: {job_dir}/plan.json).")
+    if only:
+        print(f"grpo-lab: preflight only: plan written to {job_dir}/plan.json; nothing was started.")
+        if not report.ready:
+            print(f"grpo-lab: the plan holds, but the run cannot start on this machine: {len(report.not_ready)} "
+                  f"thing(s) under \"Not ready to launch here\" above (exit code {NOT_READY_EXIT}).")
+        elif not multirun:
+            print(f"next: {next_command()}")
+        return "planned", report.ready
+    with cluster.running() if cluster else contextlib.nullcontext():  # SLURM hook: Ray on every node, then verl
+        run_verl(verl)
+    return "trained", True
+
+
+def next_command() -> str:
+    """The command that starts what `preflight.only=true` checked: this command line without it."""
+    import shlex
+
+    from grpo_lab.cli import overrides
+
+    args = overrides.LAST.args if overrides.LAST is not None else list(HydraConfig.get().overrides.task)
+    keep = [a for a in args if a.split("=", 1)[0].lstrip("+") != "preflight.only"]
+    return "python run.py " + " ".join(shlex.quote(a) for a in keep) if keep else "python run.py"
+
+
+def own_args(multirun: bool) -> list[str]:
+    """The user's own overrides of this job, as typed (a sweep job: its own point), without what only launches or
+    places it (preflight.only, Hydra's flags and hydra.* settings)."""
+    from grpo_lab.cli import overrides
+
+    hc = HydraConfig.get()
+    args = list(hc.overrides.task) if multirun or overrides.LAST is None else list(overrides.LAST.args)
+    skip = ("preflight.only", "preflight.fit", "preflight.fit_write", "preflight.fit_overwrite")
+    return [a for a in args if not a.startswith("-") and a.split("=", 1)[0].lstrip("+~") not in skip
+            and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+
+
+def _add_worker_env(verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) -> None:
+    """Environment for verl's Ray workers (Ray wants string values); the user's own settings win."""
+    env_path = "ray_kwargs.ray_init.runtime_env.env_vars"
+    env = dict(get(verl, env_path) or {})
+    ours = {"VERL_FILE_LOGGER_PATH": str(job_dir.resolve() / "metrics.jsonl")}
+    if "wandb" in (get(verl, "trainer.logger") or []):
+        ours["WANDB_DIR"] = str(job_dir.resolve())
+        ours["WANDB_MODE"] = os.environ.get("WANDB_MODE") or str(get(lab, "wandb.mode", "offline"))
+    if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
+        # vLLM's sampler imports flashinfer unless told not to: "No module named 'flashinfer'" at engine start
+        ours["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    for k, v in ours.items():
+        env.setdefault(k, v)
+    # --- emulation hook (grpo_lab/checks/emulate.py): the torch allocator cap, merged into the user's own allocator string
+    from grpo_lab.checks.emulate import EmulationError, worker_env
+
+    try:
+        env.update(worker_env(env, lab, os.environ, verl))
+    except EmulationError as e:
+        raise GrpoLabError(str(e)) from None
+    # --- end of emulation hook
+    put(verl, env_path, env)
+
+
+def run_verl(verl: dict[str, Any]) -> None:
+    """verl's own main_ppo.main, minus Hydra: validate, then run_ppo with the V1 (or legacy) task runner."""
+    import ray
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    config = OmegaConf.create(verl)
+    OmegaConf.set_struct(config, True)  # as Hydra hands it to verl's own main
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    if config.trainer.use_v1:
+        runner = TaskRunnerV1
+    else:
+        from verl.trainer.main_ppo_v0 import TaskRunner as runner
+    from grpo_lab.after_run.doctor import ProgressWatchdog, errors_in
+    from grpo_lab.launch.fatal import EngineDied, FatalWatch, TrackedRunner
+
+    log = Path(os.environ["GRPO_LAB_LOG"]) if os.environ.get("GRPO_LAB_LOG") else None
+    watchdog = ProgressWatchdog(log) if log else None
+    # a fatal engine / actor line in the log: verl would wait for ever; kill its TaskRunner (grpo_lab/launch/fatal.py)
+    tracked = TrackedRunner(runner)
+    fatal = FatalWatch(log, stop=tracked.kill, diagnose=errors_in) if log else None
+    try:
+        if watchdog:
+            watchdog.start()
+        if fatal:
+            fatal.start()
+        run_ppo(config, task_runner_class=tracked)
+    except BaseException:
+        if fatal and fatal.fired and fatal.fired.message:  # stopped by the watcher: say why, not "killed by ray.kill"
+            raise EngineDied(fatal.fired.message) from None
+        raise
+    finally:
+        if fatal:
+            fatal.stop()
+        if watchdog:
+            watchdog.stop()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _diagnose(log: Path) -> list[Any]:
+    """Print the doctor's diagnosis of a failed job's log; the diagnoses (for status.json)."""
+    try:
+        from grpo_lab.after_run.doctor import diagnose_path, format_diagnoses
+
+        log_path, found = diagnose_path(log)
+        print(format_diagnoses(found, str(log_path)), file=sys.stderr)
+        return found
+    except Exception as e:  # a diagnosis must never hide the real error
+        print(f"grpo-lab: (no diagnosis: {e})", file=sys.stderr)
+        return []
+
+
+class JobStatus:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.started = time.time()
+
+    def write(self, status: str, **extra: Any) -> None:
+        now = time.time()
+        data = {
+            "status": status,
+            "started": dt.datetime.fromtimestamp(self.started).isoformat(timespec="seconds"),
+            "ended": None if status == "running" else dt.datetime.fromtimestamp(now).isoformat(timespec="seconds"),
+            "wall_s": round(now - self.started, 1),
+            "error": None,
+            "exit": 0 if status == "ok" else None,
+            # who runs it: a "running" job whose process is gone was killed without a word (doctor.gone_running)
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            **extra,
+        }
+        _write_json(self.path, data)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _write_yaml(path: Path, data: Any) -> None:
+    # libyaml's emitter when PyYAML has it: the pure-Python one takes ~0.1 s for verl's config
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    atomic_write(path, yaml.dump(data, Dumper=dumper, sort_keys=False))
+
+
+@contextlib.contextmanager
+def tee_output(log_path: Path) -> Iterator[None]:
+    """Copy everything written to this process's stdout and stderr (Ray's forwarded worker output too) to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    tee = subprocess.Popen(["tee", "-a", str(log_path)], stdin=subprocess.PIPE, stdout=saved_out)
+    assert tee.stdin is not None
+    os.dup2(tee.stdin.fileno(), 1)
+    os.dup2(tee.stdin.fileno(), 2)
+    os.environ["GRPO_LAB_LOG"] = str(log_path)
+    # each line reaches the log when it is printed (Ray forwards the workers' lines without flushing): the watchers
+    # read the log while the job runs (grpo_lab/launch/fatal.py, doctor.ProgressWatchdog)
+    buffered = [(f, f.line_buffering) for f in (sys.stdout, sys.stderr) if hasattr(f, "reconfigure")]
+    for f, _ in buffered:
+        f.reconfigure(line_buffering=True)
+    try:
+        yield
+    finally:
+        for f, was in buffered:
+            f.reconfigure(line_buffering=was)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_out)
+        os.close(saved_err)
+        tee.stdin.close()
+        os.environ.pop("GRPO_LAB_LOG", None)
+        try:
+            tee.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a leftover child still holds the pipe
+            tee.kill()

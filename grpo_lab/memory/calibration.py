@@ -1,0 +1,142 @@
+"""How close the memory plan is, per regime, from the recorded GPU runs: what the plan's verdicts and texts quote.
+
+The numbers come from `benchmarks/gpu/memplan_calibration.json`, which `python benchmarks/calibrate_memplan.py
+--write` (`make calibrate`) writes by replaying every recorded end-to-end job under benchmarks/gpu/results/ (its
+verl_config.yaml) through grpo_lab/memory/memplan.py and comparing with what the job measured:
+
+* training: the trainer process's torch-allocator peak, all its phases (update, log-prob passes, weight sync), which
+  verl logs as `actor/perf/max_memory_reserved_gb` (and `..._allocated_gb`), against the plan's `trainer_allocator`;
+* kv_cache: vLLM's `Available KV cache memory` (its start-up log) against the plan's `kv_cache`.
+
+A regime is what the plan's error depends on and the recorded runs can vouch for: one GPU or several, the model's
+size class, the rollout engine, and whether LoRA, a mixture of experts or FSDP2 is in play. A regime with no
+recorded run is "not measured".
+
+Verdicts follow the table (grpo_lab/memory/memplan.py, `verdict_of`): a phase is refused (`oom`) only when its predicted
+peak is above the card by more than the regime's measured error in the plan's unsafe direction (how far the plan
+has been above what the runs measured), or by UNMEASURED_MARGIN where no run measured the regime; closer than that it
+is `tight`, a warning that says how close.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import facts
+
+ROOT = facts.ROOT
+TABLE = ROOT / "benchmarks" / "gpu" / "memplan_calibration.json"
+TABLE_MD = "benchmarks/gpu/memplan_calibration.md"
+COMMAND = "python benchmarks/calibrate_memplan.py --write"
+
+# The plan's accuracy target against the recorded runs (the calibration fails a job outside it).
+STATED = {"training": 0.15, "kv_cache": 0.10}
+
+# Where no recorded run measured a regime, a predicted peak up to this far above the card is a warning, not a
+# refusal: larger than any error the plan showed when it first met a regime (memplan_bench's first run: up to 18%
+# off on the update peak; the end-to-end runs before their calibration: the plan 15% above verl's reserved peak on
+# learn_smollm2), so that what may well run is not refused on the plan's word alone.
+UNMEASURED_MARGIN = 0.25
+
+# the verdict phases and the calibrated quantity that vouches for each (generation and weight sync are the trainer's
+# state plus exact budgets: vLLM's util x card, the weight-sync bucket)
+PHASE_BASIS = {"generation": "training", "training": "training", "weight_sync": "training"}
+
+SIZE_CLASSES = ((10e6, "under 10M parameters"), (1e9, "10M-1B parameters"), (10e9, "1B-10B parameters"),
+                (math.inf, "10B parameters and more"))
+
+WHAT = {"training": "verl's actor/perf/max_memory_reserved_gb (the trainer's torch allocator, all its phases)",
+        "kv_cache": "vLLM's KV cache (its start-up log)"}
+
+
+def size_class(params: float) -> str:
+    return next(name for limit, name in SIZE_CLASSES if params < limit)
+
+
+def regime_of(arch: Any, s: Any) -> str:
+    """The regime of a plan: one GPU or several, size class, engine, then what sets it apart (LoRA, MoE, FSDP2)."""
+    parts = ["one GPU" if s.n_gpus == 1 else "several GPUs", size_class(arch.params()),
+             "SGLang" if str(s.rollout_engine).lower() == "sglang" else "vLLM"]
+    if s.lora_rank > 0:
+        parts.append("LoRA")
+    if getattr(arch, "is_moe", False):
+        parts.append("mixture of experts")
+    if str(getattr(s, "strategy", "fsdp")) == "fsdp2":
+        parts.append("FSDP2")
+    return ", ".join(parts)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def table(path: Path | None = None) -> dict[str, Any]:
+    return _load(str(path or TABLE))
+
+
+def entry(regime: str, quantity: str, path: Path | None = None) -> dict[str, Any] | None:
+    """The table's summary for one regime and quantity ("training" or "kv_cache"), or None when not measured."""
+    row = (table(path).get("regimes") or {}).get(regime, {}).get(quantity)
+    return row if row and row.get("runs") else None
+
+
+def margin_of(row: dict[str, Any] | None) -> float:
+    """How far above the card a predicted peak may be and still run: the plan's largest measured overshoot of the
+    allocated peak (plan / measured - 1, never below 0: torch empties its cache and retries before it raises an
+    out-of-memory error, so the allocated peak is what must fit), or UNMEASURED_MARGIN without a recorded run."""
+    if row is None:
+        return UNMEASURED_MARGIN
+    worst = float(row.get("allocated_ratio_max", row["ratio_max"]))
+    return max(0.0, math.ceil((worst - 1.0) * 100 - 1e-9) / 100)
+
+
+def phase_calibration(regime: str, phase: str, path: Path | None = None) -> dict[str, Any]:
+    """plan.json's record for one verdict: whether its regime was measured, the margin used, the range measured."""
+    quantity = PHASE_BASIS.get(phase, phase)
+    row = entry(regime, quantity, path)
+    out: dict[str, Any] = {"regime": regime, "measured": row is not None, "margin": margin_of(row),
+                           "basis": quantity}
+    if row is not None:
+        out.update(range=[row["ratio_min"], row["ratio_max"]], runs=row["runs"])
+    return out
+
+
+def describe(cal: dict[str, Any]) -> str:
+    """One clause for messages: how sure the plan is in this regime."""
+    if cal.get("measured"):
+        lo, hi = cal["range"]
+        return (f"in this regime ({cal['regime']}) the plan was {lo:.2f}-{hi:.2f} of {WHAT[cal['basis']]} on "
+                f"{cal['runs']} recorded run(s) ({TABLE_MD})")
+    return (f"not measured: no recorded run of this regime ({cal['regime']}); refused only above the card by more "
+            f"than {cal['margin']:.0%}")
+
+
+def accuracy_lines(regime: str, path: Path | None = None) -> list[str]:
+    """What `make plan` and `make fit` print about the plan's accuracy in this regime."""
+    out = []
+    for quantity in ("training", "kv_cache"):
+        row = entry(regime, quantity, path)
+        if quantity == "training":
+            if row is None:
+                out.append(f"training peak: not measured in this regime ({regime}); refused only above the card by "
+                           f"more than {UNMEASURED_MARGIN:.0%}")
+            else:
+                alloc = (f" ({row['allocated_ratio_min']:.2f}-{row['allocated_ratio_max']:.2f} of its allocated peak)"
+                         if "allocated_ratio_max" in row else "")
+                out.append(f"training peak: plan {row['ratio_min']:.2f}-{row['ratio_max']:.2f} of verl's reserved "
+                           f"peak{alloc} on {row['runs']} recorded run(s) of this regime ({regime}; {TABLE_MD}); "
+                           f"refused only above the card by more than {margin_of(row):.0%}")
+        elif row is None:
+            out.append(f"vLLM KV cache: not measured in this regime ({regime})")
+        else:
+            out.append(f"vLLM KV cache: plan {row['ratio_min']:.2f}-{row['ratio_max']:.2f} of what vLLM reported on "
+                       f"{row['runs']} recorded run(s) of this regime")
+    return out

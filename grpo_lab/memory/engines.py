@@ -1,0 +1,63 @@
+"""What `actor_rollout_ref.rollout.gpu_memory_utilization` means to each rollout engine: the static memory budget.
+
+verl passes the same key to both engines, but they read it differently (the guide's warning: a value that works for
+one engine can OOM the other):
+
+* vLLM (>= 0.7): a fraction of the card's TOTAL memory. Its weights, its profiled activations, its CUDA graphs and
+  the KV cache all live inside `util x card`; whatever else is on the card (the FSDP actor) is outside it.
+* SGLang: `mem_fraction_static`, a fraction of the memory that is FREE when the engine starts, for its weights and
+  KV cache only; the rest of that free memory is left for its activations and CUDA graphs during inference. verl
+  0.9.1 hands the key over in verl/workers/rollout/sglang_rollout/async_sglang_server.py (launch_server:
+  `"mem_fraction_static": self.config.gpu_memory_utilization`). SGLang measures the free memory before loading the
+  model (torch.cuda.mem_get_info, minimum over its TP ranks) and sizes the KV pool as
+  `free_after_load - free_before_load x (1 - mem_fraction_static)`, i.e. static = util x free_before_load.
+
+"Free when the engine starts": verl starts the engine after the FSDP actor is built, so the actor's parameters
+(unless param_offload) and the trainer's CUDA context are already on the card; AdamW's moments are not (torch
+creates them at the first optimizer step), so they grow later beside an SGLang pool sized without them.
+
+Pure functions on numbers (GB = 1e9 bytes, as in grpo_lab/memory/memplan.py); memplan calls them through one marked hook.
+"""
+
+from __future__ import annotations
+
+ENGINES = ("vllm", "sglang")
+
+
+def _check(engine: str) -> str:
+    e = str(engine or "vllm").lower()
+    if e not in ENGINES:
+        raise ValueError(f"rollout engine {engine!r}: the memory plan knows {', '.join(ENGINES)}")
+    return e
+
+
+def static_budget_gb(engine: str, util: float, card_gb: float, resident_gb: float) -> float:
+    """GB per GPU the engine takes for its static memory at start-up.
+
+    vllm: util x card_gb (resident_gb does not matter: vLLM measures against the total).
+    sglang: util x (card_gb - resident_gb), resident_gb being what is on the card when the engine starts.
+    """
+    e = _check(engine)
+    if e == "vllm":
+        return util * card_gb
+    return util * max(0.0, card_gb - resident_gb)
+
+
+def budget_holds_activations(engine: str) -> bool:
+    """True when the engine's activations and CUDA graphs come out of its budget (vLLM), False when they come on
+    top of it, out of the memory the fraction leaves free (SGLang)."""
+    return _check(engine) == "vllm"
+
+
+def explain(engine: str, util: float, card_gb: float, resident_gb: float) -> str:
+    """One sentence for the plan: what the budget is made of, with the numbers."""
+    e = _check(engine)
+    budget = static_budget_gb(e, util, card_gb, resident_gb)
+    if e == "vllm":
+        return (f"vLLM: gpu_memory_utilization {util:g} x {card_gb:g} GB card (total) = {budget:.2f} GB for its "
+                f"weights, activations, CUDA graphs and KV cache")
+    free = max(0.0, card_gb - resident_gb)
+    return (f"SGLang: mem_fraction_static {util:g} x {free:.2f} GB free at engine start ({card_gb:g} GB card - "
+            f"{resident_gb:.2f} GB already held) = {budget:.2f} GB for its weights and KV cache; its activations "
+            f"and CUDA graphs come on top, out of the remaining {free - budget:.2f} GB "
+            f"(the same value under vLLM would be {util * card_gb:.2f} GB of the total, activations included)")

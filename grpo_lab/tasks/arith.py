@@ -1,0 +1,125 @@
+"""Synthetic arithmetic tasks for a small pretrained chat model (SmolLM2-135M-Instruct), offline and deterministic.
+
+    python -m grpo_lab.tasks.arith --out data/arith_oneshot                     # make arith-oneshot: the learn preset's data
+    python -m grpo_lab.tasks.arith --out DIR --task chain --style gsm8k         # another task / prompt phrasing
+
+Tasks (each problem has an expression and its value):
+  sums    a + b, a and b in 0..99
+  mixed   grpo_lab.tasks.tiny's arith_tiny problems: +, -, x, 60% bare expressions and 40% short word problems
+  chain   a + b - c or a x b + c, two-digit numbers: three operands, harder for a 135M model
+Prompt styles (the user message; the chat template adds the rest):
+  gsm8k   the question + verl's GSM8K instruction ('Let's think step by step and output the final answer after "####".')
+  oneshot the question + one worked example of the expected format ("12 + 7 = 19\\n#### 19")
+
+Rows are verl's GSM8K row format (grpo_lab.tasks.data.gsm8k_row) with data_source "arith_<task>_<style>" (the name verl's
+validation metrics carry: val-core/arith_mixed_oneshot/acc/mean@1), reference answers "23 + 48 = 71\\n#### 71" in
+extra_info.answer, train and test disjoint. benchmarks/smollm2_probe.md measured which task and style give GRPO a
+signal on SmolLM2-135M-Instruct; conf/dataset/arith_oneshot.yaml is the winner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+from grpo_lab.tasks.data import INSTRUCTION, build_once, cli_build, gsm8k_row
+from grpo_lab.tasks.tiny import _problem
+
+FORMAT_VERSION = 1
+STAMP = "grpo_lab_arith.json"
+TASKS = ("sums", "mixed", "chain")
+STYLES = ("gsm8k", "oneshot")
+ONESHOT = 'Solve the problem and write the final answer after "####". Example:\nWhat is 12 + 7?\n12 + 7 = 19\n#### 19'
+
+
+def problem(task: str, rng: random.Random) -> tuple[str, str, int]:
+    """(question, expression, value) of one random problem of the task."""
+    if task == "sums":
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        return f"What is {a} + {b}?", f"{a} + {b}", a + b
+    if task == "mixed":
+        return _problem(rng)
+    if task == "chain":
+        if rng.random() < 0.5:
+            a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(10, 99)
+            expr, value = f"{a} + {b} - {c}", a + b - c
+        else:
+            a, b, c = rng.randint(2, 12), rng.randint(2, 12), rng.randint(10, 99)
+            expr, value = f"{a} * {b} + {c}", a * b + c
+        return f"What is {expr}?", expr, value
+    raise ValueError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+
+
+def prompt_text(question: str, style: str) -> str:
+    if style == "gsm8k":
+        return f"{question} {INSTRUCTION}"
+    if style == "oneshot":
+        return f"{ONESHOT}\n\nProblem: {question}"
+    raise ValueError(f"unknown style {style!r}: choose one of {', '.join(STYLES)}")
+
+
+def records(task: str, n: int, seed: int, exclude: frozenset[str] | set[str] = frozenset()) -> list[dict]:
+    """n distinct problems {question, answer ("expr = value\\n#### value")}, none of whose questions is in exclude."""
+    rng = random.Random(f"{task}-{seed}")
+    seen, out = set(exclude), []
+    for _ in range(100 * n):
+        if len(out) == n:
+            break
+        question, expr, value = problem(task, rng)
+        if question not in seen:
+            seen.add(question)
+            out.append({"question": question, "answer": f"{expr} = {value}\n#### {value}"})
+    if len(out) < n:
+        raise ValueError(f"task {task!r} has fewer than {n} distinct problems; ask for fewer")
+    return out
+
+
+def rows(task: str, style: str, n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
+    """{"train": verl rows, "test": verl rows} with disjoint questions."""
+    test = records(task, n_test, seed + 1)
+    train = records(task, n_train, seed, exclude={r["question"] for r in test})
+    source = f"arith_{task}_{style}"
+    out = {}
+    for split, recs in (("train", train), ("test", test)):
+        out[split] = []
+        for i, r in enumerate(recs):
+            row = gsm8k_row(r["question"], r["answer"], split, i, data_source=source)
+            row["prompt"] = [{"role": "user", "content": prompt_text(r["question"], style)}]
+            out[split].append(row)
+    return out
+
+
+def make(out: str | Path, task: str, style: str, n_train: int, n_test: int, seed: int, force: bool = False,
+         log=print) -> Path:
+    settings = {"version": FORMAT_VERSION, "task": task, "style": style, "train": n_train, "test": n_test,
+                "seed": seed}
+    out, written = build_once(out, STAMP, settings, lambda: rows(task, style, n_train, n_test, seed), force, log)
+    if not written:
+        return out
+    log(f"wrote {out}/: train {n_train} rows, test {n_test} rows (task {task}, style {style}, "
+        f"data_source arith_{task}_{style})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_lab.tasks.arith", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="data/arith_oneshot")
+    parser.add_argument("--task", choices=TASKS, default="mixed")
+    parser.add_argument("--style", choices=STYLES, default="oneshot")
+    parser.add_argument("--train-size", type=int, default=2048)
+    parser.add_argument("--test-size", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="rebuild even when the files are up to date")
+    args = parser.parse_args(argv)
+    if args.train_size < 1 or args.test_size < 1:
+        parser.error(f"--train-size and --test-size must be at least 1 (got {args.train_size}, {args.test_size})")
+    return cli_build(lambda: make(args.out, args.task, args.style, args.train_size, args.test_size, args.seed,
+                                  args.force),
+                     "next: python run.py experiment=learn_smollm2 hardware=h200x1 preflight.only=true   "
+                     "(needs make smollm2)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

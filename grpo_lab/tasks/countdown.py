@@ -1,0 +1,155 @@
+"""Countdown problems (reach a target with given numbers and + - * /), offline and deterministic: a second task with
+its own reward (grpo_lab/tasks/rewards/countdown.py), for SmolLM2-135M-Instruct or any chat model.
+
+    python -m grpo_lab.tasks.countdown --out data/countdown                     # make countdown: the countdown preset's data
+    python -m grpo_lab.tasks.countdown --out DIR --train 512 --test 64 --seed 1
+
+Each problem is made from a random expression over 3 or 4 numbers from 1..99 (each step's value a whole number from
+1 to 999: divisions exact, none by 1; the target is never one of the numbers), so a solution always exists: the
+target is the expression's value, and the numbers are listed shuffled. The prompt (user message; the chat template
+adds the rest) asks for the expression in <answer></answer> tags, after one worked example:
+
+    Use the numbers to make the target with +, -, * and /; use each number at most once. ... Example:
+    Numbers: 2, 7, 5. Target: 19.
+    <answer>2 * 7 + 5</answer>
+
+    Numbers: 41, 63, 88, 10. Target: 182.
+
+Rows are verl's row layout (grpo_lab.tasks.data.gsm8k_row) with data_source "countdown", reward_model.ground_truth
+{"target": 182, "numbers": [41, 63, 88, 10]} (what the reward reads; verl hands it to the reward as this dict) and
+the generating expression as extra_info.answer ("<answer>63 - 10 + 88 + 41</answer>": a reference answer that scores
+1.0); train and test share no problem (the same numbers in any order with the same target). About 70% of the problems
+have 3 numbers (a 4-number expression more often leaves 1..999 and is drawn again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+from grpo_lab.tasks.data import build_once, cli_build, gsm8k_row
+
+FORMAT_VERSION = 1
+STAMP = "grpo_lab_countdown.json"
+DATA_SOURCE = "countdown"
+MAX_NUMBER = 99
+# every intermediate value of a generating expression stays in 1..MAX_VALUE (a 135M model does small arithmetic)
+MAX_VALUE = 999
+ONESHOT = ("Use the numbers to make the target with +, -, * and /; use each number at most once. "
+           "Write only the expression inside <answer></answer>. Example:\n"
+           "Numbers: 2, 7, 5. Target: 19.\n<answer>2 * 7 + 5</answer>")
+# precedence of each operator, for writing an expression with only the parentheses it needs
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+def _combine(left: tuple, right: tuple, op: str) -> tuple | None:
+    """(text, value, precedence) of `left op right`, or None when the value leaves 1..MAX_VALUE or is not whole."""
+    (lt, lv, lp), (rt, rv, rp) = left, right
+    if op == "+":
+        value = lv + rv
+    elif op == "-":
+        value = lv - rv
+    elif op == "*":
+        value = lv * rv
+    else:
+        if rv in (0, 1) or lv % rv:  # exact divisions only, and not by 1 (a no-op)
+            return None
+        value = lv // rv
+    if not 1 <= value <= MAX_VALUE:
+        return None
+    prec = _PREC[op]
+    if lp < prec:
+        lt = f"({lt})"
+    if rp < prec or (rp == prec and op in "-/"):
+        rt = f"({rt})"
+    return f"{lt} {op} {rt}", value, prec
+
+
+def problem(rng: random.Random) -> tuple[list[int], int, str]:
+    """(numbers, target, expression) of one random problem: the expression uses every number once."""
+    while True:
+        numbers = [rng.randint(1, MAX_NUMBER) for _ in range(rng.choice((3, 4)))]
+        pool = [(str(n), n, 3) for n in numbers]
+        while len(pool) > 1:
+            i, j = rng.sample(range(len(pool)), 2)
+            node = _combine(pool[i], pool[j], rng.choice("+-*/"))
+            if node is None:
+                break
+            pool = [p for k, p in enumerate(pool) if k not in (i, j)] + [node]
+        if len(pool) == 1 and pool[0][1] not in numbers:  # a target among the numbers is no problem at all
+            shown = numbers[:]
+            rng.shuffle(shown)
+            return shown, pool[0][1], pool[0][0]
+
+
+def question(numbers: list[int], target: int) -> str:
+    return f"Numbers: {', '.join(map(str, numbers))}. Target: {target}."
+
+
+def prompt_text(numbers: list[int], target: int) -> str:
+    return f"{ONESHOT}\n\n{question(numbers, target)}"
+
+
+def records(n: int, seed: int, exclude: frozenset | set = frozenset()) -> list[dict]:
+    """n distinct problems {numbers, target, expression}; none whose (sorted numbers, target) is in exclude."""
+    rng = random.Random(f"countdown-{seed}")
+    seen, out = set(exclude), []
+    for _ in range(100 * n):
+        if len(out) == n:
+            break
+        numbers, target, expr = problem(rng)
+        key = (tuple(sorted(numbers)), target)
+        if key not in seen:
+            seen.add(key)
+            out.append({"numbers": numbers, "target": target, "expression": expr})
+    if len(out) < n:
+        raise ValueError(f"found fewer than {n} distinct countdown problems; ask for fewer")
+    return out
+
+
+def row(rec: dict, split: str, index: int) -> dict:
+    """One verl row: gsm8k_row's layout with the countdown prompt, ground truth and reference answer."""
+    numbers, target, expr = rec["numbers"], rec["target"], rec["expression"]
+    out = gsm8k_row(question(numbers, target), f"{expr} = {target}\n#### {target}", split, index,
+                    data_source=DATA_SOURCE)
+    out["prompt"] = [{"role": "user", "content": prompt_text(numbers, target)}]
+    out["reward_model"]["ground_truth"] = {"target": target, "numbers": numbers}
+    out["extra_info"]["answer"] = f"<answer>{expr}</answer>"
+    return out
+
+
+def rows(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
+    """{"train": verl rows, "test": verl rows} with no problem in both."""
+    test = records(n_test, seed + 1)
+    train = records(n_train, seed, exclude={(tuple(sorted(r["numbers"])), r["target"]) for r in test})
+    return {split: [row(r, split, i) for i, r in enumerate(recs)] for split, recs in (("train", train), ("test", test))}
+
+
+def make(out: str | Path, n_train: int, n_test: int, seed: int, force: bool = False, log=print) -> Path:
+    settings = {"version": FORMAT_VERSION, "train": n_train, "test": n_test, "seed": seed}
+    out, written = build_once(out, STAMP, settings, lambda: rows(n_train, n_test, seed), force, log)
+    if not written:
+        return out
+    log(f"wrote {out}/: train {n_train} rows, test {n_test} rows (data_source {DATA_SOURCE}, seed {seed})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_lab.tasks.countdown", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="data/countdown")
+    parser.add_argument("--train", "--train-size", dest="train_size", type=int, default=2048)
+    parser.add_argument("--test", "--test-size", dest="test_size", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="rebuild even when the files are up to date")
+    args = parser.parse_args(argv)
+    if args.train_size < 1 or args.test_size < 1:
+        parser.error(f"--train and --test must be at least 1 (got {args.train_size}, {args.test_size})")
+    return cli_build(lambda: make(args.out, args.train_size, args.test_size, args.seed, args.force),
+                     "next: python run.py experiment=countdown_smollm2 hardware=h200x1 preflight.only=true   "
+                     "(needs make smollm2)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

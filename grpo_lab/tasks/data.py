@@ -1,0 +1,270 @@
+"""GSM8K to verl's parquet row format (the rows verl's examples/data_preprocess/gsm8k.py writes).
+
+    python -m grpo_lab.tasks.data gsm8k --out data/gsm8k                      # from the hub: openai/gsm8k, config "main"
+    python -m grpo_lab.tasks.data gsm8k --out data/gsm8k --local-dir DIR      # offline, from files you already have
+    python -m grpo_lab.tasks.data own --input my_qa.jsonl --out data/own_qa   # your own pairs: see grpo_lab/tasks/own_data.py
+
+--local-dir reads either the hub's parquet files (train-*.parquet and test-*.parquet, also under a `main/` folder as
+in the hub repository) or the jsonl files of the GSM8K GitHub release (train.jsonl, test.jsonl), each record having
+`question` and `answer`. The output is data/gsm8k/{train,test}.parquet, one row per problem:
+
+    data_source   "openai/gsm8k"                       (selects verl's gsm8k scorer in default_compute_score)
+    prompt        [{"role": "user", "content": question + ' Let\'s think step by step and output the final answer
+                   after "####".'}]
+    ability       "math"
+    reward_model  {"style": "rule", "ground_truth": the number after "####", commas removed}
+    extra_info    {"split", "index", "answer" (the full reference solution), "question" (without the instruction)}
+
+Files are written to a temporary name and renamed, so a failed run never leaves a half-written parquet. Existing
+outputs are kept unless --force is given. grpo_lab.tasks.tiny writes its synthetic data through the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+DATA_SOURCE = "openai/gsm8k"
+HUB_ID = "openai/gsm8k"
+HUB_CONFIG = "main"
+ABILITY = "math"
+# verbatim from verl's examples/data_preprocess/gsm8k.py
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+SPLITS = ("train", "test")
+# the same pattern verl's example and verl's scorer (verl/utils/reward_score/gsm8k.py, strict mode) use
+_SOLUTION_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+class DataError(Exception):
+    """A problem with the input data that the user can fix; the message says how."""
+
+
+def extract_solution(answer: str) -> str:
+    """The number after "####" in a GSM8K reference answer, commas removed (as verl's example does)."""
+    match = _SOLUTION_RE.search(answer)
+    if match is None:
+        raise DataError(f'no "#### <number>" in the answer: {answer[-120:]!r}')
+    return match.group(1).replace(",", "")
+
+
+def gsm8k_row(question: str, answer: str, split: str, index: int, data_source: str = DATA_SOURCE) -> dict:
+    """One verl row for a GSM8K-format record (question, reference answer ending in "#### n")."""
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": extract_solution(answer)},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+    }
+
+
+def to_rows(records: Iterable[Mapping], split: str) -> list[dict]:
+    """verl rows for GSM8K-format records (mappings with `question` and `answer`), indexed from 0 in order."""
+    rows = []
+    for index, record in enumerate(records):
+        try:
+            question, answer = record["question"], record["answer"]
+        except KeyError as exc:
+            raise DataError(f"{split} record {index} has no {exc.args[0]!r} field (fields: {sorted(record)})") from None
+        try:
+            rows.append(gsm8k_row(str(question), str(answer), split, index))
+        except DataError as exc:
+            raise DataError(f"{split} record {index}: {exc}") from None
+    return rows
+
+
+def write_splits(rows_by_split: Mapping[str, list[dict]], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write {split: rows} to OUT/{split}.parquet; all files are complete before any is renamed into place."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staged: dict[str, str] = {}
+    try:
+        for split, rows in rows_by_split.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{split}.parquet.", suffix=".tmp", dir=out_dir)
+            os.close(fd)
+            staged[split] = tmp
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+        paths = {}
+        for split, tmp in staged.items():
+            paths[split] = out_dir / f"{split}.parquet"
+            os.replace(tmp, paths[split])
+        return paths
+    finally:
+        for tmp in staged.values():
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def cli_build(build, next_hint: str) -> int:
+    """A generator's command line (grpo_lab.tasks.arith, grpo_lab.tasks.countdown) after its arguments: build(); a bad request
+    (ValueError) is one line on stderr and exit 2, else the next command to type and 0."""
+    try:
+        build()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(next_hint)
+    return 0
+
+
+def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool = False,
+               log=print) -> tuple[Path, bool]:
+    """A generated dataset (grpo_lab.tasks.arith, grpo_lab.tasks.countdown): kept when OUT/stamp records the same settings (and not
+    force), else
+    build() -> {split: rows} (before anything is written: a bad request leaves no files), the splits, then the stamp.
+    Returns (out_dir, whether it was written)."""
+    out_dir = Path(out_dir)
+    try:
+        if not force and json.loads((out_dir / stamp).read_text()) == settings:
+            log(f"kept  {out_dir}/ (same settings; --force rebuilds)")
+            return out_dir, False
+    except (OSError, ValueError):
+        pass
+    write_splits(build(), out_dir)
+    (out_dir / stamp).write_text(json.dumps(settings, indent=2) + "\n")
+    return out_dir, True
+
+
+# ---------------------------------------------------------------------------------------------------- reading GSM8K
+
+def _read_jsonl(path: str) -> list[dict]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    return records
+
+
+def _read_parquets(paths: list[str]) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    records: list[dict] = []
+    for path in paths:
+        table = pq.read_table(path)
+        if "question" not in table.column_names and "prompt" in table.column_names:
+            raise DataError(f"{path} is already in verl's row format (it has `prompt`, not `question`/`answer`): "
+                            "use it directly as a data file instead of converting it")
+        records.extend(table.to_pylist())
+    return records
+
+
+def local_files(local_dir: str | os.PathLike, split: str) -> list[str]:
+    """The GSM8K files for a split in DIR: {split}.jsonl, or {split}-*.parquet (also under main/), in that order."""
+    local_dir = str(local_dir)
+    for pattern in (f"{split}.jsonl", f"{split}-*.parquet", os.path.join("main", f"{split}-*.parquet")):
+        found = sorted(glob.glob(os.path.join(local_dir, pattern)))
+        if found:
+            return found
+    return []
+
+
+def load_local(local_dir: str | os.PathLike) -> dict[str, list[dict]]:
+    """GSM8K records {split: [{question, answer, ...}]} from local files (see the module docstring)."""
+    if not os.path.isdir(local_dir):
+        raise DataError(f"--local-dir {local_dir}: no such folder")
+    out: dict[str, list[dict]] = {}
+    for split in SPLITS:
+        files = local_files(local_dir, split)
+        if not files:
+            raise DataError(
+                f"no {split} files in {local_dir}: expected {split}.jsonl (GSM8K's GitHub release, "
+                f"grade_school_math/data/) or {split}-*.parquet (the hub's openai/gsm8k, folder main/). "
+                "Without --local-dir the data comes from the Hugging Face hub.")
+        out[split] = _read_jsonl(files[0]) if files[0].endswith(".jsonl") else _read_parquets(files)
+        if not out[split]:
+            raise DataError(f"{files[0]} holds no records")
+    return out
+
+
+def load_hub() -> dict[str, list[dict]]:
+    """GSM8K records from the Hugging Face hub (openai/gsm8k, config main), as verl's example loads them."""
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(HUB_ID, HUB_CONFIG)
+    except Exception as exc:  # network, auth, cache: all end the same way for the user
+        raise DataError(f"could not load {HUB_ID} ({HUB_CONFIG}) from the hub: {type(exc).__name__}: {exc}\n"
+                        "Offline? Download GSM8K's train/test files elsewhere and pass --local-dir DIR.") from None
+    return {split: ds[split].to_list() for split in SPLITS}
+
+
+def convert_gsm8k(out_dir: str | os.PathLike, local_dir: str | os.PathLike | None = None,
+                  force: bool = False) -> dict[str, int] | None:
+    """Write OUT/{train,test}.parquet; returns {split: rows}, or None when both exist and force is False."""
+    out_dir = Path(out_dir)
+    targets = [out_dir / f"{split}.parquet" for split in SPLITS]
+    if not force and all(t.is_file() for t in targets):
+        return None
+    records = load_local(local_dir) if local_dir is not None else load_hub()
+    rows = {split: to_rows(records[split], split) for split in SPLITS}
+    write_splits(rows, out_dir)
+    return {split: len(r) for split, r in rows.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_lab.tasks.data", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="dataset", required=True)
+    g = sub.add_parser("gsm8k", help="GSM8K -> OUT/{train,test}.parquet in verl's row format")
+    g.add_argument("--out", default="data/gsm8k", help="output folder (default: data/gsm8k)")
+    g.add_argument("--local-dir", default=None,
+                   help="read train/test from this folder (train.jsonl/test.jsonl or train-*.parquet/test-*.parquet) "
+                        "instead of the hub")
+    g.add_argument("--force", action="store_true", help="rewrite the output files when they already exist")
+    from grpo_lab.tasks import own_data
+
+    o = sub.add_parser("own", help="your own question/answer pairs (.jsonl or .csv) -> OUT/{train,test}.parquet",
+                       description=own_data.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    own_data.add_arguments(o)
+    args = parser.parse_args(argv)
+    if args.dataset == "own":
+        return _main_own(args)
+
+    try:
+        counts = convert_gsm8k(args.out, args.local_dir, args.force)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if counts is None:
+        print(f"{args.out}/train.parquet and test.parquet exist; nothing to do (--force rewrites them)")
+        return 0
+    source = args.local_dir or f"hub {HUB_ID}"
+    for split, n in counts.items():
+        print(f"{split}: {n} rows -> {Path(args.out) / f'{split}.parquet'}  (from {source})")
+    return 0
+
+
+def _main_own(args: argparse.Namespace) -> int:
+    from grpo_lab.tasks import own_data
+
+    try:
+        result = own_data.run(args)
+    except own_data.DataError as exc:  # grpo_lab.tasks.data's class, also when this file runs as __main__
+        print(f"error: {exc}", file=sys.stderr)
+        print("nothing was written", file=sys.stderr)
+        return 2
+    for w in result.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    for split, n in result.counts.items():
+        print(f"{split}: {n} rows -> {result.paths[split]}")
+    note = own_data.scorer_note(args.data_source)
+    if note:
+        print(f"note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Qwen3 of the real shapes with random weights, offline: for measuring memory and speed, not for learning.
+
+    python -m grpo_lab.tasks.qwen3_random --size 0_6b                  # make qwen3-random SIZE=0_6b
+    python -m grpo_lab.tasks.qwen3_random --size all                   # make qwen3-random: 0.6B, 1.7B, 4B and 8B
+    python -m grpo_lab.tasks.qwen3_random --size 8b --out /big/disk/qwen3-8b-random-weights --force
+    python -m grpo_lab.tasks.qwen3_random --size 0_6b --layers 2 --hidden 64 --intermediate 128 --heads 2 --kv-heads 1
+                                                                 # a reduced model (tests): the real vocabulary
+
+Writes data/qwen3-<size>-random-weights/ (0.6b, 1.7b, 4b, 8b): a Hugging Face folder as Qwen publishes it:
+  config.json                 Qwen3Config with the architecture of conf/model/ (qwen3_0_6b, qwen3_1_7b, qwen3_4b,
+                              qwen3_8b_lora: Qwen's published config.json values), rope_theta 1e6, rms_norm_eps 1e-6,
+                              bos 151643, eos 151645, and "grpo_lab_random_weights": the mark the preflight's plan
+                              (plan.json and console) and `make report` read to say "random weights: memory and speed
+                              only".
+  model*.safetensors          bf16, seeded random init (transformers' own: normal(0, 0.02), norms 1), created in bf16
+                              on the GPU when there is one (else the CPU); sharded at 5 GB like Qwen's.
+  tokenizer.json, tokenizer_config.json
+                              a byte-level BPE of 151,936 tokens, so every id a random model samples decodes: 256 byte
+                              tokens; merges trained on grpo_lab.tasks.tiny's synthetic arithmetic text (the GSM8K-style
+                              words and instruction); then merges built breadth-first (a word-start or letter token
+                              extended by one letter, whitespace runs) up to 151,643 regular tokens; Qwen3's 26 added
+                              tokens at their real ids 151643-151668 (<|endoftext|>, <|im_start|>, <|im_end|>,
+                              <think>, </think>, ...); <|reserved_N|> special tokens at 151669-151935 (Qwen's embedding
+                              rows past its tokenizer). Qwen3's pipeline (pre-tokenizer, byte-level decoder) and chat
+                              template with enable_thinking. Text takes ~1.5-2x the tokens Qwen's tokenizer needs.
+  generation_config.json, grpo_lab_qwen3_random.json (the build's settings: an up-to-date folder is kept)
+
+To plan or run it, point model_path at the folder, with the model group of the same size (its presets; the plan
+reads the folder's config.json, the group gives the rest):
+    python run.py experiment=smoke hardware=h200x1 model_path=$PWD/data/qwen3-0.6b-random-weights      (qwen3_0_6b)
+    python run.py model=qwen3_1_7b model_path=$PWD/data/qwen3-1.7b-random-weights ...
+    python run.py model=qwen3_4b model_path=$PWD/data/qwen3-4b-random-weights ...
+    python run.py model=qwen3_8b_lora model_path=$PWD/data/qwen3-8b-random-weights ...
+An absolute path, as verl's Ray workers read it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from grpo_lab import facts
+
+from grpo_lab.tasks import tiny
+
+FORMAT_VERSION = 1  # bump when what this module writes changes, so old folders are rebuilt
+STAMP = "grpo_lab_qwen3_random.json"
+# config.json's key (read by grpo_lab.facts.random_weights) and the words every plan and report print
+MARK_KEY = facts.RANDOM_WEIGHTS_KEY
+MARK = "random weights: memory and speed only"
+
+# --size -> (conf/model group with the architecture, to use with the folder; folder name under data/)
+SIZES: dict[str, tuple[str, str]] = {
+    "0_6b": ("qwen3_0_6b", "qwen3-0.6b-random-weights"),
+    "1_7b": ("qwen3_1_7b", "qwen3-1.7b-random-weights"),
+    "4b": ("qwen3_4b", "qwen3-4b-random-weights"),
+    "8b": ("qwen3_8b_lora", "qwen3-8b-random-weights"),
+}
+# Qwen3's published parameter counts (model cards: total, non-embedding), in billions
+PUBLISHED_B = {"0_6b": (0.6, 0.44), "1_7b": (1.7, 1.4), "4b": (4.0, 3.6), "8b": (8.2, 6.95)}
+
+VOCAB_SIZE = 151936
+REGULAR_TOKENS = 151643  # Qwen3's: <|endoftext|> is the first added token, at 151643
+LETTERS = "etaoinshrdlcumwfgypbvkjxqz"  # by English frequency: the first merges are the likeliest
+
+
+def arch_for(size: str, **reduced: int | None) -> tiny.Arch:
+    """The architecture of conf/model/<group>.yaml for this size; reduced: num_hidden_layers=..., hidden_size=..."""
+    import yaml
+
+    group = SIZES[size][0]
+    doc = yaml.safe_load((facts.ROOT / "conf" / "model" / f"{group}.yaml").read_text())
+    m = doc["lab"]["model"]
+    arch = tiny.Arch(**{k: m[k] for k in tiny.Arch.__dataclass_fields__})
+    return replace(arch, **{k: v for k, v in reduced.items() if v is not None})
+
+
+def param_count(arch: tiny.Arch) -> tuple[int, int]:
+    """(all parameters, non-embedding parameters) of a Qwen3ForCausalLM of this architecture."""
+    h, d = arch.hidden_size, arch.head_dim
+    q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d
+    attention = h * q + 2 * h * kv + q * h + 2 * d  # q, k, v, o projections (no bias), q_norm, k_norm
+    layer = attention + 3 * h * arch.intermediate_size + 2 * h  # + gate/up/down, two RMSNorms
+    body = arch.num_hidden_layers * layer + h  # + the final norm
+    embedding = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
+    return body + embedding, body
+
+
+# ------------------------------------------------------------------------------------------------------ tokenizer
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies (Qwen's too) are written in."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars = {b: chr(b) for b in printable}
+    n = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + n)
+            n += 1
+    return chars
+
+
+def full_vocab_bpe(n_regular: int = REGULAR_TOKENS):
+    """A tokenizers.Tokenizer with Qwen's pipeline and exactly n_regular regular tokens, each reachable by a merge.
+
+    The 256 byte tokens; the merges of a BPE trained on grpo_lab.tasks.tiny's synthetic arithmetic text (deterministic);
+    then breadth-first: every token of the last level (space- or letter-started words) extended by each letter, a
+    level at a time, until n_regular tokens. Whitespace runs (up to 16 spaces, 4 newlines) come first."""
+    from tokenizers import models
+
+    b2u = bytes_to_unicode()
+    trained = tiny.bpe_trained(tiny.tokenizer_corpus(tiny.arith_splits(512, 64, 0)["train"]), 2048)
+    vocab: dict[str, int] = {}
+    for b in range(256):
+        vocab[b2u[b]] = len(vocab)
+    merges: list[tuple[str, str]] = []
+
+    def add(a: str, b: str) -> bool:
+        if a + b in vocab or a not in vocab or b not in vocab or len(vocab) >= n_regular:
+            return False
+        vocab[a + b] = len(vocab)
+        merges.append((a, b))
+        return True
+
+    # the trained merges in their order (tokenizer.json holds them; the model object does not list them)
+    for pair in json.loads(trained.to_str())["model"]["merges"]:
+        a, b = pair if isinstance(pair, list) else pair.split(" ", 1)
+        add(a, b)
+    space, newline = b2u[ord(" ")], b2u[ord("\n")]
+    for n in range(2, 17):
+        add(space * (n - 1), space)
+    for n in range(2, 5):
+        add(newline * (n - 1), newline)
+    letters = list(LETTERS) + list(LETTERS.upper())
+    level = [space] + letters
+    while len(vocab) < n_regular:
+        nxt = []
+        for token in level:
+            for c in letters:
+                add(token, c)
+                if token + c in vocab:  # new, or made earlier (trained): extended on the next level either way
+                    nxt.append(token + c)
+                if len(vocab) >= n_regular:
+                    break
+            if len(vocab) >= n_regular:
+                break
+        level = nxt
+    tok = tiny.qwen_pipeline(models.BPE(vocab=vocab, merges=merges, unk_token=None, continuing_subword_prefix="",
+                                        end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    return tok
+
+
+_TOKENIZER = None
+
+
+def full_vocab_tokenizer():
+    """Qwen3's layout of 151,936 ids (built once per process, ~5 s)."""
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        n_reserved = VOCAB_SIZE - REGULAR_TOKENS - len(tiny.ADDED_TOKENS)
+        first = REGULAR_TOKENS + len(tiny.ADDED_TOKENS)
+        _TOKENIZER = tiny.finish_tokenizer(full_vocab_bpe(), VOCAB_SIZE,
+                                           [f"<|reserved_{first + i}|>" for i in range(n_reserved)])
+        if len(_TOKENIZER) != VOCAB_SIZE:
+            raise AssertionError(f"tokenizer has {len(_TOKENIZER)} tokens, not {VOCAB_SIZE}")
+    return _TOKENIZER
+
+
+# ------------------------------------------------------------------------------------------------------ the folder
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, device: str | None = None,
+          force: bool = False, log=print, **reduced: int | None) -> Path:
+    """Build (or keep, when up to date) the random-weight Qwen3 of this size; returns its folder."""
+    group, folder = SIZES[size]
+    arch = arch_for(size, **reduced)
+    is_reduced = any(v is not None for v in reduced.values())
+    final = Path(out) if out else Path("data") / (folder.replace("-random", "-reduced-random") if is_reduced
+                                                   else folder)
+    settings = {"version": FORMAT_VERSION, "size": size, "conf_model": group, "arch": asdict(arch), "seed": seed,
+                "dtype": "bfloat16", "reduced": is_reduced}
+    device = device or default_device()
+    info: dict = {}
+
+    def fill(tmp: Path) -> None:
+        t0 = time.perf_counter()
+        tok = full_vocab_tokenizer()
+        tiny.save_tokenizer(tok, tmp)
+        info["tokenizer_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        mark = (f"{MARK}: seeded random init (seed {seed}) of Qwen3's {size.replace('_', '.')} architecture"
+                + (" (reduced)" if is_reduced else "") + " by grpo_lab.tasks.qwen3_random; rewards and validation scores "
+                "mean nothing")
+        info["params"] = tiny.build_model(arch, tok, seed, tmp, device=device, max_shard_size="5GB",
+                                          config_extra={MARK_KEY: mark})
+        info["model_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if tiny.build_dir(final, settings, force, fill, stamp=STAMP):
+        size_gb = sum(p.stat().st_size for p in final.glob("*.safetensors")) / 1e9
+        log(f"wrote {final}/: Qwen3ForCausalLM {info['params'] / 1e9:.3f}B parameters ({arch.num_hidden_layers} "
+            f"layers, hidden {arch.hidden_size}, vocab {arch.vocab_size}), {size_gb:.2f} GB bf16 safetensors, "
+            f"{MARK}; built on {device} in {time.perf_counter() - t0:.1f}s (tokenizer {info['tokenizer_s']:.1f}s, "
+            f"model init + save {info['model_s']:.1f}s)")
+    else:
+        log(f"kept  {final}/ (same settings; --force rebuilds)")
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_lab.tasks.qwen3_random", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="all", choices=sorted(SIZES) + ["all"],
+                        help="0_6b, 1_7b, 4b, 8b (architectures of conf/model/), or all (default)")
+    parser.add_argument("--out", help="output folder (one size only; default data/qwen3-<size>-random-weights)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", help="where the weights are created: cuda when there is a GPU, else cpu")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
+    reduced = parser.add_argument_group("a reduced model (tests on CPU; the real vocabulary and head_dim)")
+    for flag, key in (("--layers", "num_hidden_layers"), ("--hidden", "hidden_size"),
+                      ("--intermediate", "intermediate_size"), ("--heads", "num_attention_heads"),
+                      ("--kv-heads", "num_key_value_heads")):
+        reduced.add_argument(flag, dest=key, type=int)
+    args = parser.parse_args(argv)
+    sizes = list(SIZES) if args.size == "all" else [args.size]
+    if args.out and len(sizes) > 1:
+        parser.error("--out names one folder: give one --size with it")
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
+                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
+        os.environ.setdefault(key, value)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    red = {k: getattr(args, k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                                         "num_attention_heads", "num_key_value_heads")}
+    t0 = time.perf_counter()
+    for size in sizes:
+        path = build(size, args.out, seed=args.seed, device=args.device, force=args.force, **red)
+        print(f"  use it: python run.py model={SIZES[size][0]} model_path={path.resolve()} ...")
+    if len(sizes) > 1:
+        print(f"all {len(sizes)} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
