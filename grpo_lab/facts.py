@@ -102,6 +102,13 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     return path
 
 
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """`data` as indented JSON (anything else as its str), written whole or not at all (atomic_write)."""
+    import json
+
+    return atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the model groups: conf/model/*.yaml, read as files (no Hydra): which model_path each one plans
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg, compose_split, composed, planned, run_py
-from grpo_lab.launch.job import slurm
+from grpo_lab.launch import slurm
 from grpo_lab.cli.config import get
-from grpo_lab.launch.job import GrpoLabError
+from grpo_lab.errors import GrpoLabError
 
 
 # ---- hardware=ray_cluster ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import ROOT, write_rows
 from grpo_lab.after_run import doctor
-from grpo_lab.launch.job import fatal
+from grpo_lab.launch import fatal
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RECORDED = FIXTURES / "recorded"

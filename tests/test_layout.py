@@ -3,7 +3,6 @@ imported across modules, no module global changed from another module. Each chec
 check that finds nothing is known to be able to find something."""
 
 import ast
-import re
 import tomllib
 from pathlib import Path
 
@@ -121,11 +120,23 @@ def _aliases(tree: ast.AST, mods: dict[str, Path]) -> dict[str, str]:
 MUTATORS = {"append", "extend", "insert", "update", "add", "pop", "clear", "remove", "setdefault", "discard"}
 
 
-def foreign_globals(mods: dict[str, Path]) -> list[str]:
-    """Assignments to another module's globals (`mod.X = ...`, `mod.X += ...`), private reads (`mod._x`) and in-place
-    changes of another module's containers (`mod.LIST.append(...)`)."""
-    found = []
+def rebound_globals(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> its globals that its own functions rebind (`global X`): state that changes while the program runs."""
+    out: dict[str, set[str]] = {}
     for name, f in mods.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Global):
+                out.setdefault(name, set()).update(node.names)
+    return out
+
+
+def foreign_globals(mods: dict[str, Path], users: dict[str, Path] | None = None) -> list[str]:
+    """Assignments to another module's globals (`mod.X = ...`, `mod.X += ...`), private reads (`mod._x`), in-place
+    changes of another module's containers (`mod.LIST.append(...)`) and reads of a global that its module rebinds at
+    run time (`global X` there, `mod.X` here): in the package's modules and in its users (run.py, the plugins)."""
+    found = []
+    rebound = rebound_globals(mods)
+    for name, f in {**mods, **(users or {})}.items():
         tree = ast.parse(f.read_text())
         alias = _aliases(tree, mods)
         for node in ast.walk(tree):
@@ -140,6 +151,8 @@ def foreign_globals(mods: dict[str, Path]) -> list[str]:
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in alias:
                 if node.attr.startswith("_") and not node.attr.startswith("__"):
                     found.append(f"{name}:{node.lineno} reads {alias[node.value.id]}.{node.attr}")
+                elif node.attr in rebound.get(alias[node.value.id], ()) and alias[node.value.id] != name:
+                    found.append(f"{name}:{node.lineno} reads {alias[node.value.id]}.{node.attr}, rebound at run time")
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS
                     and isinstance(node.func.value, ast.Attribute) and isinstance(node.func.value.value, ast.Name)
                     and node.func.value.value.id in alias and node.func.value.attr.isupper()):
@@ -151,6 +164,8 @@ def foreign_globals(mods: dict[str, Path]) -> list[str]:
 
 MODS = modules(PKG)
 GRAPH = imports(MODS)
+USERS = {"run": ROOT / "run.py", **{f"hydra_plugins.{f.parent.name}.{f.stem}": f
+                                     for f in sorted((ROOT / "hydra_plugins").rglob("*.py"))}}
 
 
 def test_no_import_circles():
@@ -167,7 +182,7 @@ def test_no_private_name_imported_across_modules():
 
 
 def test_no_module_global_changed_from_another_module():
-    assert foreign_globals(MODS) == []
+    assert foreign_globals(MODS, USERS) == []
 
 
 def test_the_top_level_holds_stage_folders_and_few_modules():
@@ -222,10 +237,15 @@ def test_planted_private_imports_and_foreign_globals_are_found(tmp_path):
         "a.py": "LAST = None\nREFUSED = []\n_secret = 1\n",
         "b.py": ("from pkg import a\nfrom pkg.a import _secret\n\n"
                  "def f():\n    a.LAST = 2\n    a.REFUSED.append(3)\n    return a._secret\n"),
+        "c.py": "CURRENT = None\n\ndef parse(x):\n    global CURRENT\n    CURRENT = x\n",
+        "d.py": "from pkg import c\n\ndef g():\n    return c.CURRENT\n",
     })
     assert private_imports(imports(mods)) == ["pkg.b imports pkg.a._secret"]
     assert foreign_globals(mods) == ["pkg.b:5 sets pkg.a.LAST", "pkg.b:6 changes pkg.a.REFUSED",
-                                     "pkg.b:7 reads pkg.a._secret"]
+                                     "pkg.b:7 reads pkg.a._secret", "pkg.d:4 reads pkg.c.CURRENT, rebound at run time"]
+    user = tmp_path / "run.py"
+    user.write_text("from pkg import a\na.LAST = 1\n")
+    assert foreign_globals(mods, {"run": user})[-1] == "run:2 sets pkg.a.LAST"
 
 
 @pytest.mark.parametrize("module", sorted(MODS))

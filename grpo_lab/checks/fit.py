@@ -41,7 +41,8 @@ import yaml
 
 from grpo_lab import facts
 from grpo_lab.memory import calibration, engines, memplan
-from grpo_lab.cli.apply import apply_overrides, groups as _conf_groups, short_key_targets
+from grpo_lab.cli.apply import apply_overrides, groups as _conf_groups
+from grpo_lab.cli.knobs import short_key_targets
 from grpo_lab.cli.config import get as _get
 from grpo_lab.cli.config import put as _put
 from grpo_lab.cli.knobs import KNOBS
@@ -1051,7 +1052,8 @@ def fit_job(cfg: Any, verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) 
     """The `preflight.fit=true` branch of a job (grpo_lab/launch/job.py): search, print, maybe save; never launches."""
     from hydra.core.hydra_config import HydraConfig
 
-    from grpo_lab.launch.job import GrpoLabError, _write_json
+    from grpo_lab.errors import GrpoLabError
+    from grpo_lab.facts import write_json
 
     args = list(HydraConfig.get().overrides.task)
     pf = lab.get("preflight") or {}
@@ -1068,7 +1070,7 @@ def fit_job(cfg: Any, verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) 
     final = fitted_args(args, res.overrides)
     cmd = command_line(final)
     print(format_result(res, cmd))
-    _write_json(job_dir / "fit.json", {"ok": res.ok, "lora": res.lora, "overrides": res.overrides,
+    write_json(job_dir / "fit.json", {"ok": res.ok, "lora": res.lora, "overrides": res.overrides,
                                        "command": cmd if res.ok else None, "before": res.before, "after": res.after,
                                        "way_out": res.way_out, "rejected": res.rejected,
                                        "verify_problems": res.verify_problems, "blocked": res.blocked})

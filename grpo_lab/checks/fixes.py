@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 import shlex
 from collections import Counter
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from grpo_lab import facts

@@ -23,20 +23,16 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import re
 import shlex
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from grpo_lab import facts
 from grpo_lab.cli.config import get
-from grpo_lab.cli.knobs import SHORT_KEYS
+from grpo_lab.cli.knobs import SHORT_KEYS, followers, short_key_targets
 
 CONF = facts.ROOT / "conf"
 MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
 LENGTHS = ("data.max_prompt_length", "data.max_response_length")
-# `${key}` or `${oc.select:key,default}`: a value that is exactly another key's
-_FOLLOW = re.compile(r"\$\{(?:oc\.select:)?([A-Za-z_][\w.]*)(?:,[^}]*)?\}")
 _MISSING = object()
 
 Override = tuple[str, str, Any]  # (op: "" | "+" | "++" | "~", key, value)
@@ -45,87 +41,6 @@ Override = tuple[str, str, Any]  # (op: "" | "+" | "++" | "~", key, value)
 @functools.lru_cache(maxsize=None)
 def groups() -> frozenset[str]:
     return frozenset(p.name for p in CONF.iterdir() if p.is_dir()) if CONF.is_dir() else frozenset()
-
-
-def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str, ...] = ()) -> None:
-    if isinstance(node, Mapping):
-        for k, v in node.items():
-            if not prefix and k in skip_top:
-                continue
-            _walk(v, f"{prefix}{k}.", out)
-    elif isinstance(node, str):
-        m = _FOLLOW.fullmatch(node.strip())
-        if m:
-            out.setdefault(m.group(1), []).append(prefix[:-1])
-
-
-@functools.lru_cache(maxsize=None)
-def our_followers() -> dict[str, tuple[str, ...]]:
-    """key -> the keys whose value is exactly `${key}` in conf/config.yaml (short keys included)."""
-    import yaml
-
-    out: dict[str, list[str]] = {}
-    try:
-        ours = yaml.load((CONF / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError):
-        ours = {}
-    _walk(ours or {}, "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
-    return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
-
-
-@functools.lru_cache(maxsize=None)
-def followers() -> dict[str, tuple[str, ...]]:
-    """key -> the keys whose value is exactly `${key}`: in conf/config.yaml (short keys included) and in verl's
-    composed ppo_trainer (grpo_lab/verl_schema/verl_cache.py; e.g. rollout.response_length follows data.max_response_length)."""
-    out: dict[str, list[str]] = {k: list(v) for k, v in our_followers().items()}
-    from grpo_lab.verl_schema.verl_cache import composed_ppo_trainer
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
-    root = verl_config_dir()
-    cfg = composed_ppo_trainer(root) if root else None
-    if cfg is not None:
-        from omegaconf import OmegaConf
-
-        _walk(OmegaConf.to_container(cfg, resolve=False), "", out)
-    return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
-
-
-def short_key_targets(key: str) -> tuple[str, ...]:
-    """The verl keys a short key sets (conf/config.yaml's `${key}`), or the knob table's verl key."""
-    from grpo_lab.cli.knobs import KNOBS
-
-    return followers().get(key) or tuple(k.verl_key for k in KNOBS if k.key == key)
-
-
-def knob_keys(key: str) -> tuple[str, ...]:
-    """The keys conf/config.yaml builds from a short key, directly or through one another (log_prob_micro_batch...:
-    the rollout's key, and the ref's, which reads the rollout's)."""
-    out: list[str] = []
-    todo = list(our_followers().get(key, ()))
-    while todo:
-        k = todo.pop(0)
-        if k not in out:
-            out.append(k)
-            todo += our_followers().get(k, ())
-    return tuple(out)
-
-
-def set_apart(cfg: Any) -> dict[str, list[str]]:
-    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}.
-
-    A verl key given on the command line (`trainer.total_epochs=two`) or in a config file replaces conf/config.yaml's
-    `${total_epochs}` with a value: the short key no longer reaches it, so a fix must name the verl key (`respell`).
-    The environment's knobs set the short key (grpo_lab/cli/overrides.py) and set nothing apart."""
-    from omegaconf import DictConfig, OmegaConf
-
-    out: dict[str, list[str]] = {}
-    for key in sorted(SHORT_KEYS):
-        for k in knob_keys(key):
-            parent, _, leaf = k.rpartition(".")
-            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-            if isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf):
-                out.setdefault(key, []).append(k)
-    return out
 
 
 def respell(overrides: list[Override], apart: Mapping[str, Iterable[str]]) -> list[Override]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from grpo_lab.cli.knobs import SHORT_KEYS
+from grpo_lab.cli.knobs import SHORT_KEYS, set_apart
 
 OUR_KEYS = frozenset({"lab", "preflight"}) | SHORT_KEYS
 
@@ -29,7 +29,6 @@ def split(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     assert isinstance(resolved, dict)
     lab = dict(resolved.get("lab") or {})
     lab["preflight"] = resolved.get("preflight") or {}
-    from grpo_lab.cli.apply import set_apart  # (grpo_lab.cli.apply reads this module's `get`)
 
     apart = set_apart(cfg)
     if apart:  # verl keys set on their own, which their short key no longer reaches: fixes name them (grpo_lab/fixes)

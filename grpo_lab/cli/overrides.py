@@ -249,7 +249,7 @@ def verl_groups() -> dict[str, set[str]]:
     return _group_dirs(verl_config_dir())
 
 
-def _yaml_load(path: Path) -> Any:
+def yaml_load(path: Path) -> Any:
     import yaml
 
     return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -273,7 +273,7 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     root = Path(conf_dir)
     for path in [root / "config.yaml", *sorted(root.glob("*/*.yaml"))]:
         try:
-            data = _yaml_load(path)
+            data = yaml_load(path)
         except Exception:
             continue
         if isinstance(data, dict):

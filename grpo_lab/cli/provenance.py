@@ -81,17 +81,17 @@ class Layers:
 
     def __init__(self, choices: Mapping[str, Any], task_overrides: Sequence[str],
                  env_overrides: Mapping[str, str] | None = None, conf_dir: Path = CONF_DIR) -> None:
-        from grpo_lab.cli.overrides import _yaml_load, our_groups, parse_overrides
+        from grpo_lab.cli.overrides import yaml_load, our_groups, parse_overrides
 
         self.layers: list[tuple[str, dict]] = []
         conf_dir = Path(conf_dir)
-        self._add("conf/config.yaml", _yaml_load(conf_dir / "config.yaml"))
+        self._add("conf/config.yaml", yaml_load(conf_dir / "config.yaml"))
         ours = our_groups(conf_dir)
         for group, choice in choices.items():
             if group in ours and choice:
                 path = conf_dir / group / f"{choice}.yaml"
                 if path.is_file():
-                    self._add(f"conf/{group}/{choice}.yaml", _yaml_load(path))
+                    self._add(f"conf/{group}/{choice}.yaml", yaml_load(path))
         env_overrides = env_overrides or {}
         # by key too: a sweep job's override is one value of the environment's list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4 -m)
         env_keys = {t.split("=", 1)[0]: name for t, name in env_overrides.items()}

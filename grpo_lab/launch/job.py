@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import importlib.util
-import json
 import os
 import socket
 import subprocess
@@ -27,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from grpo_lab.cli.config import checkpoint_key, get, put, split
-from grpo_lab.facts import atomic_write
+from grpo_lab.errors import GrpoLabError
+from grpo_lab.facts import atomic_write, write_json
 
 
 # the sweep jobs of this process that grpo-lab refused (run.py exits 2 after the sweep when there are any)
@@ -36,10 +36,6 @@ REFUSED: list[str] = []
 NOT_READY_EXIT = 3
 # the sweep jobs of this process planned OK but not ready to launch here (run.py exits 3 when no job was refused)
 NOT_READY: list[str] = []
-
-
-class GrpoLabError(Exception):
-    """A problem the user can fix; its message says how. Printed without a traceback."""
 
 
 def launch_job(cfg: DictConfig) -> str:
@@ -173,7 +169,7 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     if emulation:  # emulation hook: what vLLM and torch really get, and which values it scaled
         plan["emulation"] = emulation
         mark_scaled(changed, emulation)
-    _write_json(job_dir / "plan.json", plan)
+    write_json(job_dir / "plan.json", plan)
     print(report.format())
     print(f"grpo-lab: {len(changed)} value(s) differ from verl's defaults, each with verl's value, ours and what set "
           f"it: \"changed_defaults\" in {job_dir}/plan.json")
@@ -315,11 +311,7 @@ class JobStatus:
             "pid": os.getpid(),
             **extra,
         }
-        _write_json(self.path, data)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+        write_json(self.path, data)
 
 
 def _write_yaml(path: Path, data: Any) -> None:

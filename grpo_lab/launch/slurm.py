@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.launch.job import GrpoLabError
+from grpo_lab.errors import GrpoLabError
 
 # overrides that change the resources a job needs: the launcher's resources are fixed for the whole sweep
 RESOURCE_KEYS = ("hardware", "nnodes", "trainer.nnodes", "ngpus_per_node", "trainer.n_gpus_per_node")

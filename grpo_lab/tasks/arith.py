@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from grpo_lab.tasks.data import INSTRUCTION, build_once, cli_build, gsm8k_row
-from grpo_lab.tasks.tiny import _problem
+from grpo_lab.tasks.tiny import arith_problem
 
 FORMAT_VERSION = 1
 STAMP = "grpo_lab_arith.json"
@@ -40,7 +40,7 @@ def problem(task: str, rng: random.Random) -> tuple[str, str, int]:
         a, b = rng.randint(0, 99), rng.randint(0, 99)
         return f"What is {a} + {b}?", f"{a} + {b}", a + b
     if task == "mixed":
-        return _problem(rng)
+        return arith_problem(rng)
     if task == "chain":
         if rng.random() < 0.5:
             a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(10, 99)

@@ -27,9 +27,10 @@ import json
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from grpo_lab.tasks.splits import DataError, write_splits
 
 DATA_SOURCE = "openai/gsm8k"
 HUB_ID = "openai/gsm8k"
@@ -40,10 +41,6 @@ INSTRUCTION = 'Let\'s think step by step and output the final answer after "####
 SPLITS = ("train", "test")
 # the same pattern verl's example and verl's scorer (verl/utils/reward_score/gsm8k.py, strict mode) use
 _SOLUTION_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
-
-
-class DataError(Exception):
-    """A problem with the input data that the user can fix; the message says how."""
 
 
 def extract_solution(answer: str) -> str:
@@ -78,31 +75,6 @@ def to_rows(records: Iterable[Mapping], split: str) -> list[dict]:
         except DataError as exc:
             raise DataError(f"{split} record {index}: {exc}") from None
     return rows
-
-
-def write_splits(rows_by_split: Mapping[str, list[dict]], out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write {split: rows} to OUT/{split}.parquet; all files are complete before any is renamed into place."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staged: dict[str, str] = {}
-    try:
-        for split, rows in rows_by_split.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{split}.parquet.", suffix=".tmp", dir=out_dir)
-            os.close(fd)
-            staged[split] = tmp
-            pq.write_table(pa.Table.from_pylist(rows), tmp)
-        paths = {}
-        for split, tmp in staged.items():
-            paths[split] = out_dir / f"{split}.parquet"
-            os.replace(tmp, paths[split])
-        return paths
-    finally:
-        for tmp in staged.values():
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
 
 def cli_build(build, next_hint: str) -> int:

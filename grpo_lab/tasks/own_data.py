@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.tasks.data import DataError, write_splits
+from grpo_lab.tasks.splits import DataError, write_splits
 
 DEFAULT_SOURCE = "own_qa"
 DEFAULT_ABILITY = "qa"

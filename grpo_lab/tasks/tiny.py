@@ -180,7 +180,7 @@ NAMES = ["Tom", "Anna", "Ben", "Mia", "Sam", "Lena", "Omar", "Priya", "Jack", "E
 THINGS = ["apples", "books", "marbles", "stickers", "coins", "pencils", "cookies", "cards", "shells", "stamps"]
 
 
-def _problem(rng: random.Random) -> tuple[str, str, int]:
+def arith_problem(rng: random.Random) -> tuple[str, str, int]:
     """(question, the expression the answer shows, value) for one random problem."""
     op = rng.choices(["+", "-", "*"], weights=[4, 3, 2])[0]
     if op == "*":
@@ -211,7 +211,7 @@ def arith_records(n: int, seed: int, exclude: set[str] = frozenset()) -> list[di
     seen = set(exclude)
     records = []
     while len(records) < n:
-        question, expr, value = _problem(rng)
+        question, expr, value = arith_problem(rng)
         if question in seen:
             continue
         seen.add(question)
