@@ -3,6 +3,7 @@ imported across modules, no module global changed from another module. Each chec
 check that finds nothing is known to be able to find something."""
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -190,10 +191,12 @@ def test_the_top_level_holds_stage_folders_and_few_modules():
     assert len(top) <= MAX_TOP_MODULES, top
     folders = sorted(d.name for d in PKG.iterdir() if d.is_dir() and (d / "__init__.py").exists())
     readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[:layout.index("\n## ", 1)]
     for d in folders:
         doc = ast.get_docstring(ast.parse((PKG / d / "__init__.py").read_text()))
         assert doc and len(doc) > 40, f"grpo_lab/{d}/__init__.py says what the stage does"
-        assert f"grpo_lab/{d}/" in readme, f"README's Layout section names grpo_lab/{d}/"
+        assert re.search(rf"^\s+{d}/ ", layout, re.M), f"README's Layout section names grpo_lab/{d}/"
 
 
 def test_every_package_is_installed():
