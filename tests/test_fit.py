@@ -16,6 +16,7 @@ import pytest
 
 from conftest import CONF, ROOT, compose_split, composed, options, planned, run_py
 from grpo_lab.checks import fit as F
+from grpo_lab.checks import fit_search
 from grpo_lab.memory import memplan
 from grpo_lab.checks.preflight import run_preflight
 
@@ -152,8 +153,8 @@ def test_nothing_fits_names_a_bigger_card_more_gpus_and_a_smaller_model():
     # the card found is the smallest: one GB less does not fit, that size does
     s = memplan.settings_from_verl(verl, lab)
     ctx = F.Ctx(memplan.Arch.from_mapping(lab["model"]), s, lab, mini=64)
-    assert F._fits_with(ctx, replace(s, card_gb=card)) is not None
-    assert F._fits_with(ctx, replace(s, card_gb=card - 1)) is None
+    assert fit_search.fits_with(ctx, replace(s, card_gb=card)) is not None
+    assert fit_search.fits_with(ctx, replace(s, card_gb=card - 1)) is None
     assert re.search(r"more GPUs: \d+ GPUs of 16 GB", text)
     assert re.search(r"a smaller model: model=qwen3_\w+", text)
 

@@ -375,7 +375,7 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
                 log.warning("grpo-lab doctor (%s): %s%s", job_dir.name, d.title,
                             f"; try: {' '.join(d.overrides)}" if d.overrides else "")
         if self.job_reports and (job_dir / "metrics.jsonl").exists():
-            from grpo_lab.after_run.report import make_report
+            from grpo_lab.after_run.job_report import make_report
 
             make_report(job_dir, plots=self.plots)
         if str(hydra_cfg.mode) in ("RunMode.MULTIRUN", "MULTIRUN"):

@@ -1,0 +1,554 @@
+"""The report's checks: one verdict per metric the guide names (ok / warn / bad, each with what to do about it), read
+from a job's `RunInfo` (grpo_lab/after_run/run_info.py): reward and validation trends (a noise-aware `trend`), clipped
+answers, entropy, pg_clipfrac and ppo_kl, phase times, throughput, training memory and vLLM's KV cache against the
+plan, the run's status (with the doctor's diagnosis of a failed one). `run_checks` runs them all.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from grpo_lab import facts
+from grpo_lab.after_run import doctor
+from grpo_lab.after_run import metrics as M
+from grpo_lab.after_run.run_info import RunInfo, int_or_none
+from grpo_lab.cli.config import get as _get
+
+OK, WARN, BAD = "ok", "warn", "bad"
+
+# thresholds (the guide: pg_clipfrac and ppo_kl "small, a few percent"; few truncated answers)
+CLIP_WARN, CLIP_BAD = 0.05, 0.20
+PG_CLIPFRAC_WARN, PG_CLIPFRAC_BAD = 0.05, 0.20
+PPO_KL_WARN, PPO_KL_BAD = 0.05, 0.20
+ENTROPY_FLOOR = 0.05  # nats: "fell to zero"
+ENTROPY_RATIO_WARN, ENTROPY_RATIO_BAD = 0.6, 0.3  # end / start
+MEM_WARN, MEM_BAD = 0.85, 0.95  # of the card
+PROBS_DIFF_WARN, PROBS_DIFF_BAD = 0.005, 0.01  # verl FAQ: rollout vs training precision
+KV_SHORT = 0.5  # vLLM's measured KV cache below this share of the plan's: something else took the memory
+PLAN_OFF = 0.15  # a measured peak further than this from the preflight's plan is flagged, with both numbers
+GIB_GB = 2**30 / 1e9  # verl and vLLM print GiB (verl labels them "GB"); the plan counts 1e9 bytes
+# one-sided 99% critical values of Student's t by degrees of freedom (n - 2): a trend must beat the noise clearly
+_T_CRIT = ((1, 31.8), (2, 6.96), (3, 4.54), (4, 3.75), (5, 3.36), (6, 3.14), (7, 3.0), (8, 2.9), (10, 2.76),
+           (12, 2.68), (15, 2.6), (20, 2.53), (30, 2.46), (60, 2.39))
+
+
+def t_critical(dof: int) -> float:
+    for d, t in reversed(_T_CRIT):
+        if dof >= d:
+            return t
+    return math.inf
+
+
+@dataclass
+class Check:
+    metric: str
+    status: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# statistics
+
+
+@dataclass
+class Trend:
+    n: int
+    slope: float  # per step
+    t: float  # slope / its standard error
+    first: float  # mean of the first third
+    last: float  # mean of the last third
+
+    @property
+    def change(self) -> float:
+        return self.last - self.first
+
+    @property
+    def direction(self) -> str:
+        crit = t_critical(self.n - 2)
+        if self.slope > 0 and self.t >= crit and self.last > self.first:
+            return "rising"
+        if self.slope < 0 and self.t <= -crit and self.last < self.first:
+            return "falling"
+        return "flat"
+
+
+def trend(s: pd.Series) -> Trend | None:
+    """A noise-aware trend: least-squares slope and its t value, and first-third vs last-third means."""
+    s = s.dropna()
+    n = len(s)
+    if n < 3:
+        return None
+    x = np.asarray(s.index, dtype=float)
+    y = np.asarray(s.values, dtype=float)
+    k = max(1, n // 3)
+    first, last = float(y[:k].mean()), float(y[-k:].mean())
+    xc = x - x.mean()
+    sxx = float((xc ** 2).sum())
+    if sxx == 0:
+        return Trend(n, 0.0, 0.0, first, last)
+    slope = float((xc * (y - y.mean())).sum() / sxx)
+    resid = y - (y.mean() + slope * xc)
+    dof = n - 2
+    s2 = float((resid ** 2).sum() / dof) if dof > 0 else 0.0
+    se = math.sqrt(s2 / sxx) if s2 > 0 else 0.0
+    if se == 0:
+        t = math.inf if slope > 0 else -math.inf if slope < 0 else 0.0
+    else:
+        t = slope / se
+    return Trend(n, slope, t, first, last)
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
+
+
+def _pct(v: float) -> str:
+    p = 100 * v
+    if p != 0 and abs(p) < 0.1:
+        return f"{p:.1g}%"
+    return f"{p:.1f}%"
+
+
+def _train_series(df: pd.DataFrame, name: str) -> pd.Series:
+    s = M.series(df, name)
+    if s.empty:
+        return s
+    steps = M.training_steps(df)
+    return s[s.index.isin(steps)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the checks
+
+
+def check_reward(run: RunInfo) -> Check:
+    metric = "critic/score/mean"
+    s = _train_series(run.df, metric)
+    if s.empty:
+        return Check(metric, WARN, "no reward logged yet (no training step finished).")
+    if len(s) < 3:
+        return Check(metric, WARN, f"too few steps to judge ({len(s)}; at least 3): last {_fmt(float(s.iloc[-1]))}.")
+    tr = trend(s)
+    assert tr is not None
+    if float(s.abs().max()) == 0.0:
+        clip = _train_series(run.df, "response_length/clip_ratio")
+        why = ""
+        if not clip.empty and float(clip.mean()) >= CLIP_WARN:
+            why = (f" {_pct(float(clip.mean()))} of the answers are cut at max_response_length, and a cut answer "
+                   "scores 0: see response_length/clip_ratio.")
+        return Check(metric, BAD, f"reward is 0 on every one of {len(s)} steps: no answer is ever right.{why} "
+                                  "Check the reward function and the data format (GSM8K answers end in '#### n').")
+    detail = (f"first-third mean {_fmt(tr.first)} -> last-third mean {_fmt(tr.last)} over {tr.n} steps "
+              f"(slope {tr.slope:+.3g}/step, t={_fmt(tr.t, 2)})")
+    if tr.direction == "rising":
+        return Check(metric, OK, f"rising through the noise: {detail}.")
+    if tr.direction == "falling":
+        return Check(metric, BAD, f"falling: {detail}. Learning is going wrong: lower the learning rate "
+                                  f"({_lower_lr(run)}), check actor/ppo_kl and actor/entropy, look at samples.")
+    if tr.first >= 0.85:
+        return Check(metric, OK, f"high and flat (saturated): {detail}.")
+    return Check(metric, WARN, f"no clear trend yet (change within the noise): {detail}. Give it more steps; if it "
+                               "stays flat, check the clip ratio (truncated answers score 0) and the learning rate.")
+
+
+def check_validation(run: RunInfo, reward: Trend | None) -> Check:
+    col = M.primary_val_column(run.df)
+    test_freq = int_or_none(run.verl_value("trainer.test_freq"))
+    if col is None:
+        if test_freq is not None and test_freq <= 0:
+            return Check("val-core", WARN, f"validation is off (trainer.test_freq={test_freq}): nothing to follow the "
+                                           "reward with. Turn it on: test_freq=10.")
+        when = f" (trainer.test_freq={test_freq})" if test_freq else ""
+        return Check("val-core", WARN, f"no validation metric (val-core/... or val/test_score/...) yet{when}.")
+    s = run.df[col].dropna()
+    if len(s) < 2:
+        return Check(col, WARN, f"one validation point so far: {_fmt(float(s.iloc[-1]))} at step {int(s.index[-1])}.")
+    first, last = float(s.iloc[0]), float(s.iloc[-1])
+    delta = last - first
+    span = f"{_fmt(first)} (step {int(s.index[0])}) -> {_fmt(last)} (step {int(s.index[-1])})"
+    val_dir = "rising" if delta > 0.01 else "falling" if delta < -0.01 else "flat"
+    reward_dir = reward.direction if reward else None
+    if val_dir == "falling":
+        return Check(col, BAD, f"validation falls: {span}. The policy gets worse on the test set: overfitting or "
+                               "reward hacking; look at validation samples (trainer.log_val_generations=10).")
+    if val_dir == "rising":
+        follows = " and follows the reward" if reward_dir == "rising" else ""
+        return Check(col, OK, f"validation rises{follows}: {span}.")
+    if reward_dir == "rising":
+        return Check(col, WARN, f"the reward rises but validation does not: {span}. Overfitting to the training "
+                                "prompts or reward hacking; look at samples (trainer.log_val_generations=10).")
+    return Check(col, WARN, f"validation flat: {span}.")
+
+
+def _thinking_advice(run: RunInfo) -> str:
+    limit = run.max_response_length
+    longer = f"max_response_length={2 * limit}" if limit else "max_response_length=2048"
+    base = _base_model_option(run.model_name)
+    if run.thinking is False:
+        return (f" The model does not think, so the answers themselves are too long: raise the limit ({longer}) or "
+                "check the prompt format and stop tokens.")
+    return (" Qwen3 thinks by default (<think>...</think>): the reasoning eats max_response_length, the answer is cut "
+            "before '#### n' and scores 0. Fixes: a longer limit " + longer + " (costlier: longer generation, more KV "
+            f"cache), or the base model ({base}, R1-Zero style), or turn thinking off in the chat template "
+            "(+data.apply_chat_template_kwargs.enable_thinking=false).")
+
+
+def _base_model_option(model_name: str | None) -> str:
+    name = (model_name or "").lower()
+    conf = facts.ROOT / "conf" / "model"
+    for size in ("0_6b", "1_7b", "4b", "8b"):
+        if f"qwen3_{size}" in name or f"qwen3-{size.replace('_', '.')}" in name:
+            if (conf / f"qwen3_{size}_base.yaml").exists():
+                return f"model=qwen3_{size}_base"
+    return "model=qwen3_1_7b_base"
+
+
+def check_clip_ratio(run: RunInfo) -> Check:
+    metric = "response_length/clip_ratio"
+    s = _train_series(run.df, metric)
+    if s.empty:
+        return Check(metric, WARN, "not logged.")
+    k = max(1, len(s) // 3)
+    recent = float(s.iloc[-k:].mean())
+    limit = run.max_response_length
+    lim = f"max_response_length={limit}" if limit else "max_response_length"
+    mean_len = M.series(run.df, "response_length/mean")
+    length = f" (response_length/mean {_fmt(float(mean_len.iloc[-1]))})" if not mean_len.empty else ""
+    msg = f"{_pct(recent)} of the answers are cut at {lim}{length}"
+    if len(s) > 1:
+        msg += f", over the last {k} step(s)"
+    if recent >= CLIP_BAD:
+        return Check(metric, BAD, msg + "." + _thinking_advice(run))
+    if recent >= CLIP_WARN:
+        return Check(metric, WARN, msg + "." + _thinking_advice(run))
+    return Check(metric, OK, msg + ": few truncated.")
+
+
+def _lower_lr(run: RunInfo) -> str:
+    """A lower learning rate to try: a third of the job's own (the sweeps move by ~3x), else the guide's 1e-6 halved."""
+    lr = M.finite_float(run.verl_value("actor_rollout_ref.actor.optim.lr"))
+    if lr is None or lr <= 0:
+        return "actor_lr=5e-7"
+
+    def short(x: float) -> str:  # 1e-05 -> 1e-5, as the configs write it
+        return re.sub(r"e([+-])0*(\d)", lambda m: "e" + m.group(1).replace("+", "") + m.group(2), f"{x:.1g}")
+
+    return f"actor_lr={short(lr / 3)}, a third of this job's {short(lr)}"
+
+
+def check_response_max(run: RunInfo) -> Check:
+    metric = "response_length/max"
+    s = _train_series(run.df, metric)
+    if s.empty:
+        return Check(metric, WARN, "not logged.")
+    limit = run.max_response_length
+    peak = float(s.max())
+    if not limit:
+        return Check(metric, OK, f"longest answer {_fmt(peak)} tokens (limit unknown: no verl_config.yaml).")
+    at = int((s >= limit).sum())
+    msg = f"longest answer reaches the limit {limit} on {at} of {len(s)} steps (max {_fmt(peak)})"
+    if at == 0:
+        return Check(metric, OK, f"longest answer {_fmt(peak)} tokens, below the limit {limit}.")
+    if at * 2 >= len(s):
+        return Check(metric, WARN, msg + ": answers run into the limit; see response_length/clip_ratio for how many.")
+    return Check(metric, OK, msg + ".")
+
+
+def check_entropy(run: RunInfo) -> Check:
+    metric = "actor/entropy"
+    s = _train_series(run.df, metric)
+    if s.empty:
+        return Check(metric, WARN, "not logged.")
+    temp = M.finite_float(run.verl_value("actor_rollout_ref.rollout.temperature"))
+    hotter = (f", sampling temperature 1.0 instead of {temp:g} (actor_rollout_ref.rollout.temperature=1.0)"
+              if temp is not None and temp < 1 else "")
+    remedy = (" Keep exploring: entropy_coeff=0.001 (an entropy bonus), clip-higher "
+              "actor_rollout_ref.actor.clip_ratio_high=0.28 (as variant=dapo does), a lower learning rate "
+              f"({_lower_lr(run)}){hotter}.")
+    if len(s) < 3:
+        end = float(s.iloc[-1])
+        if end < ENTROPY_FLOOR:
+            return Check(metric, BAD, f"entropy {_fmt(end)}: already near zero (collapsed)." + remedy)
+        return Check(metric, WARN, f"too few steps to judge ({len(s)}): entropy {_fmt(end)}.")
+    k = max(1, len(s) // 5)
+    start, end = float(s.iloc[:k].mean()), float(s.iloc[-k:].mean())
+    ratio = end / start if start > 0 else 1.0
+    span = (f"{_fmt(start)} -> {_fmt(end)} (" + (f"means of the first and last {k} steps, " if k > 1 else "first and "
+            "last step, ") + f"{len(s)} steps)")
+    if end < ENTROPY_FLOOR:
+        return Check(metric, BAD, f"entropy collapse: {span}, near zero: the policy stopped exploring." + remedy)
+    if ratio < ENTROPY_RATIO_BAD:
+        return Check(metric, BAD, f"entropy collapse: fell to {_pct(ratio)} of its start, {span}." + remedy)
+    if ratio < ENTROPY_RATIO_WARN:
+        return Check(metric, WARN, f"entropy falling fast: {_pct(ratio)} of its start, {span}." + remedy)
+    return Check(metric, OK, f"no collapse: {span}.")
+
+
+def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Check:
+    s = _train_series(run.df, metric)
+    if s.empty:
+        return Check(metric, WARN, "not logged.")
+    k = max(1, len(s) // 3)
+    v = abs(float(s.iloc[-k:].mean()))
+    peak = float(s.abs().max())
+    msg = f"{what} {_pct(v)} (mean of the last {k} step(s); max {_pct(peak)})"
+    remedy = (f" The policy moves too far per step: lower the learning rate ({_lower_lr(run)}) or take fewer updates "
+              "per step (ppo_mini_batch_size equal to train_batch_size: 1 update; actor_rollout_ref.actor.ppo_epochs=1).")
+    if v > bad:
+        return Check(metric, BAD, msg + ": far above a few percent." + remedy)
+    if v > warn:
+        return Check(metric, WARN, msg + ": above a few percent." + remedy)
+    return Check(metric, OK, msg + ": small, as it should be.")
+
+
+def check_pg_clipfrac(run: RunInfo) -> Check:
+    return _small(run, "actor/pg_clipfrac", PG_CLIPFRAC_WARN, PG_CLIPFRAC_BAD, "clipped share")
+
+
+def check_ppo_kl(run: RunInfo) -> Check:
+    return _small(run, "actor/ppo_kl", PPO_KL_WARN, PPO_KL_BAD, "policy shift per step")
+
+
+def check_timing(run: RunInfo) -> Check:
+    df = run.df
+    gen_col, upd_col = M.column(df, "timing_s/gen"), M.column(df, "timing_s/update_actor")
+    metric = f"{gen_col or 'timing_s/gen'} vs {upd_col or 'timing_s/update_actor'}"
+    gen = M.steady_mean(_train_series(df, "timing_s/gen"))
+    upd = M.steady_mean(_train_series(df, "timing_s/update_actor"))
+    step = M.steady_mean(_train_series(df, "timing_s/step"))
+    if gen is None or upd is None:
+        return Check(metric, WARN, "no phase timings logged yet.")
+    of_step = f" of a {_fmt(step)} s step" if step else ""
+    note = " (means without step 1, which carries the warm-up)" if len(_train_series(df, "timing_s/gen")) > 2 else ""
+    msg = f"generation {_fmt(gen)} s, actor update {_fmt(upd)} s{of_step}{note}"
+    if gen >= upd:
+        return Check(metric, OK, msg + ": generation takes longer than training, which is normal.")
+    offload = bool(run.verl_value("actor_rollout_ref.actor.fsdp_config.optimizer_offload", False) or
+                   run.verl_value("actor_rollout_ref.actor.fsdp_config.param_offload", False))
+    why = (" optimizer/param offload is on (each update moves state over PCIe);" if offload else "")
+    return Check(metric, WARN, msg + ": training is slower than generation, which is unusual." + why +
+                 " Check dynamic batching (actor_rollout_ref.actor.use_dynamic_bsz=true with "
+                 "ppo_max_token_len_per_gpu near 2 x (prompt + response)), micro-batch sizes, and that FSDP shards "
+                 "over few cards (PCIe).")
+
+
+def check_throughput(run: RunInfo) -> Check:
+    metric = "perf/throughput"
+    s = _train_series(run.df, metric)
+    if s.empty:
+        return Check(metric, WARN, "not logged yet.")
+    mean = M.steady_mean(s)
+    msg = f"{_fmt(mean)} tokens/s per GPU (mean without step 1)" if len(s) > 2 else f"{_fmt(mean)} tokens/s per GPU"
+    tr = trend(s) if len(s) >= 6 else None
+    if tr and tr.first > 0 and tr.last < 0.7 * tr.first:
+        return Check(metric, WARN, f"{msg}; dropping from {_fmt(tr.first)} to {_fmt(tr.last)}: longer answers "
+                                   "(response_length/mean) or memory pressure (more micro-batches).")
+    return Check(metric, OK, msg + ".")
+
+
+def check_memory(run: RunInfo) -> Check:
+    df = run.df
+    alloc = _train_series(df, "actor/perf/max_memory_allocated_gb")
+    reserved = _train_series(df, "actor/perf/max_memory_reserved_gb")
+    metric = "actor/perf/max_memory_reserved_gb" if not reserved.empty else "actor/perf/max_memory_allocated_gb"
+    if alloc.empty and reserved.empty:
+        return Check("actor/perf/max_memory_*", WARN, "no training-memory metrics logged yet.")
+    peak = float((reserved if not reserved.empty else alloc).max())
+    peak_alloc = float(alloc.max()) if not alloc.empty else None
+    card = run.gpu_memory_gb
+    planned, plan_note = _planned_allocator(run.plan, steps=len(reserved if not reserved.empty else alloc))
+    off = planned is not None and abs(planned / (peak * GIB_GB) - 1.0) > PLAN_OFF
+    if planned is not None:
+        plan_note = (f"; the plan's {plan_note} {_fmt(planned)} GB against {_fmt(peak * GIB_GB)} GB measured (verl's "
+                     f"GiB in GB): plan / measured {planned / (peak * GIB_GB):.2f}")
+    head = (f"training-phase peak {_fmt(peak)} GB reserved" +
+            (f" ({_fmt(peak_alloc)} GB allocated)" if peak_alloc is not None and not reserved.empty else ""))
+    if not card:
+        return Check(metric, WARN, head + plan_note + "; card memory unknown (lab.hardware.gpu_memory_gb).")
+    frac = peak / card
+    msg = f"{head} of {_fmt(card)} GB per card ({_pct(frac)}){plan_note}"
+    values = doctor.Values(run.verl)
+    fixes = ", ".join(doctor.training_oom_overrides(values))
+    if frac >= MEM_BAD:
+        return Check(metric, BAD, msg + f": at the edge, the next longer batch will OOM. Try {fixes}.")
+    if frac >= MEM_WARN:
+        return Check(metric, WARN, msg + f": little headroom. If it OOMs: {fixes}.")
+    if off:
+        return Check(metric, WARN, msg + f": more than {PLAN_OFF:.0%} away from the plan, which is within that on "
+                                         "the recorded runs (benchmarks/gpu/memplan_calibration.md). Its verdicts "
+                                         "may be off for this configuration: copy the job folder under "
+                                         "benchmarks/gpu/results/ and run make calibrate.")
+    tip = ""
+    if frac < 0.5 and run.max_prompt_length and run.max_response_length:
+        target = 2 * (run.max_prompt_length + run.max_response_length)
+        if values.token_len < target:
+            tip = (f" Room to spare: ppo_max_token_len_per_gpu={target} (2 x (prompt + response)) would run fewer, "
+                   "larger micro-batches.")
+    return Check(metric, OK, msg + "." + tip)
+
+
+def _planned_allocator(plan: dict[str, Any], steps: int) -> tuple[float | None, str]:
+    """The plan's peak of the trainer's torch allocator, what verl's actor/perf/max_memory_* measure, for a run that
+    logged `steps` updates (verl logs it before the step's weight sync: after one step, the sync with AdamW's moments
+    has not happened yet); a plan.json from before it was planned gives its card-level training phase."""
+    ta = _get(plan, "memory.trainer_allocator") or {}
+    peaks = {k: M.finite_float(v) for k, v in (ta.get("peaks_gb") or {}).items()
+             if steps > 1 or k != "weight_sync"}
+    peaks = {k: v for k, v in peaks.items() if v}
+    if peaks:
+        what = max(peaks, key=peaks.get)
+        return peaks[what], f"trainer-allocator peak ({what.replace('_', ' ')})"
+    card_level = M.finite_float(_get(plan, "memory.phases.training.peak_gb_per_gpu"))
+    return card_level, "training phase (card-level: with CUDA context and vLLM asleep)"
+
+
+def check_rollout_precision(run: RunInfo) -> Check | None:
+    metric = "training/rollout_probs_diff_mean"
+    s = _train_series(run.df, metric)
+    if s.empty:
+        return None
+    v = float(s.abs().max())
+    msg = f"max {_fmt(v)} (vLLM vs training token probabilities)"
+    fix = (" A precision mismatch between vLLM and training (verl's FAQ: non-Hopper GPUs, long outputs): try "
+           "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_cascade_attn=true.")
+    if v > PROBS_DIFF_BAD:
+        return Check(metric, BAD, msg + ": above 0.01." + fix)
+    if v > PROBS_DIFF_WARN:
+        return Check(metric, WARN, msg + ": above 0.005." + fix)
+    return Check(metric, OK, msg + ": below 0.005.")
+
+
+# vLLM's worker and engine lines (vllm/v1/worker/gpu_worker.py, v1/core/kv_cache_utils.py), printed at INFO
+_KV_AVAILABLE = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
+_KV_TOKENS = re.compile(r"GPU KV cache size: ([0-9,]+) tokens")
+
+
+def check_kv_cache(run: RunInfo) -> Check | None:
+    """vLLM's KV cache as its start-up log measured it, against the plan's (plan.json memory.kv_cache).
+
+    vLLM sizes the cache from what is free on the card while it profiles, so memory another process takes at that
+    moment comes out of it: on the GPU test machine, of three jobs started side by side one got 1.09 GiB instead
+    of ~26 (benchmarks/gpu/README.md, 2026-12-03). None when the log has no such line (vLLM logs at INFO only when
+    VLLM_LOGGING_LEVEL says so) or there is no plan.
+    """
+    got = [float(x) * 2**30 / 1e9 for x in _KV_AVAILABLE.findall(run.log_text)]  # GiB -> GB, the plan's unit
+    kv = _get(run.plan, "memory.kv_cache") or {}
+    planned = M.finite_float(kv.get("kv_cache_gb"))
+    if not got or not planned:
+        return None
+    low = min(got)
+    tokens = [int(t.replace(",", "")) for t in _KV_TOKENS.findall(run.log_text)]
+    tok = f", {min(tokens):,} tokens" if tokens else ""
+    msg = (f"vLLM's KV cache {_fmt(low)} GB{tok} (its start-up log"
+           + (f", the smallest of {len(got)} engines" if len(got) > 1 else "")
+           + f"), the plan's {_fmt(planned)} GB, {int(kv.get('tokens') or 0):,} tokens")
+    if abs(low / planned - 1.0) <= PLAN_OFF:
+        return Check("vLLM KV cache", OK, msg + ": as planned.")
+    if low >= KV_SHORT * planned:
+        return Check("vLLM KV cache", WARN,
+                     f"{msg}: {_pct(low / planned)} of it, more than {PLAN_OFF:.0%} away from the plan, which is "
+                     "within 10% on the recorded runs (benchmarks/gpu/memplan_calibration.md). Something else on the "
+                     "card while vLLM profiled (another job), or the plan is off for this configuration: copy the "
+                     "job folder under benchmarks/gpu/results/ and run make calibrate.")
+    waves = ""
+    seq, per_replica = int_or_none(kv.get("sequence_length")), int_or_none(kv.get("trajectories_per_replica"))
+    cap = int_or_none(kv.get("concurrent_sequences"))
+    if tokens and seq and per_replica and cap:
+        concurrent = min(min(tokens) // seq, max(cap, 1))
+        if concurrent > 0:
+            waves = (f" Generation then runs in up to {math.ceil(per_replica / concurrent)} wave(s) of "
+                     f"{concurrent} answers (planned {kv.get('waves')}).")
+    pin = int(planned * 1e9)
+    return Check("vLLM KV cache", WARN,
+                 f"{msg}: {_pct(low / planned)} of it. vLLM sizes the cache from the card's free memory while it "
+                 "profiles, so what another process took at that moment is taken out of it (jobs side by side "
+                 f"starting together, another user's job).{waves} Pin it to the plan's size: "
+                 f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={pin} (vLLM then sets the "
+                 "cache to that size instead of measuring).")
+
+
+def check_random_weights(run: RunInfo) -> Check | None:
+    """A model with random weights (grpo_lab.tasks.qwen3_random): its plan.json says so, else its folder's config.json."""
+    mark = run.plan.get("random_weights") or facts.random_weights_mark(
+        run.verl_value("actor_rollout_ref.model.path"))
+    if not mark:
+        return None
+    return Check("model", WARN, f"{mark}. The memory, time and throughput checks hold; reward, validation, entropy "
+                                "and clipping describe noise.")
+
+
+def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
+    st = run.status.get("status")
+    steps = M.training_steps(run.df)
+    done = int(steps.max()) if len(steps) else 0
+    total = int_or_none(run.verl_value("trainer.total_training_steps"))
+    of = f" of {total}" if total and total > 0 else ""
+    diags: list[doctor.Diagnosis] = []
+    if st == "failed" or (st is None and run.log_text and not len(steps)):
+        _, diags = doctor.diagnose_path(run.run_dir)
+    if st == "ok" and run.status.get("note") == "planned":
+        return Check("run", OK, "preflight only (preflight.only=true): nothing was trained; see plan.json."), diags
+    if st == "ok":
+        wall = M.finite_float(run.status.get("wall_s"))
+        return Check("run", OK, f"finished: {done}{of} steps" + (f" in {wall:.0f} s." if wall else ".")), diags
+    gone = doctor.gone_running(run.status)
+    if gone:
+        _, diags = doctor.diagnose_path(run.run_dir)
+        found = [d for d in diags if d.id != "stopped_without_error"]
+        what = ("; ".join(f"{d.title} -> try {' '.join(d.overrides)}" if d.overrides else d.title for d in found)
+                or "nothing in train.log: look at `dmesg` or the system log for the kernel's OOM killer")
+        return Check("run", BAD, f"killed at step {done}{of}: status.json still says running, but {gone} "
+                                 f"(SIGKILL: the kernel's OOM killer, kill -9, a machine that went down). "
+                                 f"Doctor: {what}."), diags
+    if st == "running" or (st is None and len(steps)):
+        partial = " (the last metrics line is still being written)" if run.partial_last_line else ""
+        word = "still running" if st == "running" else "no status.json"
+        return Check("run", OK if st == "running" else WARN,
+                     f"{word}: reported as far as it got, step {done}{of}{partial}."), diags
+    refused = next((d for d in diags if d.id == "preflight_refused"), None)
+    if refused is not None:
+        return Check("run", BAD, f"{refused.title}; the rules and their fixes are below (plan.json)."), diags
+    if st == "failed":
+        err = run.status.get("error") or "no error recorded"
+        what = ("; ".join(f"{d.title} -> try {' '.join(d.overrides)}" for d in diags)
+                or "no known signature in train.log")
+        return Check("run", BAD, f"failed after {done} step(s): {err}. Doctor: {what}."), diags
+    if diags:
+        what = "; ".join(d.title for d in diags)
+        return Check("run", BAD, f"no status.json and no step finished. Doctor: {what}."), diags
+    return Check("run", WARN, "no status.json and no metrics: the job has not started (or wrote nothing)."), diags
+
+
+def run_checks(run: RunInfo) -> tuple[list[Check], list[doctor.Diagnosis]]:
+    status, diags = check_status(run)
+    checks = [status]
+    random_weights = check_random_weights(run)
+    if random_weights:
+        checks.append(random_weights)
+    reward_trend = trend(_train_series(run.df, "critic/score/mean"))
+    if not run.df.empty:
+        checks += [check_reward(run), check_validation(run, reward_trend), check_clip_ratio(run),
+                   check_response_max(run), check_entropy(run), check_pg_clipfrac(run), check_ppo_kl(run),
+                   check_timing(run), check_throughput(run), check_memory(run)]
+        precision = check_rollout_precision(run)
+        if precision:
+            checks.append(precision)
+    kv = check_kv_cache(run)  # from the log: also for a job that never reached a step
+    if kv:
+        checks.append(kv)
+    return checks, diags

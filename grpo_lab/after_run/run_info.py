@@ -1,0 +1,100 @@
+"""What a job dir holds, read once for the report's checks: the metrics (metrics.jsonl), the verl config it ran with
+(verl_config.yaml, else the config printed in train.log), Hydra's config, status.json, plan.json and train.log
+(`load_run` -> `RunInfo`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from grpo_lab.after_run import doctor
+from grpo_lab.after_run import metrics as M
+from grpo_lab.cli.config import get as _get
+
+
+@dataclass
+class RunInfo:
+    """What a job dir holds besides the metrics."""
+
+    run_dir: Path
+    df: pd.DataFrame
+    verl: dict[str, Any] = field(default_factory=dict)  # verl_config.yaml, else the config printed in train.log
+    hydra: dict[str, Any] = field(default_factory=dict)  # .hydra/config.yaml
+    status: dict[str, Any] = field(default_factory=dict)  # status.json
+    plan: dict[str, Any] = field(default_factory=dict)  # plan.json
+    log_text: str = ""
+    partial_last_line: bool = False
+
+    def verl_value(self, path: str, default: Any = None) -> Any:
+        return _get(self.verl, path, default)
+
+    @property
+    def max_response_length(self) -> int | None:
+        v = self.verl_value("data.max_response_length", _get(self.hydra, "max_response_length"))
+        return int_or_none(v)
+
+    @property
+    def max_prompt_length(self) -> int | None:
+        return int_or_none(self.verl_value("data.max_prompt_length", _get(self.hydra, "max_prompt_length")))
+
+    @property
+    def gpu_memory_gb(self) -> float | None:
+        v = M.finite_float(_get(self.hydra, "lab.hardware.gpu_memory_gb"))
+        if v:
+            return v
+        # verl's worker prints "device memory used/total (GB): 0.51/139.80"
+        m = re.search(r"device memory used/total \(GB\): [\d.]+/([\d.]+)", self.log_text)
+        return float(m.group(1)) if m else None
+
+    @property
+    def model_name(self) -> str | None:
+        name = _get(self.hydra, "lab.model.name")
+        if name:
+            return str(name)
+        path = self.verl_value("actor_rollout_ref.model.path")
+        return str(path) if path else None
+
+    @property
+    def thinking(self) -> bool | None:
+        v = _get(self.hydra, "lab.model.thinking")
+        if isinstance(v, bool):
+            return v
+        name = (self.model_name or "").lower()
+        if "base" in name:
+            return False
+        return None
+
+
+def int_or_none(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except Exception:
+        return {}
+
+
+def load_run(run_dir: str | Path) -> RunInfo:
+    run_dir = Path(run_dir)
+    info = M.MetricsReadResult()
+    df = M.read_metrics(run_dir, info)
+    log_text = doctor.read_log(run_dir / "train.log")
+    verl = _read_yaml(run_dir / "verl_config.yaml")
+    if not verl and log_text:
+        verl = doctor.printed_config(doctor.Log.of(log_text[: 8 << 20]))
+    return RunInfo(run_dir=run_dir, df=df, verl=verl, hydra=_read_yaml(run_dir / ".hydra" / "config.yaml"),
+                   status=doctor.read_json(run_dir / "status.json"), plan=doctor.read_json(run_dir / "plan.json"),
+                   log_text=log_text, partial_last_line=info.partial_last_line)

@@ -1,0 +1,310 @@
+"""The fit's building blocks: how one setting is judged (`Ctx.eval`: every phase's peak and verdict from the memory
+plan, and by how much it misses its target) and the moves, each a setting a user can change without changing what is
+trained, picking its own value given the settings so far (or saying why it does not apply), in the guide's order of
+preference (MOVES). The search over them is grpo_lab/checks/fit_search.py; the entry point grpo_lab/checks/fit.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+from grpo_lab import facts
+from grpo_lab.cli.config import get as _get
+from grpo_lab.memory import memplan
+
+A = "actor_rollout_ref."
+CONF = facts.ROOT / "conf"
+GB = memplan.GB
+MARGIN = memplan.TIGHT_FRACTION
+PHASES = ("generation", "training", "weight_sync", "host_ram")
+# host <-> device copies per card when lab.hardware.pcie_gb_s is not given (pinned memory, one x16 link per card)
+PCIE_GB_S = {"pcie3": 12.0, "pcie4": 25.0, "pcie5": 50.0}
+PCIE_DEFAULT = ("pcie4", 25.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# evaluating a setting
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Eval:
+    peaks: dict[str, float]
+    verdicts: dict[str, str]
+    overflow: float   # GB above the target, summed over the phases (plus what vLLM's KV cache lacks)
+
+    @property
+    def fits(self) -> bool:
+        return all(v in ("fits", "unknown") for v in self.verdicts.values())
+
+    @property
+    def misses(self) -> int:
+        return sum(v not in ("fits", "unknown") for v in self.verdicts.values())
+
+    def score(self) -> tuple[int, float]:
+        return self.misses, round(self.overflow, 3)
+
+
+class Ctx:
+    """What the search needs besides the settings: the model, the hardware facts, the batch, a cache of plans."""
+
+    def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Mapping[str, Any], *, mini: int = 0,
+                 ref_offload: Any = None):
+        self.arch = arch
+        self.base = base
+        self.lab = lab
+        self.mini = mini                # actor.ppo_mini_batch_size (prompts)
+        self.ref_offload = ref_offload  # ref.fsdp_config.param_offload as configured
+        self._cache: dict[Any, Eval] = {}
+        self.evaluations = 0
+        hw = _get(lab, "hardware", {}) or {}
+        link = str(hw.get("interconnect") or "")
+        if hw.get("pcie_gb_s"):
+            self.bw, self.bw_note = float(hw["pcie_gb_s"]), f"lab.hardware.pcie_gb_s={hw['pcie_gb_s']}"
+        elif link in PCIE_GB_S:
+            self.bw = PCIE_GB_S[link]
+            self.bw_note = f"assumed for {link.upper()} x16 with pinned memory; set lab.hardware.pcie_gb_s to yours"
+        else:
+            self.bw = PCIE_DEFAULT[1]
+            self.bw_note = "assumed (PCIe 4.0 x16, pinned memory); set lab.hardware.pcie_gb_s to yours"
+        self.nvlink = bool(hw.get("nvlink"))
+
+    def eval(self, s: memplan.Settings) -> Eval:
+        try:
+            hit = self._cache.get(s)
+        except TypeError:  # unhashable field (a list of LoRA targets): no cache
+            hit = None
+        if hit is not None:
+            return hit
+        self.evaluations += 1
+        arch, card = self.arch, s.card_gb
+        peaks, verdicts, over = {}, {}, 0.0
+        for ph in PHASES:
+            peak, verdict = memplan.phase_result(arch, s, ph)
+            peaks[ph], verdicts[ph] = peak, verdict
+            cap = card if ph != "host_ram" else float(s.host_ram_gb or 0)
+            if cap:
+                over += max(0.0, peak - MARGIN * cap)
+        kv = memplan.kv_cache(arch, s)
+        if not kv["fits_max_model_len"]:
+            over += (kv["max_model_len"] - max(0, kv["tokens"])) * kv["bytes_per_token"] / GB + 0.01
+        e = Eval(peaks, verdicts, over)
+        try:
+            self._cache[s] = e
+        except TypeError:
+            pass
+        return e
+
+    # batch facts for the cost words
+    @property
+    def dp(self) -> int:
+        return max(1, self.base.n_gpus // max(1, self.base.sp_size))
+
+    def tokens_per_gpu_per_update(self, s: memplan.Settings) -> int:
+        return self.mini * s.rollout_n * s.seq_len // self.dp
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# moves: each picks its own value given the settings so far, or says why it does not apply
+# ---------------------------------------------------------------------------------------------------------------
+
+Choice = tuple[dict[str, Any], memplan.Settings]
+
+
+@dataclass(frozen=True)
+class Move:
+    id: str
+    title: str
+    rank: int
+    choose: Callable[[Ctx, memplan.Settings], "Choice | str"]
+    full_ft: bool = True   # a move for full fine-tuning and LoRA alike (False: LoRA only)
+
+
+def _pick(ctx: Ctx, s: memplan.Settings, options: list[Choice]) -> Choice | str:
+    """The first option (options come in order of least change) after which every phase it moves fits (the others
+    are for later moves to fix); else the one that helps most; else why none helps."""
+    if not options:
+        return "no value to try"
+    e0 = ctx.eval(s)
+    for o in options:
+        e1 = ctx.eval(o[1])
+        moved = [ph for ph in PHASES if abs(e1.peaks[ph] - e0.peaks[ph]) >= 0.005]
+        if moved and e1.score() < e0.score() and all(e1.verdicts[ph] in ("fits", "unknown") for ph in moved):
+            return o
+    best = min(options, key=lambda o: ctx.eval(o[1]).score())
+    if ctx.eval(best[1]).score() < e0.score():
+        return best
+    return "lowers no phase that does not fit"
+
+
+def _m_max_model_len(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    seq = s.seq_len
+    mml = memplan.vllm_max_model_len(ctx.arch, s)
+    if mml <= seq:
+        return f"already {mml} (prompt + response = {seq})"
+    return {A + "rollout.max_model_len": seq}, replace(s, max_model_len=seq)
+
+
+def _m_bucket(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    opts, b = [], s.bucket_mb
+    while b > 512:
+        b = max(512, b // 2)
+        opts.append(({A + "rollout.checkpoint_engine.update_weights_bucket_megabytes": b}, replace(s, bucket_mb=b)))
+    return _pick(ctx, s, opts) if opts else f"already {s.bucket_mb} MiB (512 is the floor here)"
+
+
+def _switch_on(key: str, attr: str) -> Callable[[Ctx, memplan.Settings], Choice | str]:
+    """A move that turns one boolean setting on: the verl key, and the planner's Settings field it maps to."""
+    def move(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+        if getattr(s, attr):
+            return "already on"
+        return {key: True}, replace(s, **{attr: True})
+    return move
+
+
+def _with_budget(s: memplan.Settings, t: int) -> memplan.Settings:
+    seq = s.seq_len
+    return replace(s, ppo_max_token_len_per_gpu=t,
+                   log_prob_max_token_len_per_gpu=max(seq, min(s.log_prob_max_token_len_per_gpu, 2 * t)),
+                   ref_log_prob_max_token_len_per_gpu=max(seq, min(s.ref_log_prob_max_token_len_per_gpu, 2 * t)))
+
+
+def _m_budget(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    if not s.use_dynamic_bsz:
+        return "dynamic batch size is off (micro-batch sizes instead)"
+    seq, t = s.seq_len, s.ppo_max_token_len_per_gpu
+    opts = []
+    while t > seq:
+        t = max(seq, t // 2)
+        s2 = _with_budget(s, t)
+        vals = {A + "actor.ppo_max_token_len_per_gpu": t}
+        if s2.log_prob_max_token_len_per_gpu != s.log_prob_max_token_len_per_gpu:
+            vals[A + "rollout.log_prob_max_token_len_per_gpu"] = s2.log_prob_max_token_len_per_gpu
+        if s2.ref_log_prob_max_token_len_per_gpu != s.ref_log_prob_max_token_len_per_gpu:
+            vals[A + "ref.log_prob_max_token_len_per_gpu"] = s2.ref_log_prob_max_token_len_per_gpu
+        opts.append((vals, s2))
+    return _pick(ctx, s, opts) if opts else f"already one sequence ({seq} tokens): it cannot go lower"
+
+
+def _m_util(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    u0 = s.gpu_memory_utilization
+    valid = 0.0 < u0 < 1.0
+    if valid and ctx.eval(s).verdicts["generation"] == "fits" and memplan.kv_cache(ctx.arch, s)["fits_max_model_len"]:
+        return f"generation fits at {u0:g}"
+    # the highest value whose generation phase fits (most KV cache), else whatever helps most
+    opts = [({A + "rollout.gpu_memory_utilization": u}, replace(s, gpu_memory_utilization=u))
+            for u in (round(k * 0.05, 2) for k in range(19, 1, -1)) if abs(u - u0) > 1e-6]
+    fitting = [o for o in opts if ctx.eval(o[1]).fits]
+    if fitting:
+        return fitting[0]
+    gen_ok = [o for o in opts if ctx.eval(o[1]).verdicts["generation"] == "fits"]
+    if gen_ok:
+        best = gen_ok[0]
+        if not valid or ctx.eval(best[1]).score() < ctx.eval(s).score():
+            return best
+    return _pick(ctx, s, opts)
+
+
+def tp_ok(arch: memplan.Arch, n_gpus: int, tp: int) -> bool:
+    kv = arch.num_key_value_heads
+    return (n_gpus % tp == 0 and arch.num_attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0))
+
+
+def _m_tp(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    opts, tp = [], s.tp * 2
+    while tp <= s.n_gpus:
+        if tp_ok(ctx.arch, s.n_gpus, tp):
+            opts.append(({A + "rollout.tensor_model_parallel_size": tp}, replace(s, tp=tp)))
+        tp *= 2
+    if not opts:
+        return f"TP {s.tp} is the most that {s.n_gpus} GPU(s) and {ctx.arch.num_attention_heads} heads allow"
+    return _pick(ctx, s, opts)
+
+
+def _m_ref_offload(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    if not s.ref_used:
+        return "no reference model (no KL term)"
+    on = ctx.ref_offload
+    if on is None or on:
+        return "already on (the reference's parameters live in host RAM)"
+    # the plan assumes verl streams the reference in per layer either way: no predicted change, so never chosen
+    return "the plan already counts the reference in host RAM (verl streams it per layer): no predicted change"
+
+
+def _divisors_below(n: int, limit: int) -> list[int]:
+    return [d for d in range(min(n, limit) - 1, 0, -1) if n % d == 0]
+
+
+def _m_micro(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    if s.use_dynamic_bsz and s.log_prob_use_dynamic_bsz:
+        return "dynamic batch size is on (token budgets instead)"
+    per_mini = ctx.tokens_per_gpu_per_update(s) // max(1, s.seq_len)
+    per_step = s.train_batch_size * s.rollout_n // ctx.dp
+    opts: list[Choice] = []
+    if not s.use_dynamic_bsz and s.ppo_micro_batch_size_per_gpu and per_mini:
+        for m in _divisors_below(per_mini, int(s.ppo_micro_batch_size_per_gpu)):
+            opts.append(({A + "actor.ppo_micro_batch_size_per_gpu": m}, replace(s, ppo_micro_batch_size_per_gpu=m)))
+    if not s.log_prob_use_dynamic_bsz and s.log_prob_micro_batch_size_per_gpu:
+        base = opts[-1] if opts else ({}, s)
+        for m in _divisors_below(per_step, int(s.log_prob_micro_batch_size_per_gpu)):
+            vals = {**base[0], A + "rollout.log_prob_micro_batch_size_per_gpu": m}
+            s2 = replace(base[1], log_prob_micro_batch_size_per_gpu=m)
+            if s.ref_used and not s.ref_log_prob_use_dynamic_bsz:
+                vals[A + "ref.log_prob_micro_batch_size_per_gpu"] = m
+                s2 = replace(s2, ref_log_prob_micro_batch_size_per_gpu=m)
+            opts.append((vals, s2))
+    return _pick(ctx, s, opts) if opts else "micro-batches are already 1"
+
+
+def _m_entropy_ckpt(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    if not s.entropy_in_update:
+        return "no entropy in the loss (entropy_coeff 0)"
+    if s.entropy_checkpointing:
+        return "already on"
+    return {A + "actor.entropy_checkpointing": True}, replace(s, entropy_checkpointing=True)
+
+
+def _m_entropy_chunk(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    if not s.entropy_in_update and s.use_torch_compile:
+        return "the log-prob pass's entropy is torch.compile'd (fused, no vocabulary-sized copy)"
+    if s.actor_entropy_chunking:
+        return "already on"
+    return {A + "actor.entropy_from_logits_with_chunking": True}, replace(s, actor_entropy_chunking=True)
+
+
+def _m_layered(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    if s.lora_rank <= 0:
+        return "only with LoRA"
+    if s.layered_summon:
+        return "already on"
+    return {A + "rollout.layered_summon": True}, replace(s, layered_summon=True)
+
+
+MOVES: tuple[Move, ...] = (
+    Move("max_model_len", "vLLM max_model_len = prompt + response", 0, _m_max_model_len),
+    Move("free_cache_engine", "free vLLM's KV cache while training", 1,
+         _switch_on(A + "rollout.free_cache_engine", "free_cache_engine")),
+    Move("bucket", "smaller weight-sync bucket", 2, _m_bucket),
+    Move("grad_ckpt", "gradient checkpointing", 3,
+         _switch_on(A + "model.enable_gradient_checkpointing", "gradient_checkpointing")),
+    Move("token_budget", "smaller token budgets", 4, _m_budget),
+    Move("opt_offload", "optimizer offload", 5,
+         _switch_on(A + "actor.fsdp_config.optimizer_offload", "optimizer_offload")),
+    Move("param_offload", "parameter offload", 6,
+         _switch_on(A + "actor.fsdp_config.param_offload", "param_offload")),
+    Move("util", "rollout gpu_memory_utilization", 7, _m_util),
+    Move("tp", "rollout tensor parallel", 8, _m_tp),
+    Move("ref_offload", "reference offload", 9, _m_ref_offload),
+    Move("micro", "smaller micro-batches", 10, _m_micro),
+    Move("entropy_ckpt", "entropy checkpointing", 11, _m_entropy_ckpt),
+    Move("entropy_chunk", "entropy in chunks", 12, _m_entropy_chunk),
+    Move("layered_summon", "LoRA weight sync layer by layer", 13, _m_layered, full_ft=False),
+)
+LORA_RANK = 100
+
+RANK = {m.id: m.rank for m in MOVES} | {"lora": LORA_RANK, "tp_fix": -1}
+BY_ID = {m.id: m for m in MOVES}
+
+
+def move_title(mid: str) -> str:
+    return {"lora": "LoRA", "tp_fix": "rollout TP that the GPUs allow"}.get(mid) or BY_ID[mid].title

@@ -1,0 +1,235 @@
+"""The fit's search: combinations of up to MAX_COMBO moves (grpo_lab/checks/fit_moves.py) plus a greedy path with the
+moves it did not need pruned, the cheapest fitting state first (`search`); LoRA as the start of a second search; and,
+when nothing fits these cards, what would (`way_out`: a bigger card, more GPUs, LoRA, a smaller model of conf/model/).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from grpo_lab.checks.fit_moves import A, BY_ID, CONF, MOVES, RANK, Ctx, Move
+from grpo_lab.checks.fit_text import override_strs
+from grpo_lab.cli.config import get as _get
+from grpo_lab.memory import memplan
+
+# LoRA as conf/model/qwen3_8b_lora.yaml sets it; FSDP2: with FSDP1 verl 0.9.1 sends vLLM an empty adapter (peft >= 0.21)
+LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors",
+        A + "actor.strategy": "fsdp2"}
+MAX_COMBO = 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the search
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class State:
+    s: memplan.Settings
+    values: dict[str, Any] = field(default_factory=dict)       # verl key -> value, in the order they were set
+    moves: tuple[str, ...] = ()
+    lora: bool = False
+    # (move id, the values it set, settings before, settings after), in the order applied
+    history: tuple[tuple[str, dict[str, Any], memplan.Settings, memplan.Settings], ...] = ()
+
+    def cost(self) -> tuple:
+        ranks = sorted((RANK[m] for m in self.moves if m not in ("max_model_len", "tp_fix")), reverse=True)
+        return (self.lora, tuple(ranks), len(self.values))
+
+
+def _step(ctx: Ctx, st: State, move: Move) -> State | None:
+    r = move.choose(ctx, st.s)
+    if isinstance(r, str):
+        return None
+    vals, s2 = r
+    moves = st.moves if move.id in st.moves else st.moves + (move.id,)
+    return State(s2, {**st.values, **vals}, moves, st.lora, st.history + ((move.id, vals, st.s, s2),))
+
+
+def _apply_combo(ctx: Ctx, start: State, combo: Iterable[Move]) -> State | None:
+    st = start
+    for m in sorted(combo, key=lambda m: m.rank):
+        st = _step(ctx, st, m)
+        if st is None:
+            return None
+    return st
+
+
+def _greedy(ctx: Ctx, start: State, moves: list[Move]) -> State:
+    """Every move in order that lowers the overflow, up to three passes; then drop the moves it did not need."""
+    st = start
+    for _ in range(3):
+        changed = False
+        for m in moves:
+            if ctx.eval(st.s).fits:
+                break
+            nxt = _step(ctx, st, m)
+            if nxt is not None and ctx.eval(nxt.s).score() < ctx.eval(st.s).score():
+                st, changed = nxt, True
+        if not changed or ctx.eval(st.s).fits:
+            break
+    if not ctx.eval(st.s).fits:
+        return st
+    used = [BY_ID[m] for m in st.moves if m in BY_ID]
+    canon = _apply_combo(ctx, start, used)  # the same moves once each, in order: one value per key
+    if canon is not None and ctx.eval(canon.s).fits:
+        st = canon
+    for m in sorted(used, key=lambda m: -m.rank):  # the most expensive first
+        rest = [u for u in used if u is not m]
+        alt = _apply_combo(ctx, start, rest)
+        if alt is not None and ctx.eval(alt.s).fits:
+            used, st = rest, alt
+    return st
+
+
+def search(ctx: Ctx, start: State, *, combos: bool = True) -> tuple[State | None, list[State]]:
+    """(cheapest fitting state or None, every fitting state seen): combinations up to MAX_COMBO plus greedy."""
+    moves = [m for m in MOVES if m.full_ft or start.s.lora_rank > 0]
+    if ctx.eval(start.s).fits:
+        return start, [start]
+    found: dict[tuple, State] = {}
+    if combos:
+        usable = [m for m in moves if not isinstance(m.choose(ctx, start.s), str)
+                  or m.id in ("util", "micro")]  # util and micro-batches can become useful after other moves
+        for k in range(1, MAX_COMBO + 1):
+            for combo in itertools.combinations(usable, k):
+                st = _apply_combo(ctx, start, combo)
+                if st is not None and ctx.eval(st.s).fits:
+                    found.setdefault(tuple(sorted(st.values.items(), key=str)), st)
+    g = _greedy(ctx, start, moves)
+    if ctx.eval(g.s).fits:
+        found.setdefault(tuple(sorted(g.values.items(), key=str)), g)
+    ranked = sorted(found.values(), key=State.cost)
+    return (ranked[0] if ranked else None), ranked
+
+
+def lora_start(st: State) -> State:
+    s = replace(st.s, lora_rank=LORA[A + "model.lora_rank"], lora_targets=st.s.lora_targets or "all-linear",
+                strategy=LORA[A + "actor.strategy"])
+    return State(s, {**st.values, **LORA}, st.moves + ("lora",), True, st.history + (("lora", dict(LORA), st.s, s),))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# when nothing fits: what would
+# ---------------------------------------------------------------------------------------------------------------
+
+def fits_with(ctx: Ctx, s: memplan.Settings, arch: memplan.Arch | None = None) -> State | None:
+    c = ctx if arch is None else Ctx(arch, s, ctx.lab, mini=ctx.mini, ref_offload=ctx.ref_offload)
+    best, _ = search(c, State(s), combos=False)
+    return best
+
+
+def _smallest_card(ctx: Ctx, s: memplan.Settings) -> float | None:
+    lo, hi = math.floor(s.card_gb), 1024  # whole GB: the smallest size that fits, not a real number rounded up
+    if fits_with(ctx, replace(s, card_gb=float(hi))) is None:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits_with(ctx, replace(s, card_gb=float(mid))) is not None:
+            hi = mid
+        else:
+            lo = mid
+    return float(hi)
+
+
+def _fewest_gpus(ctx: Ctx, s: memplan.Settings, traj: int, mini_traj: int) -> tuple[int | None, int | None]:
+    """(fewest GPUs of this card that fit the memory, fewest that fit and split the batch), up to 16x as many."""
+    first = None
+    for k in range(2, 17):
+        n = s.n_gpus * k
+        # more nodes bring their own RAM: the plan's host RAM is node-wide, so scale the capacity with the nodes
+        ram = s.host_ram_gb * k if s.host_ram_gb else s.host_ram_gb
+        if fits_with(ctx, replace(s, n_gpus=n, host_ram_gb=ram)) is not None:
+            first = first or n
+            if traj % n == 0 and mini_traj % n == 0:
+                return first, n
+    return first, None
+
+
+def _model_options() -> list[tuple[str, dict[str, Any]]]:
+    """(option, merged YAML) of every conf/model/*.yaml, following `defaults` inside the model group."""
+    def load(name: str, depth: int = 0) -> dict[str, Any]:
+        data = yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()) or {}
+        merged: dict[str, Any] = {}
+        for d in data.get("defaults") or []:
+            if isinstance(d, str) and d != "_self_" and depth < 4:
+                merged = _merge(merged, load(d, depth + 1))
+        return _merge(merged, {k: v for k, v in data.items() if k != "defaults"})
+
+    out = []
+    for p in sorted((CONF / "model").glob("*.yaml")):
+        try:
+            out.append((p.stem, load(p.stem)))
+        except (OSError, yaml.YAMLError):
+            continue
+    return out
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def way_out(ctx: Ctx, s: memplan.Settings, verl: Mapping[str, Any], *, lora_fits: State | None,
+            lora_chosen: bool = False) -> list[str]:
+    """What would fit, when these cards cannot: a bigger card, more GPUs, LoRA, a smaller model."""
+    lines = []
+    what = "full fine-tuning" if s.lora_rank == 0 else "this LoRA setup"
+    card = _smallest_card(ctx, s)
+    if card is not None:
+        lines.append(f"a bigger card: {what} fits (with the changes the fit would add) on cards of {card:g} GB or "
+                     f"more, {s.n_gpus} of them (lab.hardware.gpu_memory_gb={card:g}; these are {s.card_gb:g} GB)")
+    else:
+        lines.append(f"a bigger card: no card up to 1024 GB fits {what} on {s.n_gpus} GPU(s)")
+    traj = s.train_batch_size * s.rollout_n
+    mini_traj = ctx.mini * s.rollout_n
+    first, n = _fewest_gpus(ctx, s, traj, mini_traj)
+    per = int(_get(verl, "trainer.n_gpus_per_node", s.n_gpus) or s.n_gpus)
+    if n:
+        how = f"nnodes={n // per} with {per} each" if n % per == 0 else f"ngpus_per_node={n}"
+        lines.append(f"more GPUs: {n} GPUs of {s.card_gb:g} GB ({how}) fit {what}: FSDP shards the actor state over "
+                     f"all of them" + (f" ({first} would hold the memory, but the {traj} trajectories per step and "
+                                       f"the mini-batch's {mini_traj} do not split over {first})" if first != n else ""))
+    elif first:
+        lines.append(f"more GPUs: {first} GPUs of {s.card_gb:g} GB would hold {what}, but the {traj} trajectories per "
+                     f"step (mini-batch {mini_traj}) must split over them too: change the batch sizes")
+    else:
+        lines.append(f"more GPUs: not even {s.n_gpus * 16} GPUs of {s.card_gb:g} GB fit {what}")
+    if s.lora_rank == 0:
+        if lora_fits is not None and lora_chosen:
+            pass  # the command above is that LoRA setup
+        elif lora_fits is not None:
+            lines.append("LoRA (trains adapters, not the whole model): "
+                         + " ".join(override_strs(lora_fits.values, None)))
+        else:
+            lines.append("LoRA: does not fit either on these cards")
+    cur = ctx.arch.params()
+    smaller = []
+    for name, m in _model_options():
+        mm = (m.get("lab") or {}).get("model") or {}
+        if not mm.get("hub_id") or any(mm.get(k) is None for k in memplan.Arch.FIELDS):
+            continue
+        arch = memplan.Arch.from_mapping(mm, source=name)
+        if arch.params() >= cur:
+            continue
+        rank = int(_get(m, A + "model.lora_rank", 0) or 0)
+        s2 = replace(s, lora_rank=rank)
+        best = fits_with(ctx, s2, arch)
+        if best is not None:
+            smaller.append((arch.params(), name, best))
+    if smaller:
+        smaller.sort(key=lambda x: (-x[0], x[1]))
+        p, name, best = smaller[0]
+        hw = _get(ctx.lab, "hardware.name")
+        lines.append(f"a smaller model: model={name} ({p / 1e9:.1f}B) fits these cards"
+                     + (f" (also: {', '.join('model=' + n for _, n, _ in smaller[1:])})" if len(smaller) > 1 else "")
+                     + f"; its own command: make fit ARGS=\"model={name}" + (f" hardware={hw}" if hw else "") + '"')
+    else:
+        lines.append("a smaller model: none of conf/model/ fits these cards either")
+    return lines

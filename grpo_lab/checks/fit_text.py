@@ -1,0 +1,242 @@
+"""The fit's words: what each change costs (`cost_words`), the result it hands back (`FitResult`, one `Change` per
+move), the overrides as the user would type them (the short key where it feeds that verl key), and the printed result
+(`format_result`: the target, the phase table before and after, the changes, what was not taken, the command).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from grpo_lab.checks.fit_moves import GB, MARGIN, Ctx
+from grpo_lab.cli.knobs import KNOBS, short_key_targets
+from grpo_lab.memory import calibration, memplan
+
+# ---------------------------------------------------------------------------------------------------------------
+# what each change costs, in words and numbers
+# ---------------------------------------------------------------------------------------------------------------
+
+def cost_words(ctx: Ctx, move: str, before: memplan.Settings, after: memplan.Settings) -> str:
+    arch = ctx.arch
+    if move == "max_model_len":
+        return (f"free: vLLM's context becomes prompt + response = {after.seq_len} tokens (it was "
+                f"{memplan.vllm_max_model_len(arch, before)}); GRPO never generates past it")
+    if move == "free_cache_engine":
+        return "vLLM frees its KV cache during training and re-allocates it each step: a second or so per step"
+    if move == "bucket":
+        return (f"the weight sync copies in buckets of {after.bucket_mb} MiB instead of {before.bucket_mb}: a few "
+                f"more, smaller copies per step (tensors larger than the bucket go on their own): negligible")
+    if move == "grad_ckpt":
+        return ("each layer's forward is recomputed in the backward: about a third more compute in the update")
+    if move == "token_budget":
+        tok = ctx.tokens_per_gpu_per_update(after)
+        t0, t1 = before.ppo_max_token_len_per_gpu, after.ppo_max_token_len_per_gpu
+        mb = (f": up to {math.ceil(tok / t1)} micro-batches per update instead of {math.ceil(tok / t0)} "
+              f"({tok} tokens per GPU per update)") if tok else ""
+        lp = (f"; log-prob passes {before.log_prob_max_token_len_per_gpu} -> {after.log_prob_max_token_len_per_gpu}"
+              if before.log_prob_max_token_len_per_gpu != after.log_prob_max_token_len_per_gpu else "")
+        return (f"update micro-batches of {t1} tokens instead of {t0}{mb}{lp}: smaller matrix multiplies, a "
+                f"somewhat slower update")
+    if move in ("opt_offload", "param_offload"):
+        st = memplan.actor_state(arch, after)
+        if move == "opt_offload":
+            per_gpu, trips, what = st.optimizer, 1, "Adam's two moments"
+            when = "goes to host RAM after each update and comes back before the next"
+        else:
+            per_gpu, trips, what = st.params, 3, "the actor's parameters"
+            when = ("go to host RAM between phases and come back for the weight sync, the old-log-prob pass and "
+                    "the update (about 3 round trips per step)")
+        moved = 2 * trips * per_gpu / GB
+        secs = moved / ctx.bw
+        ram = (memplan.host_ram(arch, after)["total_gb"], memplan.host_ram(arch, before)["total_gb"])
+        return (f"about {secs:.1f} s more per step: {what}, {per_gpu / GB:.2f} GB per card, {when}: "
+                f"{moved:.1f} GB of host-device traffic per card over PCIe at ~{ctx.bw:g} GB/s ({ctx.bw_note}); "
+                f"host RAM {ram[1]} -> {ram[0]} GB")
+    if move == "util":
+        k0, k1 = memplan.kv_cache(arch, before), memplan.kv_cache(arch, after)
+        u0, u1 = before.gpu_memory_utilization, after.gpu_memory_utilization
+        verb = "lower" if u1 < u0 else "higher"
+        waves = (f", {k0['waves'] or '-'} -> {k1['waves'] or '-'} wave(s) of generation per step")
+        return (f"{verb} gpu_memory_utilization {u0:g} -> {u1:g}: vLLM's KV cache from {k0['tokens']} to "
+                f"{k1['tokens']} tokens, i.e. {k0['concurrent_sequences']} -> {k1['concurrent_sequences']} "
+                f"concurrent sequences of prompt + response ({after.seq_len} tokens){waves}")
+    if move == "tp_fix":
+        return (f"required, not a choice: a vLLM replica of TP {before.tp} needs {before.tp} GPUs and there are "
+                f"{before.n_gpus}; TP {after.tp} gives {after.n_gpus // after.tp} replica(s)")
+    if move == "tp":
+        r0, r1 = before.n_gpus // before.tp, after.n_gpus // after.tp
+        link = "NVLink" if ctx.nvlink else "PCIe"
+        k1 = memplan.kv_cache(arch, after)
+        return (f"{r1} vLLM replica(s) instead of {r0}, each over {after.tp} cards; every "
+                f"generated token waits for all-reduces over {link}; KV cache {k1['tokens']} tokens per replica")
+    if move == "micro":
+        return (f"micro-batches actor {before.ppo_micro_batch_size_per_gpu} -> {after.ppo_micro_batch_size_per_gpu}, "
+                f"log-prob {before.log_prob_micro_batch_size_per_gpu} -> {after.log_prob_micro_batch_size_per_gpu} "
+                f"per GPU: more, smaller passes, a somewhat slower step")
+    if move == "entropy_ckpt":
+        return "the entropy's softmax is recomputed in the backward instead of kept: a little more compute"
+    if move == "entropy_chunk":
+        return f"the entropy over the {arch.vocab_size}-token vocabulary in chunks of {after.entropy_chunk_size} " \
+               f"tokens: a little slower"
+    if move == "layered_summon":
+        return "the LoRA weight sync gathers one layer at a time instead of the whole model: a slower sync"
+    if move == "lora":
+        n = arch.lora_params(after.lora_rank, after.lora_targets)
+        return (f"CHANGES WHAT IS TRAINED: rank-{after.lora_rank} adapters on every linear layer, "
+                f"{n / 1e6:.0f}M trainable parameters ({100 * n / arch.params():.1f}% of {arch.params() / 1e9:.1f}B) "
+                f"instead of the whole model; the base stays frozen. Learning differs from full fine-tuning: verl's "
+                f"LoRA examples use a larger learning rate (conf/model/qwen3_8b_lora.yaml: actor_lr=3e-6)")
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# results
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Change:
+    move: str
+    title: str
+    overrides: list[str]
+    cost: str
+    reason: str          # one line, for the saved experiment file
+
+
+@dataclass
+class FitResult:
+    ok: bool
+    lora: bool
+    overrides: list[str]               # what to add to the command line
+    values: dict[str, Any]             # verl key -> value
+    changes: list[Change]
+    before: dict[str, Any]             # memplan.memory_plan before / after
+    after: dict[str, Any] | None
+    rejected: list[str]
+    way_out: list[str]
+    verified: bool = False
+    verify_problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)   # non-memory preflight errors: fix these first
+    evaluations: int = 0
+    title: str = ""
+    card_gb: float = 0.0
+    host_ram_gb: float | None = None
+    batch: dict[str, Any] = field(default_factory=dict)
+
+
+def _fmt_value(v: Any) -> str:
+    from grpo_lab.cli.overrides import quote
+
+    return quote(v)
+
+
+def _emit_key(verl_key: str, cfg: Any) -> str:
+    """The short key when it feeds this verl key in the composed config (cfg: unresolved DictConfig), else verl's."""
+    knob = next((k for k in KNOBS if k.verl_key == verl_key), None)
+    if knob is None or short_key_targets(knob.key) != (verl_key,):
+        return verl_key
+    if cfg is None:
+        return knob.key
+    try:
+        from omegaconf import OmegaConf
+
+        parent, leaf = verl_key.rsplit(".", 1)
+        raw = OmegaConf.to_container(OmegaConf.select(cfg, parent), resolve=False)[leaf]
+    except Exception:
+        return verl_key
+    return knob.key if raw == "${" + knob.key + "}" else verl_key
+
+
+def override_strs(values: Mapping[str, Any], cfg: Any) -> list[str]:
+    return [f"{_emit_key(k, cfg)}={_fmt_value(v)}" for k, v in values.items()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# text
+# ---------------------------------------------------------------------------------------------------------------
+
+def _pct(peak: float, cap: float | None) -> str:
+    return f"{100 * peak / cap:.0f}%" if cap else "-"
+
+
+def phase_table(res: FitResult) -> list[str]:
+    card, ram = res.card_gb, res.host_ram_gb
+    b, a = res.before, res.after
+    lines = [f"  {'phase':<12} {'before':>16}   {'after':>16}  {'of the card':>11}"]
+    for ph in ("generation", "training", "weight_sync"):
+        p0, v0 = b["phases"][ph]["peak_gb_per_gpu"], b["verdict"][ph]
+        after = ""
+        if a:
+            p1, v1 = a["phases"][ph]["peak_gb_per_gpu"], a["verdict"][ph]
+            after = f"{p1:>8.2f} GB {v1:<5} {_pct(p1, card):>11}"
+        lines.append(f"  {ph.replace('_', ' '):<12} {p0:>8.2f} GB {v0:<5} -> {after}")
+    h0 = b["host_ram"]
+    h1 = a["host_ram"] if a else None
+    lines.append(f"  {'host RAM':<12} {h0['total_gb']:>8.2f} GB {h0['verdict']:<5} -> "
+                 + (f"{h1['total_gb']:>8.2f} GB {h1['verdict']:<5} {_pct(h1['total_gb'], ram):>11}" if h1 else "")
+                 + (f"  (of {ram:g} GB)" if ram else ""))
+    k0, k1 = b["kv_cache"], (a["kv_cache"] if a else None)
+    kv = f"  vLLM KV cache {k0['tokens']} tokens ({k0['concurrent_sequences']} sequences at once)"
+    if k1:
+        kv += f" -> {k1['tokens']} tokens ({k1['concurrent_sequences']} sequences at once of {k1['sequence_length']})"
+    lines.append(kv)
+    return lines
+
+
+def format_result(res: FitResult, command: str | None) -> str:
+    out = [f"grpo-lab fit: {res.title}"]
+    card = res.card_gb
+    out.append(f"target: every phase below {int(MARGIN * 100)}% of a {card:g} GB card ({MARGIN * card:.1f} GB) and of "
+               f"host RAM")
+    regime = (((res.after or res.before or {}).get("calibration") or {}).get("training") or {}).get("regime")
+    if regime:
+        out.extend(f"plan vs recorded runs: {line}" for line in calibration.accuracy_lines(regime))
+    if res.blocked:
+        out.append("")
+        out.append("The preflight finds problems the fit does not touch (it changes memory settings only); fix "
+                   "these first:")
+        out.extend(f"  {b}" for b in res.blocked)
+        return "\n".join(out)
+    b = res.batch
+    if b.get("train_batch_size"):
+        out.append(f"kept as asked: {b['train_batch_size']} prompts x {b['rollout_n']} answers per step, mini-batch "
+                   f"{b['ppo_mini_batch_size']} ({b['updates_per_step']} update(s) per step), "
+                   f"{b['sequence_length']} tokens of prompt + response")
+    if res.lora:
+        out.append("")
+        out.append("!!! LoRA: full fine-tuning does not fit these cards with any setting tried; this command trains "
+                   "LoRA adapters instead: WHAT IS TRAINED CHANGES !!!")
+    if res.way_out:
+        out.append("")
+        out.append("What would fit " + ("full fine-tuning:" if res.lora else "(nothing tried fits these cards):"))
+        out.extend(f"  - {w}" for w in res.way_out)
+    out.append("")
+    out.append("Predicted peak per GPU")
+    out.extend(phase_table(res))
+    if res.ok or res.after:
+        out.append("")
+        if res.changes:
+            out.append("Changes, in the guide's order of preference, and what each costs")
+            for i, c in enumerate(res.changes, 1):
+                out.append(f"  {i}. {' '.join(c.overrides)}")
+                out.append(f"     {c.title}: {c.cost}")
+        else:
+            out.append("No change needed: every phase already fits.")
+    if res.rejected:
+        out.append("")
+        out.append("Not taken")
+        out.extend(f"  - {r}" for r in res.rejected)
+    out.append("")
+    if res.verified:
+        out.append("checked: the preflight passes on the fitted config (0 errors"
+                   + (f"; warnings: {' '.join(res.warnings)}" if res.warnings else "") + ")")
+    elif res.after is not None:
+        out.append("NOT CHECKED OK: the fitted config does not pass the preflight, so no command is given:")
+        out.extend(f"  {p}" for p in res.verify_problems)
+    out.append(f"({res.evaluations} plans evaluated)")
+    if res.ok and command:
+        out.append("")
+        out.append("The command:")
+        out.append(f"  {command}")
+    return "\n".join(out)

@@ -1,0 +1,329 @@
+"""The memory plan's inputs: the model's shapes (`Arch`, from a config.json-like mapping: parameter counts, per-token
+sizes, mixture of experts) and the knobs of a run that move memory (`Settings`, read from a resolved verl config by
+`settings_from_verl`). No phase arithmetic here: that is grpo_lab/memory/memplan_phases.py; the plan itself is
+grpo_lab/memory/memplan.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from grpo_lab.cli.config import get as _get
+
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The architecture facts the plan needs (Qwen3 / Llama-style decoder with SwiGLU MLP and q/k norms).
+
+    Mixture of experts (Qwen3-MoE's config.json: num_experts, num_experts_per_tok, moe_intermediate_size,
+    decoder_sparse_step, mlp_only_layers): a sparse layer holds num_experts SwiGLU experts and a router; every expert
+    is a parameter, so weights, gradients, Adam state and vLLM's weights count them all (`params()`), while a token
+    passes through num_experts_per_tok of them, so activations use the active width (`active_intermediate`).
+    """
+
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None
+    qk_norm: bool = True
+    source: str = ""
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    sparse_layers: int = 0  # decoder layers with experts (the others have the dense MLP)
+
+    FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], source: str = "") -> "Arch":
+        """From a config.json-like mapping; head_dim defaults to hidden/heads, kv heads to heads (as HF does)."""
+        heads = int(d["num_attention_heads"])
+        head_dim = d.get("head_dim") or int(d["hidden_size"]) // heads
+        kv = d.get("num_key_value_heads") or heads
+        layers = int(d["num_hidden_layers"])
+        experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
+        sparse = 0
+        if experts > 0:
+            step = int(d.get("decoder_sparse_step") or 1)
+            dense_only = set(d.get("mlp_only_layers") or ())
+            sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+        moe_i = int(d.get("moe_intermediate_size") or 0) if experts else 0
+        return cls(
+            num_hidden_layers=layers, hidden_size=int(d["hidden_size"]),
+            num_attention_heads=heads, num_key_value_heads=int(kv), head_dim=int(head_dim),
+            intermediate_size=int(d.get("intermediate_size") or moe_i), vocab_size=int(d["vocab_size"]),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            max_position_embeddings=(int(d["max_position_embeddings"]) if d.get("max_position_embeddings") else None),
+            qk_norm=str(d.get("model_type", "qwen3")).startswith("qwen3"), source=source,
+            num_experts=experts, num_experts_per_tok=int(d.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate_size=moe_i, sparse_layers=sparse)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.sparse_layers > 0
+
+    # ---- parameter counts ----
+    def linear_shapes(self, intermediate: int | None = None) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one decoder layer (of one expert's MLP for a sparse layer)."""
+        h, i = self.hidden_size, self.intermediate_size if intermediate is None else intermediate
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def _attention_params(self) -> int:
+        shapes = self.linear_shapes()
+        return sum(a * b for k, (a, b) in shapes.items() if k.endswith(("q_proj", "k_proj", "v_proj", "o_proj")))
+
+    def _norm_params(self) -> int:
+        return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+
+    def _dense_layer_params(self) -> int:
+        return sum(a * b for a, b in self.linear_shapes().values()) + self._norm_params()
+
+    def _sparse_layer_params(self, experts: int) -> int:
+        expert = 3 * self.hidden_size * self.moe_intermediate_size
+        router = self.hidden_size * self.num_experts
+        return self._attention_params() + experts * expert + router + self._norm_params()
+
+    def layer_params(self) -> int:
+        """Parameters of the largest decoder layer (what FSDP gathers at once for one layer)."""
+        if self.is_moe:
+            return self._sparse_layer_params(self.num_experts)
+        return self._dense_layer_params()
+
+    def root_params(self) -> int:
+        """Parameters outside the decoder layers: embeddings, lm_head (unless tied), final norm (FSDP's root unit)."""
+        emb = self.vocab_size * self.hidden_size
+        return emb * (1 if self.tie_word_embeddings else 2) + self.hidden_size
+
+    def params(self) -> int:
+        """All parameters (every expert of an MoE): what weights, gradients, optimizer and vLLM hold."""
+        if self.is_moe:
+            dense = self.num_hidden_layers - self.sparse_layers
+            return (dense * self._dense_layer_params() + self.sparse_layers * self._sparse_layer_params(
+                self.num_experts) + self.root_params())
+        return self.num_hidden_layers * self.layer_params() + self.root_params()
+
+    def active_params(self) -> int:
+        """Parameters one token passes through (num_experts_per_tok experts of each sparse layer)."""
+        if not self.is_moe:
+            return self.params()
+        dense = self.num_hidden_layers - self.sparse_layers
+        return (dense * self._dense_layer_params() + self.sparse_layers * self._sparse_layer_params(
+            self.num_experts_per_tok) + self.root_params())
+
+    @property
+    def active_intermediate(self) -> int:
+        """The MLP width one token's activations see: num_experts_per_tok x moe_intermediate_size in a sparse layer."""
+        if self.is_moe:
+            return max(self.intermediate_size if self.sparse_layers < self.num_hidden_layers else 0,
+                       self.num_experts_per_tok * self.moe_intermediate_size)
+        return self.intermediate_size
+
+    def lora_params(self, rank: int, target_modules: Any = "all-linear") -> int:
+        """Adapter parameters: rank x (in + out) per targeted linear layer (PEFT's A and B matrices; every expert's)."""
+        if rank <= 0:
+            return 0
+        shapes = self.linear_shapes(self.moe_intermediate_size if self.is_moe else None)
+        if target_modules in (None, "all-linear", "all_linear"):
+            names = list(shapes)
+        else:
+            wanted = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+            names = [n for n in shapes if any(w == n or n.endswith(str(w)) for w in wanted)]
+        per_expert = self.num_experts if self.is_moe else 1
+        return self.num_hidden_layers * sum(
+            rank * (shapes[n][0] + shapes[n][1]) * (per_expert if n in ("gate_proj", "up_proj", "down_proj") else 1)
+            for n in names)
+
+    # ---- per-token sizes ----
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x dtype."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+    def layer_activation_bytes_per_token(self) -> int:
+        """What one decoder layer saves for its backward per token (bf16 tensors, fp32 RMSNorm inputs)."""
+        h, i = self.hidden_size, self.active_intermediate
+        heads = (self.num_attention_heads + self.num_key_value_heads) * self.head_dim
+        return 16 * h + 8 * i + 12 * heads
+
+    def layer_forward_bytes_per_token(self) -> int:
+        """Transient of one layer's forward without autograd (hidden, qkv, MLP gate/up and product)."""
+        h, i = self.hidden_size, self.active_intermediate
+        qkv = (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim
+        return 2 * (4 * h + qkv + 3 * i)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The knobs of a run that move memory (extracted from a verl config by `settings_from_verl`)."""
+
+    n_gpus: int
+    card_gb: float
+    host_ram_gb: float | None = None  # per node
+    nnodes: int = 1
+    fsdp_size: int = -1
+    sp_size: int = 1
+    strategy: str = "fsdp"  # actor.strategy: fsdp (FSDP1, verl's default) or fsdp2
+    ref_model_dtype: str = "fp32"  # ref.fsdp_config.model_dtype (null: bf16, verl's forward-only default)
+    # actor
+    lora_rank: int = 0
+    lora_targets: Any = "all-linear"
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    model_dtype: str = "fp32"
+    gradient_checkpointing: bool = True
+    activation_offload: bool = False
+    attn_implementation: str = "flash_attention_2"
+    use_dynamic_bsz: bool = True
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_micro_batch_size_per_gpu: int | None = None
+    entropy_in_update: bool = False
+    entropy_checkpointing: bool = False
+    actor_entropy_chunking: bool = False
+    entropy_chunk_size: int = 2048
+    use_torch_compile: bool = True
+    # lengths
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    # log-prob passes
+    log_prob_use_dynamic_bsz: bool = True
+    log_prob_max_token_len_per_gpu: int = 16384
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    ref_used: bool = True
+    ref_log_prob_use_dynamic_bsz: bool = True
+    ref_log_prob_max_token_len_per_gpu: int = 16384
+    ref_log_prob_micro_batch_size_per_gpu: int | None = None
+    ref_entropy_chunking: bool = False
+    # rollout
+    rollout_engine: str = "vllm"  # rollout.name: vllm or sglang (grpo_lab/memory/engines.py: what util means to each)
+    gpu_memory_utilization: float = 0.5
+    tp: int = 1
+    rollout_dp: int = 1
+    free_cache_engine: bool = True
+    enforce_eager: bool = False
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = None
+    layered_summon: bool = False
+    # engine_kwargs.vllm.kv_cache_memory_bytes: vLLM sets its KV cache to this instead of sizing it from util x card
+    vllm_kv_cache_bytes: int | None = None
+    bucket_mb: int = 2048
+    # batch
+    train_batch_size: int = 128
+    rollout_n: int = 1
+
+    @property
+    def seq_len(self) -> int:
+        return self.max_prompt_length + self.max_response_length
+
+    @property
+    def fsdp(self) -> int:
+        """GPUs one actor shard is split over."""
+        dp = self.n_gpus
+        return dp if self.fsdp_size is None or self.fsdp_size <= 0 or self.fsdp_size >= dp else self.fsdp_size
+
+    @property
+    def update_tokens(self) -> int:
+        """Tokens in one update micro-batch on one GPU."""
+        if self.use_dynamic_bsz:
+            return int(self.ppo_max_token_len_per_gpu)
+        return int(self.ppo_micro_batch_size_per_gpu or 1) * self.seq_len
+
+    @property
+    def log_prob_tokens(self) -> int:
+        if self.log_prob_use_dynamic_bsz:
+            return int(self.log_prob_max_token_len_per_gpu)
+        return int(self.log_prob_micro_batch_size_per_gpu or 1) * self.seq_len
+
+    @property
+    def ref_log_prob_tokens(self) -> int:
+        if self.ref_log_prob_use_dynamic_bsz:
+            return int(self.ref_log_prob_max_token_len_per_gpu)
+        return int(self.ref_log_prob_micro_batch_size_per_gpu or 1) * self.seq_len
+
+    @property
+    def vllm_sleep_level(self) -> int:
+        # verl: level 1 for LoRA adapters (not merged) and layered_summon, else level 2 (vLLM >= 0.18)
+        return 1 if (self.lora_rank > 0 or self.layered_summon) else 2
+
+
+def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Settings:
+    """The memory-relevant settings of a resolved verl config (plain dict) and grpo-lab's `lab` dict."""
+    a = "actor_rollout_ref."
+    n_gpus = int(_get(verl, "trainer.n_gpus_per_node", 1)) * int(_get(verl, "trainer.nnodes", 1))
+    override = _get(verl, a + "model.override_config", {}) or {}
+    entropy_coeff = _get(verl, a + "actor.entropy_coeff", 0) or 0
+    use_kl = bool(_get(verl, a + "actor.use_kl_loss", False)) or bool(_get(verl, "algorithm.use_kl_in_reward", False))
+    max_model_len = _get(verl, a + "rollout.max_model_len")
+    return Settings(
+        n_gpus=max(1, n_gpus),
+        card_gb=float(_get(lab, "hardware.gpu_memory_gb", 0) or 0),
+        host_ram_gb=_get(lab, "hardware.host_ram_gb"),
+        fsdp_size=int(_get(verl, a + "actor.fsdp_config.fsdp_size", -1)),
+        nnodes=max(1, int(_get(verl, "trainer.nnodes", 1) or 1)),
+        strategy=str(_get(verl, a + "actor.strategy", "fsdp") or "fsdp"),
+        ref_model_dtype=str(_get(verl, a + "ref.fsdp_config.model_dtype", "fp32") or "bf16"),
+        # verl 0.9.1: fsdp_config.ulysses_sequence_parallel_size; the deprecated actor key wins when above 1
+        sp_size=max(int(_get(verl, a + "actor.ulysses_sequence_parallel_size", 1) or 1),
+                    int(_get(verl, a + "actor.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)),
+        lora_rank=int(_get(verl, a + "model.lora_rank", 0) or 0),
+        lora_targets=_get(verl, a + "model.target_modules", "all-linear"),
+        param_offload=bool(_get(verl, a + "actor.fsdp_config.param_offload", False)),
+        optimizer_offload=bool(_get(verl, a + "actor.fsdp_config.optimizer_offload", False)),
+        model_dtype=str(_get(verl, a + "actor.fsdp_config.model_dtype", "fp32") or "fp32"),
+        gradient_checkpointing=bool(_get(verl, a + "model.enable_gradient_checkpointing", True)),
+        activation_offload=bool(_get(verl, a + "model.enable_activation_offload", False)),
+        attn_implementation=str(override.get("attn_implementation", "flash_attention_2")),
+        use_dynamic_bsz=bool(_get(verl, a + "actor.use_dynamic_bsz", False)),
+        ppo_max_token_len_per_gpu=int(_get(verl, a + "actor.ppo_max_token_len_per_gpu", 16384)),
+        ppo_micro_batch_size_per_gpu=_get(verl, a + "actor.ppo_micro_batch_size_per_gpu"),
+        entropy_in_update=bool(_get(verl, a + "actor.calculate_entropy", False)) or float(entropy_coeff) != 0.0,
+        entropy_checkpointing=bool(_get(verl, a + "actor.entropy_checkpointing", False)),
+        actor_entropy_chunking=bool(_get(verl, a + "actor.entropy_from_logits_with_chunking", False)),
+        entropy_chunk_size=int(_get(verl, a + "actor.entropy_from_logits_chunk_size", 2048)),
+        use_torch_compile=bool(_get(verl, a + "actor.use_torch_compile", True))
+        and bool(_get(verl, a + "actor.fsdp_config.use_torch_compile", True)),
+        max_prompt_length=int(_get(verl, "data.max_prompt_length", 512)),
+        max_response_length=int(_get(verl, "data.max_response_length", 512)),
+        log_prob_use_dynamic_bsz=bool(_get(verl, a + "rollout.log_prob_use_dynamic_bsz", False)),
+        log_prob_max_token_len_per_gpu=int(_get(verl, a + "rollout.log_prob_max_token_len_per_gpu", 16384)),
+        log_prob_micro_batch_size_per_gpu=_get(verl, a + "rollout.log_prob_micro_batch_size_per_gpu"),
+        ref_used=use_kl,
+        ref_log_prob_use_dynamic_bsz=bool(_get(verl, a + "ref.log_prob_use_dynamic_bsz", False)),
+        ref_log_prob_max_token_len_per_gpu=int(_get(verl, a + "ref.log_prob_max_token_len_per_gpu", 16384)),
+        ref_log_prob_micro_batch_size_per_gpu=_get(verl, a + "ref.log_prob_micro_batch_size_per_gpu"),
+        ref_entropy_chunking=bool(_get(verl, a + "ref.entropy_from_logits_with_chunking", False)),
+        rollout_engine=str(_get(verl, a + "rollout.name", "vllm")),
+        gpu_memory_utilization=float(_get(verl, a + "rollout.gpu_memory_utilization", 0.5)),
+        tp=int(_get(verl, a + "rollout.tensor_model_parallel_size", 1) or 1),
+        rollout_dp=int(_get(verl, a + "rollout.data_parallel_size", 1) or 1),
+        free_cache_engine=bool(_get(verl, a + "rollout.free_cache_engine", True)),
+        enforce_eager=bool(_get(verl, a + "rollout.enforce_eager", False)),
+        max_num_seqs=int(_get(verl, a + "rollout.max_num_seqs", 256)),
+        max_num_batched_tokens=int(_get(verl, a + "rollout.max_num_batched_tokens", 8192)),
+        enable_chunked_prefill=bool(_get(verl, a + "rollout.enable_chunked_prefill", True)),
+        max_model_len=int(max_model_len) if max_model_len else None,
+        layered_summon=bool(_get(verl, a + "rollout.layered_summon", False)),
+        vllm_kv_cache_bytes=_positive_int(_get(verl, a + "rollout.engine_kwargs.vllm.kv_cache_memory_bytes")),
+        bucket_mb=int(_get(verl, a + "rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
+        train_batch_size=int(_get(verl, "data.train_batch_size", 128)),
+        rollout_n=int(_get(verl, a + "rollout.n", 1)),
+    )
+
+
+def _positive_int(v: Any) -> int | None:
+    try:
+        n = int(float(v))
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None

@@ -1,0 +1,137 @@
+"""What would make a phase fit: the remedies plan.json lists under `remedies` for a phase that is tight or out of
+memory, each with the phase's peak and verdict after it, and a combination of them when no single one ends an `oom`.
+
+The order: vLLM's max_model_len first (free), then the guide's order: token budget, util, optimizer offload, LoRA;
+then what the guide does not list: rollout TP 2, parameter offload, a smaller weight-sync bucket. (`make fit`,
+grpo_lab/checks/fit.py, searches combinations of such settings for a whole config.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from grpo_lab.memory.memplan_arch import Arch, Settings
+from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, generation_verdict, phase_result
+
+# verl's LoRA example (and conf/model/qwen3_8b_lora.yaml), as overrides: rank 64 on all linear layers, safetensors
+# loading for vLLM; for models above 6B also the frozen base and the adapters' Adam state to RAM
+LORA_OVERRIDES = ("actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32 "
+                  "actor_rollout_ref.rollout.load_format=safetensors")
+OFFLOAD_OVERRIDES = ("actor_rollout_ref.actor.fsdp_config.param_offload=true "
+                     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+
+
+def _best_util(arch: Arch, s: Settings) -> float | None:
+    """The highest gpu_memory_utilization (0.05 steps) whose generation phase fits, else the lowest that can start.
+
+    "Can start": vLLM gets a KV cache that holds one max_model_len sequence; higher is more KV (throughput), lower is
+    more headroom, so among the tight ones the lowest is taken.
+    """
+    fits, tight = [], []
+    for k in range(19, 1, -1):
+        u = round(k * 0.05, 2)
+        v = generation_verdict(arch, replace(s, gpu_memory_utilization=u))
+        (fits if v == "fits" else tight if v == "tight" else []).append(u)
+    if fits:
+        return max(fits)
+    return min(tight) if tight else None
+
+
+def _best_token_budget(arch: Arch, s: Settings) -> int | None:
+    """The largest actor token budget (halving from the current, not below one sequence) whose training phase fits."""
+    t = s.ppo_max_token_len_per_gpu
+    while t > s.seq_len:
+        t = max(s.seq_len, t // 2)
+        s2 = _with_budget(s, t)
+        if phase_result(arch, s2, "training")[1] == "fits":
+            return t
+    return max(s.seq_len, t) if t != s.ppo_max_token_len_per_gpu else None
+
+
+def _with_budget(s: Settings, t: int) -> Settings:
+    return replace(s, ppo_max_token_len_per_gpu=t,
+                   log_prob_max_token_len_per_gpu=max(s.seq_len, min(s.log_prob_max_token_len_per_gpu, 2 * t)),
+                   ref_log_prob_max_token_len_per_gpu=max(s.seq_len, min(s.ref_log_prob_max_token_len_per_gpu, 2 * t)))
+
+
+def candidates(arch: Arch, s: Settings) -> list[tuple[str, Settings]]:
+    """(override, settings after it) for each remedy that applies to this configuration, in order."""
+    out: list[tuple[str, Settings]] = []
+    seq = s.seq_len
+    if not s.max_model_len and (arch.max_position_embeddings or 0) > seq:
+        out.append((f"actor_rollout_ref.rollout.max_model_len={seq}", replace(s, max_model_len=seq)))
+    if s.use_dynamic_bsz:
+        t = _best_token_budget(arch, s)
+        if t is not None:
+            s2 = _with_budget(s, t)
+            out.append((f"ppo_max_token_len_per_gpu={t} "
+                        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={s2.log_prob_max_token_len_per_gpu} "
+                        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={s2.ref_log_prob_max_token_len_per_gpu}",
+                        s2))
+    elif (s.ppo_micro_batch_size_per_gpu or 1) > 1:
+        m = max(1, (s.ppo_micro_batch_size_per_gpu or 1) // 2)
+        out.append((f"ppo_micro_batch_size_per_gpu={m}", replace(s, ppo_micro_batch_size_per_gpu=m)))
+    u = _best_util(arch, s)
+    if u is not None and abs(u - s.gpu_memory_utilization) > 1e-6:
+        out.append((f"rollout_gpu_mem_util={u}", replace(s, gpu_memory_utilization=u)))
+    if not s.optimizer_offload:
+        out.append(("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", replace(s, optimizer_offload=True)))
+    if s.lora_rank == 0:
+        big = arch.params() > 6e9
+        override = LORA_OVERRIDES + (" " + OFFLOAD_OVERRIDES if big else "")
+        out.append((override, replace(s, lora_rank=64, param_offload=big or s.param_offload,
+                                      optimizer_offload=big or s.optimizer_offload)))
+    tp2 = s.tp * 2
+    if s.n_gpus % tp2 == 0 and arch.num_attention_heads % tp2 == 0:
+        out.append((f"rollout_tp={tp2}", replace(s, tp=tp2)))
+    if not s.param_offload:
+        out.append(("actor_rollout_ref.actor.fsdp_config.param_offload=true", replace(s, param_offload=True)))
+    if s.bucket_mb > 512:
+        b = max(512, s.bucket_mb // 4)
+        out.append((f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={b}",
+                    replace(s, bucket_mb=b)))
+    return out
+
+
+def _improves(before: tuple[float, str], after: tuple[float, str]) -> bool:
+    return VERDICT_ORDER[after[1]] < VERDICT_ORDER[before[1]] or (after[1] == before[1] and after[0] < before[0] - 0.05)
+
+
+_FREE = "actor_rollout_ref.rollout.max_model_len"  # costs nothing (GRPO never generates past prompt + response)
+
+
+def _key(override: str) -> str:
+    return override.split("=")[0]
+
+
+def find_remedies(arch: Arch, s: Settings, phase: str) -> list[dict[str, Any]]:
+    """Remedies that improve this phase (better verdict, or a lower peak), each with the peak and verdict after it.
+
+    When no single one ends an `oom`, a last entry (combined: true) applies them one after another, in order, each
+    chosen on top of the previous, until the phase no longer runs out of memory.
+    """
+    before = phase_result(arch, s, phase)
+    out = []
+    for override, s2 in candidates(arch, s):
+        after = phase_result(arch, s2, phase)
+        if _improves(before, after):
+            out.append({"override": override, "peak_gb_per_gpu": after[0], "verdict": after[1]})
+    if before[1] == "oom" and not any(r["verdict"] != "oom" for r in out):
+        combo: list[str] = []
+        cur, cur_s = before, s
+        for _ in range(8):
+            step = next(((o, s2) for o, s2 in candidates(arch, cur_s)
+                         if _key(o) not in {_key(c) for c in combo}
+                         and (_key(o) == _FREE or _improves(cur, phase_result(arch, s2, phase)))),
+                        None)
+            if step is None:
+                break
+            combo.append(step[0])
+            cur_s = step[1]
+            cur = phase_result(arch, cur_s, phase)
+            if cur[1] != "oom":
+                break
+        if len(combo) > 1:
+            out.append({"override": " ".join(combo), "peak_gb_per_gpu": cur[0], "verdict": cur[1], "combined": True})
+    return out
