@@ -26,7 +26,8 @@ def test_a_registry_keeps_the_order_and_chooses_by_kind():
 
 @pytest.mark.parametrize("entry, says", [
     (Entry("x", "batch", "update"), "rule 'x' is registered twice"),
-    (Entry("y", "memroy", "update"), "rule 'y': kind 'memroy' is not one of batch, memory (RULE_KINDS in somewhere.py)"),
+    (Entry("y", "memroy", "update"),
+     "rule 'y': kind 'memroy' is not one of batch, memory (RULE_KINDS in somewhere.py)"),
     (Entry("y", "batch", "training"), "rule 'y': phase 'training' is not one of compose, preflight, start-up"),
     (Entry("Bad-id", "batch", "update"), "rule id 'Bad-id': use lower-case letters, digits and underscores"),
 ])
@@ -63,3 +64,27 @@ def test_a_rules_kind_is_its_own_not_its_modules():
     assert [RULES[f"memory_{p}"].phase for p in ("generation", "training", "weight_sync")] == [
         "rollout", "update", "weight sync"]
     assert {RULES[r].phase for r in ids()} <= set(PHASES)
+
+
+def test_the_doctors_match_order_is_the_one_before_the_registry():
+    """diagnose() runs the matchers in registration order and keeps it for diagnoses on one line: the order the
+    doctor had as a plain list (_SIGNATURE_ORDER) before its signatures had ids."""
+    from grpo_lab.after_run.doctor.signatures import SIGNATURES, matchers
+
+    assert [m.__name__ for m in matchers()] == [
+        "_cuda_oom", "_kv_cache", "_flashinfer", "_lora_no_shard", "_lora_empty_adapter", "_raylet", "_illegal_access",
+        "_nccl", "_triton", "_flash_attn", "_ray_env", "_hydra_missing_key", "_reward_fn", "_host_oom"]
+    assert {s.phase for s in SIGNATURES.values()} <= set(PHASES)
+
+
+def test_the_out_of_memory_kind_is_the_old_prefix_test():
+    """The sweep summary's "OOM in ..." (doctor.failure_class) is chosen by kind now, no longer by id prefix; the kind
+    holds the same ids the prefix test matched."""
+    from grpo_lab.after_run import doctor
+    from grpo_lab.after_run.doctor.signatures import SIGNATURES
+
+    by_prefix = {s for s in SIGNATURES if s.startswith(("oom_", "vllm_kv")) or s == "vllm_startup_free_memory"}
+    assert set(SIGNATURES.ids("gpu memory")) == by_prefix and len(by_prefix) == 5
+    for s in SIGNATURES:
+        d = doctor.Diagnosis(s, "t", "e", "r", phase="training")
+        assert (doctor.failure_class([d]) == "OOM in training") == (s in by_prefix), s

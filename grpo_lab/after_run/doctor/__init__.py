@@ -17,17 +17,19 @@ The modules, in the order a log passes them: logread (the log's lines, the confi
 Diagnosis), signatures (the known error texts, in match order), stops (a log that ends without an error, a dead
 engine, a gone process), verdict (diagnose, a job folder, the preflight's refusal, diagnosis.json), watchdog (a
 running job), command (the command line; __main__ runs it). This package re-exports what other modules use.
+Every diagnosis id is registered in SIGNATURES (signatures.py), in the shape the preflight's rules share
+(grpo_lab/registry.py: id, kind, phase).
 """
 
 from grpo_lab.after_run.doctor.logread import Diagnosis, Log, Values, printed_config, read_json, read_log
-from grpo_lab.after_run.doctor.signatures import generation_oom_overrides, training_oom_overrides
+from grpo_lab.after_run.doctor.signatures import SIGNATURES, generation_oom_overrides, training_oom_overrides
 from grpo_lab.after_run.doctor.stops import gone_running
 from grpo_lab.after_run.doctor.verdict import (NOT_A_LOG, diagnose, diagnose_file, diagnose_path, errors_in,
                                                failure_class, format_diagnoses, not_a_log, refusal, write_diagnosis)
 from grpo_lab.after_run.doctor.watchdog import ProgressWatchdog, watch_progress
 from grpo_lab.after_run.doctor.command import main
 
-__all__ = ["NOT_A_LOG", "Diagnosis", "Log", "ProgressWatchdog", "Values", "diagnose", "diagnose_file",
+__all__ = ["NOT_A_LOG", "SIGNATURES", "Diagnosis", "Log", "ProgressWatchdog", "Values", "diagnose", "diagnose_file",
            "diagnose_path", "errors_in", "failure_class", "format_diagnoses", "generation_oom_overrides",
            "gone_running", "main", "not_a_log", "printed_config", "read_json", "read_log", "refusal",
            "training_oom_overrides", "watch_progress", "write_diagnosis"]

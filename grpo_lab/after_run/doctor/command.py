@@ -10,6 +10,7 @@ from pathlib import Path
 
 from grpo_lab.after_run.doctor.verdict import NOT_A_LOG, diagnose_path, format_diagnoses
 
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m grpo_lab.after_run.doctor",
                                  description="Diagnose a verl job's log (or a job dir's train.log).")

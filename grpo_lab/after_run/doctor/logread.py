@@ -255,6 +255,7 @@ def read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
 
+
 def load_yaml(path: Path) -> dict[str, Any] | None:
     try:
         import yaml

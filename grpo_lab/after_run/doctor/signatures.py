@@ -1,13 +1,78 @@
 """The doctor's signatures: the error texts of verl 0.9.1 + vLLM + Ray on small boxes, each read into a diagnosis
-with the overrides to try. A CUDA out-of-memory is placed in its phase from the traceback frames around it."""
+with the overrides to try. A CUDA out-of-memory is placed in its phase from the traceback frames around it.
+
+Every diagnosis id the doctor can give is an entry of SIGNATURES, the shape the preflight's rules share
+(grpo_lab/registry.py): its id, its kind (SIGNATURE_KINDS: what failed) and the phase of the job it concerns. A
+matcher registers the ids it gives, one `@signature("id", kind=..., phase=...)` each:
+
+    @signature("vllm_no_flashinfer", kind="packages", phase="start-up")
+    def _flashinfer(log: Log, v: Values) -> list[Diagnosis]: ...
+
+The matchers run in the order they are registered (this file's order: matchers()); the ids of one matcher register
+from its innermost decorator out, an order that decides nothing. The ids that no matcher gives (where the log
+stopped, a dead engine, the preflight's refusal, a file that is no log) register with known(). tests/test_doctor.py
+checks that every id is tested and that each matcher is registered under exactly the ids its code builds.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Callable
 
 from grpo_lab.cli.config import get as _get
+from grpo_lab.registry import Entry, Registry
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
+
+Matcher = Callable[[Log, Values], list[Diagnosis]]
+
+# what a diagnosis says failed
+SIGNATURE_KINDS = {
+    "gpu memory": "a card ran out of memory, or the rollout engine found too little of it (failure class: OOM)",
+    "host memory": "the host's RAM ran out",
+    "kernels": "a CUDA kernel failed, or could not be compiled",
+    "packages": "a package verl or vLLM imports is missing, or built for another torch",
+    "lora": "handing the LoRA adapter to the rollout engine",
+    "ray": "Ray: its workers, its runtime_env, its CPUs, its actors",
+    "nccl": "NCCL communication between the GPUs",
+    "engine": "the rollout engine died",
+    "config": "an override of a key the config does not have",
+    "reward": "the custom reward file",
+    "stop": "the log stops with no error",
+    "refusal": "the preflight refused the job: nothing was started",
+    "input": "the file given is no log",
+}
+
+
+@dataclass(frozen=True)
+class Signature(Entry):
+    """A diagnosis the doctor can give, and the matcher that finds it in a log (None: known())."""
+
+    matcher: Matcher | None = None
+
+
+SIGNATURES: Registry[Signature] = Registry("doctor signature", SIGNATURE_KINDS,
+                                           "SIGNATURE_KINDS in grpo_lab/after_run/doctor/signatures.py")
+
+
+def signature(sid: str, *, kind: str, phase: str) -> Callable[[Matcher], Matcher]:
+    """Register a matcher under an id it gives (a matcher that gives several has one decorator per id)."""
+
+    def deco(fn: Matcher) -> Matcher:
+        SIGNATURES.add(Signature(sid, kind, phase, fn))
+        return fn
+
+    return deco
+
+
+def known(sid: str, *, kind: str, phase: str) -> str:
+    """Register a diagnosis that no matcher gives (it comes from where the log stopped, a job's files); its id."""
+    return SIGNATURES.add(Signature(sid, kind, phase)).id
+
+
+def matchers() -> list[Matcher]:
+    """The matchers in match order: diagnose() runs each on the log (diagnoses on one line keep this order)."""
+    return list(dict.fromkeys(s.matcher for s in SIGNATURES.values() if s.matcher is not None))
 
 # ---------------------------------------------------------------------------------------------------------------------
 # phase of a CUDA error: generation (vLLM) or training (FSDP worker)
@@ -73,14 +138,6 @@ _HYDRA_APPEND = re.compile(r"To append to your config use (\S+)")
 _HOST_OOM = re.compile(r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory|"
                        r"is killed by signal: Killed")
 
-# the match order: diagnose() runs them in this order (the order of the functions below)
-MATCHERS: list[Callable[[Log, Values], list[Diagnosis]]] = []
-
-
-def _signature(fn: Callable[[Log, Values], list[Diagnosis]]) -> Callable[[Log, Values], list[Diagnosis]]:
-    MATCHERS.append(fn)
-    return fn
-
 
 def _keep(*items: str | None) -> list[str]:
     return [x for x in items if x]
@@ -133,7 +190,9 @@ def _generation_oom(log: Log, i: int, v: Values) -> Diagnosis:
         overrides=generation_oom_overrides(v))
 
 
-@_signature
+@signature("oom_training", kind="gpu memory", phase="update")
+@signature("oom_generation", kind="gpu memory", phase="rollout")
+@signature("oom_unknown_phase", kind="gpu memory", phase="any")
 def _cuda_oom(log: Log, v: Values) -> list[Diagnosis]:
     hits = log.find(_OOM)
     if not hits:
@@ -165,7 +224,8 @@ def _cuda_oom(log: Log, v: Values) -> list[Diagnosis]:
     return out
 
 
-@_signature
+@signature("vllm_kv_cache_too_small", kind="gpu memory", phase="start-up")
+@signature("vllm_startup_free_memory", kind="gpu memory", phase="start-up")
 def _kv_cache(log: Log, v: Values) -> list[Diagnosis]:
     out = []
     i = log.first(_KV_NONE)
@@ -193,7 +253,7 @@ def _kv_cache(log: Log, v: Values) -> list[Diagnosis]:
     return out
 
 
-@_signature
+@signature("vllm_no_flashinfer", kind="packages", phase="start-up")
 def _flashinfer(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_FLASHINFER)
     if i is None:
@@ -211,7 +271,7 @@ def _flashinfer(log: Log, v: Values) -> list[Diagnosis]:
 _LORA_NO_SHARD = re.compile(r"offload_to_cpu=True and NO_SHARD is not supported yet")
 
 
-@_signature
+@signature("lora_fsdp_no_shard", kind="lora", phase="weight sync")
 def _lora_no_shard(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_LORA_NO_SHARD)
     if i is None:
@@ -232,7 +292,7 @@ def _lora_no_shard(log: Log, v: Values) -> list[Diagnosis]:
 _LORA_EMPTY = re.compile(r"in _create_merged_loras_inplace|first_lora: LoRALayerWeights = next\(iter\(")
 
 
-@_signature
+@signature("lora_empty_adapter", kind="lora", phase="weight sync")
 def _lora_empty_adapter(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_LORA_EMPTY)
     if i is None:
@@ -249,7 +309,7 @@ def _lora_empty_adapter(log: Log, v: Values) -> list[Diagnosis]:
         overrides=["actor_rollout_ref.actor.strategy=fsdp2"])]
 
 
-@_signature
+@signature("ray_register_worker", kind="ray", phase="start-up")
 def _raylet(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_RAYLET)
     if i is None:
@@ -268,7 +328,7 @@ def _raylet(log: Log, v: Values) -> list[Diagnosis]:
         overrides=[f"ray_kwargs.ray_init.num_cpus={need}"])]
 
 
-@_signature
+@signature("illegal_memory_access", kind="kernels", phase="any")
 def _illegal_access(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_ILLEGAL)
     if i is None:
@@ -301,7 +361,7 @@ def nccl_diagnosis(evidence: str, line: int | None, how: str) -> Diagnosis:
         overrides=[env_override("NCCL_P2P_DISABLE", "1"), env_override("NCCL_DEBUG", "INFO")])
 
 
-@_signature
+@signature("nccl_hang", kind="nccl", phase="any")
 def _nccl(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_NCCL)
     if i is None:
@@ -309,7 +369,7 @@ def _nccl(log: Log, v: Values) -> list[Diagnosis]:
     return [nccl_diagnosis(log.evidence(i), i + 1, "(collective timed out or failed)")]
 
 
-@_signature
+@signature("triton_compile", kind="kernels", phase="any")
 def _triton(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_TRITON)
     if i is None:
@@ -328,7 +388,7 @@ def _triton(log: Log, v: Values) -> list[Diagnosis]:
                       evidence=log.evidence(i), line=i + 1, remedy=remedy, overrides=overrides)]
 
 
-@_signature
+@signature("flash_attn_import", kind="packages", phase="start-up")
 def _flash_attn(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_FA2)
     if i is None:
@@ -343,7 +403,7 @@ def _flash_attn(log: Log, v: Values) -> list[Diagnosis]:
         overrides=["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"])]
 
 
-@_signature
+@signature("ray_env_var_type", kind="ray", phase="start-up")
 def _ray_env(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_RAY_ENV)
     if i is None:
@@ -364,7 +424,7 @@ def _ray_env(log: Log, v: Values) -> list[Diagnosis]:
         overrides=overrides)]
 
 
-@_signature
+@signature("hydra_new_key", kind="config", phase="compose")
 def _hydra_missing_key(log: Log, v: Values) -> list[Diagnosis]:
     i = log.first(_HYDRA_APPEND)
     if i is None:
@@ -389,7 +449,8 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 _EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)")
 
 
-@_signature
+@signature("reward_fn_load", kind="reward", phase="start-up")
+@signature("reward_fn_raised", kind="reward", phase="reward")
 def _reward_fn(log: Log, v: Values) -> list[Diagnosis]:
     """The custom reward file failed in verl's reward worker: at import (the worker's start) or when scoring."""
     i = log.first(_REWARD_LOAD)
@@ -440,7 +501,7 @@ def _reward_fn(log: Log, v: Values) -> list[Diagnosis]:
         overrides=[])]
 
 
-@_signature
+@signature("host_ram_oom", kind="host memory", phase="any")
 def _host_oom(log: Log, v: Values) -> list[Diagnosis]:
     end = log.first(END_MARKERS)
     for i in log.find(_HOST_OOM):

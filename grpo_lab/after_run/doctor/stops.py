@@ -14,7 +14,14 @@ from grpo_lab import facts
 from grpo_lab.launch.fatal import RAY, root_cause, strip
 from grpo_lab.launch.fatal import fatal as fatal_line
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
-from grpo_lab.after_run.doctor.signatures import nccl_diagnosis
+from grpo_lab.after_run.doctor.signatures import known, nccl_diagnosis
+
+# the diagnoses of this module: no matcher finds them, they come from where the log stops or from a dead engine
+# (a stop at NCCL initialisation is the nccl_hang signature's)
+known("ray_cpu_budget_hang", kind="ray", phase="start-up")
+known("stopped_without_error", kind="stop", phase="any")
+known("engine_died", kind="engine", phase="rollout")
+known("ray_actor_died", kind="ray", phase="any")
 
 # ---------------------------------------------------------------------------------------------------------------------
 # silent stops: where did the log stop?
@@ -119,6 +126,7 @@ def stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Dia
 # ---------------------------------------------------------------------------------------------------------------------
 # an engine or actor that died, a process that is gone
 
+
 def engine_died(log: Log) -> list[Diagnosis]:
     """A log with a fatal line (grpo_lab/launch/fatal.py) that no signature explains: which engine or actor died, the first
     error behind it, and that nothing is suggested blindly."""
@@ -144,6 +152,7 @@ def engine_died(log: Log) -> list[Diagnosis]:
                           evidence=clean[i].strip()[:300], line=i + 1,
                           phase=None if engine == RAY else "generation", remedy=remedy, overrides=[])]
     return []
+
 
 def gone_running(status: dict[str, Any]) -> str | None:
     """Why a status.json that says "running" is not true any more, or None when it may be.

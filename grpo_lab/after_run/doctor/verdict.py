@@ -13,8 +13,9 @@ from grpo_lab import facts
 from grpo_lab.after_run import logkind
 from grpo_lab.after_run.doctor.logread import (Diagnosis, Log, Values, load_yaml, printed_config, ray_init_kwargs,
                                                read_json, read_log)
-from grpo_lab.after_run.doctor.signatures import MATCHERS
+from grpo_lab.after_run.doctor.signatures import SIGNATURES, known, matchers
 from grpo_lab.after_run.doctor.stops import engine_died, stall
+
 
 def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float | None = None,
              stale_minutes: float = 10.0, stalls: bool = True) -> list[Diagnosis]:
@@ -29,7 +30,7 @@ def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float |
     printed = printed_config(log)
     values = Values(config or printed, ray_init_kwargs(log))
     found: list[Diagnosis] = []
-    for fn in MATCHERS:
+    for fn in matchers():
         found.extend(fn(log, values))
     if not found:  # an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/launch/fatal.py)
         found = engine_died(log)
@@ -52,13 +53,17 @@ def failure_class(diagnoses: Iterable[Diagnosis]) -> str:
         if d.id == "preflight_refused":
             return "refused: " + d.title[d.title.find("(") + 1:d.title.find(")")]
     for d in ds:  # the first memory error decides
-        if d.id.startswith("oom_") or d.id.startswith("vllm_kv") or d.id == "vllm_startup_free_memory":
+        if SIGNATURES.kind_of(d.id) == "gpu memory":
             if d.phase == "training":
                 return "OOM in training"
             if d.phase == "generation":
                 return "OOM in generation"
             return "OOM (phase unknown)"
     return "other failure"
+
+
+known("preflight_refused", kind="refusal", phase="preflight")
+
 
 def refusal(job_dir: str | Path) -> Diagnosis | None:
     """The preflight's refusal of a job (status.json failed before anything started, plan.json's errors), or None.
@@ -118,7 +123,7 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
                               stalls=status.get("status") != "ok")
 
 
-NOT_A_LOG = "not_a_log"
+NOT_A_LOG = known("not_a_log", kind="input", phase="any")
 
 
 def not_a_log(path: Path, text: str) -> Diagnosis:
@@ -131,6 +136,7 @@ def not_a_log(path: Path, text: str) -> Diagnosis:
                 + logkind.described() + "), so there is nothing to diagnose and nothing is suggested. Give the "
                 "doctor a job's log: make doctor LOG=outputs/runs/<job>/train.log (or the job's folder), or the "
                 "console output of a verl run."))
+
 
 def format_diagnoses(diagnoses: list[Diagnosis], source: str = "") -> str:
     if not diagnoses:

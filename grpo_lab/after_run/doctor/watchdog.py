@@ -15,6 +15,7 @@ from grpo_lab.after_run.doctor.logread import Log, read_log, without_prefixes
 from grpo_lab.after_run.doctor.stops import NOISE
 from grpo_lab.after_run.doctor.verdict import diagnose
 
+
 def _last_step_line(text: str) -> int | None:
     steps = Log.of(text[-200_000:]).steps()
     return max(steps) if steps else None
