@@ -232,6 +232,10 @@ def env_override(name: str, value: str) -> str:
     return f'++ray_kwargs.ray_init.runtime_env.env_vars.{name}="{value}"'
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# a job's files
+
+
 def read_log(path: Path, limit: int = 32 << 20) -> str:
     """A log's text; of a huge one its head (where verl prints its config) and its tail (where it ended)."""
     try:
@@ -257,6 +261,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def load_yaml(path: Path) -> dict[str, Any] | None:
+    """A YAML mapping from a file (a job's verl_config.yaml), or None when it is missing or not one."""
     try:
         import yaml
 

@@ -74,6 +74,7 @@ def matchers() -> list[Matcher]:
     """The matchers in match order: diagnose() runs each on the log (diagnoses on one line keep this order)."""
     return list(dict.fromkeys(s.matcher for s in SIGNATURES.values() if s.matcher is not None))
 
+
 # ---------------------------------------------------------------------------------------------------------------------
 # phase of a CUDA error: generation (vLLM) or training (FSDP worker)
 

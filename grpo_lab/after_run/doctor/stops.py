@@ -29,9 +29,9 @@ known("ray_actor_died", kind="ray", phase="any")
 _KILLED = re.compile(r"SIGTERM received|^KeyboardInterrupt|Command exited with non-zero status|^Terminated|"
                      r"Terminated with signal|received signal|SIGINT|^\^C")
 NOISE = re.compile(r"SIGTERM received|^Command exited with non-zero status|^WALL |The autoscaler failed|"
-                    r"^Terminated|^\s*@\s+0x|logging\.cc:\d+|^PC: @|autoscaler/_private|monitor\.run\(\)|"
-                    r"self\._run\(\)|AUTOSCALER_UPDATE_INTERVAL_S|^\s*$|\(autoscaler \+|grpo-lab watchdog|"
-                    r"resource request cannot be scheduled|Tip: use `ray status`|KeyboardInterrupt")
+                   r"^Terminated|^\s*@\s+0x|logging\.cc:\d+|^PC: @|autoscaler/_private|monitor\.run\(\)|"
+                   r"self\._run\(\)|AUTOSCALER_UPDATE_INTERVAL_S|^\s*$|\(autoscaler \+|grpo-lab watchdog|"
+                   r"resource request cannot be scheduled|Tip: use `ray status`|KeyboardInterrupt")
 _CONFIG_PRINT = re.compile(r"^ray init kwargs:|^\{'actor_rollout_ref'")
 _AFTER_CONFIG = re.compile(r"Using dataset class|dataset len|Total training steps|create worker group|"
                            r"colocated worker base class")
