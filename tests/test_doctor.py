@@ -1,8 +1,13 @@
-"""The failure doctor on recorded verl 0.9.1 logs (H200) and synthetic logs built from real error texts."""
+"""The failure doctor on recorded verl 0.9.1 logs (H200) and synthetic logs built from real error texts; a check that
+every registered signature id is exercised by a doctor test, and that the ids the doctor's code gives are the ids
+registered (with the matcher that gives them)."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -14,6 +19,7 @@ import pytest
 import yaml
 
 from grpo_lab.after_run import doctor
+from grpo_lab.after_run.doctor.signatures import SIGNATURES
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
@@ -21,6 +27,9 @@ synth = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(synth)
 
 SYN = FIXTURES / "synthetic"
+ROOT = Path(__file__).resolve().parent.parent
+# the tests that run the doctor
+DOCTOR_TESTS = ("test_doctor.py", "test_fatal.py", "test_preflight_reward.py", "test_refusals.py")
 
 
 def ids(text: str, **kw) -> list[str]:
@@ -31,6 +40,69 @@ def one(path: Path, **kw) -> doctor.Diagnosis:
     ds = doctor.diagnose(path.read_text(), **kw)
     assert len(ds) == 1, [d.id for d in ds]
     return ds[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the registry of signatures (grpo_lab/registry.py's shape, as the preflight's rules)
+
+
+def test_every_signature_id_has_a_test():
+    text = "".join((ROOT / "tests" / name).read_text() for name in DOCTOR_TESTS)
+    untested = [s for s in SIGNATURES if f'"{s}"' not in text]
+    assert untested == []
+
+
+def _id_values(node: ast.expr, module) -> set[str]:
+    """The strings a Diagnosis's id= can be: a literal, a module constant, either branch of `a if x else b`."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Name) and isinstance(getattr(module, node.id, None), str):
+        return {getattr(module, node.id)}
+    if isinstance(node, ast.IfExp):
+        return _id_values(node.body, module) | _id_values(node.orelse, module)
+    raise AssertionError(f"{module.__name__}: a Diagnosis id this test cannot read: {ast.unparse(node)}")
+
+
+def _ids_given(module) -> dict[str, set[str]]:
+    """Top-level function -> the Diagnosis ids it builds, itself or through the module's functions it calls."""
+    tree = ast.parse(inspect.getsource(module))
+    own: dict[str, set[str]] = {}
+    calls: dict[str, set[str]] = {}
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        own[fn.name], calls[fn.name] = set(), set()
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                calls[fn.name].add(node.func.id)
+                if node.func.id == "Diagnosis":
+                    (value,) = [k.value for k in node.keywords if k.arg == "id"]
+                    own[fn.name] |= _id_values(value, module)
+    given = {}
+    for name in own:
+        seen, todo = set(), [name]
+        while todo:
+            f = todo.pop()
+            if f not in seen and f in own:
+                seen.add(f)
+                todo += calls[f]
+        given[name] = set().union(*(own[f] for f in seen))
+    return given
+
+
+def test_the_ids_the_doctor_gives_are_registered_with_their_matchers():
+    """Each matcher is registered under exactly the ids its code builds; every other id the doctor builds (where the
+    log stopped, a dead engine, a refusal, no log) is registered too, and every registered id is built somewhere."""
+    built: set[str] = set()
+    for name in ("logread", "signatures", "stops", "verdict", "watchdog", "command"):
+        module = importlib.import_module(f"grpo_lab.after_run.doctor.{name}")
+        given = _ids_given(module)
+        built |= set().union(*given.values())
+        for entry in SIGNATURES.values():
+            if entry.matcher is not None and entry.matcher.__module__ == module.__name__:
+                registered = {s.id for s in SIGNATURES.values() if s.matcher is entry.matcher}
+                assert given[entry.matcher.__name__] == registered, entry.matcher.__name__
+    assert built == set(SIGNATURES)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -94,6 +166,7 @@ def test_the_start_up_time_it_quotes_is_a_recorded_one(tmp_path):
     (job / "train.log").write_text((LORA_JOB / "train.log").read_text())
     (job / "status.json").write_text(json.dumps({"status": "failed", "error": None}))
     (d,) = doctor.diagnose_path(job)[1]
+    assert d.id == "stopped_without_error" and "before the first step" in d.title
     cited = re.search(r"\((benchmarks/gpu/results/\S+?)\)", d.remedy).group(1)
     root = Path(__file__).resolve().parent.parent
     phases = dict(re.findall(r"^(\S.*?\S)\s+([0-9.]+)$", (root / cited).read_text(), re.M))
@@ -179,7 +252,7 @@ def test_log_prob_pass_oom_is_training_with_entropy_hint():
             '  File "/root/site/verl/utils/torch_functional.py", line 148, in entropy_from_logits\n'
             f"{OOM_LINE}\n")
     (d,) = doctor.diagnose(text)
-    assert d.phase == "training"
+    assert (d.id, d.phase) == ("oom_training", "training")
     assert "entropy_from_logits_with_chunking" in d.remedy
 
 
@@ -233,17 +306,17 @@ def test_synthetic_signature(name, expected_id, override):
 
 def test_nccl_hang_evidence_is_where_it_stopped_not_the_ctrl_c():
     d = one(SYN / "nccl_init_hang_rtx4080.log")
-    assert "NCCL version" in d.evidence and "at initialisation" in d.title
+    assert d.id == "nccl_hang" and "NCCL version" in d.evidence and "at initialisation" in d.title
 
 
 def test_illegal_memory_access_in_generation_points_to_vllm():
     d = one(SYN / "cuda_illegal_memory_access_generation.log")
-    assert d.phase == "generation" and "vLLM's troubleshooting" in d.remedy
+    assert (d.id, d.phase) == ("illegal_memory_access", "generation") and "vLLM's troubleshooting" in d.remedy
 
 
 def test_triton_error_mentions_the_compiler():
     d = one(SYN / "triton_compile_module_from_src.log")
-    assert "C compiler" in d.remedy
+    assert d.id == "triton_compile" and "C compiler" in d.remedy
 
 
 def test_nccl_timeout_and_older_flash_attn_text():

@@ -129,6 +129,25 @@ def test_the_doctor_reads_the_recorded_lora_failure_as_a_dead_engine():
     assert [x.id for x in doctor.diagnose("\n".join(_flashinfer_block()))] == ["vllm_no_flashinfer"]
 
 
+def test_the_doctor_reads_a_dead_ray_actor_as_such():
+    """A Ray actor of verl's that died of an error no signature knows (here the reward worker's constructor): named
+    as a dead actor with its root exception and frame, nothing suggested, no generation phase (it is no engine)."""
+    text = ("(TaskRunnerV1 pid=3) step:1 - a:1\n"
+            "(RewardLoopWorker pid=7) Traceback (most recent call last):\n"
+            '(RewardLoopWorker pid=7)   File "/root/site/verl/experimental/reward_loop/worker.py", line 41, in '
+            "__init__\n"
+            "(RewardLoopWorker pid=7)     self.tokenizer = load(path)\n"
+            "(RewardLoopWorker pid=7) OSError: /models/missing does not appear to have a file named config.json\n"
+            "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
+            "ray::reward_loop_worker_0:RewardLoopWorker.__init__()\n")
+    (d,) = doctor.diagnose(text)
+    assert d.id == "ray_actor_died" and d.overrides == [] and d.phase is None and d.line == 6
+    assert d.title == ("a Ray actor of verl's died: OSError: /models/missing does not appear to have a file named "
+                       "config.json (/root/site/verl/experimental/reward_loop/worker.py:41 in __init__)")
+    assert "restarts neither its rollout engine nor its Ray actors" in d.remedy
+    assert doctor.failure_class([d]) == "other failure"
+
+
 # ---- the watcher on a growing log (no Ray) -----------------------------------------------------------------------
 
 def _watch(tmp_path, **kw):

@@ -134,9 +134,10 @@ def _no_fit(checker: FixChecker, report: PreflightReport) -> str:
     """With memory errors: "" when the offered fix (`fix all`, or the one error's fix) leaves every phase of the
     memory plan fitting (no memory rule left, not even a tight warning: make fit's "fits"); else why not."""
     from grpo_lab.cli.apply import parse
-    from grpo_lab.checks.rules.memory import MEMORY_RULES
+    from grpo_lab.checks.rules import memory_ids
 
-    if not any(p.rule in MEMORY_RULES for p in report.errors):
+    memory_rules = set(memory_ids())
+    if not any(p.rule in memory_rules for p in report.errors):
         return ""
     if len(report.errors) > 1:
         offered, what = (report.fix_all if report.fix_all_passes else ""), "with the fixes above together"
@@ -147,7 +148,7 @@ def _no_fit(checker: FixChecker, report: PreflightReport) -> str:
     parsed = parse(offered) if offered else None
     if not parsed:
         return "no set of overrides above clears them"
-    left = [q for q in checker.evaluate(parsed) if q.rule in MEMORY_RULES and q.level != "note"]
+    left = [q for q in checker.evaluate(parsed) if q.rule in memory_rules and q.level != "note"]
     if not left:
         return ""
     return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {left[0].message.split('. ')[0]}"

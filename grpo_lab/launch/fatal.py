@@ -1,5 +1,5 @@
 """A run whose engine died ends: the fatal lines of vLLM, SGLang and Ray, and a watcher that stops verl's job on them
-(the doctor reads the same lines: grpo_lab/after_run/doctor.py's engine_died diagnosis).
+(the doctor reads the same lines: grpo_lab/after_run/doctor/stops.py's engine_died diagnosis).
 
     watch = FatalWatch(log_path, stop=lambda: ray.kill(runner), diagnose=doctor.errors_in)   # launch.run_verl
     watch.start(); ...; watch.job_done(); watch.stop()

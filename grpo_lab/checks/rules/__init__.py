@@ -1,6 +1,7 @@
-"""The preflight's rules: one function per rule id, registered with `@rule("id")`, run over one read-only context.
+"""The preflight's rules: one function per rule id, registered with `@rule("id", kind=..., phase=...)`, run over one
+read-only context.
 
-    @rule("batch_divisibility")
+    @rule("batch_divisibility", kind="batch", phase="update")
     def batch_divisibility(c: Ctx) -> Iterable[Problem]:
         if ...: yield error("what is wrong, with the numbers", "the_override=that_fixes_it")
 
@@ -10,6 +11,11 @@ lists are tuples), `c.environ` / `c.launching` (the environment) and what the co
 error (refuses the launch), warn, oom (a predicted out-of-memory: an error under preflight.strict, else a warning)
 or note. A fix is one or more alternatives separated by "  or  ", each a list of overrides as typed after
 `python run.py`; grpo_lab.checks.fixes applies them to a copy of the config and runs the rules again before they are printed.
+
+A rule is an entry of grpo_lab/registry.py, the shape the doctor's signatures share: an id, a kind (RULE_KINDS:
+what it is about; `ids(kind="memory")` / `memory_ids()` list the rules of one) and the phase of a job it concerns
+(registry.PHASES). The kind is given with each rule, not taken from its module: a rule moved to another module keeps
+it.
 
 The rule modules: rules.batch (arithmetic of batches, tokens, data), rules.values (values verl takes but cannot
 use), rules.setup (Ray, keys, recipes, the model, the machine), rules.memory (the memory plan's verdicts), rules.reward (the
@@ -25,6 +31,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
 
 from grpo_lab.cli.config import get as _get
+from grpo_lab.registry import Entry, Registry
 
 A = "actor_rollout_ref."
 ALT = "  or  "  # between the alternatives of one fix
@@ -70,23 +77,35 @@ def note(message: str) -> Problem:
 RuleFn = Callable[["Ctx"], Iterable[Problem]]
 
 
+# what a rule can be about
+RULE_KINDS = {
+    "batch": "the arithmetic of batches, tokens and data (rules.batch)",
+    "values": "values verl takes but cannot use (rules.values)",
+    "setup": "Ray, config keys, recipes, the rollout engine, the machine (rules.setup)",
+    "memory": "a phase that does not fit the cards or the host's RAM: what make fit (grpo_lab/checks/fit.py) is "
+              "there to clear, and what the preflight's fix all must leave fitting",
+    "plan": "which model the memory plan planned, and what it skipped (rules.memory)",
+    "reward": "the custom reward file, imported and called as verl will (rules.reward)",
+    "emulation": "a smaller card rehearsed on a bigger one (rules.emulation)",
+    "verl_issue": "configurations verl's issue tracker reported failing late (rules.verl_issues)",
+}
+
+
 @dataclass(frozen=True)
-class Rule:
-    id: str
+class Rule(Entry):
     fn: RuleFn
     launching_only: bool = False
 
 
-RULES: dict[str, Rule] = {}
+RULES: Registry[Rule] = Registry("rule", RULE_KINDS, "RULE_KINDS in grpo_lab/checks/rules/__init__.py")
 
 
-def rule(rule_id: str, *, launching_only: bool = False) -> Callable[[RuleFn], RuleFn]:
-    """Register a rule function under its id (ids are unique; the registration order is the report's order)."""
+def rule(rule_id: str, *, kind: str, phase: str, launching_only: bool = False) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule function under its id, kind and phase (ids are unique; the registration order is the report's
+    order)."""
 
     def deco(fn: RuleFn) -> RuleFn:
-        if rule_id in RULES:
-            raise ValueError(f"rule {rule_id!r} registered twice")
-        RULES[rule_id] = Rule(rule_id, fn, launching_only)
+        RULES.add(Rule(rule_id, kind, phase, fn, launching_only))
         return fn
 
     return deco
@@ -175,9 +194,15 @@ def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
     return out
 
 
-def ids() -> list[str]:
+def ids(kind: str | None = None) -> list[str]:
+    """Every rule id, or those of one kind (RULE_KINDS), in the report's order."""
     _load()
-    return list(RULES)
+    return RULES.ids(kind)
+
+
+def memory_ids() -> list[str]:
+    """The memory rules (kind "memory"): what make fit clears, and what the preflight's fix all must leave fitting."""
+    return ids("memory")
 
 
 def launching_only_ids() -> list[str]:

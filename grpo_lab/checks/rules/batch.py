@@ -197,7 +197,7 @@ def _legacy_share(c: Ctx) -> str:
             f"trajectories against {mt // dp} per GPU per mini-batch) at the first actor update")
 
 
-@rule("train_batch_vs_mini_batch")
+@rule("train_batch_vs_mini_batch", kind="batch", phase="update")
 def train_batch_vs_mini_batch(c: Ctx) -> Iterable[Problem]:
     """verl #559, #1265. Without dynamic batching verl 0.9.1's validate_config refuses it (ActorConfig.validate,
     verl/workers/config/actor.py); with it the legacy trainer fails at the first update and the V1 trainer pads the
@@ -218,7 +218,7 @@ def train_batch_vs_mini_batch(c: Ctx) -> Iterable[Problem]:
         yield warn(f"{what}: there is not one full update per step. {m.name} runs it: {padding_text(c)}", fix)
 
 
-@rule("updates_per_step_integer")
+@rule("updates_per_step_integer", kind="batch", phase="update")
 def updates_per_step_integer(c: Ctx) -> Iterable[Problem]:
     """A step that is not whole mini-batches: the V1 trainer pads it (with or without dynamic batching), the legacy
     trainer fails at the first update (Mode)."""
@@ -235,7 +235,7 @@ def updates_per_step_integer(c: Ctx) -> Iterable[Problem]:
         yield error(f"{what}. {m.name}: {_legacy_share(c)}", fix)
 
 
-@rule("batch_divisibility")
+@rule("batch_divisibility", kind="batch", phase="update")
 def batch_divisibility(c: Ctx) -> Iterable[Problem]:
     """verl #473, #606, #1004 ('only support equal chunk', 'real_train_batch_size must be divisible by minimal possible
     batch size'). Without dynamic batching verl 0.9.1's validate_config asserts train_batch_size x n % n_gpus (all the
@@ -267,7 +267,7 @@ def batch_divisibility(c: Ctx) -> Iterable[Problem]:
                         _batch_fix_text(c))
 
 
-@rule("mini_batch_divisibility")
+@rule("mini_batch_divisibility", kind="batch", phase="update")
 def mini_batch_divisibility(c: Ctx) -> Iterable[Problem]:
     """The mini-batch must split over the data-parallel GPUs in every mode: verl 0.9.1's
     TrainingWorker.train_mini_batch (verl/workers/engine_workers.py) asserts mini_batch_size % dp == 0; the V1
@@ -284,7 +284,7 @@ def mini_batch_divisibility(c: Ctx) -> Iterable[Problem]:
                     _batch_fix_text(c))
 
 
-@rule("rollout_parallel")
+@rule("rollout_parallel", kind="memory", phase="rollout")
 def rollout_parallel(c: Ctx) -> Iterable[Problem]:
     b = c.batch
     replica, n_gpus = b["rollout_replica_gpus"], b["n_gpus"]
@@ -300,7 +300,7 @@ def _divisor_le(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
 
-@rule("micro_batch")
+@rule("micro_batch", kind="batch", phase="update")
 def micro_batch(c: Ctx) -> Iterable[Problem]:
     b = c.batch
     if not _sizes_ok(c) or c.get(A + "actor.use_dynamic_bsz", False):
@@ -338,7 +338,7 @@ def micro_batch(c: Ctx) -> Iterable[Problem]:
         b["micro_batches_per_update"] = int(per_gpu_mini) // micro
 
 
-@rule("log_prob_micro_batch")
+@rule("log_prob_micro_batch", kind="batch", phase="update")
 def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
     b = c.batch
     if not _sizes_ok(c):
@@ -365,7 +365,7 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
 
 # ---- the train file ---------------------------------------------------------------------------------------------
 
-@rule("data_files")
+@rule("data_files", kind="batch", phase="start-up")
 def data_files(c: Ctx) -> Iterable[Problem]:
     """Steps per epoch from the train file's row count; a file verl cannot read, or smaller than one batch: refused."""
     b = c.batch
@@ -434,7 +434,7 @@ def _budget_checks(c: Ctx) -> list[tuple[str, str, str, str, str]]:
     return checks
 
 
-@rule("token_budget")
+@rule("token_budget", kind="batch", phase="update")
 def token_budget(c: Ctx) -> Iterable[Problem]:
     """Dynamic batching packs up to max_token_len_per_gpu x Ulysses SP size tokens per micro-batch: verl 0.9.1,
     verl/workers/engine/utils.py prepare_micro_batches (`max_token_len = max_token_len_per_gpu * sp_size`)."""
@@ -459,7 +459,7 @@ def token_budget(c: Ctx) -> Iterable[Problem]:
         b["micro_batches_per_update_max"] = math.ceil(per_gpu_tokens / max(1, budgets["actor"] * sp))
 
 
-@rule("token_budget_advice")
+@rule("token_budget_advice", kind="batch", phase="update")
 def token_budget_advice(c: Ctx) -> Iterable[Problem]:
     seq, sp = c.batch["sequence_length"], c.batch["sequence_parallel_size"]
     for _, dyn_key, key, _, _ in _budget_checks(c):

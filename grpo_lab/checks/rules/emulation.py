@@ -9,7 +9,7 @@ from grpo_lab.checks import emulate
 from grpo_lab.checks.rules import Ctx, Problem, error, note, rule
 
 
-@rule("emulation")
+@rule("emulation", kind="emulation", phase="start-up")
 def emulation(c: Ctx) -> Iterable[Problem]:
     try:
         if emulate.settings(c.lab) is None:
@@ -22,7 +22,7 @@ def emulation(c: Ctx) -> Iterable[Problem]:
     yield note(text)
 
 
-@rule("emulation_torch", launching_only=True)
+@rule("emulation_torch", kind="emulation", phase="start-up", launching_only=True)
 def emulation_torch(c: Ctx) -> Iterable[Problem]:
     try:
         if emulate.settings(c.lab) is None:

@@ -19,8 +19,9 @@ from grpo_lab import facts
 from grpo_lab.cli.config import get as _get
 from grpo_lab.checks.rules import A, Ctx, Problem, error, note, oom, rule, warn
 
-# the rules about memory: what `make fit` (grpo_lab/checks/fit.py) is there to clear, and what the preflight's "fix all" must
-# leave fitting (grpo_lab/checks/preflight.py)
+# The rules about memory, as the hand list they were: grpo_lab/checks/fit.py still imports it. The rules of kind
+# "memory" (grpo_lab.checks.rules.memory_ids(), what the preflight reads) are the same ids, tested in
+# tests/test_preflight_rules.py; once fit.py reads memory_ids() this list goes.
 MEMORY_RULES = frozenset({"memory_generation", "memory_training", "memory_weight_sync", "memory_host_ram",
                           "vllm_kv_cache", "full_finetune_too_big", "gpu_memory_utilization_range",
                           "rollout_parallel"})
@@ -137,7 +138,7 @@ def _alternatives(plan: dict[str, Any], phase: str) -> str:
         f"{r['override']} -> {r['peak_gb_per_gpu']} GB {r['verdict']}" for r in opts) + "."
 
 
-@rule("model_arch_mismatch")
+@rule("model_arch_mismatch", kind="plan", phase="preflight")
 def model_arch_mismatch(c: Ctx) -> Iterable[Problem]:
     m = c.model
     if m.mismatch:
@@ -148,7 +149,7 @@ def model_arch_mismatch(c: Ctx) -> Iterable[Problem]:
                    "with its config.json")
 
 
-@rule("rollout_tp_heads")
+@rule("rollout_tp_heads", kind="setup", phase="start-up")
 def rollout_tp_heads(c: Ctx) -> Iterable[Problem]:
     """vLLM splits attention heads over tensor-parallel ranks: it refuses a TP that does not divide the model's
     attention heads (SmolLM2-135M has 9: TP 2 cannot serve it)."""
@@ -163,7 +164,7 @@ def rollout_tp_heads(c: Ctx) -> Iterable[Problem]:
                     f"refuses to start ({arch.source})", f"rollout_tp={max(ok)}" if ok else "")
 
 
-@rule("full_finetune_too_big")
+@rule("full_finetune_too_big", kind="memory", phase="any")
 def full_finetune_too_big(c: Ctx) -> Iterable[Problem]:
     plan = c.plan
     if not plan.get("phases"):
@@ -180,7 +181,7 @@ def full_finetune_too_big(c: Ctx) -> Iterable[Problem]:
                   + (" (model=qwen3_8b_lora is that recipe for Qwen3-8B)" if big else ""), pointer)
 
 
-@rule("vllm_kv_cache")
+@rule("vllm_kv_cache", kind="memory", phase="start-up")
 def vllm_kv_cache(c: Ctx) -> Iterable[Problem]:
     plan = c.plan
     if not plan.get("phases"):
@@ -204,7 +205,7 @@ def _how_sure(plan: dict[str, Any], phase: str) -> str:
     return calibration.describe(cal) if cal else "not calibrated"
 
 
-def _phase_rule(phase: str, label: str):
+def _phase_rule(phase: str, label: str, job_phase: str):
     def check(c: Ctx) -> Iterable[Problem]:
         plan = c.plan
         if not plan.get("phases"):
@@ -236,14 +237,16 @@ def _phase_rule(phase: str, label: str):
                        f"{_alternatives(plan, phase)}", _fix_for(plan, phase))
 
     check.__name__ = f"memory_{phase}"
-    return rule(f"memory_{phase}")(check)
+    return rule(f"memory_{phase}", kind="memory", phase=job_phase)(check)
 
 
-for _phase, _label in (("generation", "generation"), ("training", "training"), ("weight_sync", "weight-sync")):
-    _phase_rule(_phase, _label)
+# the memory plan's phase, how the message names it, the job's phase (grpo_lab/registry.py PHASES)
+for _phase, _label, _job_phase in (("generation", "generation", "rollout"), ("training", "training", "update"),
+                                   ("weight_sync", "weight-sync", "weight sync")):
+    _phase_rule(_phase, _label, _job_phase)
 
 
-@rule("memory_host_ram")
+@rule("memory_host_ram", kind="memory", phase="any")
 def memory_host_ram(c: Ctx) -> Iterable[Problem]:
     plan = c.plan
     if not plan.get("phases"):
@@ -269,7 +272,7 @@ def memory_host_ram(c: Ctx) -> Iterable[Problem]:
                    _fix_for(plan, "host_ram"))
 
 
-@rule("memory_notes")
+@rule("memory_notes", kind="plan", phase="preflight")
 def memory_notes(c: Ctx) -> Iterable[Problem]:
     """The plan's own notes (what was planned from where, what was skipped)."""
     c.plan  # noqa: B018 (plans once, fills c.notes)

@@ -94,7 +94,7 @@ def _close_files(f: str) -> list[str]:
     return [os.path.join(folder, n) for n in difflib.get_close_matches(base, names, n=2, cutoff=0.6)]
 
 
-@rule("reward_fn_file")
+@rule("reward_fn_file", kind="reward", phase="reward")
 def reward_fn_file(c: Ctx) -> Iterable[Problem]:
     path, name, kwargs = _cfg(c)
     if not path:
@@ -156,7 +156,7 @@ def _fmt(x: Any) -> str:
     return s if len(s) <= 120 else s[:117] + "..."
 
 
-@rule("reward_fn_result")
+@rule("reward_fn_result", kind="reward", phase="reward")
 def reward_fn_result(c: Ctx) -> Iterable[Problem]:
     r = _probe(c)
     if not r or r.get("stage") not in ("call", "ok"):
@@ -283,7 +283,7 @@ def _file_sources(path: str, mtime_ns: int, size: int) -> frozenset[str]:
         return frozenset()
 
 
-@rule("reward_fn_data_source")
+@rule("reward_fn_data_source", kind="reward", phase="reward")
 def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     path, _, _ = _cfg(c)
     if path or c.get("reward.reward_model.enable", False):

@@ -41,7 +41,7 @@ def attn_impl(c: Ctx) -> str:
     return "flash_attention_2"
 
 
-@rule("gpu_memory_utilization_range")
+@rule("gpu_memory_utilization_range", kind="memory", phase="start-up")
 def gpu_memory_utilization_range(c: Ctx) -> Iterable[Problem]:
     """The fraction of each card's total memory the rollout engine takes. Outside (0, 1]: vLLM 0.24's CacheConfig
     refuses it (gpu_memory_utilization: Field(gt=0, le=1), vllm/config/cache.py). Exactly 1.0 with vLLM: refused too,
@@ -90,7 +90,7 @@ def joins_cluster(c: Ctx) -> str | None:
     return ray_target(c).joins
 
 
-@rule("ray_join_num_cpus")
+@rule("ray_join_num_cpus", kind="setup", phase="start-up")
 def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
     """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
     where = joins_cluster(c)
@@ -106,7 +106,7 @@ START_RAY = ("start Ray on the nodes first (README, 'More than one machine'): `r
              "node and `ray start --address=<this node's ip>:6379` on each other node; then the same command joins it")
 
 
-@rule("ray_nnodes_without_cluster")
+@rule("ray_nnodes_without_cluster", kind="setup", phase="start-up")
 def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
     """trainer.nnodes > 1 needs a Ray cluster of that many nodes. ray.init() with no address joins RAY_ADDRESS, else
     the cluster `ray start` recorded on this node (verl's multi-node scripts rely on it), and only then starts one of
@@ -131,7 +131,7 @@ def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
                 f"resource pool would wait for the other nodes' GPUs forever", START_RAY)
 
 
-@rule("ray_no_cluster_to_join", launching_only=True)
+@rule("ray_no_cluster_to_join", kind="setup", phase="start-up", launching_only=True)
 def ray_no_cluster_to_join(c: Ctx) -> Iterable[Problem]:
     """ray_kwargs.ray_init.address=auto (hardware=ray_cluster) with nothing to join: ray.init raises at once."""
     if c.lab.get("ray_cluster"):
@@ -141,7 +141,7 @@ def ray_no_cluster_to_join(c: Ctx) -> Iterable[Problem]:
         yield error(f"{t.fails} ({t.looked_at})", START_RAY)
 
 
-@rule("ray_cpus")
+@rule("ray_cpus", kind="setup", phase="start-up")
 def ray_cpus(c: Ctx) -> Iterable[Problem]:
     """Per node: each node's GPU workers (3 CPUs per GPU) fit its CPUs, and the job's once-per-job actors fit the
     cluster. Ray's CPUs: ray_init.num_cpus, else the node's cores (this machine's when launching, else
@@ -193,7 +193,7 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
                 f"(seen on the H200: num_cpus=8 hung for 8 minutes, 16 ran)", ALT.join(fixes))
 
 
-@rule("ray_env_vars")
+@rule("ray_env_vars", kind="setup", phase="start-up")
 def ray_env_vars(c: Ctx) -> Iterable[Problem]:
     env_vars = c.get(ENV_VARS, {}) or {}
     if isinstance(env_vars, Mapping):
@@ -205,7 +205,7 @@ def ray_env_vars(c: Ctx) -> Iterable[Problem]:
 
 # ---- verl's keys and recipes ------------------------------------------------------------------------------------
 
-@rule("dynamic_bsz_mismatch")
+@rule("dynamic_bsz_mismatch", kind="setup", phase="start-up")
 def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
     """The actor update and the old-log-prob pass run on one engine: verl 0.9.1's ActorRolloutRefWorker.init_model
     (verl/workers/engine_workers.py) asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz (both
@@ -234,7 +234,7 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
                        f"actor_rollout_ref.ref.log_prob_use_dynamic_bsz={val}")
 
 
-@rule("rollout_engine_known")
+@rule("rollout_engine_known", kind="setup", phase="start-up")
 def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
     """actor_rollout_ref.rollout.name must be an engine verl can start: its schema takes any string (its YAML comment
     even names hf), but verl 0.9.1's worker asserts the (name, mode) pair is in its registry and its server registry
@@ -262,7 +262,7 @@ def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
                 f"raises 'Unknown rollout mode: {name}')", f"{A}rollout.name=vllm")
 
 
-@rule("micro_batch_explicit")
+@rule("micro_batch_explicit", kind="setup", phase="update")
 def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
     """The user's micro-batch size against grpo-lab's dynamic batching default (grpo_lab/checks/microbatch.py settles it
     before the preflight and leaves what it did in lab.micro_batch)."""
@@ -290,7 +290,7 @@ def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
                    " ".join(f"{d}=false" for d in on))
 
 
-@rule("model_key_unknown")
+@rule("model_key_unknown", kind="setup", phase="compose")
 def model_key_unknown(c: Ctx) -> Iterable[Problem]:
     model_cfg = c.get(A + "model", {}) or {}
     known, source = facts.known_model_keys()
@@ -315,7 +315,7 @@ def _lora_rank(c: Ctx) -> int:
     return as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
 
 
-@rule("lora_load_format")
+@rule("lora_load_format", kind="setup", phase="weight sync")
 def lora_load_format(c: Ctx) -> Iterable[Problem]:
     """LoRA with load_format=dummy (verl's DAPO LoRA recipe): vLLM starts with random weights, and verl 0.9.1's V1
     worker (the only one: main_ppo_v0 uses it too) syncs the base weights into it before the first adapter
@@ -337,7 +337,7 @@ def lora_load_format(c: Ctx) -> Iterable[Problem]:
 OVERRIDE_KV = "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
 
 
-@rule("side_by_side_jobs")
+@rule("side_by_side_jobs", kind="setup", phase="any")
 def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     """hydra/launcher=side_by_side: up to k jobs at once on the same GPUs and host, each with its own Ray cluster and
     vLLM. Any of them can be at its largest phase (vLLM's whole budget while generating) at the same time. The fixes:
@@ -428,7 +428,7 @@ def _fsdp1_lora_adapter(c: Ctx) -> bool:
     return _lora_rank(c) > 0 and not merge and str(c.get(A + "actor.strategy", "fsdp")) == "fsdp"
 
 
-@rule("lora_fsdp1_adapter")
+@rule("lora_fsdp1_adapter", kind="setup", phase="weight sync")
 def lora_fsdp1_adapter(c: Ctx) -> Iterable[Problem]:
     """verl 0.9.1 collects the adapter for vLLM with peft's get_peft_model_state_dict (utils/fsdp_utils.py,
     collect_lora_params). Under FSDP1 every decoder layer and LoRA leaf is its own FSDP unit, so the module paths peft
@@ -451,7 +451,7 @@ def lora_fsdp1_adapter(c: Ctx) -> Iterable[Problem]:
                 ALT.join([A + "actor.strategy=fsdp2", A + "model.lora.merge=true"]))
 
 
-@rule("lora_layered_summon_one_gpu")
+@rule("lora_layered_summon_one_gpu", kind="setup", phase="weight sync")
 def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
     lora = _lora_rank(c)
     if lora <= 0 or not c.get(A + "rollout.layered_summon", False):
@@ -470,7 +470,7 @@ def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
                     A + "actor.strategy=fsdp2")
 
 
-@rule("dapo_filter_metric")
+@rule("dapo_filter_metric", kind="setup", phase="reward")
 def dapo_filter_metric(c: Ctx) -> Iterable[Problem]:
     fg = c.get("algorithm.filter_groups", {}) or {}
     if not (isinstance(fg, Mapping) and fg.get("enable")):
@@ -489,7 +489,7 @@ def dapo_filter_metric(c: Ctx) -> Iterable[Problem]:
                    ALT.join(["algorithm.filter_groups.metric=reward", "reward.reward_manager.name=dapo"]))
 
 
-@rule("dapo_overlong_buffer")
+@rule("dapo_overlong_buffer", kind="setup", phase="reward")
 def dapo_overlong_buffer(c: Ctx) -> Iterable[Problem]:
     """DAPO's soft overlong punishment ramps over the last `len` tokens before max_resp_len: verl 0.9.1's DAPO reward
     manager (verl/experimental/reward_loop/reward_manager/dapo.py) adds min(-(length - (max_resp_len - len)) / len x
@@ -518,7 +518,7 @@ def dapo_overlong_buffer(c: Ctx) -> Iterable[Problem]:
                    f"past {limit - ramp} tokens are penalised (DAPO used 4k of 20k)", fix)
 
 
-@rule("thinking_response_length")
+@rule("thinking_response_length", kind="setup", phase="rollout")
 def thinking_response_length(c: Ctx) -> Iterable[Problem]:
     m = c.model
     info = m.info if m else {}
@@ -541,7 +541,7 @@ def thinking_response_length(c: Ctx) -> Iterable[Problem]:
                             + ["+data.apply_chat_template_kwargs.enable_thinking=false"]))
 
 
-@rule("nccl_p2p")
+@rule("nccl_p2p", kind="setup", phase="start-up")
 def nccl_p2p(c: Ctx) -> Iterable[Problem]:
     env_vars = c.get(ENV_VARS, {}) or {}
     if _get(c.lab, "hardware.p2p", True) is False and c.batch["n_gpus"] > 1:
@@ -554,7 +554,7 @@ def nccl_p2p(c: Ctx) -> Iterable[Problem]:
 
 # ---- the machine (only when launching: Ray is about to start here) ---------------------------------------------
 
-@rule("environment_skipped")
+@rule("environment_skipped", kind="setup", phase="preflight")
 def environment_skipped(c: Ctx) -> Iterable[Problem]:
     if not c.launching:
         yield note("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
@@ -565,7 +565,7 @@ def environment_skipped(c: Ctx) -> Iterable[Problem]:
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
 
 
-@rule("flash_attn_missing", launching_only=True)
+@rule("flash_attn_missing", kind="setup", phase="start-up", launching_only=True)
 def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
     impl = attn_impl(c)
     if not impl.startswith("flash_attention"):
@@ -579,7 +579,7 @@ def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
                     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa")
 
 
-@rule("visible_gpus", launching_only=True)
+@rule("visible_gpus", kind="setup", phase="start-up", launching_only=True)
 def visible_gpus(c: Ctx) -> Iterable[Problem]:
     count, how = facts.visible_gpus(c.environ)
     want = c.batch["n_gpus_per_node"]

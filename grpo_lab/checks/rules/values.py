@@ -72,7 +72,7 @@ def _is(value: Any, kind: type) -> bool:
     return isinstance(value, int) if kind is int else isinstance(value, (int, float))
 
 
-@rule("value_types")
+@rule("value_types", kind="values", phase="compose")
 def value_types(c: Ctx) -> Iterable[Problem]:
     """A number verl needs given as text (train_batch_size=abc): named, not read as 0."""
     for key, kind, _, fix, why in NUMBERS:
@@ -86,7 +86,7 @@ def value_types(c: Ctx) -> Iterable[Problem]:
                     f"{override_key(key)}={fix}")
 
 
-@rule("value_range")
+@rule("value_range", kind="values", phase="compose")
 def value_range(c: Ctx) -> Iterable[Problem]:
     """Numbers below what verl can use (ngpus_per_node=0, actor_lr=-1e-6, total_epochs=-1, max_response_length=0)."""
     for key, kind, lo, fix, why in NUMBERS:
@@ -101,7 +101,7 @@ def value_range(c: Ctx) -> Iterable[Problem]:
             yield error(f"{key}={v!r} must be at least {lo:g}: {why}", f"{override_key(key)}={fix}")
 
 
-@rule("learning_rate_zero")
+@rule("learning_rate_zero", kind="values", phase="update")
 def learning_rate_zero(c: Ctx) -> Iterable[Problem]:
     """actor_lr=0: torch's AdamW takes it (it refuses only a negative rate) and verl runs every step, generation,
     rewards and all, but each update moves every weight by lr x (its Adam step + weight decay) = 0: nothing is
@@ -114,7 +114,7 @@ def learning_rate_zero(c: Ctx) -> Iterable[Problem]:
                    f"(the rewards stay where they start)", f"{override_key(key)}=1e-06")
 
 
-@rule("group_size")
+@rule("group_size", kind="values", phase="update")
 def group_size(c: Ctx) -> Iterable[Problem]:
     """rollout.n=1 with an estimator that compares the answers of one prompt: grpo_passk raises in verl 0.9.1, the
     others run with no baseline (GROUP_ESTIMATORS says what each does)."""
@@ -134,7 +134,7 @@ def group_size(c: Ctx) -> Iterable[Problem]:
                    f"the group-relative signal {est} is for. The guide's group is 5 answers", "rollout_n=5")
 
 
-@rule("learning_rate_high")
+@rule("learning_rate_high", kind="values", phase="update")
 def learning_rate_high(c: Ctx) -> Iterable[Problem]:
     """actor_lr=1.0 or 1e-3 (a typo of 1e-6, a supervised fine-tuning habit): AdamW moves every weight by about the
     learning rate each step, so the pretrained model is overwritten within a few steps. The presets' rates: conf/."""

@@ -26,7 +26,7 @@ def _truthy(v: Any) -> bool:
     return str(v).upper() in ("TRUE", "1")
 
 
-@rule("agent_loop_workers")
+@rule("agent_loop_workers", kind="verl_issue", phase="rollout")
 def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
     """verl #6801, 'only support equal chunk. Got size of DataProto 60 and chunk 8'. verl 0.9.1's legacy trainer
     (trainer.use_v1=false: verl/trainer/ppo/ray_trainer.py) repeats each batch's prompts n times and hands them to
@@ -64,7 +64,7 @@ def _sp_key(c: Ctx) -> str:
                 "actor.fsdp_config.ulysses_sequence_parallel_size")
 
 
-@rule("ulysses_sequence_parallel")
+@rule("ulysses_sequence_parallel", kind="verl_issue", phase="start-up")
 def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
     """verl #1226: Ulysses sequence parallelism splits the attention heads over the SP group. verl 0.9.1 asserts
     num_attention_heads % sp == 0 and (num_key_value_heads % sp == 0 or sp % num_key_value_heads == 0)
@@ -100,7 +100,7 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
                     f"enable `use_remove_padding`' when it builds the actor", f"{A}model.use_remove_padding=true")
 
 
-@rule("rollout_max_model_len")
+@rule("rollout_max_model_len", kind="verl_issue", phase="start-up")
 def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     """verl #673 ('Input prompt (6768 tokens) is too long and exceeds limit of 4096'). verl 0.9.1's vLLM and SGLang
     servers take rollout.max_model_len as set (null: the model's max_position_embeddings) and raise when it is above

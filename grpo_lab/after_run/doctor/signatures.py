@@ -1,0 +1,521 @@
+"""The doctor's signatures: the error texts of verl 0.9.1 + vLLM + Ray on small boxes, each read into a diagnosis
+with the overrides to try. A CUDA out-of-memory is placed in its phase from the traceback frames around it.
+
+Every diagnosis id the doctor can give is an entry of SIGNATURES, the shape the preflight's rules share
+(grpo_lab/registry.py): its id, its kind (SIGNATURE_KINDS: what failed) and the phase of the job it concerns. A
+matcher registers the ids it gives, one `@signature("id", kind=..., phase=...)` each:
+
+    @signature("vllm_no_flashinfer", kind="packages", phase="start-up")
+    def _flashinfer(log: Log, v: Values) -> list[Diagnosis]: ...
+
+The matchers run in the order they are registered (this file's order: matchers()); the ids of one matcher register
+from its innermost decorator out, an order that decides nothing. The ids that no matcher gives (where the log
+stopped, a dead engine, the preflight's refusal, a file that is no log) register with known(). tests/test_doctor.py
+checks that every id is tested and that each matcher is registered under exactly the ids its code builds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from grpo_lab.cli.config import get as _get
+from grpo_lab.registry import Entry, Registry
+from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
+
+Matcher = Callable[[Log, Values], list[Diagnosis]]
+
+# what a diagnosis says failed
+SIGNATURE_KINDS = {
+    "gpu memory": "a card ran out of memory, or the rollout engine found too little of it (failure class: OOM)",
+    "host memory": "the host's RAM ran out",
+    "kernels": "a CUDA kernel failed, or could not be compiled",
+    "packages": "a package verl or vLLM imports is missing, or built for another torch",
+    "lora": "handing the LoRA adapter to the rollout engine",
+    "ray": "Ray: its workers, its runtime_env, its CPUs, its actors",
+    "nccl": "NCCL communication between the GPUs",
+    "engine": "the rollout engine died",
+    "config": "an override of a key the config does not have",
+    "reward": "the custom reward file",
+    "stop": "the log stops with no error",
+    "refusal": "the preflight refused the job: nothing was started",
+    "input": "the file given is no log",
+}
+
+
+@dataclass(frozen=True)
+class Signature(Entry):
+    """A diagnosis the doctor can give, and the matcher that finds it in a log (None: known())."""
+
+    matcher: Matcher | None = None
+
+
+SIGNATURES: Registry[Signature] = Registry("doctor signature", SIGNATURE_KINDS,
+                                           "SIGNATURE_KINDS in grpo_lab/after_run/doctor/signatures.py")
+
+
+def signature(sid: str, *, kind: str, phase: str) -> Callable[[Matcher], Matcher]:
+    """Register a matcher under an id it gives (a matcher that gives several has one decorator per id)."""
+
+    def deco(fn: Matcher) -> Matcher:
+        SIGNATURES.add(Signature(sid, kind, phase, fn))
+        return fn
+
+    return deco
+
+
+def known(sid: str, *, kind: str, phase: str) -> str:
+    """Register a diagnosis that no matcher gives (it comes from where the log stopped, a job's files); its id."""
+    return SIGNATURES.add(Signature(sid, kind, phase)).id
+
+
+def matchers() -> list[Matcher]:
+    """The matchers in match order: diagnose() runs each on the log (diagnoses on one line keep this order)."""
+    return list(dict.fromkeys(s.matcher for s in SIGNATURES.values() if s.matcher is not None))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# phase of a CUDA error: generation (vLLM) or training (FSDP worker)
+
+_GEN_FRAME = re.compile(
+    r"/vllm/|/sglang/|verl/workers/rollout/|verl/experimental/agent_loop|agent_loop|"
+    r"in (?:generate_sequences|generate|wake_up|resume|_dummy_sampler_run|_dummy_run|sample|execute_model|"
+    r"determine_available_memory|initialize_kv_cache|_initialize_kv_caches|profile_run|capture_model)\b"
+)
+_TRAIN_FRAME = re.compile(
+    r"verl/workers/engine/|verl/workers/actor/|dp_actor\.py|fsdp_workers\.py|engine_workers\.py|"
+    r"torch/autograd/|torch/optim/|torch/distributed/fsdp/|torch/_tensor\.py.*backward|"
+    r"in (?:update_actor|update_policy|train_mini_batch|train_batch|forward_backward_batch|backward|optimizer_step|"
+    r"compute_log_prob|compute_ref_log_prob|infer_batch|entropy_from_logits|_forward_micro_batch|"
+    r"logprobs_from_logits)\b"
+)
+_GEN_HEADER = re.compile(r"ray::(?:vLLM\w*|\w*Rollout\w*|AgentLoop\w*|\w*LLMServer\w*)\.|generate_sequences\(\)|"
+                         r"No available memory for the cache blocks|KV cache|EngineCore")
+_TRAIN_HEADER = re.compile(r"ray::\w+\.(?:actor_rollout_ref_)?(?:update_actor|compute_log_prob|compute_ref_log_prob|"
+                           r"ref_compute_ref_log_prob|update_policy)\(\)")
+_GEN_PROC = re.compile(r"vLLM|EngineCore|LLMServer|SGLang|AgentLoop")
+_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
+
+
+def _phase_at(log: Log, i: int, window: int = 200) -> str | None:
+    """Which phase the error at line i happened in: the innermost recognisable traceback frame decides."""
+    if _GEN_PROC.search(log.procs[i]):
+        return "generation"
+    for j in range(i - 1, max(-1, i - window), -1):
+        s = log.clean[j]
+        if s.lstrip().startswith("File ") or "ray::" in s:
+            if _GEN_FRAME.search(s) or _GEN_HEADER.search(s):
+                return "generation"
+            if _TRAIN_FRAME.search(s) or _TRAIN_HEADER.search(s):
+                return "training"
+        if _TRACEBACK.search(s) and j < i - 1:
+            # this traceback's frames are all above; a chained exception's are beyond the header: stop here
+            break
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# signatures
+
+_OOM = re.compile(r"CUDA out of memory|CUDA error: out of memory|torch\.(?:cuda\.)?OutOfMemoryError|"
+                  r"RayTaskError\(OutOfMemoryError\)")
+_KV_NONE = re.compile(r"No available memory for the cache blocks|"
+                      r"KV cache is needed, which is larger than the available KV cache memory")
+_VLLM_FREE = re.compile(r"Free memory on device .* on startup is less than desired GPU memory utilization")
+_RAYLET = re.compile(r"Unable to register worker with raylet")
+_ILLEGAL = re.compile(r"an illegal memory access was encountered")
+_NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL (?:communicator|operation).*time(?:d )?out|"
+                   r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError")
+_TRITON = re.compile(r"compile_module_from_src")
+# transformers' own message (4.x and 5.x), or an exception line (not a warning that mentions one) naming flash_attn
+_FA2 = re.compile(r"FlashAttention2 has been toggled on, but it cannot be used|"
+                  r"^(?:ModuleNotFoundError: No module named 'flash_attn|ImportError: .*flash_attn)|"
+                  r"flash_attn_2_cuda.*undefined symbol")
+_RAY_ENV = re.compile(r"runtime_env\['env_vars'\] must be of type Dict\[str, str\]")
+# the exception line, not verl's UserWarning repr ModuleNotFoundError("No module named ...")
+_FLASHINFER = re.compile(r"ModuleNotFoundError: No module named 'flashinfer'")
+_HYDRA_APPEND = re.compile(r"To append to your config use (\S+)")
+_HOST_OOM = re.compile(r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory|"
+                       r"is killed by signal: Killed")
+
+
+def _keep(*items: str | None) -> list[str]:
+    return [x for x in items if x]
+
+
+def training_oom_overrides(v: Values) -> list[str]:
+    first = v.lower_token_len() if v.dynamic_bsz else v.lower_micro()
+    return _keep(first, v.lower_util(), "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+
+
+def generation_oom_overrides(v: Values) -> list[str]:
+    return _keep(v.lower_n(), v.lower_response(), v.lower_util())
+
+
+def _training_oom(log: Log, i: int, v: Values) -> Diagnosis:
+    context = " ".join(log.clean[max(0, i - 60):i])
+    extra = ""
+    overrides = training_oom_overrides(v)
+    if re.search(r"compute_log_prob|compute_ref_log_prob|entropy_from_logits|infer_batch", context):
+        extra = ("\nIt ran out in a log-prob pass (forward only, the ~152k-token vocabulary's logits): also lower "
+                 "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu / ref.log_prob_max_token_len_per_gpu, "
+                 "or compute the entropy in chunks (actor_rollout_ref.ref.entropy_from_logits_with_chunking=true, "
+                 "actor_rollout_ref.actor.entropy_checkpointing=true).")
+    which = (f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {v.token_len})" if v.dynamic_bsz
+             else f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now {v.micro})")
+    return Diagnosis(
+        id="oom_training",
+        title="CUDA out of memory in the training phase (FSDP actor update / log-prob pass)",
+        evidence=log.evidence(i), line=i + 1, phase="training",
+        remedy=("The actor's update ran out of GPU memory (weights + grads + Adam state + activations). "
+                "In this order:\n"
+                f"1. fewer tokens per micro-batch: {which};\n"
+                f"2. leave more to training: lower rollout_gpu_mem_util (now {v.util:g}; vLLM keeps its share);\n"
+                "3. Adam state to host RAM: actor_rollout_ref.actor.fsdp_config.optimizer_offload=true "
+                "(slower, but fits; the guide's fix for Qwen3-4B on 32 GB cards)." + extra),
+        overrides=overrides)
+
+
+def _generation_oom(log: Log, i: int, v: Values) -> Diagnosis:
+    return Diagnosis(
+        id="oom_generation",
+        title="CUDA out of memory in the generation phase (vLLM rollout)",
+        evidence=log.evidence(i), line=i + 1, phase="generation",
+        remedy=("vLLM ran out of memory while generating (KV cache, sampler logits over the vocabulary). Generate less "
+                "at once:\n"
+                f"1. fewer answers per prompt: rollout_n (now {v.n}; GRPO needs at least 2);\n"
+                f"2. shorter answers: max_response_length (now {v.max_response});\n"
+                f"3. a smaller vLLM share: rollout_gpu_mem_util (now {v.util:g}).\n"
+                "Also possible: actor_rollout_ref.rollout.max_num_seqs (fewer sequences in flight)."),
+        overrides=generation_oom_overrides(v))
+
+
+@signature("oom_training", kind="gpu memory", phase="update")
+@signature("oom_generation", kind="gpu memory", phase="rollout")
+@signature("oom_unknown_phase", kind="gpu memory", phase="any")
+def _cuda_oom(log: Log, v: Values) -> list[Diagnosis]:
+    hits = log.find(_OOM)
+    if not hits:
+        return []
+    by_phase: dict[str | None, int] = {}
+    for i in hits:
+        phase = _phase_at(log, i)
+        if phase not in by_phase:
+            by_phase[phase] = i
+        elif "Tried to allocate" in log.clean[i] and "Tried to allocate" not in log.clean[by_phase[phase]]:
+            by_phase[phase] = i  # the line with the sizes says more
+    out = []
+    for phase, i in sorted(by_phase.items(), key=lambda kv: kv[1]):
+        if phase == "training":
+            out.append(_training_oom(log, i, v))
+        elif phase == "generation":
+            out.append(_generation_oom(log, i, v))
+    if not out:  # no frame told the phase
+        i = by_phase[None]
+        out.append(Diagnosis(
+            id="oom_unknown_phase",
+            title="CUDA out of memory (phase not visible in the log)",
+            evidence=log.evidence(i), line=i + 1,
+            remedy=("The traceback does not show whether vLLM (generation) or the FSDP actor (training) ran out. "
+                    "Watch `nvtop` / `watch -n 1 nvidia-smi` on the next run: memory moves between the phases. "
+                    "Training phase: " + ", ".join(training_oom_overrides(v)) + ". Generation phase: "
+                    + ", ".join(generation_oom_overrides(v)) + "."),
+            overrides=_keep(v.lower_util())))
+    return out
+
+
+@signature("vllm_kv_cache_too_small", kind="gpu memory", phase="start-up")
+@signature("vllm_startup_free_memory", kind="gpu memory", phase="start-up")
+def _kv_cache(log: Log, v: Values) -> list[Diagnosis]:
+    out = []
+    i = log.first(_KV_NONE)
+    if i is not None:
+        out.append(Diagnosis(
+            id="vllm_kv_cache_too_small",
+            title="vLLM has no memory left for its KV cache (generation phase, at engine start)",
+            evidence=log.evidence(i), line=i + 1, phase="generation",
+            remedy=(f"vLLM's share (gpu_memory_utilization {v.util:g} x the card) is used up by the model weights and "
+                    "the profiling run, so no KV cache is left. Give vLLM a larger share if the training phase has "
+                    "room (rollout_gpu_mem_util up by 0.1), or make its profiling run smaller "
+                    "(actor_rollout_ref.rollout.max_num_batched_tokens, max_model_len)."),
+            overrides=[f"rollout_gpu_mem_util={min(0.9, round(v.util + 0.1, 2)):g}",
+                       "actor_rollout_ref.rollout.max_num_batched_tokens=4096"]))
+    j = log.first(_VLLM_FREE)
+    if j is not None:
+        out.append(Diagnosis(
+            id="vllm_startup_free_memory",
+            title="vLLM could not reserve its share of the card at start (generation phase)",
+            evidence=log.evidence(j), line=j + 1, phase="generation",
+            remedy=("gpu_memory_utilization is a fraction of the card's total memory; the FSDP actor (or another "
+                    "process) already holds more than the rest. Lower the vLLM share, or keep the actor's optimizer in "
+                    "host RAM. Check `nvidia-smi` for leftover processes of an earlier run."),
+            overrides=_keep(v.lower_util(), "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")))
+    return out
+
+
+@signature("vllm_no_flashinfer", kind="packages", phase="start-up")
+def _flashinfer(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_FLASHINFER)
+    if i is None:
+        return []
+    return [Diagnosis(
+        id="vllm_no_flashinfer",
+        title="vLLM's engine failed to start: No module named 'flashinfer' (its sampler imports it)",
+        evidence=log.evidence(i), line=i + 1, phase="generation",
+        remedy=("vLLM's top-k/top-p sampler uses FlashInfer unless told not to. Without the flashinfer package, "
+                "set VLLM_USE_FLASHINFER_SAMPLER=0 for the Ray workers (in the shell before `python run.py`, or as "
+                "the override below); or install flashinfer matching your vLLM and CUDA."),
+        overrides=[env_override("VLLM_USE_FLASHINFER_SAMPLER", "0")])]
+
+
+_LORA_NO_SHARD = re.compile(r"offload_to_cpu=True and NO_SHARD is not supported yet")
+
+
+@signature("lora_fsdp_no_shard", kind="lora", phase="weight sync")
+def _lora_no_shard(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_LORA_NO_SHARD)
+    if i is None:
+        return []
+    return [Diagnosis(
+        id="lora_fsdp_no_shard",
+        title="LoRA weight sync failed: FSDP on one GPU (NO_SHARD) cannot summon with offload_to_cpu",
+        evidence=log.evidence(i), line=i + 1, phase="training",
+        remedy=("Seen on the GPU test machine (verl 0.9.1, SmolLM2-135M, one H200): with one GPU torch's FSDP runs "
+                "NO_SHARD, and verl's LoRA sync with rollout.layered_summon=true falls back to "
+                "FSDP.summon_full_params(offload_to_cpu=True), which NO_SHARD does not support; it fails at the first "
+                "weight sync, after start-up. The preflight refuses this (rule lora_layered_summon_one_gpu). Use "
+                "FSDP2 (layered_summon=false alone is no way out with peft >= 0.21: rule lora_fsdp1_adapter)."),
+        overrides=["actor_rollout_ref.actor.strategy=fsdp2"])]
+
+
+# vLLM 0.24's LoRAModelManager._create_merged_loras_inplace: next(iter(lora_model.loras.values())) on an empty adapter
+_LORA_EMPTY = re.compile(r"in _create_merged_loras_inplace|first_lora: LoRALayerWeights = next\(iter\(")
+
+
+@signature("lora_empty_adapter", kind="lora", phase="weight sync")
+def _lora_empty_adapter(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_LORA_EMPTY)
+    if i is None:
+        return []
+    return [Diagnosis(
+        id="lora_empty_adapter",
+        title="LoRA weight sync failed: vLLM's add_lora got an adapter with no LoRA weights (StopIteration)",
+        evidence=log.evidence(i), line=i + 1, phase="training",
+        remedy=("Seen on the GPU test machine (verl 0.9.1, vLLM 0.24, peft 0.21, one H200, layered_summon=false): "
+                "under FSDP1 verl's collect_lora_params finds no adapter tensors with peft >= 0.21 (its module paths "
+                "keep FSDP1's inner _fsdp_wrapped_module.), so vLLM's _create_merged_loras_inplace stops on an empty "
+                "adapter and the job then hangs. The preflight refuses this (rule lora_fsdp1_adapter). Use FSDP2, "
+                "or send merged weights (actor_rollout_ref.model.lora.merge=true)."),
+        overrides=["actor_rollout_ref.actor.strategy=fsdp2"])]
+
+
+@signature("ray_register_worker", kind="ray", phase="start-up")
+def _raylet(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_RAYLET)
+    if i is None:
+        return []
+    need = v.cpus_needed()
+    return [Diagnosis(
+        id="ray_register_worker",
+        title='Ray: "Unable to register worker with raylet"',
+        evidence=log.evidence(i), line=i + 1,
+        remedy=("System limits (e.g. SLURM CPU sharing, or too few open files) stop the worker processes that "
+                "ray.init() starts, one per CPU core it sees. Tell Ray how many CPUs it may use: "
+                "ray_kwargs.ray_init.num_cpus, "
+                f"to what the system allows (this job needs at least {need}: 3 per GPU + 1 TaskRunner"
+                + (" + 1 TransferQueue controller + 1 per storage unit" if v.use_v1 else "") + "). "
+                "If the limit is open files, raise it (`ulimit -n 65535`)."),
+        overrides=[f"ray_kwargs.ray_init.num_cpus={need}"])]
+
+
+@signature("illegal_memory_access", kind="kernels", phase="any")
+def _illegal_access(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_ILLEGAL)
+    if i is None:
+        return []
+    phase = _phase_at(log, i)
+    if phase == "training":
+        remedy = ("A CUDA kernel of the training side read out of bounds. Run with CUDA_LAUNCH_BLOCKING=1 to get the "
+                  "real frame (errors are reported asynchronously); turn off the actor's torch.compile of fused "
+                  "kernels (actor_rollout_ref.actor.use_torch_compile=false).")
+        overrides = [env_override("CUDA_LAUNCH_BLOCKING", "1"), "actor_rollout_ref.actor.use_torch_compile=false"]
+    else:
+        remedy = ("During rollout this is vLLM's (the verl FAQ: see vLLM's troubleshooting for your version, "
+                  "https://docs.vllm.ai/en/latest/usage/troubleshooting.html). First try without CUDA graphs "
+                  "(actor_rollout_ref.rollout.enforce_eager=true); run with CUDA_LAUNCH_BLOCKING=1 to find the kernel.")
+        overrides = ["actor_rollout_ref.rollout.enforce_eager=true", env_override("CUDA_LAUNCH_BLOCKING", "1")]
+    return [Diagnosis(id="illegal_memory_access",
+                      title="CUDA error: an illegal memory access" + (f" ({phase} phase)" if phase else ""),
+                      evidence=log.evidence(i), line=i + 1, phase=phase or "generation", remedy=remedy,
+                      overrides=overrides)]
+
+
+def nccl_diagnosis(evidence: str, line: int | None, how: str) -> Diagnosis:
+    return Diagnosis(
+        id="nccl_hang",
+        title="NCCL communication hang " + how,
+        evidence=evidence, line=line,
+        remedy=("GeForce cards (RTX 4080 etc.) have no peer-to-peer over PCIe, and NCCL can hang at initialisation "
+                "trying it: turn P2P off (NCCL_P2P_DISABLE=1; hardware=rtx4080x4 sets it). To see where it stops, "
+                "NCCL_DEBUG=INFO."),
+        overrides=[env_override("NCCL_P2P_DISABLE", "1"), env_override("NCCL_DEBUG", "INFO")])
+
+
+@signature("nccl_hang", kind="nccl", phase="any")
+def _nccl(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_NCCL)
+    if i is None:
+        return []
+    return [nccl_diagnosis(log.evidence(i), i + 1, "(collective timed out or failed)")]
+
+
+@signature("triton_compile", kind="kernels", phase="any")
+def _triton(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_TRITON)
+    if i is None:
+        return []
+    context = "\n".join(log.clean[i:i + 40])
+    overrides = ["actor_rollout_ref.actor.use_torch_compile=false"]
+    remedy = ("Triton could not build a kernel (compile_module_from_src): disable just-in-time compilation of the "
+              "fused kernels with use_torch_compile (verl's FAQ).")
+    if _GEN_PROC.search(log.procs[i]):
+        overrides.append("actor_rollout_ref.rollout.enforce_eager=true")
+        remedy += " It happened in vLLM's process: also run vLLM eagerly (no torch.compile / CUDA graphs)."
+    if re.search(r"Failed to find C compiler|gcc|cc1|Python\.h|CalledProcessError", context):
+        remedy += (" The build needs a C compiler and Python headers: install them (`apt install build-essential "
+                   "python3-dev`) or point CC at one.")
+    return [Diagnosis(id="triton_compile", title="Triton compile error (compile_module_from_src)",
+                      evidence=log.evidence(i), line=i + 1, remedy=remedy, overrides=overrides)]
+
+
+@signature("flash_attn_import", kind="packages", phase="start-up")
+def _flash_attn(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_FA2)
+    if i is None:
+        return []
+    return [Diagnosis(
+        id="flash_attn_import",
+        title="FlashAttention2 is not usable (flash_attn missing or built for another torch)",
+        evidence=log.evidence(i), line=i + 1,
+        remedy=("verl loads the model with attn_implementation=flash_attention_2 by default. Without a working "
+                "flash_attn use torch's sdpa (padding removal stays correct), or install flash-attn built for your "
+                "torch/CUDA."),
+        overrides=["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"])]
+
+
+@signature("ray_env_var_type", kind="ray", phase="start-up")
+def _ray_env(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_RAY_ENV)
+    if i is None:
+        return []
+    env = _get(v.ray_init, "runtime_env.env_vars", {}) or _get(v.cfg, "ray_kwargs.ray_init.runtime_env.env_vars", {})
+    bad = {k: val for k, val in (env.items() if isinstance(env, dict) else []) if not isinstance(val, str)}
+    if not bad:
+        m = re.search(r"the value (\S+) is of type", log.clean[i])
+        bad = {"<NAME>": m.group(1) if m else "<value>"}
+    overrides = [env_override(k, str(val).lower() if isinstance(val, bool) else str(val)) for k, val in bad.items()]
+    return [Diagnosis(
+        id="ray_env_var_type",
+        title="A Ray runtime_env env var is not a string",
+        evidence=log.evidence(i), line=i + 1,
+        remedy=("Ray accepts only strings in runtime_env.env_vars, but Hydra reads 1 / true as a number / bool. Quote "
+                "the value in the override (the whole override in single quotes for the shell): "
+                + ", ".join(f"{k} is {val!r}" for k, val in bad.items()) + "."),
+        overrides=overrides)]
+
+
+@signature("hydra_new_key", kind="config", phase="compose")
+def _hydra_missing_key(log: Log, v: Values) -> list[Diagnosis]:
+    i = log.first(_HYDRA_APPEND)
+    if i is None:
+        return []
+    m = _HYDRA_APPEND.search(log.clean[i])
+    assert m is not None
+    key = m.group(1)
+    prev = next((log.evidence(j) for j in range(i, max(-1, i - 5), -1) if "Could not override" in log.clean[j]),
+                log.evidence(i))
+    return [Diagnosis(id="hydra_new_key", title="Override of a key that is not in the config",
+                      evidence=prev, line=i + 1,
+                      remedy="The key is new to verl's config: prefix the override with + (Hydra's append).",
+                      overrides=[key])]
+
+
+# verl 0.9.1 loading reward.custom_reward_function.path in its reward-loop workers (verl/utils/import_utils.py:
+# load_module, load_extern_object), and a reward manager's call of the function (reward_manager/<name>.py, run_single)
+_REWARD_LOAD = re.compile(r"Custom module file not found: module_path=|Error loading module from module_path=|"
+                          r"Object not found in module: object_name=")
+_REWARD_CALL = re.compile(r'reward_loop/reward_manager/\w+\.py", line \d+, in (?:<lambda>|run_single)')
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+_EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)")
+
+
+@signature("reward_fn_load", kind="reward", phase="start-up")
+@signature("reward_fn_raised", kind="reward", phase="reward")
+def _reward_fn(log: Log, v: Values) -> list[Diagnosis]:
+    """The custom reward file failed in verl's reward worker: at import (the worker's start) or when scoring."""
+    i = log.first(_REWARD_LOAD)
+    remedy_tail = ("The preflight imports the file and calls the function the way verl does, before Ray: run the "
+                   "same command with preflight.only=true added (python run.py ... preflight.only=true) to see the "
+                   "file, the line and what to change.")
+    if i is not None:
+        m = re.search(r"module_path='([^']+)'", log.clean[i])
+        path = m.group(1) if m else "the reward file"
+        # the import's own error comes first in the log (Python prints the chained cause above verl's RuntimeError)
+        window = range(max(0, i - 60), i)
+        cause = next((log.evidence(j) for j in reversed(window) if _EXC_LINE.search(log.clean[j].strip())
+                      and not log.clean[j].strip().startswith("ray.")), "")
+        at = next((f"{fm.group(1)}:{fm.group(2)}" for j in reversed(window) if (fm := _FRAME.match(log.clean[j]))
+                   and m and fm.group(1) == m.group(1)), "")
+        cause = f"{cause}, at {at}" if cause and at else cause
+        what = ("does not exist" if "not found: module_path" in log.clean[i] else
+                "does not define the function reward.custom_reward_function.name" if "Object not found" in log.clean[i]
+                else "raised when imported" + (f" ({cause})" if cause else ""))
+        return [Diagnosis(
+            id="reward_fn_load", title=f"verl's reward worker could not load the custom reward file: {path} {what}",
+            evidence=log.evidence(i), line=i + 1,
+            remedy=(f"verl imports reward.custom_reward_function.path ({path}) in its reward-loop workers, after Ray "
+                    f"and the model have started. {remedy_tail}"),
+            overrides=[])]
+    i = log.first(_REWARD_CALL)
+    if i is None:
+        return []
+    user, exc = None, None
+    for j in range(i + 1, min(len(log.clean), i + 80)):
+        line = log.clean[j].strip()
+        fm = _FRAME.match(log.clean[j])
+        if fm and user is None and not re.search(r"/(?:verl|ray|site-packages|asyncio|concurrent)/|/python3\.\d+/",
+                                                 fm.group(1)):
+            user = f"{fm.group(1)}:{fm.group(2)} in {fm.group(3)}"
+        elif _EXC_LINE.search(line) and not fm:
+            exc = (j, line)
+            break
+    if exc is None:
+        return []
+    return [Diagnosis(
+        id="reward_fn_raised",
+        title="The custom reward function raised while scoring answers" + (f" ({user})" if user else ""),
+        evidence=log.evidence(exc[0]), line=exc[0] + 1,
+        remedy=("verl's reward manager called reward.custom_reward_function.name on an answer and it raised; verl "
+                "does not catch it, so the step fails. Make the function return a number (or a dict with a numeric "
+                f"'score') for every answer, also an empty or badly formatted one. {remedy_tail}"),
+        overrides=[])]
+
+
+@signature("host_ram_oom", kind="host memory", phase="any")
+def _host_oom(log: Log, v: Values) -> list[Diagnosis]:
+    end = log.first(END_MARKERS)
+    for i in log.find(_HOST_OOM):
+        if end is not None and i > end:
+            continue  # a DataLoader worker killed at exit after a finished run (seen on the H200): harmless
+        return [Diagnosis(
+            id="host_ram_oom",
+            title="Host RAM ran out (a process was killed by the kernel or Ray's memory monitor)",
+            evidence=log.evidence(i), line=i + 1,
+            remedy=("Offloaded weights and optimizer state, Ray's object store and DataLoader workers all live in RAM. "
+                    "Use fewer DataLoader workers (data.dataloader_num_workers), and keep in mind that "
+                    "optimizer_offload / param_offload move GPU memory into RAM."),
+            overrides=["data.dataloader_num_workers=2"])]
+    return []
+
+

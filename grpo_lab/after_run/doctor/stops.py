@@ -1,0 +1,187 @@
+"""How a job stopped when no signature says why: a log that ends without an error (a hang, a kill, a start-up
+that never finished), an engine or Ray actor that died of something unknown, a "running" job whose process is
+gone."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import socket
+from typing import Any
+
+from grpo_lab import facts
+from grpo_lab.launch.fatal import RAY, root_cause, strip
+from grpo_lab.launch.fatal import fatal as fatal_line
+from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
+from grpo_lab.after_run.doctor.signatures import known, nccl_diagnosis
+
+# the diagnoses of this module: no matcher finds them, they come from where the log stops or from a dead engine
+# (a stop at NCCL initialisation is the nccl_hang signature's)
+known("ray_cpu_budget_hang", kind="ray", phase="start-up")
+known("stopped_without_error", kind="stop", phase="any")
+known("engine_died", kind="engine", phase="rollout")
+known("ray_actor_died", kind="ray", phase="any")
+
+# ---------------------------------------------------------------------------------------------------------------------
+# silent stops: where did the log stop?
+
+_KILLED = re.compile(r"SIGTERM received|^KeyboardInterrupt|Command exited with non-zero status|^Terminated|"
+                     r"Terminated with signal|received signal|SIGINT|^\^C")
+NOISE = re.compile(r"SIGTERM received|^Command exited with non-zero status|^WALL |The autoscaler failed|"
+                   r"^Terminated|^\s*@\s+0x|logging\.cc:\d+|^PC: @|autoscaler/_private|monitor\.run\(\)|"
+                   r"self\._run\(\)|AUTOSCALER_UPDATE_INTERVAL_S|^\s*$|\(autoscaler \+|grpo-lab watchdog|"
+                   r"resource request cannot be scheduled|Tip: use `ray status`|KeyboardInterrupt")
+_CONFIG_PRINT = re.compile(r"^ray init kwargs:|^\{'actor_rollout_ref'")
+_AFTER_CONFIG = re.compile(r"Using dataset class|dataset len|Total training steps|create worker group|"
+                           r"colocated worker base class")
+_WORKERS = re.compile(r"Before FSDP|NCCL version|init_process_group|\[c10d\]|Loading weights|contains [\d.]+[MBK]? ?"
+                      r"parameters")
+_WORKERS_DONE = re.compile(r"After FSDP|engine initialized|init_model|LLMServerManager|vLLMHttpServer")
+_FIT = re.compile(r"ready to fit|Training Progress:|Creating file logger")
+_UNSCHEDULABLE = re.compile(r"resource request cannot be scheduled right now")
+
+
+def _cpu_budget_hang(log: Log, v: Values, evidence: str, line: int | None, where: str) -> Diagnosis:
+    need = v.cpus_needed()
+    have = v.num_cpus
+    units_fit = (have - facts.ray_cpus_needed(v.gpus, True, 0)) if have is not None else None
+    overrides = [f"ray_kwargs.ray_init.num_cpus={need}"]
+    if v.use_v1 and units_fit is not None and 1 <= units_fit < v.storage_units:
+        overrides.append(f"transfer_queue.backend.SimpleStorage.num_data_storage_units={units_fit}")
+    arithmetic = f"{facts.ray_cpus_formula(v.gpus, v.use_v1, v.storage_units)} = {need}"
+    return Diagnosis(
+        id="ray_cpu_budget_hang",
+        title="Silent hang: Ray has too few CPUs, a placement group never becomes ready",
+        evidence=evidence, line=line,
+        remedy=(f"The log stops {where}, with no error and no `step:` line. verl's V1 trainer asks Ray for "
+                f"{arithmetic} CPUs, and Ray was given {have if have is not None else 'fewer'} "
+                "(ray_kwargs.ray_init.num_cpus), so it waits for ever. Give Ray enough CPUs if the machine has the "
+                "cores, or use fewer TransferQueue storage units so the job fits the cores you have "
+                "(the legacy trainer, trainer.use_v1=false, needs no TransferQueue)."),
+        overrides=overrides)
+
+
+def stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Diagnosis]:
+    """A log that ends with no error: hung (and killed), still running, or finished."""
+    steps = log.steps()
+    total = int(v.num("trainer.total_training_steps", 0) or 0)
+    if log.first(END_MARKERS) is not None or (total > 0 and steps and max(steps) >= total):
+        return []  # it finished
+    kill_i = log.first(_KILLED)
+    killed = kill_i is not None
+    if not killed and idle_s is not None and idle_s < stale_s:
+        return []  # still moving
+    cut = len(log.clean)
+    if kill_i is not None:
+        cut = kill_i
+        if log.clean[kill_i].startswith("KeyboardInterrupt"):  # Ctrl+C: its traceback is not the job's output
+            for j in range(kill_i, max(-1, kill_i - 80), -1):
+                if "Traceback (most recent call last)" in log.clean[j]:
+                    cut = j
+                    break
+    meaningful = [i for i, s in enumerate(log.clean[:cut]) if not NOISE.search(s)]
+    last = meaningful[-1] if meaningful else None
+    ev = log.evidence(last) if last is not None else "(empty log)"
+    line = last + 1 if last is not None else None
+    gone = ("then nothing until it was killed" if killed else
+            f"then nothing for {idle_s / 60:.0f} min" if idle_s is not None else "then the log ends")
+    cfg_i = max(log.find(_CONFIG_PRINT) or [-1])
+    unsched = log.first(_UNSCHEDULABLE)
+    if unsched is not None and not steps:
+        return [_cpu_budget_hang(log, v, log.evidence(unsched), unsched + 1,
+                                 "with Ray saying a resource request cannot be scheduled")]
+    if cfg_i >= 0 and not steps:
+        after = range(cfg_i + 1, len(log.clean))
+        if not any(_AFTER_CONFIG.search(log.clean[i]) or _WORKERS.search(log.clean[i]) or
+                   _WORKERS_DONE.search(log.clean[i]) for i in after):
+            return [_cpu_budget_hang(log, v, ev, line, f"right after the config print ({gone})")]
+        if not any(_WORKERS.search(log.clean[i]) or _WORKERS_DONE.search(log.clean[i]) for i in after):
+            return [_cpu_budget_hang(log, v, ev, line, f"after the datasets, before any worker started ({gone})")]
+        nccl_i = max(log.find(_WORKERS) or [-1])
+        if nccl_i >= 0 and not any(_WORKERS_DONE.search(log.clean[i]) for i in range(nccl_i, len(log.clean))):
+            return [nccl_diagnosis(ev, line, f"at initialisation (the workers started, FSDP never finished; {gone})")]
+    if steps:
+        return [Diagnosis(
+            id="stopped_without_error",
+            title=f"Stopped after step {max(steps)} with no error",
+            evidence=ev, line=line,
+            remedy=(f"The log shows step {max(steps)}, {gone}. If it was killed on purpose (time limit, Ctrl+C) "
+                    "resume it (trainer.resume_mode=auto resumes from the last checkpoint). If it stopped moving "
+                    "first: on GeForce cards a hang in NCCL (weight sync, collectives) is the usual cause: "
+                    "NCCL_P2P_DISABLE=1; a very long generation looks the same: watch nvtop."),
+            overrides=[env_override("NCCL_P2P_DISABLE", "1")])]
+    return [Diagnosis(
+        id="stopped_without_error",
+        title="Stopped before the first step with no error",
+        evidence=ev, line=line,
+        remedy=(f"The last line is above, {gone}. Hang causes at start: too few Ray CPUs (3 per GPU + 2 + the "
+                "TransferQueue storage units: ray_kwargs.ray_init.num_cpus), NCCL init on GeForce cards "
+                "(NCCL_P2P_DISABLE=1). vLLM's start alone takes minutes: 88 s from its server process to serving, "
+                "107 s after the actor was ready, for a tiny model on an H200 (benchmarks/gpu/results/2026-12-02-b/"
+                "phases.txt)."),
+        overrides=[f"ray_kwargs.ray_init.num_cpus={v.cpus_needed()}", env_override("NCCL_P2P_DISABLE", "1")])]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# an engine or actor that died, a process that is gone
+
+
+def engine_died(log: Log) -> list[Diagnosis]:
+    """A log with a fatal line (grpo_lab/launch/fatal.py) that no signature explains: which engine or actor died, the first
+    error behind it, and that nothing is suggested blindly."""
+    for i, raw in enumerate(log.raw):
+        hit = fatal_line(raw)
+        if hit is None:
+            continue
+        engine, label = hit
+        clean = [strip(x)[0] for x in log.raw]
+        root, frame = root_cause(clean, i)
+        cause = f"{root} at {frame}" if root and frame else root
+        lora = "/lora/" in frame
+        remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
+                  f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
+                  f"(status.json failed). The cause is the first error above it in the log"
+                  + (f": {cause}" if cause else "") + ".")
+        if lora:
+            remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
+                       "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
+                       "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
+        return [Diagnosis(id="ray_actor_died" if engine == RAY else "engine_died",
+                          title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
+                          evidence=clean[i].strip()[:300], line=i + 1,
+                          phase=None if engine == RAY else "generation", remedy=remedy, overrides=[])]
+    return []
+
+
+def gone_running(status: dict[str, Any]) -> str | None:
+    """Why a status.json that says "running" is not true any more, or None when it may be.
+
+    grpo-lab writes "running" when a job starts and "ok"/"failed" when it ends; a process killed with SIGKILL (the
+    kernel's OOM killer, `kill -9`, a machine that went away) never writes the end. status.json names the host and
+    pid: on that host, a pid that no longer exists, or now belongs to a process started after the job, is gone.
+    From another host nothing can be told.
+    """
+    if status.get("status") != "running":
+        return None
+    pid, host = status.get("pid"), status.get("host")
+    if not isinstance(pid, int) or not host or host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"its process (pid {pid} on {host}) is gone without writing an end"
+    except PermissionError:
+        pass  # exists, another user's
+    started = status.get("started")
+    try:
+        import psutil  # Ray's dependency; without it only a vanished pid counts
+
+        born = psutil.Process(pid).create_time()
+        if started and born > dt.datetime.fromisoformat(str(started)).timestamp() + 60:
+            return (f"its process (pid {pid} on {host}) is gone without writing an end (the pid now belongs to a "
+                    "later process)")
+    except Exception:  # no psutil, or the process ended meanwhile: the pid check above stands
+        pass
+    return None
+

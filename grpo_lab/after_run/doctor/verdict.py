@@ -1,0 +1,166 @@
+"""The doctor's verdict on a log or a job folder: every signature in match order, else a dead engine, else where
+the log stopped; the preflight's refusal of a job; what the launcher prints and writes (diagnosis.json)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from grpo_lab import facts
+from grpo_lab.after_run import logkind
+from grpo_lab.after_run.doctor.logread import (Diagnosis, Log, Values, load_yaml, printed_config, ray_init_kwargs,
+                                               read_json, read_log)
+from grpo_lab.after_run.doctor.signatures import SIGNATURES, known, matchers
+from grpo_lab.after_run.doctor.stops import engine_died, stall
+
+
+def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float | None = None,
+             stale_minutes: float = 10.0, stalls: bool = True) -> list[Diagnosis]:
+    """What went wrong in this log, in the order of the evidence in the log.
+
+    config: the job's verl config (verl_config.yaml) for exact values in the overrides; else the config verl printed
+    into the log is used. idle_s: seconds since the log last changed; None means the log is complete (its process
+    ended), so a log that stops without error is read as a hang or a kill. stalls=False: error signatures only
+    (for a job known to have finished).
+    """
+    log = Log.of(text)
+    printed = printed_config(log)
+    values = Values(config or printed, ray_init_kwargs(log))
+    found: list[Diagnosis] = []
+    for fn in matchers():
+        found.extend(fn(log, values))
+    if not found:  # an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/launch/fatal.py)
+        found = engine_died(log)
+    if found or not stalls:
+        found.sort(key=lambda d: d.line or 0)
+        return found
+    return stall(log, values, idle_s, stale_minutes * 60)
+
+
+def errors_in(path: str | Path) -> list[Diagnosis]:
+    """The error signatures of a job's log so far (no stall reading): what the dead-engine watcher reports."""
+    return diagnose(read_log(Path(path)), stalls=False)
+
+
+def failure_class(diagnoses: Iterable[Diagnosis]) -> str:
+    """The sweep summary's status word for a failed job: refused: <rules> / OOM in generation / OOM in training /
+    other failure."""
+    ds = list(diagnoses)
+    for d in ds:
+        if d.id == "preflight_refused":
+            return "refused: " + d.title[d.title.find("(") + 1:d.title.find(")")]
+    for d in ds:  # the first memory error decides
+        if SIGNATURES.kind_of(d.id) == "gpu memory":
+            if d.phase == "training":
+                return "OOM in training"
+            if d.phase == "generation":
+                return "OOM in generation"
+            return "OOM (phase unknown)"
+    return "other failure"
+
+
+known("preflight_refused", kind="refusal", phase="preflight")
+
+
+def refusal(job_dir: str | Path) -> Diagnosis | None:
+    """The preflight's refusal of a job (status.json failed before anything started, plan.json's errors), or None.
+
+    A refused job never started Ray: its log stops after the preflight report, which is no hang and no crash. What
+    it needs is the rules that refused it and their fixes (plan.json), not a guess from the log.
+    """
+    job_dir = Path(job_dir)
+    status, plan = read_json(job_dir / "status.json"), read_json(job_dir / "plan.json")
+    errors = [e for e in plan.get("errors") or [] if isinstance(e, dict) and e.get("rule")]
+    if status.get("status") != "failed" or not errors or "nothing was started" not in str(status.get("error", "")):
+        return None
+    rules = list(dict.fromkeys(e["rule"] for e in errors))
+    lines = [f"[{e['rule']}] {e.get('message', '')}" + (f"\n  fix: {e['fix']}" if e.get("fix") else "")
+             for e in errors]
+    fix_all = (plan.get("fix_all") or {}).get("overrides") if (plan.get("fix_all") or {}).get("passes") else None
+    # the first fix that is overrides the preflight re-checked (not advice in words, not "no single fix is known")
+    first_fix = next((e["fix"].split("  or  ")[0] for e in errors if e.get("fix")
+                      and str(e.get("checked", "")).startswith("re-checked: the preflight passes")), "")
+    overrides = shlex.split(fix_all or first_fix) if fix_all or first_fix else []
+    return Diagnosis(
+        id="preflight_refused",
+        title=f"Refused by the preflight ({', '.join(rules)}): nothing was started",
+        evidence=str(status.get("error")),
+        remedy="\n".join(lines + ([f"all together: {fix_all}"] if fix_all else [])
+                         + [f"(from {job_dir / 'plan.json'}; check again with preflight.only=true / make plan)"]),
+        overrides=overrides)
+
+
+def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Path, list[Diagnosis]]:
+    """Diagnose a log file or a job dir (its train.log, with its verl_config.yaml). Returns (log path, diagnoses).
+
+    A job the preflight refused gets that refusal (its rules and fixes from plan.json), not a reading of its log."""
+    p = Path(path)
+    job_dir = p if p.is_dir() else p.parent
+    log_path = p / "train.log" if p.is_dir() else p
+    refused = refusal(job_dir)
+    if refused is not None:
+        return log_path, [refused]
+    try:
+        idle: float | None = time.time() - log_path.stat().st_mtime
+    except OSError:
+        return log_path, []
+    text = read_log(log_path)
+    config = load_yaml(job_dir / "verl_config.yaml")
+    status = read_json(job_dir / "status.json")
+    if not logkind.marker(text) and not (log_path.name == "train.log" and status.get("status")):
+        return log_path, [not_a_log(log_path, text)]  # a grpo-lab job's train.log may be empty while it starts
+    if status.get("status") in ("failed", "ok") or status.get("ended"):
+        idle = None  # the job is over: the log is complete
+    error = status.get("error")
+    if status.get("status") == "failed" and isinstance(error, str) and error.strip():
+        last = error.strip().splitlines()[-1].strip()
+        if last not in text:  # the driver's exception, caught after the log's tee ended (runs before it was appended)
+            text += "\ngrpo-lab: the job raised (status.json):\n" + error + "\n"
+    return log_path, diagnose(text, config, idle_s=idle, stale_minutes=stale_minutes,
+                              stalls=status.get("status") != "ok")
+
+
+NOT_A_LOG = known("not_a_log", kind="input", phase="any")
+
+
+def not_a_log(path: Path, text: str) -> Diagnosis:
+    """What the doctor says of a file that is no verl or grpo-lab log (grpo_lab/after_run/logkind.py): that, nothing to try."""
+    first = logkind.first_line(text)
+    return Diagnosis(
+        id=NOT_A_LOG, title=f"{path} is not a verl or grpo-lab log" + ("" if first else " (it is empty)"),
+        evidence=f"first line: {first}" if first else "(empty file)",
+        remedy=("None of the lines that verl 0.9.1, Ray or run.py always print in a job is in it ("
+                + logkind.described() + "), so there is nothing to diagnose and nothing is suggested. Give the "
+                "doctor a job's log: make doctor LOG=outputs/runs/<job>/train.log (or the job's folder), or the "
+                "console output of a verl run."))
+
+
+def format_diagnoses(diagnoses: list[Diagnosis], source: str = "") -> str:
+    if not diagnoses:
+        return f"grpo-lab doctor: no known failure signature in {source or 'the log'}."
+    if [d.id for d in diagnoses] == [NOT_A_LOG]:
+        d = diagnoses[0]
+        return "\n".join([f"grpo-lab doctor: {d.title}; nothing to diagnose.", f"  {d.evidence}",
+                          f"  {d.remedy}"])
+    head = f"grpo-lab doctor: {len(diagnoses)} finding(s)" + (f" in {source}" if source else "") + ":"
+    return "\n".join([head] + [d.format() for d in diagnoses])
+
+
+def diagnose_file(path: str | Path) -> str:
+    """Readable diagnosis of a log file (or job dir); what the launcher prints when a job fails."""
+    log_path, ds = diagnose_path(path)
+    return format_diagnoses(ds, str(log_path))
+
+
+def write_diagnosis(job_dir: str | Path) -> list[Diagnosis]:
+    """Diagnose a job dir's train.log and write diagnosis.json beside it."""
+    job_dir = Path(job_dir)
+    _, ds = diagnose_path(job_dir)
+    out = {"log": "train.log", "diagnoses": [d.to_dict() for d in ds]}
+    facts.atomic_write(job_dir / "diagnosis.json", json.dumps(out, indent=2) + "\n")
+    return ds
+
+

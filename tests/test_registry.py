@@ -1,0 +1,90 @@
+"""grpo_lab/registry.py, the one shape of the preflight's rules and the doctor's signatures: what it refuses at
+registration, the memory rules chosen by kind (as fit.py listed them by hand), and the doctor's match order.
+
+(The checks that every rule id and every signature id is tested are in tests/test_preflight_rules.py and
+tests/test_doctor.py; this file names ids, so it is not counted there.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_lab.registry import PHASES, Entry, Registry
+from grpo_lab.checks.rules import RULES, ids, memory_ids
+
+
+def fresh() -> Registry[Entry]:
+    return Registry("rule", {"batch": "batches", "memory": "memory"}, "RULE_KINDS in somewhere.py")
+
+
+def test_a_registry_keeps_the_order_and_chooses_by_kind():
+    r = fresh()
+    for i, k in (("b", "memory"), ("a", "batch"), ("c", "memory")):
+        r.add(Entry(i, k, "update"))
+    assert list(r) == r.ids() == ["b", "a", "c"]
+    assert r.ids("memory") == ["b", "c"] and r.kind_of("a") == "batch" and r.kind_of("zzz") is None
+
+
+@pytest.mark.parametrize("entry, says", [
+    (Entry("x", "batch", "update"), "rule 'x' is registered twice"),
+    (Entry("y", "memroy", "update"),
+     "rule 'y': kind 'memroy' is not one of batch, memory (RULE_KINDS in somewhere.py)"),
+    (Entry("y", "batch", "training"), "rule 'y': phase 'training' is not one of compose, preflight, start-up"),
+    (Entry("Bad-id", "batch", "update"), "rule id 'Bad-id': use lower-case letters, digits and underscores"),
+])
+def test_a_registry_refuses_what_no_list_would_find(entry, says):
+    r = fresh()
+    r.add(Entry("x", "batch", "update"))
+    with pytest.raises(ValueError) as e:
+        r.add(entry)
+    assert says in str(e.value)
+    assert r.ids() == ["x"]
+    with pytest.raises(ValueError, match="kind 'memroy' is not one of batch, memory"):
+        r.ids("memroy")
+
+
+def test_the_memory_rules_are_fits_hand_list_of_today():
+    """fit.py and the preflight choose the memory rules by kind: the kind holds exactly the ids fit.py listed by hand,
+    so no rule became fixable or unfixable by the change."""
+    from grpo_lab.checks import fit
+
+    assert set(memory_ids()) == set(fit.MEMORY_RULES) == {
+        "memory_generation", "memory_training", "memory_weight_sync", "memory_host_ram", "vllm_kv_cache",
+        "full_finetune_too_big", "gpu_memory_utilization_range", "rollout_parallel"}
+    assert len(memory_ids()) == 8 and memory_ids() == ids("memory")
+
+
+def test_a_rules_kind_is_its_own_not_its_modules():
+    """Each rule module's rules are of its own kind, except these: the memory plan's fixes clear rollout_parallel and
+    gpu_memory_utilization_range (kind memory), the plan's notes on what it planned are kind plan."""
+    module_kind = {"batch": "batch", "values": "values", "setup": "setup", "memory": "memory", "reward": "reward",
+                   "emulation": "emulation", "verl_issues": "verl_issue"}
+    elsewhere = {r: RULES[r].kind for r in ids() if RULES[r].kind != module_kind[RULES[r].fn.__module__.split(".")[-1]]}
+    assert elsewhere == {"rollout_parallel": "memory", "gpu_memory_utilization_range": "memory",
+                         "model_arch_mismatch": "plan", "memory_notes": "plan", "rollout_tp_heads": "setup"}
+    assert [RULES[f"memory_{p}"].phase for p in ("generation", "training", "weight_sync")] == [
+        "rollout", "update", "weight sync"]
+    assert {RULES[r].phase for r in ids()} <= set(PHASES)
+
+
+def test_the_doctors_match_order_is_the_one_before_the_registry():
+    """diagnose() runs the matchers in registration order and keeps it for diagnoses on one line: the order the
+    doctor had as a plain list (_SIGNATURE_ORDER) before its signatures had ids."""
+    from grpo_lab.after_run.doctor.signatures import SIGNATURES, matchers
+
+    assert [m.__name__ for m in matchers()] == [
+        "_cuda_oom", "_kv_cache", "_flashinfer", "_lora_no_shard", "_lora_empty_adapter", "_raylet", "_illegal_access",
+        "_nccl", "_triton", "_flash_attn", "_ray_env", "_hydra_missing_key", "_reward_fn", "_host_oom"]
+    assert {s.phase for s in SIGNATURES.values()} <= set(PHASES)
+
+
+def test_the_out_of_memory_kind_is_the_old_prefix_test():
+    """The sweep summary's "OOM in ..." (doctor.failure_class) is chosen by kind now, no longer by id prefix; the kind
+    holds the same ids the prefix test matched."""
+    from grpo_lab.after_run import doctor
+    from grpo_lab.after_run.doctor.signatures import SIGNATURES
+
+    by_prefix = {s for s in SIGNATURES if s.startswith(("oom_", "vllm_kv")) or s == "vllm_startup_free_memory"}
+    assert set(SIGNATURES.ids("gpu memory")) == by_prefix and len(by_prefix) == 5
+    for s in SIGNATURES:
+        d = doctor.Diagnosis(s, "t", "e", "r", phase="training")
+        assert (doctor.failure_class([d]) == "OOM in training") == (s in by_prefix), s
