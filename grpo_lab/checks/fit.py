@@ -49,7 +49,7 @@ from grpo_lab.cli.config import put as _put
 from grpo_lab.checks.fit_moves import A, CONF, MARGIN, MOVES, PHASES, RANK, Ctx, move_title, tp_ok
 from grpo_lab.checks.fit_search import State, lora_start, search, way_out
 from grpo_lab.checks.fit_text import Change, FitResult, cost_words, format_result, override_strs
-from grpo_lab.checks.rules.memory import MEMORY_RULES  # noqa: F401 (the rules the fit is here to clear)
+from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
               ref_offload=_get(verl, A + "ref.fsdp_config.param_offload"))
     base_report = run_preflight(copy.deepcopy(dict(verl)), copy.deepcopy(lab), launching=False, environ=environ)
     blocked = [f"[{p.rule}] {p.message}" + (f"\n      fix: {p.fix}" if p.fix else "")
-               for p in base_report.errors if p.rule not in MEMORY_RULES]
+               for p in base_report.errors if p.rule not in memory_ids()]
     valid_util = 0.0 < s0.gpu_memory_utilization < 1.0
     before = memplan.memory_plan(arch, s0 if valid_util else replace(s0, gpu_memory_utilization=0.4), remedies=False)
     res = FitResult(ok=False, lora=False, overrides=[], values={}, changes=[], before=before, after=None, rejected=[],

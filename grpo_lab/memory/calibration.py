@@ -12,7 +12,7 @@ A regime is what the plan's error depends on and the recorded runs can vouch for
 size class, the rollout engine, and whether LoRA, a mixture of experts or FSDP2 is in play. A regime with no
 recorded run is "not measured".
 
-Verdicts follow the table (grpo_lab/memory/memplan.py, `verdict_of`): a phase is refused (`oom`) only when its predicted
+Verdicts follow the table (grpo_lab/memory/memplan_phases.py, `verdict_of`): a phase is refused (`oom`) only when its predicted
 peak is above the card by more than the regime's measured error in the plan's unsafe direction (how far the plan
 has been above what the runs measured), or by UNMEASURED_MARGIN where no run measured the regime; closer than that it
 is `tight`, a warning that says how close.

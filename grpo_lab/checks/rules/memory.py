@@ -19,13 +19,6 @@ from grpo_lab import facts
 from grpo_lab.cli.config import get as _get
 from grpo_lab.checks.rules import A, Ctx, Problem, error, note, oom, rule, warn
 
-# The rules about memory, as the hand list they were: grpo_lab/checks/fit.py still imports it. The rules of kind
-# "memory" (grpo_lab.checks.rules.memory_ids(), what the preflight reads) are the same ids, tested in
-# tests/test_preflight_rules.py; once fit.py reads memory_ids() this list goes.
-MEMORY_RULES = frozenset({"memory_generation", "memory_training", "memory_weight_sync", "memory_host_ram",
-                          "vllm_kv_cache", "full_finetune_too_big", "gpu_memory_utilization_range",
-                          "rollout_parallel"})
-
 
 @dataclass
 class ModelFacts:
