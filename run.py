@@ -18,17 +18,26 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from grpo_lab.cli.overrides import prepare
+from grpo_lab.cli.overrides import CommandLine, prepare
 from grpo_lab.verl_schema.verl_cache import tree_if_needed
 
+CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 
-@hydra.main(config_path="conf", config_name="config", version_base=None)
-def main(cfg: DictConfig) -> str:
-    from grpo_lab.launch.job import launch_job
-    from grpo_lab.launch.slurm import serve_ray_worker
 
-    # a SLURM job of several nodes runs this on each node: all but the first are Ray worker nodes (grpo_lab/launch/slurm.py)
-    return serve_ray_worker(cfg) or launch_job(cfg)
+def main(cli: CommandLine) -> None:
+    """Hydra's app, on the command line parsed once: Hydra reads it from sys.argv, each job gets it as `cli`."""
+
+    @hydra.main(config_path="conf", config_name="config", version_base=None)
+    def job(cfg: DictConfig) -> str:
+        from grpo_lab.launch.job import launch_job
+        from grpo_lab.launch.slurm import serve_ray_worker
+
+        # a SLURM job of several nodes runs this on each node: all but the first are Ray worker nodes
+        # (grpo_lab/launch/slurm.py)
+        return serve_ray_worker(cfg) or launch_job(cfg, cli)
+
+    sys.argv = [sys.argv[0], *cli.argv]  # the command line, then the environment's knobs
+    job()
 
 
 if __name__ == "__main__":
@@ -39,10 +48,10 @@ if __name__ == "__main__":
         from grpo_lab.cli import config
 
         config.CREATE_RUN_DIRS = False  # Hydra only prints: no run folder
-    sys.argv = [sys.argv[0], *cli.argv]
-    # verl's composed ppo_trainer is cached (grpo_lab/verl_schema/verl_cache.py); picking a verl group option needs its own tree
-    with tree_if_needed(cli, os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):
-        main()
+    # verl's composed ppo_trainer is cached (grpo_lab/verl_schema/verl_cache.py); picking a verl group option needs its
+    # own tree
+    with tree_if_needed(cli, CONF):
+        main(cli)
     from grpo_lab.launch import job as launch
 
     if launch.REFUSED:  # multirun: the refused jobs were reported one by one; the sweep as a whole did not pass

@@ -550,10 +550,4 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=s
         raise SystemExit(2) from None
     for w in cli.warnings:  # also in each job's plan.json (grpo_lab/launch/job.py)
         print(f"grpo-lab: warning: {w}", file=err)
-    global LAST
-    LAST = cli
     return cli
-
-
-# the command line run.py parsed in this process (grpo_lab.cli.provenance reads which override came from where)
-LAST: CommandLine | None = None

@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -29,6 +29,9 @@ from grpo_lab.cli.config import checkpoint_key, get, put, split
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.facts import atomic_write, write_json
 
+if TYPE_CHECKING:
+    from grpo_lab.cli.overrides import CommandLine
+
 
 # the sweep jobs of this process that grpo-lab refused (run.py exits 2 after the sweep when there are any)
 REFUSED: list[str] = []
@@ -38,7 +41,8 @@ NOT_READY_EXIT = 3
 NOT_READY: list[str] = []
 
 
-def launch_job(cfg: DictConfig) -> str:
+def launch_job(cfg: DictConfig, cli: CommandLine | None = None) -> str:
+    """Run one Hydra job; `cli` is the command line run.py parsed (None: a job composed without it, e.g. by a test)."""
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
@@ -46,7 +50,7 @@ def launch_job(cfg: DictConfig) -> str:
     try:
         with tee_output(job_dir / "train.log"):
             status.write("running")
-            result, ready = _run(cfg, job_dir, multirun, hc.job.override_dirname)
+            result, ready = _run(cfg, job_dir, multirun, hc.job.override_dirname, cli)
         if ready:
             status.write("ok", note=result)
             return result
@@ -96,7 +100,8 @@ def _append(path: Path, text: str) -> None:
         pass  # a log that cannot be written must not hide the job's own error
 
 
-def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) -> tuple[str, bool]:
+def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str,
+         cli: CommandLine | None) -> tuple[str, bool]:
     """(what the job did, whether it was ready here: False only for a plan of a run that cannot start here)."""
     try:
         verl, lab = split(cfg)
@@ -114,7 +119,7 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     from grpo_lab.checks.microbatch import settle
     from grpo_lab.cli.provenance import job_layers
 
-    layers = job_layers()
+    layers = job_layers(cli.env_names if cli is not None else None)
     lab["micro_batch"] = settle(verl, layers)
     # --- SLURM hook (grpo_lab/launch/slurm.py): the first node of a SLURM job of several nodes starts a Ray cluster across
     # them (below, around verl) and the job joins it by address; None everywhere else
@@ -152,16 +157,14 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
     report = run_preflight(planned, lab, launching=not only)
     # what this machine lacks: refused when launching; a plan that holds gets "not ready to launch here"
     report.not_ready = not_ready_here(planned, lab, os.environ, plan_only=only)
-    report.fit_args = own_args(multirun)  # for `make fit ARGS="..."` when no fix fits every phase
+    report.fit_args = own_args(multirun, cli)  # for `make fit ARGS="..."` when no fix fits every phase
     plan = report.to_json()
     from grpo_lab.cli.provenance import for_job
 
     plan["changed_defaults"] = changed = for_job(verl, multirun=multirun, layers=layers)
     mark_changed(changed, kv_pin)  # side-by-side hook
-    from grpo_lab.cli import overrides
-
     # a value given twice (grpo_lab/cli/overrides.py warned on the console before composing): which one wins, on record
-    twice = overrides.LAST.warnings if overrides.LAST is not None else []
+    twice = cli.warnings if cli is not None else []
     plan["warnings"] = list(plan.get("warnings", [])) + [{"rule": "key_given_twice", "message": w, "fix": ""}
                                                          for w in twice]
     if lab["micro_batch"]:
@@ -182,31 +185,27 @@ def _run(cfg: DictConfig, job_dir: Path, multirun: bool, override_dirname: str) 
             print(f"grpo-lab: the plan holds, but the run cannot start on this machine: {len(report.not_ready)} "
                   f"thing(s) under \"Not ready to launch here\" above (exit code {NOT_READY_EXIT}).")
         elif not multirun:
-            print(f"next: {next_command()}")
+            print(f"next: {next_command(cli)}")
         return "planned", report.ready
     with cluster.running() if cluster else contextlib.nullcontext():  # SLURM hook: Ray on every node, then verl
         run_verl(verl)
     return "trained", True
 
 
-def next_command() -> str:
+def next_command(cli: CommandLine | None) -> str:
     """The command that starts what `preflight.only=true` checked: this command line without it."""
     import shlex
 
-    from grpo_lab.cli import overrides
-
-    args = overrides.LAST.args if overrides.LAST is not None else list(HydraConfig.get().overrides.task)
+    args = cli.args if cli is not None else list(HydraConfig.get().overrides.task)
     keep = [a for a in args if a.split("=", 1)[0].lstrip("+") != "preflight.only"]
     return "python run.py " + " ".join(shlex.quote(a) for a in keep) if keep else "python run.py"
 
 
-def own_args(multirun: bool) -> list[str]:
+def own_args(multirun: bool, cli: CommandLine | None) -> list[str]:
     """The user's own overrides of this job, as typed (a sweep job: its own point), without what only launches or
     places it (preflight.only, Hydra's flags and hydra.* settings)."""
-    from grpo_lab.cli import overrides
-
     hc = HydraConfig.get()
-    args = list(hc.overrides.task) if multirun or overrides.LAST is None else list(overrides.LAST.args)
+    args = list(hc.overrides.task) if multirun or cli is None else list(cli.args)
     skip = ("preflight.only", "preflight.fit", "preflight.fit_write", "preflight.fit_overwrite")
     return [a for a in args if not a.startswith("-") and a.split("=", 1)[0].lstrip("+~") not in skip
             and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
