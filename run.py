@@ -18,6 +18,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from grpo_lab.cli.config import use_run_dirs
 from grpo_lab.cli.overrides import CommandLine, prepare
 from grpo_lab.verl_schema.verl_cache import tree_if_needed
 
@@ -44,10 +45,7 @@ if __name__ == "__main__":
     # the command line parsed once (grpo_lab/cli/overrides.py): a mistake is refused here, before composing; the
     # environment's knobs are added as overrides
     cli = prepare(sys.argv)
-    if cli.flags.cfg or cli.flags.info or cli.flags.help or cli.flags.hydra_help:
-        from grpo_lab.cli import config
-
-        config.CREATE_RUN_DIRS = False  # Hydra only prints: no run folder
+    use_run_dirs(create=not cli.only_prints)  # hydra.run.dir's resolver: no run folder when Hydra only prints
     # verl's composed ppo_trainer is cached (grpo_lab/verl_schema/verl_cache.py); picking a verl group option needs its
     # own tree
     with tree_if_needed(cli, CONF):

@@ -78,6 +78,13 @@ class CommandLine:
     def keys(self) -> set[str]:
         return {o.key_or_group for o in self.overrides}
 
+    @property
+    def only_prints(self) -> bool:
+        """Hydra only prints (--cfg, --info, --help, --hydra-help): no job runs, so no run folder is made."""
+        f = self.flags
+        return bool(getattr(f, "cfg", None) or getattr(f, "info", None) or getattr(f, "help", False)
+                    or getattr(f, "hydra_help", False))
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # parsing
