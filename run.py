@@ -26,7 +26,8 @@ CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 
 
 def main(cli: CommandLine) -> None:
-    """Hydra's app, on the command line parsed once: Hydra reads it from sys.argv, each job gets it as `cli`."""
+    """Hydra's app, on the command line parsed once: Hydra reads it from sys.argv, each job gets it as `cli`. A job
+    refused or not ready here exits 2 or 3; a sweep of them, at its end (grpo_lab/launch/outcome.py, a Hydra callback)."""
 
     @hydra.main(config_path="conf", config_name="config", version_base=None)
     def job(cfg: DictConfig) -> str:
@@ -50,13 +51,3 @@ if __name__ == "__main__":
     # own tree
     with tree_if_needed(cli, CONF):
         main(cli)
-    from grpo_lab.launch import job as launch
-
-    if launch.REFUSED:  # multirun: the refused jobs were reported one by one; the sweep as a whole did not pass
-        print(f"grpo-lab: {len(launch.REFUSED)} sweep job(s) refused: {', '.join(launch.REFUSED)} (their plan.json "
-              f"and the sweep's summary.md say why)", file=sys.stderr)
-        sys.exit(2)
-    if launch.NOT_READY:  # multirun of plans: they hold, but this machine lacks what they need
-        print(f"grpo-lab: {len(launch.NOT_READY)} sweep job(s) planned OK but not ready to launch here (each job's "
-              f"\"Not ready to launch here\" above; plan.json \"not_ready_here\")", file=sys.stderr)
-        sys.exit(launch.NOT_READY_EXIT)

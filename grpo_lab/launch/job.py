@@ -28,17 +28,10 @@ from omegaconf.errors import MissingMandatoryValue
 from grpo_lab.cli.config import checkpoint_key, get, put, split
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.facts import atomic_write, write_json
+from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
 
 if TYPE_CHECKING:
     from grpo_lab.cli.overrides import CommandLine
-
-
-# the sweep jobs of this process that grpo-lab refused (run.py exits 2 after the sweep when there are any)
-REFUSED: list[str] = []
-# the exit code of a plan (preflight.only) that holds but cannot start on this machine (README: exit codes)
-NOT_READY_EXIT = 3
-# the sweep jobs of this process planned OK but not ready to launch here (run.py exits 3 when no job was refused)
-NOT_READY: list[str] = []
 
 
 def launch_job(cfg: DictConfig, cli: CommandLine | None = None) -> str:
@@ -56,12 +49,11 @@ def launch_job(cfg: DictConfig, cli: CommandLine | None = None) -> str:
             return result
         status.write("ok", note=result, ready_here=False, exit=NOT_READY_EXIT)
     except GrpoLabError as e:
-        status.write("failed", error=str(e), exit=2)
+        status.write("failed", error=str(e), exit=REFUSED_EXIT)
         print(f"\ngrpo-lab: {e}", file=sys.stderr)
-        if multirun:  # a refusal is no crash: no traceback; the sweep goes on, and run.py exits 2 at its end
-            REFUSED.append(str(job_dir))
+        if multirun:  # a refusal is no crash: no traceback; the sweep goes on, and exits 2 at its end (outcome.py)
             return "refused"
-        raise SystemExit(2) from None
+        raise SystemExit(REFUSED_EXIT) from None
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
         status.write("failed", error=error, exit=1)
@@ -72,9 +64,8 @@ def launch_job(cfg: DictConfig, cli: CommandLine | None = None) -> str:
         if found:
             status.write("failed", error=error, exit=1, diagnosis=[d.to_dict() for d in found])
         raise
-    # a plan that holds, not ready to launch here: its own exit code (a sweep: run.py's, after the last job)
+    # a plan that holds, not ready to launch here: its own exit code (a sweep's, after the last job: outcome.py)
     if multirun:
-        NOT_READY.append(str(job_dir))
         return result
     raise SystemExit(NOT_READY_EXIT)
 
