@@ -67,6 +67,20 @@ def put(d: dict[str, Any], dotted: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
+def with_value(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of d with d['a']['b'] = value for 'a.b': the dicts on the way are new (read-only mappings too),
+    everything else is shared."""
+    out = dict(d)
+    cur = out
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        cur[part] = nxt = dict(nxt) if isinstance(nxt, Mapping) else {}
+        cur = nxt
+    cur[parts[-1]] = value
+    return out
+
+
 def use_run_dirs(create: bool = True) -> None:
     """Register `lab_unique_dir`, the resolver of hydra.run.dir / hydra.sweep.dir (conf/config.yaml), replacing any
     earlier one: create=False when Hydra will only print (--cfg, --info, --help), so that no run folder is made.
