@@ -201,9 +201,23 @@ class Emulated:
     """What `emulate` makes of a config. Without emulation `planned` and `verl` are the input itself."""
 
     planned: dict[str, Any]  # what the preflight plans: utilizations as typed (of the small card), the workers capped
-    verl: dict[str, Any]  # what verl gets: the same, with each utilization scaled to the real card
     info: dict[str, Any] | None = None  # plan.json's "emulation" section; None without emulation
     settings: Emulation | None = None
+
+    @functools.cached_property
+    def verl(self) -> dict[str, Any]:
+        """What verl gets: `planned` with each utilization scaled to the real card, in a copy that shares nothing
+        with it (made when first asked for: the preflight's rule only describes)."""
+        if self.info is None:
+            return self.planned
+        out = _plain(self.planned)
+        for path, u in self.info["gpu_memory_utilization"].items():
+            node = out
+            *parents, key = path.split(".")
+            for p in parents:
+                node = node[p]
+            node[key] = u["handed_to_engine"]
+        return out
 
 
 def emulate(config: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str]) -> Emulated:
@@ -211,22 +225,14 @@ def emulate(config: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str
     record of it. Raises EmulationError for input emulation cannot take; `config` is left as it is."""
     emu = settings(lab)
     if emu is None:
-        return Emulated(config, config)
+        return Emulated(config)
     env = dict(get(config, ENV_VARS, {}) or {})
     env.update(worker_env(emu, env, environ, config))
     check_engine(config)
-    planned = with_value(config, ENV_VARS, env)
-    verl = _plain(planned)
-    scaled = {}
-    for path, util in _utils(planned):
-        parts = path.split(".")
-        node = verl
-        for p in parts[:-1]:
-            node = node[p]
-        node[parts[-1]] = emu.scale(util)
-        scaled[path] = {"planned": util, "handed_to_engine": emu.scale(util),
-                        # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
-                        "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
+    scaled = {path: {"planned": util, "handed_to_engine": emu.scale(util),
+                     # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
+                     "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
+              for path, util in _utils(config)}
     info = {
         "emulated": True,
         "card": f"{emu.name or f'{emu.card_gb:g} GB card'} ({emu.card_gb:g} GB)",
@@ -238,7 +244,7 @@ def emulate(config: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str
         "gpu_memory_utilization": scaled,
         "worker_env": {k: env[k] for k in (*ALLOC_VARS, "NCCL_P2P_DISABLE") if k in env},
     }
-    return Emulated(planned, verl, info, emu)
+    return Emulated(with_value(config, ENV_VARS, env), info, emu)
 
 
 def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
@@ -256,16 +262,20 @@ def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
 def describe(done: Emulated) -> str:
     """One paragraph for the preflight's notes: the run is emulated, and the real values vLLM and torch get; "" without
     emulation."""
-    emu = done.settings
-    if emu is None:
+    emu, info = done.settings, done.info
+    if emu is None or info is None:
         return ""
     conf = get(done.planned, ENV_VARS)["PYTORCH_CUDA_ALLOC_CONF"]
     cap = float(dict(parse_alloc_conf(conf)).get(FRACTION_KEY, emu.fraction))
     own = (f" (your own {FRACTION_KEY}, kept; emulation's would be {emu.fraction:.6g})"
            if abs(cap - emu.fraction) > 1e-6 else "")
-    utils = "; ".join(f"{p.split('.')[-2]}.{UTIL_KEY} {u:g} of {emu.card_gb:g} GB = {u * emu.card_gb:.2f} GB -> "
-                      f"{emu.scale(u):g} of {emu.real_gb:g} GB" for p, u in _utils(done.planned)
-                      if p.startswith("actor_rollout_ref."))
+    said = []
+    for path, scaled in info["gpu_memory_utilization"].items():
+        if path.startswith("actor_rollout_ref."):
+            u = scaled["planned"]
+            said.append(f"{path.split('.')[-2]}.{UTIL_KEY} {u:g} of {emu.card_gb:g} GB = {u * emu.card_gb:.2f} GB -> "
+                        f"{scaled['handed_to_engine']:g} of {emu.real_gb:g} GB")
+    utils = "; ".join(said)
     names = [f" ({n})" if n else "" for n in (emu.name, emu.real_name)]
     return (f"EMULATED: planned for {emu.card_gb:g} GB cards{names[0]}, running on {emu.real_gb:g} GB cards{names[1]}. "
             f"Handed to vLLM: {utils}. Handed to torch in every Ray worker: "
