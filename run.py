@@ -26,8 +26,8 @@ CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 
 
 def main(cli: CommandLine) -> None:
-    """Hydra's app, on the command line parsed once: Hydra reads it from sys.argv, each job gets it as `cli`. A job
-    refused or not ready here exits 2 or 3; a sweep of them, at its end (grpo_lab/launch/outcome.py, a Hydra callback)."""
+    """Hydra's app, on the command line parsed once: Hydra reads it from sys.argv, each job gets it as `cli`.
+    A job refused or not ready here exits 2 or 3; a sweep of them, at its end (a Hydra callback, launch/outcome.py)."""
 
     @hydra.main(config_path="conf", config_name="config", version_base=None)
     def job(cfg: DictConfig) -> str:
