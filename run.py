@@ -18,38 +18,36 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from grpo_lab.cli.overrides import prepare
+from grpo_lab.cli.config import use_run_dirs
+from grpo_lab.cli.overrides import CommandLine, prepare
 from grpo_lab.verl_schema.verl_cache import tree_if_needed
 
+CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 
-@hydra.main(config_path="conf", config_name="config", version_base=None)
-def main(cfg: DictConfig) -> str:
-    from grpo_lab.launch.job import launch_job
-    from grpo_lab.launch.slurm import serve_ray_worker
 
-    # a SLURM job of several nodes runs this on each node: all but the first are Ray worker nodes (grpo_lab/launch/slurm.py)
-    return serve_ray_worker(cfg) or launch_job(cfg)
+def main(cli: CommandLine) -> None:
+    """Hydra's app, on the command line parsed once: Hydra reads it from sys.argv, each job gets it as `cli`.
+    A job refused or not ready here exits 2 or 3; a sweep of them, at its end (a Hydra callback, launch/outcome.py)."""
+
+    @hydra.main(config_path="conf", config_name="config", version_base=None)
+    def job(cfg: DictConfig) -> str:
+        from grpo_lab.launch.job import launch_job
+        from grpo_lab.launch.slurm import serve_ray_worker
+
+        # a SLURM job of several nodes runs this on each node: all but the first are Ray worker nodes
+        # (grpo_lab/launch/slurm.py)
+        return serve_ray_worker(cfg) or launch_job(cfg, cli)
+
+    sys.argv = [sys.argv[0], *cli.argv]  # the command line, then the environment's knobs
+    job()
 
 
 if __name__ == "__main__":
     # the command line parsed once (grpo_lab/cli/overrides.py): a mistake is refused here, before composing; the
     # environment's knobs are added as overrides
     cli = prepare(sys.argv)
-    if cli.flags.cfg or cli.flags.info or cli.flags.help or cli.flags.hydra_help:
-        from grpo_lab.cli import config
-
-        config.CREATE_RUN_DIRS = False  # Hydra only prints: no run folder
-    sys.argv = [sys.argv[0], *cli.argv]
-    # verl's composed ppo_trainer is cached (grpo_lab/verl_schema/verl_cache.py); picking a verl group option needs its own tree
-    with tree_if_needed(cli, os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):
-        main()
-    from grpo_lab.launch import job as launch
-
-    if launch.REFUSED:  # multirun: the refused jobs were reported one by one; the sweep as a whole did not pass
-        print(f"grpo-lab: {len(launch.REFUSED)} sweep job(s) refused: {', '.join(launch.REFUSED)} (their plan.json "
-              f"and the sweep's summary.md say why)", file=sys.stderr)
-        sys.exit(2)
-    if launch.NOT_READY:  # multirun of plans: they hold, but this machine lacks what they need
-        print(f"grpo-lab: {len(launch.NOT_READY)} sweep job(s) planned OK but not ready to launch here (each job's "
-              f"\"Not ready to launch here\" above; plan.json \"not_ready_here\")", file=sys.stderr)
-        sys.exit(launch.NOT_READY_EXIT)
+    use_run_dirs(create=not cli.only_prints)  # hydra.run.dir's resolver: no run folder when Hydra only prints
+    # verl's composed ppo_trainer is cached (grpo_lab/verl_schema/verl_cache.py); picking a verl group option needs its
+    # own tree
+    with tree_if_needed(cli, CONF):
+        main(cli)

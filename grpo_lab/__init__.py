@@ -14,10 +14,11 @@ if not OmegaConf.has_resolver("lab_fraction"):
     OmegaConf.register_new_resolver("lab_fraction", lambda n, f: max(1, int(n * f)))
 
 # `${lab_unique_dir:path}` in conf/config.yaml's hydra.run.dir and hydra.sweep.dir: one folder per run (grpo_lab/cli/config.py)
+# (run.py registers it again, with create=False, when Hydra only prints)
 if not OmegaConf.has_resolver("lab_unique_dir"):
-    from grpo_lab.cli.config import unique_dir
+    from grpo_lab.cli.config import use_run_dirs
 
-    OmegaConf.register_new_resolver("lab_unique_dir", unique_dir, use_cache=True)
+    use_run_dirs(create=True)
 
 # `${lab_pkg:tasks/rewards/strict_format.py}` in conf/reward_fn/: a file shipped inside this package, by absolute path, so a
 # shipped reward is found wherever run.py is launched from (`${hydra:runtime.cwd}` is the launch folder)

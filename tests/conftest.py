@@ -95,7 +95,7 @@ def fresh_clone(dest: Path) -> Path:
     return dest
 
 
-NOT_READY_EXIT = 3  # run.py's exit code for a plan that holds but cannot start here (grpo_lab/launch/job.py, README)
+NOT_READY_EXIT = 3  # run.py's exit code: a plan that holds but cannot start here (grpo_lab/launch/outcome.py, README)
 
 
 def planned(proc: subprocess.CompletedProcess) -> bool:

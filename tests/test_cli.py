@@ -269,6 +269,23 @@ def test_two_runs_started_at_once_get_two_folders(tmp_path):
         assert (run / "train.log").read_text().count("preflight: plan OK; not ready to launch here") == 1
 
 
+def test_the_run_folder_resolver_names_without_making_when_told(tmp_path):
+    from omegaconf import OmegaConf
+
+    from grpo_lab.cli.config import use_run_dirs
+
+    (tmp_path / "run").mkdir()
+    cfg = OmegaConf.create({"a": f"${{lab_unique_dir:{tmp_path / 'run'}}}", "b": f"${{lab_unique_dir:{tmp_path / 'new'}}}"})
+    try:
+        use_run_dirs(create=False)
+        assert (cfg.a, cfg.b) == (f"{tmp_path / 'run'}_2", str(tmp_path / "new"))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    finally:
+        use_run_dirs(create=True)
+    made = OmegaConf.create({"a": f"${{lab_unique_dir:{tmp_path / 'run'}}}"}).a
+    assert made == f"{tmp_path / 'run'}_2" and (tmp_path / "run_2").is_dir()
+
+
 def test_printing_the_config_makes_no_run_folder(tmp_path):
     """--cfg only prints: the run folder that hydra.run.dir names (lab_unique_dir) is not created."""
     proc = run_py("--cfg", "all", "--resolve", "experiment=smoke", cwd=tmp_path)

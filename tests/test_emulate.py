@@ -222,3 +222,27 @@ def test_raw_verl_gets_the_same_emulated_values(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "grpo_lab.cli.rawcmd", EMU, "lab.hardware.emulate.real_gpu_memory_gb=16"],
                          cwd=ROOT, text=True, capture_output=True, timeout=120)
     assert bad.returncode == 2 and "cannot emulate a 32 GB card on 16 GB cards" in bad.stderr
+
+
+def test_one_transform_gives_the_planned_and_the_handed_config_and_leaves_its_input(tmp_path):
+    from conftest import composed
+    from grpo_lab.checks.rules import freeze
+
+    verl, lab = composed(EMU)
+    before = json.dumps(verl, sort_keys=True)
+    done = emulate.emulate(verl, lab, {})
+    assert json.dumps(verl, sort_keys=True) == before  # the input as it was
+    assert get(done.planned, UTIL) == 0.4 and get(done.verl, UTIL) == pytest.approx(0.4 * FRACTION, abs=1e-6)
+    cap = "per_process_memory_fraction:0.228898"
+    assert get(done.planned, ENV)["PYTORCH_CUDA_ALLOC_CONF"] == get(done.verl, ENV)["PYTORCH_CUDA_ALLOC_CONF"] == cap
+    assert done.info["gpu_memory_utilization"][UTIL]["handed_to_engine"] == get(done.verl, UTIL)
+    # what verl gets shares nothing with the plan: a later change to it (the side-by-side KV pin) is verl's alone
+    done.verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]["x"] = 1
+    assert "x" not in done.planned["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]
+    # the preflight's rules read a read-only view: the same result from it, and again from what it planned
+    again = emulate.emulate(freeze(done.planned), lab, {})
+    assert again.info == done.info and emulate.describe(again) == emulate.describe(done)
+    # without emulation: the input itself, twice
+    lab["hardware"]["emulate"]["real_gpu_memory_gb"] = None
+    plain = emulate.emulate(verl, lab, {})
+    assert plain.planned is verl and plain.verl is verl and plain.info is None and emulate.describe(plain) == ""

@@ -209,7 +209,7 @@ def test_a_failed_jobs_exception_goes_into_its_log(monkeypatch, tmp_path):
     def boom(*a, **k):
         raise NotImplementedError("offload_to_cpu=True and NO_SHARD is not supported yet")
 
-    monkeypatch.setattr(launch, "_run", boom)
+    monkeypatch.setattr(launch, "run_stages", boom)
     with pytest.raises(NotImplementedError):
         launch.launch_job(None)
     log = (tmp_path / "train.log").read_text()

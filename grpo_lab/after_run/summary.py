@@ -393,28 +393,8 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
                 if sweep.is_dir():
                     summarize_sweep(sweep, plots=self.plots)
                     log.info("grpo-lab: sweep summary in %s", sweep / "summary.md")
-                    _note_refused(sweep)
         except BaseException as e:
             log.warning("grpo-lab: sweep summary callback: %s: %s", type(e).__name__, e)
-
-
-def _note_refused(sweep: Path) -> None:
-    """Jobs refused in other processes (hydra/launcher=side_by_side runs each job in a worker process) join
-    grpo_lab.launch.job.REFUSED here, in run.py's process, so that run.py exits 2 after such a sweep too; plans that are
-    not ready to launch here join grpo_lab.launch.job.NOT_READY (run.py exits 3)."""
-    from grpo_lab.after_run import doctor
-    from grpo_lab.launch import job as launch
-
-    known = {str(Path(p).resolve()) for p in launch.REFUSED + launch.NOT_READY}
-    for status in sorted(sweep.glob("*/status.json")):
-        st = doctor.read_json(status)
-        job = str(status.parent.resolve())
-        if job in known:
-            continue
-        if st.get("status") == "failed" and st.get("exit") == 2:
-            launch.REFUSED.append(job)
-        elif st.get("status") == "ok" and st.get("ready_here") is False:
-            launch.NOT_READY.append(job)
 
 
 def _job_failed(job_return: Any) -> bool:

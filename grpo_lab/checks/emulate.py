@@ -6,7 +6,8 @@ to `lab.hardware.gpu_memory_gb` (the card it stands in for; the preflight, the p
     python run.py hardware=h200x4_as_rtx4080x4                               # the course machine on 4 H200
     python run.py hardware=a100_80gbx8 lab.hardware.gpu_memory_gb=32 lab.hardware.emulate.real_gpu_memory_gb=80
 
-What changes, all here (the launcher calls `worker_env` and `for_devices` from two marked hooks):
+What changes, all in one transform, `emulate(config, lab, environ)` (the launcher's emulate stage, grpo_lab/launch/
+job.py; raw verl's command, grpo_lab/cli/rawcmd.py; the preflight's rule `emulation` says what it does):
 
 * every numeric `gpu_memory_utilization` verl hands to an inference engine (the rollout's, a reward model's, a
   teacher's) is scaled by small/real, so `rollout_gpu_mem_util=0.5` still means "0.5 of the small card": vLLM
@@ -27,12 +28,12 @@ What changes, all here (the launcher calls `worker_env` and `for_devices` from t
   SUM on one card (trainer + vLLM): the planner does (its per-phase peaks), and on the GPU the runs record
   nvidia-smi's used memory per card next to the 32 GB.
 
-Pure on plain dicts; raises EmulationError with the fix for bad input (the launcher turns it into its error).
+Pure on plain dicts (the input is left as it is); raises EmulationError with the fix for bad input (the launcher
+turns it into its refusal).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib.util
 import re
@@ -40,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from grpo_lab.cli.config import get, put
+from grpo_lab.cli.config import get, with_value
 
+ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"  # what verl hands its Ray workers
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the name torch 2.11 reads first, then the new one
 FRACTION_KEY = "per_process_memory_fraction"
 UTIL_KEY = "gpu_memory_utilization"
@@ -146,17 +148,14 @@ def _user_alloc(env: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str
     return None, None
 
 
-def worker_env(env: Mapping[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str],
-               verl: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """The variables emulation adds to verl's Ray workers ({} without emulation); `env` is what the job already
-    hands them. PYTORCH_CUDA_ALLOC_CONF always (torch 2.11 reads it first); PYTORCH_ALLOC_CONF too when the user set
-    it, with the same value, so that whichever name a torch reads first carries the cap."""
-    emu = settings(lab)
-    if emu is None:
-        return {}
+def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str],
+               verl: Mapping[str, Any]) -> dict[str, str]:
+    """The variables emulation adds to verl's Ray workers; `env` is what the job already hands them.
+    PYTORCH_CUDA_ALLOC_CONF always (torch 2.11 reads it first); PYTORCH_ALLOC_CONF too when the user set it, with the
+    same value, so that whichever name a torch reads first carries the cap."""
     user, _ = _user_alloc(env, environ)
     merged, _ = merge_alloc_conf(user, emu.fraction)
-    sleep = get(verl or {}, "actor_rollout_ref.rollout.enable_sleep_mode", True)
+    sleep = get(verl, "actor_rollout_ref.rollout.enable_sleep_mode", True)
     if sleep and any(k == "expandable_segments" and v == "True" for k, v in parse_alloc_conf(merged)):
         raise EmulationError(f"your allocator setting {user!r} turns expandable_segments on; emulation hands it to "
                              f"vLLM's processes in PYTORCH_CUDA_ALLOC_CONF, and vLLM's sleep mode refuses that "
@@ -179,19 +178,14 @@ def _utils(d: Any, path: str = "") -> Iterator[tuple[str, float]]:
                 yield from _utils(v, p)
 
 
-def for_raw(verl: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """What run.py's two hooks do, for `python -m grpo_lab.cli.rawcmd` (raw verl with the same config)."""
-    import os
-
-    environ = os.environ if environ is None else environ
-    if settings(lab) is None:
-        return verl
-    path = "ray_kwargs.ray_init.runtime_env.env_vars"
-    env = dict(get(verl, path, {}) or {})
-    env.update(worker_env(env, lab, environ, verl))
-    verl = copy.deepcopy(verl)
-    put(verl, path, env)
-    return for_devices(verl, lab, environ)[0]
+def _plain(x: Any) -> Any:
+    """A copy that shares nothing: mappings as dicts, lists and tuples as lists (the preflight's rules read a
+    read-only view of the config: grpo_lab/checks/rules/__init__.py's freeze)."""
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
 
 
 def check_engine(verl: Mapping[str, Any]) -> None:
@@ -202,26 +196,43 @@ def check_engine(verl: Mapping[str, Any]) -> None:
                              f"scale. Use actor_rollout_ref.rollout.name=vllm, or run {engine} without emulation")
 
 
-def for_devices(verl: dict[str, Any], lab: Mapping[str, Any],
-                environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the config verl gets, the plan's "emulation" section). Without emulation: (verl itself, None). With it: a
-    copy whose gpu_memory_utilization values are scaled to the real card; `verl` (as planned) is left as it is."""
+@dataclass(frozen=True)
+class Emulated:
+    """What `emulate` makes of a config. Without emulation `planned` and `verl` are the input itself."""
+
+    planned: dict[str, Any]  # what the preflight plans: utilizations as typed (of the small card), the workers capped
+    info: dict[str, Any] | None = None  # plan.json's "emulation" section; None without emulation
+    settings: Emulation | None = None
+
+    @functools.cached_property
+    def verl(self) -> dict[str, Any]:
+        """What verl gets: `planned` with each utilization scaled to the real card, in a copy that shares nothing
+        with it (made when first asked for: the preflight's rule only describes)."""
+        if self.info is None:
+            return self.planned
+        out = _plain(self.planned)
+        for path, u in self.info["gpu_memory_utilization"].items():
+            node = out
+            *parents, key = path.split(".")
+            for p in parents:
+                node = node[p]
+            node[key] = u["handed_to_engine"]
+        return out
+
+
+def emulate(config: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str]) -> Emulated:
+    """The config for an emulated smaller card, as planned and as verl gets it (see the module doc), and the plan's
+    record of it. Raises EmulationError for input emulation cannot take; `config` is left as it is."""
     emu = settings(lab)
     if emu is None:
-        return verl, None
-    check_engine(verl)
-    out = copy.deepcopy(verl)
-    scaled = {}
-    for path, util in _utils(verl):
-        parts = path.split(".")
-        node = out
-        for p in parts[:-1]:
-            node = node[p]
-        node[parts[-1]] = emu.scale(util)
-        scaled[path] = {"planned": util, "handed_to_engine": emu.scale(util),
-                        # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
-                        "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
-    env = get(out, "ray_kwargs.ray_init.runtime_env.env_vars", {}) or {}
+        return Emulated(config)
+    env = dict(get(config, ENV_VARS, {}) or {})
+    env.update(worker_env(emu, env, environ, config))
+    check_engine(config)
+    scaled = {path: {"planned": util, "handed_to_engine": emu.scale(util),
+                     # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
+                     "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
+              for path, util in _utils(config)}
     info = {
         "emulated": True,
         "card": f"{emu.name or f'{emu.card_gb:g} GB card'} ({emu.card_gb:g} GB)",
@@ -233,13 +244,13 @@ def for_devices(verl: dict[str, Any], lab: Mapping[str, Any],
         "gpu_memory_utilization": scaled,
         "worker_env": {k: env[k] for k in (*ALLOC_VARS, "NCCL_P2P_DISABLE") if k in env},
     }
-    return out, info
+    return Emulated(with_value(config, ENV_VARS, env), info, emu)
 
 
 def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
     """plan.json's changed_defaults (what verl got) says which values emulation scaled, from what."""
     for item in changed:
-        if item.get("key") in {f"ray_kwargs.ray_init.runtime_env.env_vars.{v}" for v in ALLOC_VARS}:
+        if item.get("key") in {f"{ENV_VARS}.{v}" for v in ALLOC_VARS}:
             item["set_by"] = "emulation (grpo_lab/checks/emulate.py): the torch cap, merged into your own setting if any"
         u = info["gpu_memory_utilization"].get(item.get("key"))
         if u is not None:
@@ -248,19 +259,23 @@ def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
                               f"{info['real_gpu_memory_gb']:g} GB")
 
 
-def describe(verl: Mapping[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str]) -> str:
-    """One paragraph for the preflight's notes: the run is emulated, and the real values vLLM and torch get."""
-    emu = settings(lab)
-    if emu is None:
+def describe(done: Emulated) -> str:
+    """One paragraph for the preflight's notes: the run is emulated, and the real values vLLM and torch get; "" without
+    emulation."""
+    emu, info = done.settings, done.info
+    if emu is None or info is None:
         return ""
-    env = get(verl, "ray_kwargs.ray_init.runtime_env.env_vars", {}) or {}
-    conf = env.get("PYTORCH_CUDA_ALLOC_CONF") or worker_env(env, lab, environ, verl)["PYTORCH_CUDA_ALLOC_CONF"]
+    conf = get(done.planned, ENV_VARS)["PYTORCH_CUDA_ALLOC_CONF"]
     cap = float(dict(parse_alloc_conf(conf)).get(FRACTION_KEY, emu.fraction))
     own = (f" (your own {FRACTION_KEY}, kept; emulation's would be {emu.fraction:.6g})"
            if abs(cap - emu.fraction) > 1e-6 else "")
-    utils = "; ".join(f"{p.split('.')[-2]}.{UTIL_KEY} {u:g} of {emu.card_gb:g} GB = {u * emu.card_gb:.2f} GB -> "
-                      f"{emu.scale(u):g} of {emu.real_gb:g} GB" for p, u in _utils(verl)
-                      if p.startswith("actor_rollout_ref."))
+    said = []
+    for path, scaled in info["gpu_memory_utilization"].items():
+        if path.startswith("actor_rollout_ref."):
+            u = scaled["planned"]
+            said.append(f"{path.split('.')[-2]}.{UTIL_KEY} {u:g} of {emu.card_gb:g} GB = {u * emu.card_gb:.2f} GB -> "
+                        f"{scaled['handed_to_engine']:g} of {emu.real_gb:g} GB")
+    utils = "; ".join(said)
     names = [f" ({n})" if n else "" for n in (emu.name, emu.real_name)]
     return (f"EMULATED: planned for {emu.card_gb:g} GB cards{names[0]}, running on {emu.real_gb:g} GB cards{names[1]}. "
             f"Handed to vLLM: {utils}. Handed to torch in every Ray worker: "

@@ -67,19 +67,36 @@ def put(d: dict[str, Any], dotted: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
-# run.py sets this False when Hydra will only print the config (--cfg, --info, --help): no run folder is made then
-CREATE_RUN_DIRS = True
+def with_value(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of d with d['a']['b'] = value for 'a.b': the dicts on the way are new (read-only mappings too),
+    everything else is shared."""
+    out = dict(d)
+    cur = out
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        cur[part] = nxt = dict(nxt) if isinstance(nxt, Mapping) else {}
+        cur = nxt
+    cur[parts[-1]] = value
+    return out
 
 
-def unique_dir(path: str) -> str:
-    """`path`, created now; `path_2`, `path_3`, ... when it exists (two runs started in the same second).
+def use_run_dirs(create: bool = True) -> None:
+    """Register `lab_unique_dir`, the resolver of hydra.run.dir / hydra.sweep.dir (conf/config.yaml), replacing any
+    earlier one: create=False when Hydra will only print (--cfg, --info, --help), so that no run folder is made.
 
-    The `lab_unique_dir` resolver of hydra.run.dir / hydra.sweep.dir. Registered with use_cache: a job resolves its
-    folder once, and a sweep's jobs get the sweep's folder (Hydra copies the resolver cache into each job's config).
-    mkdir is atomic: of two processes that try the same name, one gets it and the other moves on to the next one.
-    """
+    Registered with use_cache: a job resolves its folder once, and a sweep's jobs get the sweep's folder (Hydra copies
+    the resolver cache into each job's config)."""
+    OmegaConf.register_new_resolver("lab_unique_dir", lambda path: unique_dir(path, create=create), use_cache=True,
+                                    replace=True)
+
+
+def unique_dir(path: str, create: bool = True) -> str:
+    """`path`, created now; `path_2`, `path_3`, ... when it exists (two runs started in the same second). mkdir is
+    atomic: of two processes that try the same name, one gets it and the other moves on to the next one.
+    create=False: the name it would take, and nothing made."""
     candidate, n = path, 1
-    if not CREATE_RUN_DIRS:  # Hydra only prints (--cfg, --info, --help): name the folder, make nothing
+    if not create:
         while os.path.exists(candidate):
             n += 1
             candidate = f"{path}_{n}"

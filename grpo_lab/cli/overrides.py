@@ -78,6 +78,13 @@ class CommandLine:
     def keys(self) -> set[str]:
         return {o.key_or_group for o in self.overrides}
 
+    @property
+    def only_prints(self) -> bool:
+        """Hydra only prints (--cfg, --info, --help, --hydra-help): no job runs, so no run folder is made."""
+        f = self.flags
+        return bool(getattr(f, "cfg", None) or getattr(f, "info", None) or getattr(f, "help", False)
+                    or getattr(f, "hydra_help", False))
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # parsing
@@ -550,10 +557,4 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=s
         raise SystemExit(2) from None
     for w in cli.warnings:  # also in each job's plan.json (grpo_lab/launch/job.py)
         print(f"grpo-lab: warning: {w}", file=err)
-    global LAST
-    LAST = cli
     return cli
-
-
-# the command line run.py parsed in this process (grpo_lab.cli.provenance reads which override came from where)
-LAST: CommandLine | None = None

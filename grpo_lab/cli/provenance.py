@@ -194,15 +194,13 @@ def _source(key: str, layers: Layers) -> str:
     return f"verl: follows {', '.join(refs)}" if refs else "verl (follows a value set above)"
 
 
-def job_layers() -> Layers:
-    """The config layers of the running Hydra job (its choices, its overrides, which came from the environment)."""
+def job_layers(env_names: Mapping[str, str] | None = None) -> Layers:
+    """The config layers of the running Hydra job: its choices, its overrides, and which of them came from the
+    environment (`env_names`: override -> variable, the command line run.py parsed; none given: no knob's)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from grpo_lab.cli import overrides
-
     hc = HydraConfig.get()
-    env = overrides.LAST.env_names if overrides.LAST is not None else {}
-    return Layers(dict(hc.runtime.choices), list(hc.overrides.task), env)
+    return Layers(dict(hc.runtime.choices), list(hc.overrides.task), dict(env_names or {}))
 
 
 def for_job(verl: Mapping[str, Any], *, multirun: bool = False, layers: Layers | None = None) -> list[dict[str, Any]]:

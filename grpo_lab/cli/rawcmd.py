@@ -13,6 +13,7 @@ grpo-lab in the way, and as the baseline in benchmarks/gpu/ (the same job throug
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from typing import Any
@@ -50,11 +51,10 @@ def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
         ours_cfg = compose("config", overrides=overrides, return_hydra_config=True)
         HydraConfig.instance().set_config(ours_cfg)
         ours, lab = split(ours_cfg)
-    # --- emulation hook (grpo_lab/checks/emulate.py): raw verl gets the scaled utilizations and the torch cap run.py hands it
-    from grpo_lab.checks.emulate import for_raw
+    # emulation (grpo_lab/checks/emulate.py): raw verl gets the scaled utilizations and the torch cap run.py hands it
+    from grpo_lab.checks.emulate import emulate
 
-    ours = for_raw(ours, lab)
-    # --- end of emulation hook
+    ours = emulate(ours, lab, os.environ).verl
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
         base, _ = split(compose("ppo_trainer"))
@@ -79,8 +79,6 @@ environment's knobs, MODEL_PATH=...) are read as run.py reads them.
 
 
 def main(argv: list[str], environ: dict[str, str] | None = None) -> int:
-    import os
-
     if "--help" in argv or "-h" in argv:
         print(USAGE, end="")
         return 0

@@ -1,5 +1,9 @@
 """Rules on emulation (a smaller card rehearsed on a bigger one, grpo_lab/checks/emulate.py): say plainly that the run is
-emulated and what vLLM and torch really get; refuse what emulation cannot do."""
+emulated and what vLLM and torch really get; refuse what emulation cannot do.
+
+The rule `emulation` asks the one transform (emulate.emulate) what it makes of the checked config, so the note is
+what the launcher's emulate stage does. At launch that stage has already refused what emulation cannot take; the
+rule's error is for the preflight run on its own (make fit, a composed config)."""
 
 from __future__ import annotations
 
@@ -12,14 +16,12 @@ from grpo_lab.checks.rules import Ctx, Problem, error, note, rule
 @rule("emulation", kind="emulation", phase="start-up")
 def emulation(c: Ctx) -> Iterable[Problem]:
     try:
-        if emulate.settings(c.lab) is None:
-            return
-        emulate.check_engine(c.verl)
-        text = emulate.describe(c.verl, c.lab, c.environ)
+        done = emulate.emulate(c.verl, c.lab, c.environ)
     except emulate.EmulationError as e:
         yield error(str(e))
         return
-    yield note(text)
+    if done.settings is not None:
+        yield note(emulate.describe(done))
 
 
 @rule("emulation_torch", kind="emulation", phase="start-up", launching_only=True)
