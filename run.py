@@ -18,8 +18,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from grpo_lab.cli.overrides import prepare
-from grpo_lab.verl_schema.verl_cache import tree_if_needed
+from grpo_lab.cli.overrides import prepare, tree_if_needed
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
@@ -40,7 +39,8 @@ if __name__ == "__main__":
 
         config.CREATE_RUN_DIRS = False  # Hydra only prints: no run folder
     sys.argv = [sys.argv[0], *cli.argv]
-    # verl's composed ppo_trainer is cached (grpo_lab/verl_schema/verl_cache.py); picking a verl group option needs its own tree
+    # verl's composed ppo_trainer comes from the schema cache (grpo_lab/verl_schema); picking a verl group option needs
+    # verl's own tree
     with tree_if_needed(cli, os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")):
         main()
     from grpo_lab.launch import job as launch
