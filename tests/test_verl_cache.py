@@ -17,7 +17,7 @@ import yaml
 from conftest import CONF, ROOT
 from grpo_lab.cli import overrides
 from grpo_lab.verl_schema import VerlSchema, build, cache_clear, schema, verl_cache
-from grpo_lab.verl_schema.hydra_internals import version_base
+from grpo_lab.verl_schema.hydra_internals import own_version_base, version_base, version_base_as
 from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
 VERL = verl_config_dir()
@@ -192,6 +192,25 @@ def test_a_verl_file_that_sets_hydras_node_is_not_served_to_hydra(cache, tmp_pat
     assert "serves_hydra" in s.problems and s.tree["actor_rollout_ref"]["actor"]["strategy"] == "fsdp"
 
 
+def test_one_file_whatever_version_base_the_process_has_now(built, cache):
+    # Hydra's override parser sets its compatibility base (1.1) when asked before an app sets one: rawcmd checks its
+    # command line so, run.py after hydra.main(version_base=None). Both read the one file; only a Hydra app of the
+    # tree's own version_base gets the cached tree, any other composes verl's files
+    folder, _ = built
+    cache.mkdir(parents=True)
+    for f in _files(folder):
+        shutil.copy(f, cache / f.name)
+    before = version_base()
+    with version_base_as("1.1"):
+        assert version_base() == "1.1"
+        s = schema()
+        assert s.origin == "file" and s.tree and s.composed() is None
+    assert version_base() == before
+    with version_base_as(own_version_base()):
+        assert s.composed() is not None and s.version_base == own_version_base()
+    assert len(_files(cache)) == 1
+
+
 def test_off_switch(monkeypatch):
     for value, on in [("0", False), ("off", False), ("false", False), ("1", True), ("", True)]:
         monkeypatch.setenv(verl_cache.ENV, value)
@@ -224,9 +243,10 @@ def test_only_the_child_imports_verl(tmp_path):
 
 def test_without_the_child_the_tree_still_serves_and_the_rest_is_unknown(built):
     _, doc = built
-    fallback = build.build(VERL, version_base(), objects=False)
+    fallback = build.build(VERL, own_version_base(), objects=False)
     assert fallback["tree"] == doc["tree"] and fallback["defaults"] == doc["defaults"]
-    fallback.update(format=verl_cache.FORMAT, key=verl_cache.cache_key(VERL), verl="0.9.1")
+    fallback.update(format=verl_cache.FORMAT, key=verl_cache.cache_key(VERL), verl="0.9.1",
+                    version_base=own_version_base())
     s = VerlSchema(fallback, config_dir=VERL, origin="fallback")
     assert s.composed() is not None and s.fields("verl.workers.config.HFModelConfig") is None
     assert s.model_keys == frozenset() and "could not be read" in s.model_keys_from

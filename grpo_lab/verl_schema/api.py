@@ -46,6 +46,7 @@ class VerlSchema:
         self.tree: dict[str, Any] = doc.get("tree") or {}
         self.defaults: dict[str, Any] = doc.get("defaults") or {}
         self.serves_hydra = bool(doc.get("serves_hydra")) and bool(self.tree)
+        self.version_base = doc.get("version_base")  # the version_base the tree was composed with
         self._fields: dict[str, Any] = doc.get("fields") or {}
         model = doc.get("model_keys") or {}
         self.model_keys = frozenset(model.get("keys") or ())
@@ -76,8 +77,11 @@ class VerlSchema:
     def composed(self) -> Any:
         """A fresh DictConfig of the composed ppo_trainer (no defaults list left), or None: then use verl's files.
         Hydra moves the nodes of what it loads into its result, so each compose gets its own copy; unpickling makes
-        one in ~10 ms (deepcopy ~60 ms, OmegaConf.create ~140 ms on a small CPU)."""
-        if not self.serves_hydra:
+        one in ~10 ms (deepcopy ~60 ms, OmegaConf.create ~140 ms on a small CPU). None too in a Hydra app of
+        another version_base than the tree was composed with: Hydra then composes verl's files itself."""
+        from grpo_lab.verl_schema.hydra_internals import version_base
+
+        if not self.serves_hydra or self.version_base != version_base():
             return None
         if self._pickled is None:
             from omegaconf import OmegaConf
@@ -88,8 +92,8 @@ class VerlSchema:
         return pickle.loads(self._pickled)
 
 
-# (config folder, Hydra's version_base) -> its schema, for this process
-_SCHEMAS: dict[tuple[str, str], VerlSchema] = {}
+# verl's config folder -> its schema, for this process
+_SCHEMAS: dict[str, VerlSchema] = {}
 
 
 def schema(config_dir: str | os.PathLike | None = None) -> VerlSchema:
@@ -100,9 +104,8 @@ def schema(config_dir: str | os.PathLike | None = None) -> VerlSchema:
     if root is None:
         return VerlSchema({}, config_dir=None, origin="none")
     from grpo_lab.verl_schema import verl_cache
-    from grpo_lab.verl_schema.hydra_internals import version_base
 
-    memo = (os.path.realpath(root), version_base())
+    memo = os.path.realpath(root)
     if memo not in _SCHEMAS:
         try:
             loaded = verl_cache.load(root)

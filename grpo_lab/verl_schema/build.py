@@ -65,10 +65,10 @@ def compose_tree(config_dir: str, version_base: str) -> dict[str, Any]:
     from grpo_lab.verl_schema import hydra_internals
 
     out: dict[str, Any] = {"tree": None, "serves_hydra": False, "defaults": None, "problems": {}}
-    hydra_internals.set_version_base(version_base)
     sets_hydra = [str(p) for p in _yaml_files(config_dir)
                   if re.search(r"^hydra\s*:", p.read_text(encoding="utf-8"), re.M)]
-    cfg = hydra_internals.compose_folder(config_dir, CONFIG_NAME)
+    with hydra_internals.version_base_as(version_base):
+        cfg = hydra_internals.compose_folder(config_dir, CONFIG_NAME)
     with open_dict(cfg):
         del cfg["hydra"]
     tree = OmegaConf.to_container(cfg, resolve=False)

@@ -7,7 +7,8 @@ own composition.
 
     compose_folder(config_dir, name)   Hydra's config loader over one folder (ConfigLoaderImpl): a config composed
                                        through its defaults lists, without an app, a working directory or overrides
-    version_base(), set_version_base() the compatibility level composing follows (hydra.version's singleton)
+    version_base(), own_version_base(), version_base_as(base)
+                                       the compatibility level composing follows (hydra.version's singleton)
     args_parser()                      @hydra.main's own argument parser (hydra._internal.utils.get_args_parser)
     file_source(provider, path)        Hydra's file:// config source (SourcesRegistry)
     config_header(text)                a config file's `# @package` header, read as Hydra reads it
@@ -15,30 +16,43 @@ own composition.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 
 def version_base() -> str:
-    """The version_base composing follows in this process, as "major.minor". Not set yet (no Hydra app or
-    initialize in this process so far): Hydra's own version, which is what every grpo-lab entry point asks for
-    (version_base=None)."""
-    import hydra
+    """The version_base composing follows in this process now, as "major.minor"; not set yet: own_version_base().
+    (Hydra's override parser sets its compatibility base, 1.1, when it is asked before any app has set one.)"""
     from hydra import version
 
     base = version.getbase()
     if isinstance(base, version.Version):
         return f"{base.major}.{base.minor}"
+    return own_version_base()
+
+
+def own_version_base() -> str:
+    """Hydra's own version as "major.minor": what version_base=None selects, as every grpo-lab entry point asks."""
+    import hydra
     from packaging.version import Version
 
     own = Version(hydra.__version__)
     return f"{own.major}.{own.minor}"
 
 
-def set_version_base(base: str) -> None:
-    """What hydra.main(version_base=base) sets, for a process that composes without an app (the schema's builder)."""
+@contextlib.contextmanager
+def version_base_as(base: str) -> Iterator[None]:
+    """Within: composing follows version_base `base` (what hydra.main(version_base=base) sets); after: as before,
+    unset included."""
     from hydra import version
 
+    state = version.VersionBase.instance()
+    old = state.getbase()
     version.setbase(base)
+    try:
+        yield
+    finally:
+        state.version_base = old
 
 
 def compose_folder(config_dir: str, config_name: str) -> Any:

@@ -8,8 +8,9 @@ paid once, by `python -m grpo_lab.verl_schema.build` in a child process, and eve
 (~5 ms). grpo_lab/verl_schema/api.py is the API over it; nothing else reads these files.
 
     file name:  a key of this format, verl's version (its verl/version/version file, read without importing verl),
-                Hydra's and OmegaConf's versions, Hydra's version_base, verl's config folder and every YAML file in it
-                (path, mtime, size): a changed verl gets a new file (old ones stay until deleted)
+                Hydra's and OmegaConf's versions, the version_base the tree is composed with (Hydra's own, what
+                version_base=None selects, as every grpo-lab entry point asks), verl's config folder and every YAML
+                file in it (path, mtime, size): a changed verl gets a new file (old ones stay until deleted)
     inside:     the key again, and the Python files whose objects were read (path, mtime, size): an edited verl
                 (an editable install, same version) makes the file stale. A file that does not parse, lacks a part, or
                 is stale is built again, never an error
@@ -48,7 +49,7 @@ DIR_ENV = "GRPO_LAB_CACHE_DIR"
 # bump when what is stored changes
 FORMAT = 2
 CONFIG_NAME = "ppo_trainer"
-BUILD_TIMEOUT_S = 600
+BUILD_TIMEOUT_S = 300
 # the parts a document must have, and their JSON types (None allowed where a part could not be read)
 PARTS = {"tree": dict, "serves_hydra": bool, "defaults": dict, "fields": dict, "model_keys": dict,
          "rollout_engines": dict, "data_sources": dict, "sources": dict, "problems": dict}
@@ -104,10 +105,10 @@ def cache_key(config_dir: str) -> str:
     import hydra
     import omegaconf
 
-    from grpo_lab.verl_schema.hydra_internals import version_base
+    from grpo_lab.verl_schema.hydra_internals import own_version_base
 
     parts = [f"format={FORMAT}", f"verl={verl_version(config_dir)}", f"hydra={hydra.__version__}",
-             f"omegaconf={omegaconf.__version__}", f"version_base={version_base()}",
+             f"omegaconf={omegaconf.__version__}", f"version_base={own_version_base()}",
              f"dir={os.path.realpath(config_dir)}"]
     for path in _yaml_files(config_dir):
         st = os.stat(path)
@@ -184,10 +185,13 @@ def build_in_child(config_dir: str, version_base: str) -> dict | None:
                         proc.stderr[-2000:])
             return None
         try:
-            return json.loads(out.read_text(encoding="utf-8"))
+            doc = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            log.warning("grpo-lab: the child process that reads verl's schema left no document: %s", e)
+            doc = e
+        if not isinstance(doc, dict):
+            log.warning("grpo-lab: the child process that reads verl's schema left no document: %s", doc)
             return None
+        return doc
 
 
 class Loaded(NamedTuple):
@@ -197,21 +201,24 @@ class Loaded(NamedTuple):
 
 def load(config_dir: str) -> Loaded:
     """verl's schema document for `config_dir`: from the cache file, else built by the child and kept."""
-    from grpo_lab.verl_schema.hydra_internals import version_base
+    from grpo_lab.verl_schema.hydra_internals import own_version_base
 
     key = cache_key(config_dir)
     path = cache_file(config_dir, key)
     doc = read(path, key)
     if doc is not None:
         return Loaded(doc, "file")
-    base = version_base()
+    base = own_version_base()
+    if sys.stderr is not None and sys.stderr.isatty():  # someone waits at a terminal: say why
+        print(f"grpo-lab: reading verl {verl_version(config_dir)}'s schema, once per verl version (a child process "
+              f"imports verl: seconds) into {path}", file=sys.stderr, flush=True)
     doc = build_in_child(config_dir, base)
     origin = "built"
     if doc is None:
         from grpo_lab.verl_schema.build import build
 
         doc, origin = build(config_dir, base, objects=False), "fallback"
-    doc.update(format=FORMAT, key=key, verl=verl_version(config_dir))
+    doc.update(format=FORMAT, key=key, verl=verl_version(config_dir), version_base=base)
     if origin == "built" and valid(doc, key) and not any(doc[part] is None for part in OBJECT_PARTS):
         write(path, doc)
     return Loaded(doc, origin)
