@@ -19,8 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from grpo_lab.cli.config import use_run_dirs
-from grpo_lab.cli.overrides import CommandLine, prepare
-from grpo_lab.verl_schema.verl_cache import tree_if_needed
+from grpo_lab.cli.overrides import CommandLine, prepare, tree_if_needed
 
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 
@@ -47,7 +46,7 @@ if __name__ == "__main__":
     # environment's knobs are added as overrides
     cli = prepare(sys.argv)
     use_run_dirs(create=not cli.only_prints)  # hydra.run.dir's resolver: no run folder when Hydra only prints
-    # verl's composed ppo_trainer is cached (grpo_lab/verl_schema/verl_cache.py); picking a verl group option needs its
-    # own tree
+    # verl's composed ppo_trainer comes from the schema cache (grpo_lab/verl_schema); picking a verl group option needs
+    # verl's own tree
     with tree_if_needed(cli, CONF):
         main(cli)

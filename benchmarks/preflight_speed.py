@@ -7,9 +7,9 @@
 For grpo-lab it prints the wall time from the command to its refusal, the share of it spent importing Python modules
 (`python -X importtime`, top-level imports summed), the interpreter's own start-up, and where the rest goes (Hydra
 composing the config, twice in run mode, the preflight itself), and checks that the error names the mistake and that
-Ray never started. The runs share a cache folder of their own (grpo_lab/verl_schema/verl_cache.py): the first one composes verl's
-~40 config files and stores the result, and is reported on its own line (what the first command after installing or
-changing verl costs); the median is of the runs after it. --no-verl-cache measures with the cache off.
+Ray never started. The runs share a cache folder of their own (grpo_lab/verl_schema/verl_cache.py): the first one reads
+verl's schema (a child process imports verl and Hydra composes its ~40 config files) and stores it, and is reported on
+its own line (what the first command after installing or changing verl costs); the median is of the runs after it. --no-verl-cache measures with the cache off.
 Then it runs raw verl with the same settings and the same mistake (the overrides grpo_lab.cli.rawcmd derives from the
 composed config) until its first error or --raw-timeout seconds, and prints the same columns. Both get the same
 GSM8K-sized train/test parquet files (made in a temporary folder) and HF_HUB_OFFLINE=1, so neither waits on a

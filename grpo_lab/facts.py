@@ -6,10 +6,9 @@ atomic file writes, and what the machine, the files and the config folder say (c
     atomic_write(path, text)                                 temp file + rename: no half-written file
     visible_gpus(environ), machine_cpus(), module_available(name)
     parquet_num_rows(path)                                   from the footer, without pyarrow
-    known_model_keys()                                       keys verl accepts under actor_rollout_ref.model
     model_groups()                                           conf/model/*.yaml: model_path -> the group's lab.model
     random_weights_mark(config)                              a random-weight model's mark (grpo_lab.tasks.qwen3_random)
-    verl_rollout_engines()                                   the rollout engines verl's registries can start
+    (verl's own keys, rollout engines and scorer's data sources: grpo_lab.verl_schema's schema())
 
 
     preset_learning_rates()                                  the actor learning rates conf/ sets, with their files
@@ -17,7 +16,6 @@ atomic file writes, and what the machine, the files and the config folder say (c
 
 from __future__ import annotations
 
-import ast
 import functools
 import math
 import os
@@ -348,35 +346,6 @@ def module_available(name: str) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
-def known_model_keys() -> tuple[frozenset[str], str]:
-    """Keys verl accepts under actor_rollout_ref.model: verl's model/hf_model.yaml + HFModelConfig's fields."""
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
-    root = verl_config_dir()
-    if root is None:
-        return frozenset(), "verl is not installed"
-    keys: set[str] = set()
-    sources = []
-    yml = Path(root) / "model" / "hf_model.yaml"
-    if yml.is_file():
-        import yaml
-
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when there: ~20 ms less
-        keys |= set((yaml.load(yml.read_text(), Loader=loader) or {}).keys())
-        sources.append("verl/trainer/config/model/hf_model.yaml")
-    src = Path(root).parent.parent / "workers" / "config" / "model.py"
-    if src.is_file():
-        tree = ast.parse(src.read_text())
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name == "HFModelConfig":
-                for stmt in node.body:
-                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                        keys.add(stmt.target.id)
-        sources.append("HFModelConfig in verl/workers/config/model.py")
-    return frozenset(k for k in keys if not k.startswith("__")), " + ".join(sources)
-
-
 def hf_cached_config(repo_id: str, environ: Mapping[str, str]) -> Path | None:
     """config.json of a hub model already in the local Hugging Face cache (what verl would download), if any."""
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
@@ -390,26 +359,3 @@ def hf_cached_config(repo_id: str, environ: Mapping[str, str]) -> Path | None:
         return next(iter(sorted(base.glob("snapshots/*/config.json"))), None)
     except OSError:
         return None
-
-
-@functools.lru_cache(maxsize=None)
-def verl_rollout_engines() -> tuple[frozenset[tuple[str, str]], frozenset[str], str]:
-    """The rollout engines verl can start, read from its source (no import): ((name, mode) pairs of its worker's
-    registry, names of its server registry, where from). verl 0.9.1: verl/workers/rollout/base.py `_ROLLOUT_REGISTRY`
-    (the worker: get_rollout_class asserts the pair is there) and verl/workers/rollout/replica.py
-    `RolloutReplicaRegistry.register(...)` (the server: get raises 'Unknown rollout mode'). Empty when not readable."""
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
-    root = verl_config_dir()
-    if root is None:
-        return frozenset(), frozenset(), "verl is not installed"
-    rollout = Path(root).parent.parent / "workers" / "rollout"
-    try:  # regular expressions on the text: ~1 ms (ast.parse of the two files: ~30 ms of every cold preflight)
-        base, replica = (rollout / "base.py").read_text(), (rollout / "replica.py").read_text()
-    except OSError:
-        return frozenset(), frozenset(), "verl's rollout registries could not be read"
-    block = re.search(r"^_ROLLOUT_REGISTRY\s*=\s*\{(.*?)^\}", base, re.S | re.M)
-    pairs = set(re.findall(r"\(\s*[\"'](\w+)[\"']\s*,\s*[\"'](\w+)[\"']\s*\)\s*:", block.group(1))) if block else set()
-    names = set(re.findall(r"^RolloutReplicaRegistry\.register\(\s*[\"'](\w+)[\"']", replica, re.M))
-    return (frozenset(pairs), frozenset(names),
-            "verl/workers/rollout/base.py _ROLLOUT_REGISTRY + replica.py RolloutReplicaRegistry")

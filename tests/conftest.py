@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 
-# this session's cache of verl's composed config (grpo_lab/verl_schema/verl_cache.py), for the run.py subprocesses too
+# this session's cache of verl's schema (grpo_lab/verl_schema/verl_cache.py), for the run.py subprocesses too
 if not os.environ.get("GRPO_LAB_CACHE_DIR"):
     os.environ["GRPO_LAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo-lab-test-cache-")
     atexit.register(shutil.rmtree, os.environ["GRPO_LAB_CACHE_DIR"], True)

@@ -16,6 +16,7 @@ from grpo_lab import facts
 from grpo_lab.checks import preflight
 from grpo_lab.memory import memplan
 from grpo_lab.checks.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
+from grpo_lab.verl_schema import schema
 
 
 
@@ -330,7 +331,7 @@ def test_misspelt_model_key():
     verl["actor_rollout_ref"]["model"]["override_config"] = {"attn_implementation": "sdpa", "rope_theta": 1e6}
     verl["actor_rollout_ref"]["model"]["target_parameters"] = None
     assert "model_key_unknown" not in rules(check(verl, lab).errors)
-    keys, source = facts.known_model_keys()
+    keys, source = schema().model_keys, schema().model_keys_from
     assert {"path", "use_remove_padding", "enable_gradient_checkpointing", "override_config", "lora_rank"} <= keys
     assert "hf_model.yaml" in source and "HFModelConfig" in source
 

@@ -449,9 +449,9 @@ def test_verl_default_scorer_with_rows_it_does_not_know_is_refused(tmp_path):
     assert planned(good), good.stdout + good.stderr
 
 
-def test_verl_knows_its_own_sources_from_its_source():
-    from grpo_lab.checks.rules.reward import verl_sources
+def test_verl_knows_its_own_sources_from_its_scorer():
+    from grpo_lab.verl_schema import schema
 
-    names, prefixes = verl_sources()
+    names, prefixes = schema().data_sources, schema().data_source_prefixes
     assert {"openai/gsm8k", "lighteval/MATH", "hiyouga/geometry3k"} <= names and "aime" in prefixes
     assert "arith_mixed_oneshot" not in names and "own_qa" not in names

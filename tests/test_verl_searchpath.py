@@ -53,7 +53,7 @@ def test_cached_ppo_trainer_composes_the_identical_config(monkeypatch, overrides
 
 
 def test_with_the_cache_a_verl_group_option_needs_the_tree(monkeypatch):
-    # why run.py turns the cache off for such a command line (grpo_lab.verl_schema.verl_cache.tree_needed)
+    # why run.py turns the cache off for such a command line (grpo_lab.cli.overrides.tree_needed)
     monkeypatch.setenv(ENV, "1")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base=None):

@@ -62,9 +62,9 @@ class FitError(Exception):
 
 def unmeasured_engine(name: Any) -> str:
     """Why the fit cannot search with this rollout engine (the memory plan has not been measured with it)."""
-    from grpo_lab.facts import verl_rollout_engines
+    from grpo_lab.verl_schema import schema
 
-    _, names, _ = verl_rollout_engines()
+    names = schema().rollout_servers
     verl = (f"; verl 0.9.1 cannot start it either (it knows {', '.join(sorted(names))})" if names and name not in names
             else "")
     return (f"rollout engine {name!r}: the memory plan has not been measured with it (it knows how "

@@ -110,17 +110,12 @@ def our_followers() -> dict[str, tuple[str, ...]]:
 @functools.lru_cache(maxsize=None)
 def followers() -> dict[str, tuple[str, ...]]:
     """key -> the keys whose value is exactly `${key}`: in conf/config.yaml (short keys included) and in verl's
-    composed ppo_trainer (grpo_lab/verl_schema/verl_cache.py; e.g. rollout.response_length follows data.max_response_length)."""
+    composed ppo_trainer (grpo_lab.verl_schema's schema().tree; e.g. rollout.response_length follows
+    data.max_response_length)."""
+    from grpo_lab.verl_schema import schema
+
     out: dict[str, list[str]] = {k: list(v) for k, v in our_followers().items()}
-    from grpo_lab.verl_schema.verl_cache import composed_ppo_trainer
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
-    root = verl_config_dir()
-    cfg = composed_ppo_trainer(root) if root else None
-    if cfg is not None:
-        from omegaconf import OmegaConf
-
-        _walk(OmegaConf.to_container(cfg, resolve=False), "", out)
+    _walk(schema().tree, "", out)
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 

@@ -1,13 +1,13 @@
 """The command line, parsed once: Hydra's own flag parser and override grammar, checked against the config groups and keys.
 
-run.py, `python -m grpo_lab.cli.rawcmd`, grpo_lab.verl_schema.verl_cache.tree_if_needed and the tests' compose helper all go through
+run.py, `python -m grpo_lab.cli.rawcmd`, tree_if_needed (below) and the tests' compose helper all go through
 `parse()` and `check()`; nothing here or there rewrites argv with regular expressions. What it knows, without
 importing verl (that takes seconds) and without composing:
 
     groups     ours: the folders of conf/ and their option files; verl's: the folders of verl/trainer/config
                (verl's `model/hf_model.yaml` and `rollout/rollout.yaml` show up in our `model` and `rollout` groups
                through the searchpath: `model=` without a package is always ours); Hydra's: `hydra/...`
-    keys       verl's composed ppo_trainer (from grpo_lab/verl_schema/verl_cache.py's file, ~10 ms to read), merged with every
+    keys       verl's composed ppo_trainer (grpo_lab.verl_schema's schema(), one cached file), merged with every
                file under conf/ (all `# @package _global_`)
     env knobs  the official script's environment variables (grpo_lab/cli/knobs.py), added as overrides unless the command
                line sets the knob by its short key or its verl key (then a warning names both); `quote()` is the one
@@ -28,18 +28,23 @@ What it refuses, with the closest real name:
         * `+a.b.c` / `++a.b.c` (add) is refused when P's keys are fixed, or when the name is a near miss of one of
           P's keys (difflib ratio >= 0.8: ppo_mini_batch vs ppo_mini_batch_size)
       P's keys are fixed when P carries a `_target_`: verl 0.9.1 builds such a node into its dataclass
-      (omega_conf_to_dataclass), and a key that is neither in verl's YAML nor a field of that dataclass (read from
-      verl's source with `ast`, never imported) makes it raise inside a worker. Every other node (override_config,
+      (omega_conf_to_dataclass), and a key that is neither in verl's YAML nor a field of that dataclass (verl's schema:
+      dataclasses.fields of the class, read once per verl version in a child process) makes it raise inside a worker. Every other node (override_config,
       engine_kwargs, runtime_env.env_vars, reward_kwargs, data, trainer, lab, ...) is free-form: verl reads it with
       .get() or passes it on, so `+` may add to it.
       A command line that picks an option of one of verl's groups (model_engine=megatron, actor@...=...) changes
       verl's tree: keys under verl's sections are then not checked (Hydra still refuses what does not exist).
+
+verl's own tree: Hydra gets verl's ppo_trainer composed from the schema cache (hydra_plugins/grpo_lab_searchpath),
+which has no defaults list left. tree_needed() names the first argument that needs verl's own defaults tree (an option
+of one of verl's config groups, --info, --cfg hydra|all, --config-dir, hydra.searchpath); tree_if_needed() turns the
+cache off (GRPO_LAB_VERL_CACHE=0) for such a command line (run.py, rawcmd).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
+import contextlib
 import difflib
 import fnmatch
 import functools
@@ -47,7 +52,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from grpo_lab import facts
 from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS
@@ -108,9 +113,9 @@ def parse_overrides(overrides: Sequence[str]) -> list[Any]:
 
 def split_flags(args: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Hydra's own argument parser (the one @hydra.main uses): (its flags, the override strings)."""
-    from hydra._internal.utils import get_args_parser
+    from grpo_lab.verl_schema.hydra_internals import args_parser
 
-    ns = get_args_parser().parse_args(list(args))
+    ns = args_parser().parse_args(list(args))
     return ns, list(ns.overrides or [])
 
 
@@ -288,82 +293,18 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     return tree
 
 
-@functools.lru_cache(maxsize=None)
 def verl_tree() -> dict:
-    """verl's composed ppo_trainer as plain data (not resolved): from the cache file, else composed (and cached)."""
-    from grpo_lab.verl_schema import verl_cache
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
+    """verl's composed ppo_trainer as plain data (not resolved; read-only): grpo_lab.verl_schema's schema()."""
+    from grpo_lab.verl_schema import schema
 
-    verl_dir = verl_config_dir()
-    if verl_dir is None:
-        return {}
-    key = verl_cache.cache_key(verl_dir)
-    data = verl_cache._read(verl_cache.cache_file(verl_dir, key), key)
-    if data is None:
-        cfg = verl_cache.composed_ppo_trainer(verl_dir)
-        if cfg is None:
-            return {}
-        from omegaconf import OmegaConf
-
-        data = OmegaConf.to_container(cfg, resolve=False)
-    return data if isinstance(data, dict) else {}
+    return schema().tree
 
 
-@functools.lru_cache(maxsize=None)
-def _classes_in(path: str) -> dict[str, tuple[list[str], set[str]]]:
-    """{class name: (base names, annotated field names)} of one Python file, read with ast (never imported)."""
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return {}
-    out: dict[str, tuple[list[str], set[str]]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
-                     for b in node.bases]
-            out[node.name] = (bases, {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
-                                      and isinstance(s.target, ast.Name)
-                                      and "ClassVar" not in ast.unparse(s.annotation)})
-    return out
+def dataclass_fields(target: str) -> frozenset[str] | None:
+    """Field names of verl's dataclass `target` (a `_target_` value) and its bases', or None when verl has none."""
+    from grpo_lab.verl_schema import schema
 
-
-def _module_files(module: str) -> list[Path]:
-    """The source files of a dotted module under the installed verl: a package's own files, or one module."""
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
-    verl_dir = verl_config_dir()
-    if verl_dir is None or not module.startswith("verl"):
-        return []
-    base = Path(verl_dir).parents[2].joinpath(*module.split("."))
-    if base.is_dir():
-        return sorted(base.glob("*.py"))
-    return [base.with_suffix(".py")] if base.with_suffix(".py").is_file() else []
-
-
-def dataclass_fields(target: str) -> set[str] | None:
-    """Field names of verl's dataclass `target` (a `_target_` value) and its bases', or None when not found."""
-    module, _, name = target.rpartition(".")
-    classes: dict[str, tuple[list[str], set[str]]] = {}
-    # the module (a package: its own files), verl's BaseConfig, and the package above when the class is not there
-    for mod in (module, "verl.base_config", module.rpartition(".")[0]):
-        if mod == module.rpartition(".")[0] and name in classes:
-            break
-        for f in _module_files(mod):
-            for k, v in _classes_in(str(f)).items():
-                classes.setdefault(k, v)
-    if name not in classes:
-        return None
-    out: set[str] = set()
-    todo, seen = [name], set()
-    while todo:
-        n = todo.pop()
-        if n in seen or n not in classes:
-            continue
-        seen.add(n)
-        bases, fields = classes[n]
-        out |= fields
-        todo += bases
-    return out
+    return schema().fields(target)
 
 
 @functools.lru_cache(maxsize=None)
@@ -537,6 +478,53 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
             _check_key(o, conf_dir, tree_ok)
         if o.is_add() or o.is_force_add():
             added.add(o.key_or_group)
+
+
+def tree_needed(args: "Sequence[str] | CommandLine", conf_dir: str | os.PathLike = CONF_DIR) -> str | None:
+    """The first command-line argument that needs verl's own defaults tree; None when the composed cache serves.
+
+    args: the command line (flags and overrides), or the CommandLine run.py parsed. conf_dir: the primary config
+    folder; its groups (model, rollout) share names with verl's, and `model=...` without a package is ours.
+    """
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
+
+    if verl_config_dir() is None:
+        return None
+    cli = args if isinstance(args, CommandLine) else parse(list(args))
+    flags = vars(cli.flags)
+    if flags.get("info") is not None:
+        return _typed(cli.args, ("--info", "-i"))
+    if flags.get("cfg") in ("hydra", "all"):
+        return _typed(cli.args, ("--cfg", "-c"), flags["cfg"])
+    if flags.get("config_dir"):
+        return _typed(cli.args, ("--config-dir", "-cd"))
+    for o in cli.overrides + parse_overrides(cli.env):
+        if o.key_or_group == "hydra.searchpath" or picks_verl_group(o, conf_dir):
+            return o.input_line
+    return None
+
+
+def _typed(args: Sequence[str], names: tuple[str, ...], value: str | None = None) -> str:
+    """The flag as it was typed (`-c all`, `--cfg=hydra`, `--info`)."""
+    for i, a in enumerate(args):
+        flag = a.partition("=")[0]
+        if flag in names:
+            if value is not None and "=" not in a and i + 1 < len(args):
+                return f"{a} {args[i + 1]}"
+            return a
+    return names[0]
+
+
+@contextlib.contextmanager
+def tree_if_needed(args: "Sequence[str] | CommandLine",
+                   conf_dir: str | os.PathLike = CONF_DIR) -> Iterator[str | None]:
+    """Within: the schema cache off for Hydra (GRPO_LAB_VERL_CACHE=0) if tree_needed(args) says so; yields that
+    argument."""
+    from grpo_lab.verl_schema import verl_cache
+
+    arg = tree_needed(args, conf_dir) if verl_cache.enabled() else None
+    with verl_cache.off() if arg else contextlib.nullcontext():
+        yield arg
 
 
 def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=sys.stderr,

@@ -3,7 +3,7 @@ value, ours, and what set it (a file under conf/, the command line, or an enviro
 
     plan.json -> "changed_defaults": [{"key", "verl", "ours", "set_by"}, ...]   (grpo_lab/launch/job.py writes it)
 
-verl's default is verl's composed ppo_trainer before any file of ours (grpo_lab/verl_schema/verl_cache.py's copy), resolved.
+verl's default is verl's composed ppo_trainer before any file of ours, resolved (grpo_lab.verl_schema's schema().defaults).
 What set a value is found by walking the layers Hydra merged, highest first: the command line, the environment's
 knobs (grpo_lab/cli/overrides.py recorded which overrides came from there), the chosen group option files in the order
 of the defaults list (hydra.runtime.choices), conf/config.yaml. When the layer that sets a key sets it to an
@@ -50,30 +50,11 @@ def lookup(d: Any, dotted: str) -> Any:
 
 
 def verl_defaults() -> dict[str, Any]:
-    """verl's composed ppo_trainer, resolved (what verl would run with given nothing). Resolving takes ~0.3 s on a
-    small CPU, so the result is kept beside grpo_lab/verl_schema/verl_cache.py's file, under the same key."""
-    from omegaconf import OmegaConf
+    """verl's composed ppo_trainer, resolved (what verl would run with given nothing; read-only): read once per verl
+    version with the rest of verl's schema (grpo_lab.verl_schema)."""
+    from grpo_lab.verl_schema import schema
 
-    from grpo_lab.verl_schema import verl_cache
-    from grpo_lab.cli.overrides import verl_tree
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
-    verl_dir = verl_config_dir()
-    key = verl_cache.cache_key(verl_dir) if verl_dir else None
-    path = verl_cache.cache_dir() / f"verl-{verl_cache.CONFIG_NAME}-resolved-{key[:24]}.yaml" if key else None
-    if path is not None:
-        data = verl_cache._read(path, key)
-        if data is not None:
-            return data
-    cfg = OmegaConf.create(verl_tree())
-    try:
-        out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    except Exception:  # an interpolation verl resolves only with more context: compare the raw values
-        out = OmegaConf.to_container(cfg, resolve=False)
-    assert isinstance(out, dict)
-    if path is not None:
-        verl_cache._write(path, key, out)
-    return out
+    return schema().defaults
 
 
 class Layers:

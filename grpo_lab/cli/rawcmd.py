@@ -6,8 +6,8 @@
 
 The overrides are read as run.py reads them (grpo_lab/cli/overrides.py: the same checks, the environment's knobs added).
 
-Composes grpo-lab's config and verl's bare ppo_trainer, and prints every value that differs from verl's default
-(`+key=value` where verl has no such key). Useful to see what a preset changes, to file a bug against verl without
+Composes grpo-lab's config and prints every value that differs from verl's default (verl's bare ppo_trainer resolved:
+grpo_lab.verl_schema's schema().defaults; `+key=value` where verl has no such key). Useful to see what a preset changes, to file a bug against verl without
 grpo-lab in the way, and as the baseline in benchmarks/gpu/ (the same job through raw verl).
 """
 
@@ -24,10 +24,9 @@ from hydra.core.hydra_config import HydraConfig
 
 from grpo_lab import facts
 from grpo_lab.cli.config import split
-from grpo_lab.cli.overrides import OverrideError, check, parse, quote
+from grpo_lab.cli.overrides import OverrideError, check, parse, quote, tree_if_needed
 from grpo_lab.cli.provenance import flatten
-from grpo_lab.verl_schema.verl_cache import tree_if_needed
-from grpo_lab.verl_schema.verl_paths import verl_config_dir
+from grpo_lab.verl_schema import schema
 
 _MISSING = object()
 
@@ -55,9 +54,7 @@ def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
     from grpo_lab.checks.emulate import emulate
 
     ours = emulate(ours, lab, os.environ).verl
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
-        base, _ = split(compose("ppo_trainer"))
+    base = schema().defaults  # verl's ppo_trainer resolved: what raw verl runs with given nothing
     out = []
     for key, value in flatten(ours):
         if key.endswith("_target_"):

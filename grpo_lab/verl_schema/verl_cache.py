@@ -1,55 +1,81 @@
-"""verl's `ppo_trainer` config composed once and kept, so that Hydra reads one file instead of verl's ~40.
+"""The on-disk cache of verl's schema: one JSON file per verl version, built by a child process that imports verl.
 
-Composing verl/trainer/config/ppo_trainer.yaml through its defaults lists takes ~1 s on a small CPU, and `python
-run.py` composes twice (Hydra's mode detection, then the run). verl's files change only when verl does, so
-hydra_plugins/grpo_lab_searchpath serves `ppo_trainer` from here: the config Hydra composes from verl's files, not
-resolved, stored as one YAML file. The config a job gets is the same key for key, in the same order
-(tests/test_verl_searchpath.py compares them); only Hydra's record of the group choices it walked
-(hydra.runtime.choices in .hydra/hydra.yaml) no longer lists verl's.
+What is kept (grpo_lab/verl_schema/build.py says how each part is read): verl's ppo_trainer as Hydra composes it, its
+resolved defaults, the fields of the dataclass behind each `_target_`, the keys verl takes under
+actor_rollout_ref.model, its rollout engines, and the data sources its default scorer knows. Importing verl takes
+seconds (torch), and composing its ~40 config files ~1 s on a small CPU; both change only when verl does, so they are
+paid once, by `python -m grpo_lab.verl_schema.build` in a child process, and every later process reads one file
+(~5 ms). grpo_lab/verl_schema/api.py is the API over it; nothing else reads these files.
 
-    cache key:  this format, verl's version, Hydra's and OmegaConf's versions, Hydra's version_base, verl's config
-                folder and every YAML file in it (path, mtime, size); a changed verl gets a new file (~40 KB each;
-                old ones stay until deleted)
+    file name:  a key of this format, verl's version (its verl/version/version file, read without importing verl),
+                Hydra's and OmegaConf's versions, the version_base the tree is composed with (Hydra's own, what
+                version_base=None selects, as every grpo-lab entry point asks), verl's config folder and every YAML
+                file in it (path, mtime, size): a changed verl gets a new file (old ones stay until deleted)
+    inside:     the key again, and the Python files whose objects were read (path, mtime, size): an edited verl
+                (an editable install, same version) makes the file stale. A file that does not parse, lacks a part, or
+                is stale is built again, never an error
     where:      $GRPO_LAB_CACHE_DIR, else $XDG_CACHE_HOME/grpo-lab, else ~/.cache/grpo-lab; written as a temp file
-                and renamed. Where it cannot be written, the composed config serves this process only.
-    off:        GRPO_LAB_VERL_CACHE=0, and by itself for a command line that needs verl's own defaults tree
-                (tree_needed): an option of one of verl's config groups (model_engine=megatron,
-                actor@actor_rollout_ref.actor=veomni_actor, ~model_engine), --info, --cfg hydra|all, --config-dir,
-                hydra.searchpath. Set it by hand when a config file of yours picks an option of a verl group, or a
-                config folder of yours replaces one of verl's files: the cached ppo_trainer has no defaults list
-                left to override (Hydra: "Could not override 'model_engine'. No match in the defaults list").
+                and renamed. Where it cannot be written, the schema serves this process only (and the next process
+                builds it again). A document whose build could not read a part (verl not importable) is not kept
+    the child:  fails or runs past BUILD_TIMEOUT_S: this process composes the tree itself (Hydra only, as the child
+                would) and the parts read from verl's objects stay unknown (the rules that need them say so)
 
-Never imports verl (that takes seconds); Hydra, OmegaConf and PyYAML are imported only when a config is composed.
+The Hydra searchpath plugin (hydra_plugins/grpo_lab_searchpath) serves ppo_trainer from here unless
+GRPO_LAB_VERL_CACHE=0 (`enabled()`, `off()`): then Hydra walks verl's defaults tree itself. Set it by hand when a config
+file of yours picks an option of a verl group, or a config folder of yours replaces one of verl's files: the cached
+ppo_trainer has no defaults list left to override (Hydra: "Could not override 'model_engine'. No match in the defaults
+list"). grpo_lab/cli/overrides.py's tree_if_needed turns it off for a command line that needs verl's own tree.
+
+Never imports verl in this process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
-import pickle
-import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple
 
-from grpo_lab.facts import atomic_write
+from grpo_lab.facts import ROOT, atomic_write
 
 ENV = "GRPO_LAB_VERL_CACHE"
 DIR_ENV = "GRPO_LAB_CACHE_DIR"
 # bump when what is stored changes
-FORMAT = 1
+FORMAT = 2
 CONFIG_NAME = "ppo_trainer"
+BUILD_TIMEOUT_S = 300
+# the parts a document must have, and their JSON types (None allowed where a part could not be read)
+PARTS = {"tree": dict, "serves_hydra": bool, "defaults": dict, "fields": dict, "model_keys": dict,
+         "rollout_engines": dict, "data_sources": dict, "sources": dict, "problems": dict}
+# the parts read from verl's objects: a document that lacks one is not kept (the next process tries again)
+OBJECT_PARTS = ("fields", "model_keys", "rollout_engines", "data_sources")
 
 log = logging.getLogger(__name__)
 
-# (verl config dir, key) -> the composed DictConfig, pickled: Hydra moves the nodes of what it loads into its result,
-# so each compose gets its own copy, and unpickling makes one in ~10 ms (deepcopy ~60 ms, OmegaConf.create ~140 ms)
-_memo: dict[tuple[str, str], bytes] = {}
-
 
 def enabled() -> bool:
+    """Whether Hydra gets ppo_trainer composed from the cache (GRPO_LAB_VERL_CACHE, on unless 0/false/no/off)."""
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@contextlib.contextmanager
+def off() -> Iterator[None]:
+    """Within: GRPO_LAB_VERL_CACHE=0 (Hydra walks verl's own files); after: as it was."""
+    old = os.environ.get(ENV)
+    os.environ[ENV] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
 
 
 def cache_dir() -> Path:
@@ -59,180 +85,140 @@ def cache_dir() -> Path:
     return Path(base) / "grpo-lab"
 
 
-def _yaml_files(verl_dir: str) -> list[str]:
+def _yaml_files(config_dir: str) -> list[str]:
     out = []
-    for root, dirs, files in os.walk(verl_dir):
+    for root, dirs, files in os.walk(config_dir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".yaml")]
     return out
 
 
-def _verl_version(verl_dir: str) -> str:
-    # verl/trainer/config -> verl/version/version, the file verl's own __init__ reads
+def verl_version(config_dir: str) -> str:
+    """verl's version from verl/version/version (the file verl's own __init__ reads), without importing verl."""
     try:
-        return Path(verl_dir).parents[1].joinpath("version", "version").read_text().strip()
-    except OSError:
+        return Path(config_dir).parents[1].joinpath("version", "version").read_text().strip()
+    except (OSError, IndexError):
         return "unknown"
 
 
-def cache_key(verl_dir: str) -> str:
+def cache_key(config_dir: str) -> str:
     import hydra
     import omegaconf
-    from hydra import version
 
-    base = version.getbase()
-    if not isinstance(base, version.Version):  # not set yet: Hydra takes its compatibility base
-        base = version.__compat_version__
-    parts = [f"format={FORMAT}", f"verl={_verl_version(verl_dir)}", f"hydra={hydra.__version__}",
-             f"omegaconf={omegaconf.__version__}", f"version_base={base}",
-             f"dir={os.path.realpath(verl_dir)}"]
-    for path in _yaml_files(verl_dir):
+    from grpo_lab.verl_schema.hydra_internals import own_version_base
+
+    parts = [f"format={FORMAT}", f"verl={verl_version(config_dir)}", f"hydra={hydra.__version__}",
+             f"omegaconf={omegaconf.__version__}", f"version_base={own_version_base()}",
+             f"dir={os.path.realpath(config_dir)}"]
+    for path in _yaml_files(config_dir):
         st = os.stat(path)
-        parts.append(f"{os.path.relpath(path, verl_dir)}:{st.st_mtime_ns}:{st.st_size}")
+        parts.append(f"{os.path.relpath(path, config_dir)}:{st.st_mtime_ns}:{st.st_size}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def cache_file(verl_dir: str, key: str | None = None) -> Path:
-    return cache_dir() / f"verl-{CONFIG_NAME}-{(key or cache_key(verl_dir))[:24]}.yaml"
+def cache_file(config_dir: str, key: str | None = None) -> Path:
+    return cache_dir() / f"verl-schema-{(key or cache_key(config_dir))[:24]}.json"
 
 
-def composed_ppo_trainer(verl_dir: str) -> Any:
-    """A fresh DictConfig of verl's composed ppo_trainer (no defaults list left), or None: then use verl's files."""
+def stale_sources(sources: dict[str, Any]) -> list[str]:
+    """The files of `sources` ({path: [mtime_ns, size]}) that are gone or changed since."""
+    out = []
+    for path, (mtime_ns, size) in sources.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(path)
+            continue
+        if (st.st_mtime_ns, st.st_size) != (mtime_ns, size):
+            out.append(path)
+    return out
+
+
+def valid(doc: Any, key: str) -> bool:
+    """Whether `doc` is a whole document for `key` whose sources are unchanged."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key:
+        return False
+    for part, kind in PARTS.items():
+        if part not in doc or not (doc[part] is None or isinstance(doc[part], kind)):
+            return False
     try:
-        key = cache_key(verl_dir)
-        pickled = _memo.get((verl_dir, key))
-        if pickled is None:
-            data = _read(cache_file(verl_dir, key), key)
-            if data is None:
-                data = _build(verl_dir)
-                if data is None:
-                    return None
-                _write(cache_file(verl_dir, key), key, data)
-            from omegaconf import OmegaConf
-
-            cfg = OmegaConf.create(data)
-            _memo[(verl_dir, key)] = pickle.dumps(cfg)
-            return cfg
-        return pickle.loads(pickled)
-    except Exception as e:  # never worse than no cache
-        log.debug("grpo-lab: verl config cache not used: %s: %s", type(e).__name__, e)
-        return None
+        return not stale_sources(doc["sources"])
+    except (TypeError, ValueError):  # not [mtime, size] pairs
+        return False
 
 
-def _yaml() -> tuple[Any, Any, Any]:
-    import yaml
-
-    return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader), getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-def _read(path: Path, key: str) -> dict | None:
-    yaml, loader, _ = _yaml()
+def read(path: Path, key: str) -> dict | None:
+    """The document at `path` if it is valid for `key`; None when absent, unreadable, partial or stale."""
     try:
-        doc = yaml.load(path.read_text(), Loader=loader)
-    except (OSError, ValueError, yaml.YAMLError):  # absent, not text, not YAML: built again
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent, not text, not JSON (a cut-off write): built again
         return None
-    if not isinstance(doc, dict) or doc.get("key") != key or not isinstance(doc.get(CONFIG_NAME), dict):
-        return None
-    return doc[CONFIG_NAME]
+    return doc if valid(doc, key) else None
 
 
-def _write(path: Path, key: str, data: dict) -> None:
-    """Atomically (temp file + rename); a cache that cannot be written is skipped."""
-    yaml, _, dumper = _yaml()
-    text = (f"# grpo-lab: verl's {CONFIG_NAME} as Hydra composes it from verl's files (grpo_lab/verl_schema/verl_cache.py); "
-            "a cache, safe to delete\n"
-            + yaml.dump({"key": key, CONFIG_NAME: data}, Dumper=dumper, sort_keys=False, allow_unicode=True))
+def write(path: Path, doc: dict) -> bool:
+    """Atomically (temp file + rename); False where the folder cannot be written (the document then serves this
+    process only)."""
     try:
-        atomic_write(path, text)
+        atomic_write(path, json.dumps(doc))
+        return True
     except OSError as e:
-        log.debug("grpo-lab: verl config cache not written (%s): %s", path, e)
+        log.debug("grpo-lab: verl schema cache not written (%s): %s", path, e)
+        return False
 
 
-def _build(verl_dir: str) -> dict | None:
-    """Hydra's composition of verl's ppo_trainer (verl's folder alone on the search path), as plain data."""
-    for path in _yaml_files(verl_dir):
-        if re.search(r"^hydra\s*:", Path(path).read_text(), re.M):
-            return None  # a verl file that sets Hydra's own node: only the real defaults tree places it
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
-    from hydra.core.plugins import Plugins
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf, open_dict
-
-    Plugins.instance()  # registers Hydra's config sources (pkg://, file://) when no Hydra app has yet
-    search_path = ConfigSearchPathImpl()
-    search_path.append("hydra", "pkg://hydra.conf")
-    search_path.append("main", f"file://{verl_dir}")
-    search_path.append("schema", "structured://")
-    loader = ConfigLoaderImpl(config_search_path=search_path)
-    cfg = loader.load_configuration(config_name=CONFIG_NAME, overrides=[], run_mode=RunMode.RUN)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    data = OmegaConf.to_container(cfg, resolve=False)
-    yaml, loader_cls, dumper = _yaml()
-    if yaml.load(yaml.dump(data, Dumper=dumper, sort_keys=False), Loader=loader_cls) != data:
-        return None  # something YAML does not carry exactly
-    return data
-
-
-def _groups(config_dir: str | os.PathLike) -> set[str]:
-    """Config groups at the top of a config folder: its subfolders that hold YAML files."""
-    try:
-        return {e.name for e in os.scandir(config_dir)
-                if e.is_dir() and any(f.endswith(".yaml") for f in os.listdir(e.path))}
-    except OSError:
-        return set()
+def build_in_child(config_dir: str, version_base: str) -> dict | None:
+    """`python -m grpo_lab.verl_schema.build` in a child process (it imports verl); its document, or None when it
+    failed or ran past BUILD_TIMEOUT_S."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    with tempfile.TemporaryDirectory(prefix="grpo-lab-verl-schema-") as tmp:
+        out = Path(tmp) / "schema.json"
+        try:
+            proc = subprocess.run([sys.executable, "-m", "grpo_lab.verl_schema.build", config_dir, str(out),
+                                   version_base], cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("grpo-lab: reading verl's schema in a child process failed: %s", e)
+            return None
+        if proc.returncode != 0:
+            log.warning("grpo-lab: reading verl's schema in a child process failed (exit %s): %s", proc.returncode,
+                        proc.stderr[-2000:])
+            return None
+        try:
+            doc = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            doc = e
+        if not isinstance(doc, dict):
+            log.warning("grpo-lab: the child process that reads verl's schema left no document: %s", doc)
+            return None
+        return doc
 
 
-def tree_needed(args: "Sequence[str] | Any", conf_dir: str | os.PathLike) -> str | None:
-    """The first command-line argument that needs verl's own defaults tree; None when the composed cache serves.
-
-    args: the command line (flags and overrides), or grpo_lab.cli.overrides.CommandLine as run.py parsed it.
-    conf_dir: the primary config folder; its groups (model, rollout) share names with verl's, and `model=...` without
-    a package is ours.
-    """
-    from grpo_lab.cli import overrides as ov
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
-    if verl_config_dir() is None:
-        return None
-    cli = args if isinstance(args, ov.CommandLine) else ov.parse(list(args))
-    flags = vars(cli.flags)
-    if flags.get("info") is not None:
-        return _typed(cli.args, ("--info", "-i"))
-    if flags.get("cfg") in ("hydra", "all"):
-        return _typed(cli.args, ("--cfg", "-c"), flags["cfg"])
-    if flags.get("config_dir"):
-        return _typed(cli.args, ("--config-dir", "-cd"))
-    for o in cli.overrides + ov.parse_overrides(cli.env):
-        if o.key_or_group == "hydra.searchpath" or ov.picks_verl_group(o, conf_dir):
-            return o.input_line
-    return None
+class Loaded(NamedTuple):
+    doc: dict
+    origin: str  # "file" (read from the cache), "built" (by the child, now), "fallback" (Hydra only, this process)
 
 
-def _typed(args: Sequence[str], names: tuple[str, ...], value: str | None = None) -> str:
-    """The flag as it was typed (`-c all`, `--cfg=hydra`, `--info`)."""
-    for i, a in enumerate(args):
-        flag = a.partition("=")[0]
-        if flag in names:
-            if value is not None and "=" not in a and i + 1 < len(args):
-                return f"{a} {args[i + 1]}"
-            return a
-    return names[0]
+def load(config_dir: str) -> Loaded:
+    """verl's schema document for `config_dir`: from the cache file, else built by the child and kept."""
+    from grpo_lab.verl_schema.hydra_internals import own_version_base
 
+    key = cache_key(config_dir)
+    path = cache_file(config_dir, key)
+    doc = read(path, key)
+    if doc is not None:
+        return Loaded(doc, "file")
+    base = own_version_base()
+    if sys.stderr is not None and sys.stderr.isatty():  # someone waits at a terminal: say why
+        print(f"grpo-lab: reading verl {verl_version(config_dir)}'s schema, once per verl version (a child process "
+              f"imports verl: seconds) into {path}", file=sys.stderr, flush=True)
+    doc = build_in_child(config_dir, base)
+    origin = "built"
+    if doc is None:
+        from grpo_lab.verl_schema.build import build
 
-@contextlib.contextmanager
-def tree_if_needed(args: "Sequence[str] | Any", conf_dir: str | os.PathLike) -> Iterator[str | None]:
-    """Within: the cache off (GRPO_LAB_VERL_CACHE=0) if tree_needed(args) says so; yields that argument."""
-    arg = tree_needed(args, conf_dir) if enabled() else None
-    old = os.environ.get(ENV)
-    if arg:
-        os.environ[ENV] = "0"
-    try:
-        yield arg
-    finally:
-        if arg:
-            if old is None:
-                os.environ.pop(ENV, None)
-            else:
-                os.environ[ENV] = old
+        doc, origin = build(config_dir, base, objects=False), "fallback"
+    doc.update(format=FORMAT, key=key, verl=verl_version(config_dir), version_base=base)
+    if origin == "built" and valid(doc, key) and not any(doc[part] is None for part in OBJECT_PARTS):
+        write(path, doc)
+    return Loaded(doc, origin)

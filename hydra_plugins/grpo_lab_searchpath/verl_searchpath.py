@@ -5,7 +5,7 @@ the installed verl package without importing it (importing verl pulls in torch a
 config and refusing a bad one stays fast. Hydra discovers this file through the `hydra_plugins` namespace package.
 
 VerlConfigSource (scheme `grpolab-verl://`) reads verl's folder as Hydra's own file source does, except for
-`ppo_trainer` itself: that one comes composed, from grpo_lab/verl_schema/verl_cache.py (one file instead of ~40). With
+`ppo_trainer` itself: that one comes composed, from verl's schema (grpo_lab/verl_schema: one cached file instead of ~40). With
 GRPO_LAB_VERL_CACHE=0 (run.py sets it for a command line that picks an option of a verl config group) the folder goes
 on the searchpath as a plain `file://` one and Hydra walks verl's defaults tree itself.
 """
@@ -32,24 +32,25 @@ class VerlSearchPathPlugin(SearchPathPlugin):
 class VerlConfigSource(ConfigSource):
     def __init__(self, provider: str, path: str) -> None:
         super().__init__(provider=provider, path=path)
-        from hydra._internal.sources_registry import SourcesRegistry
+        from grpo_lab.verl_schema.hydra_internals import file_source
 
         # Hydra's own file source over the same folder does everything but composing ppo_trainer
-        self._files = SourcesRegistry.instance().resolve("file")(provider=provider, path=f"file://{self.path}")
+        self._files = file_source(provider, self.path)
 
     @staticmethod
     def scheme() -> str:
         return "grpolab-verl"
 
     def load_config(self, config_path: str) -> ConfigResult:
-        from grpo_lab.verl_schema import verl_cache
+        from grpo_lab.verl_schema import schema, verl_cache
+        from grpo_lab.verl_schema.hydra_internals import config_header
 
         if self._normalize_file_name(config_path) == f"{verl_cache.CONFIG_NAME}.yaml":
-            cfg = verl_cache.composed_ppo_trainer(self.path)
+            cfg = schema(self.path).composed()
             if cfg is not None:
                 try:
                     with open(f"{self.path}/{verl_cache.CONFIG_NAME}.yaml", encoding="utf-8") as f:
-                        header = ConfigSource._get_header_dict(f.read(512))
+                        header = config_header(f.read(512))
                 except OSError as e:
                     raise ConfigLoadError(f"Config not found : {e}") from e
                 return ConfigResult(config=cfg, path=f"{self.scheme()}://{self.path}", provider=self.provider,

@@ -28,6 +28,7 @@ from grpo_lab import facts
 from grpo_lab.checks import reward_probe
 from grpo_lab.cli.config import get as _get
 from grpo_lab.checks.rules import ALT, Ctx, Problem, error, rule, warn
+from grpo_lab.verl_schema import schema
 
 KEY = "reward.custom_reward_function"
 BACK = "reward_fn=verl_default"  # the config-group choice back to verl's own scorer (conf/reward_fn/verl_default.yaml)
@@ -233,34 +234,6 @@ def reward_fn_result(c: Ctx) -> Iterable[Problem]:
 OURS = {"countdown": "reward_fn=countdown", "arith_": "reward_fn=strict_format"}
 
 
-@functools.lru_cache(maxsize=1)
-def verl_sources() -> tuple[frozenset[str], tuple[str, ...]]:
-    """(names, prefixes) that verl's default_compute_score dispatches on, read from its source with ast (its if/elif
-    chain of `data_source == "x"`, `data_source in [...]`, `data_source.startswith("x")`); anything else raises
-    NotImplementedError("Reward function is not implemented for data_source=...") in the reward workers."""
-    import ast
-
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
-    # verl/trainer/config -> verl/utils/reward_score/__init__.py (found without importing verl)
-    src = os.path.join(os.path.dirname(os.path.dirname(str(verl_config_dir()))), "utils", "reward_score",
-                       "__init__.py")
-    names, prefixes = set(), []
-    tree = ast.parse(open(src, encoding="utf-8").read())
-    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "default_compute_score")
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == "data_source":
-            for comp in node.comparators:
-                if isinstance(comp, ast.Constant) and isinstance(comp.value, str):
-                    names.add(comp.value)
-                elif isinstance(comp, (ast.List, ast.Tuple, ast.Set)):
-                    names.update(e.value for e in comp.elts if isinstance(e, ast.Constant) and isinstance(e.value, str))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
-              and isinstance(node.func.value, ast.Name) and node.func.value.id == "data_source"):
-            prefixes += [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-    return frozenset(names), tuple(prefixes)
-
-
 def _data_sources(files: list[str]) -> set[str]:
     out: set[str] = set()
     for f in files:
@@ -294,11 +267,13 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     sources = _data_sources(files)
     if not sources:
         return
-    try:
-        names, prefixes = verl_sources()
-    except Exception:  # verl's source not readable: nothing to compare with
+    # the names and prefixes verl's default_compute_score dispatches on, read once per verl version from the function
+    # itself (grpo_lab.verl_schema); any other raises NotImplementedError("Reward function is not implemented for
+    # data_source=...") in the reward workers
+    verl = schema()
+    if verl.data_sources is None:  # verl's scorer could not be read: nothing to compare with
         return
-    unknown = sorted(s for s in sources if s not in names and not s.startswith(prefixes))
+    unknown = sorted(s for s in sources if not verl.knows_data_source(s))
     if not unknown:
         return
     fixes = sorted({fix for s in unknown for src, fix in OURS.items() if s == src or (src.endswith("_")

@@ -12,6 +12,7 @@ from grpo_lab.memory import memplan
 from grpo_lab.cli.config import get as _get
 from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, rule, warn
 from grpo_lab.checks.rules.batch import as_int, ref_used
+from grpo_lab.verl_schema import schema
 
 # A Qwen3 chat model thinks first (<think>...</think>); the answer's "#### n" comes after the trace. Qwen's model card
 # recommends output budgets of 32k tokens for thinking, and on GSM8K-level problems the traces commonly run past
@@ -238,11 +239,12 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
 def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
     """actor_rollout_ref.rollout.name must be an engine verl can start: its schema takes any string (its YAML comment
     even names hf), but verl 0.9.1's worker asserts the (name, mode) pair is in its registry and its server registry
-    raises for any other name, after Ray and the model have started (facts.verl_rollout_engines)."""
+    raises for any other name, after Ray and the model have started (grpo_lab.verl_schema: schema().rollout_engines)."""
     name, mode = c.get(A + "rollout.name"), c.get(A + "rollout.mode", "async")
     if name is None:
         return
-    pairs, names, source = facts.verl_rollout_engines()
+    s = schema()
+    pairs, names, source = s.rollout_engines, s.rollout_servers, s.rollout_from
     if not pairs or not names:
         yield note(f"rollout engine name not checked: {source}")
         return
@@ -293,7 +295,7 @@ def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
 @rule("model_key_unknown", kind="setup", phase="compose")
 def model_key_unknown(c: Ctx) -> Iterable[Problem]:
     model_cfg = c.get(A + "model", {}) or {}
-    known, source = facts.known_model_keys()
+    known, source = schema().model_keys, schema().model_keys_from
     if not known:
         yield note(f"actor_rollout_ref.model keys not checked: {source}")
         return

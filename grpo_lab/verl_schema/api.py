@@ -1,0 +1,122 @@
+"""verl_schema's public API: verl's schema as one object, read once per verl version.
+
+    from grpo_lab.verl_schema import schema
+
+    s = schema()                      # the installed verl's (schema(config_dir) for another copy of its config folder)
+    s.tree                            verl's ppo_trainer as Hydra composes it, not resolved (plain data; read-only)
+    s.defaults                        the same, resolved: what verl runs with given nothing (read-only)
+    s.composed()                      a fresh DictConfig of s.tree for Hydra, or None where it must not stand in for
+                                      verl's files (hydra_plugins/grpo_lab_searchpath)
+    s.fields(target)                  the field names of the dataclass behind a `_target_` value (inherited ones
+                                      included), or None when verl has no such dataclass
+    s.model_keys, s.model_keys_from   the keys verl takes under actor_rollout_ref.model, and where they come from
+    s.rollout_engines                 the (name, mode) pairs verl's rollout worker registry starts
+    s.rollout_servers                 the names its server registry starts; s.rollout_from: where from
+    s.data_sources                    the data_source names verl's default_compute_score knows (None: not known)
+    s.data_source_prefixes            the prefixes it knows (data_source.startswith(...))
+    s.knows_data_source(name)         True/False, or None when not known
+    s.problems                        {part: why it could not be read}; a part not read is empty or None, never a guess
+    s.version, s.origin               verl's version; "file" (the cache), "built" (just now), "fallback" (the child
+                                      failed: tree and defaults only), "none" (verl is not installed), "error"
+
+Read from the cache file (grpo_lab/verl_schema/verl_cache.py), which a child process builds from verl's own objects
+when it is missing or stale (grpo_lab/verl_schema/build.py): this process never imports verl and never parses its
+source. One object per process and config folder (cache_clear() drops it: a new process, as far as this module
+knows).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class VerlSchema:
+    """verl's schema from one document of verl_cache (see the module doc for each attribute)."""
+
+    def __init__(self, doc: dict[str, Any], *, config_dir: str | None, origin: str) -> None:
+        self.config_dir = config_dir
+        self.origin = origin
+        self.version = str(doc.get("verl") or "unknown")
+        self.problems: dict[str, str] = dict(doc.get("problems") or {})
+        self.tree: dict[str, Any] = doc.get("tree") or {}
+        self.defaults: dict[str, Any] = doc.get("defaults") or {}
+        self.serves_hydra = bool(doc.get("serves_hydra")) and bool(self.tree)
+        self.version_base = doc.get("version_base")  # the version_base the tree was composed with
+        self._fields: dict[str, Any] = doc.get("fields") or {}
+        model = doc.get("model_keys") or {}
+        self.model_keys = frozenset(model.get("keys") or ())
+        self.model_keys_from = str(model.get("from") or self._why("model_keys"))
+        rollout = doc.get("rollout_engines") or {}
+        self.rollout_engines = frozenset((str(n), str(m)) for n, m in rollout.get("pairs") or ())
+        self.rollout_servers = frozenset(str(n) for n in rollout.get("names") or ())
+        self.rollout_from = str(rollout.get("from") or self._why("rollout_engines", "verl's rollout registries"))
+        sources = doc.get("data_sources")
+        self.data_sources = frozenset(sources["names"]) if sources else None
+        self.data_source_prefixes = tuple(sources["prefixes"]) if sources else ()
+        self._pickled: bytes | None = None
+
+    def _why(self, part: str, what: str = "") -> str:
+        if self.origin == "none":
+            return "verl is not installed"
+        return f"{what or part} could not be read: {self.problems.get(part) or self.problems.get('objects', '?')}"
+
+    def fields(self, target: str) -> frozenset[str] | None:
+        names = self._fields.get(target)
+        return frozenset(names) if names is not None else None
+
+    def knows_data_source(self, name: str) -> bool | None:
+        if self.data_sources is None:
+            return None
+        return name in self.data_sources or name.startswith(self.data_source_prefixes)
+
+    def composed(self) -> Any:
+        """A fresh DictConfig of the composed ppo_trainer (no defaults list left), or None: then use verl's files.
+        Hydra moves the nodes of what it loads into its result, so each compose gets its own copy; unpickling makes
+        one in ~10 ms (deepcopy ~60 ms, OmegaConf.create ~140 ms on a small CPU). None too in a Hydra app of
+        another version_base than the tree was composed with: Hydra then composes verl's files itself."""
+        from grpo_lab.verl_schema.hydra_internals import version_base
+
+        if not self.serves_hydra or self.version_base != version_base():
+            return None
+        if self._pickled is None:
+            from omegaconf import OmegaConf
+
+            cfg = OmegaConf.create(self.tree)
+            self._pickled = pickle.dumps(cfg)
+            return cfg
+        return pickle.loads(self._pickled)
+
+
+# verl's config folder -> its schema, for this process
+_SCHEMAS: dict[str, VerlSchema] = {}
+
+
+def schema(config_dir: str | os.PathLike | None = None) -> VerlSchema:
+    """verl's schema for its config folder (default: the installed verl's); never raises."""
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
+
+    root = str(config_dir) if config_dir is not None else verl_config_dir()
+    if root is None:
+        return VerlSchema({}, config_dir=None, origin="none")
+    from grpo_lab.verl_schema import verl_cache
+
+    memo = os.path.realpath(root)
+    if memo not in _SCHEMAS:
+        try:
+            loaded = verl_cache.load(root)
+            _SCHEMAS[memo] = VerlSchema(loaded.doc, config_dir=root, origin=loaded.origin)
+        except Exception as e:  # never worse than no schema: Hydra reads verl's files, the checks that need it say so
+            log.warning("grpo-lab: verl's schema not read: %s: %s", type(e).__name__, e)
+            _SCHEMAS[memo] = VerlSchema({"problems": {"objects": f"{type(e).__name__}: {e}"}}, config_dir=root,
+                                        origin="error")
+    return _SCHEMAS[memo]
+
+
+def cache_clear() -> None:
+    """Forget this process's schemas: the next schema() reads the cache file again (or builds it)."""
+    _SCHEMAS.clear()

@@ -1,0 +1,253 @@
+"""The builder of verl's schema: run in a child process, it imports verl and reads its objects, once per verl version.
+
+    python -m grpo_lab.verl_schema.build CONFIG_DIR OUT VERSION_BASE
+
+grpo_lab/verl_schema/verl_cache.py starts it when the cache has no valid file (importing verl takes seconds: that cost
+is paid here, once, and never in the process that checks a config). It writes one JSON document to OUT:
+
+    tree                 verl's ppo_trainer as Hydra composes it from CONFIG_DIR (grpo_lab/verl_schema/hydra_internals.py),
+                         not resolved, without Hydra's own node; null when JSON does not carry it exactly
+    serves_hydra         false when one of verl's files sets Hydra's own node: only the real defaults tree places it,
+                         so the cached tree must not stand in for verl's files
+    defaults             the tree resolved (what verl runs with given nothing); resolved before verl is imported, so
+                         only OmegaConf's own resolvers take part
+    fields               {`_target_` value: the names of that dataclass's fields (dataclasses.fields, inherited ones
+                         included) or null (not importable, not a dataclass)}, for every `_target_` in the tree and in
+                         every YAML file of CONFIG_DIR
+    model_keys           the keys of model/hf_model.yaml and the fields of the dataclass it names (HFModelConfig)
+    rollout_engines      verl's worker registry of (name, mode) pairs and its server registry's names
+    data_sources         the data_source names and prefixes verl's default_compute_score dispatches on, found by
+                         calling it with a probe string that records each comparison and answers no to all of them,
+                         so that no scorer runs and the call ends in its NotImplementedError
+    sources              {file: [mtime_ns, size]} of the Python files whose objects were read: an edit to one (an
+                         editable install) makes the cached document stale although verl's version is the same
+    problems             {part: why it could not be read}; such a document is used but not kept on disk
+
+Nothing here parses verl's source text. The tree part and the resolving run before verl is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+CONFIG_NAME = "ppo_trainer"
+MODEL_FILE = ("model", "hf_model.yaml")
+
+
+def _yaml_load(path: Path) -> Any:
+    import yaml
+
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _yaml_files(config_dir: str) -> list[Path]:
+    return sorted(p for p in Path(config_dir).rglob("*.yaml") if "__pycache__" not in p.parts)
+
+
+def _json_exact(data: Any) -> bool:
+    try:
+        return json.loads(json.dumps(data)) == data
+    except (TypeError, ValueError):
+        return False
+
+
+def compose_tree(config_dir: str, version_base: str) -> dict[str, Any]:
+    """{tree, serves_hydra, defaults, problems}: Hydra's composition of verl's ppo_trainer and its resolved values."""
+    from omegaconf import OmegaConf, open_dict
+
+    from grpo_lab.verl_schema import hydra_internals
+
+    out: dict[str, Any] = {"tree": None, "serves_hydra": False, "defaults": None, "problems": {}}
+    sets_hydra = [str(p) for p in _yaml_files(config_dir)
+                  if re.search(r"^hydra\s*:", p.read_text(encoding="utf-8"), re.M)]
+    with hydra_internals.version_base_as(version_base):
+        cfg = hydra_internals.compose_folder(config_dir, CONFIG_NAME)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    if not _json_exact(tree):
+        out["problems"]["tree"] = "verl's composed config holds something JSON does not carry exactly"
+        return out
+    out["tree"] = tree
+    out["serves_hydra"] = not sets_hydra
+    if sets_hydra:
+        out["problems"]["serves_hydra"] = f"{sets_hydra[0]} sets Hydra's own node"
+    try:
+        defaults = OmegaConf.to_container(OmegaConf.create(tree), resolve=True, throw_on_missing=False)
+    except Exception:  # an interpolation verl resolves only with more context: the raw values
+        defaults = tree
+    out["defaults"] = defaults if _json_exact(defaults) else tree
+    return out
+
+
+def targets(config_dir: str, tree: Any) -> list[str]:
+    """Every `_target_` value in the composed tree and in verl's config files (every group option's too)."""
+    found: dict[str, None] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "_target_" and isinstance(v, str):
+                    found.setdefault(v)
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(tree)
+    for path in _yaml_files(config_dir):
+        try:
+            walk(_yaml_load(path))
+        except Exception:
+            continue
+    return sorted(found)
+
+
+def _locate(target: str) -> Any:
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # not importable here (an optional dependency, a recipe outside verl): not known
+        return None
+
+
+def _files_of(cls: type) -> Iterator[str]:
+    for c in cls.__mro__:
+        mod = sys.modules.get(c.__module__)
+        path = getattr(mod, "__file__", None)
+        if path and c.__module__.split(".")[0] == "verl":
+            yield path
+
+
+def dataclass_fields(names: list[str], seen_files: set[str]) -> dict[str, list[str] | None]:
+    out: dict[str, list[str] | None] = {}
+    for target in names:
+        cls = _locate(target)
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            out[target] = sorted(f.name for f in dataclasses.fields(cls))
+            seen_files.update(_files_of(cls))
+        else:
+            out[target] = None
+    return out
+
+
+def model_keys(config_dir: str, seen_files: set[str]) -> dict[str, Any]:
+    """The keys verl takes under actor_rollout_ref.model: model/hf_model.yaml's and its `_target_` dataclass's fields."""
+    import verl
+
+    node = _yaml_load(Path(config_dir).joinpath(*MODEL_FILE)) or {}
+    target = node.get("_target_")
+    cls = _locate(target) if isinstance(target, str) else None
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise LookupError(f"{'/'.join(MODEL_FILE)} names no dataclass verl has ({target!r})")
+    seen_files.update(_files_of(cls))
+    where = os.path.relpath(sys.modules[cls.__module__].__file__, os.path.dirname(os.path.dirname(verl.__file__)))
+    keys = set(node) | {f.name for f in dataclasses.fields(cls)}
+    return {"keys": sorted(k for k in keys if not str(k).startswith("__")),
+            "from": f"verl/trainer/config/{'/'.join(MODEL_FILE)} + {cls.__name__} in {where}"}
+
+
+def rollout_engines(seen_files: set[str]) -> dict[str, Any]:
+    """verl 0.9.1: the worker's registry (base.py's _ROLLOUT_REGISTRY: get_rollout_class asserts the (name, mode) pair
+    is there) and the server's (RolloutReplicaRegistry: get raises 'Unknown rollout mode'), read, never changed."""
+    from verl.workers.rollout import base, replica
+
+    seen_files.update([base.__file__, replica.__file__])
+    return {"pairs": sorted([n, m] for n, m in base._ROLLOUT_REGISTRY),
+            "names": sorted(replica.RolloutReplicaRegistry._registry),
+            "from": "verl/workers/rollout/base.py _ROLLOUT_REGISTRY + replica.py RolloutReplicaRegistry"}
+
+
+class _Probe(str):
+    """A data_source that records what it is compared with (==, `in` a list or tuple, startswith) and matches none."""
+
+    __hash__ = str.__hash__
+
+    def __new__(cls, names: set[str], prefixes: list[str]) -> "_Probe":
+        probe = super().__new__(cls, "\x00grpo-lab probe\x00")
+        probe.names, probe.prefixes = names, prefixes
+        return probe
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            self.names.add(str(other))
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def startswith(self, prefix: Any, *args: Any) -> bool:
+        self.prefixes.extend([prefix] if isinstance(prefix, str) else [str(p) for p in prefix])
+        return False
+
+
+def scorer_sources(score: Any) -> dict[str, Any]:
+    """{names, prefixes} a scorer like verl's default_compute_score(data_source, solution_str, ground_truth)
+    dispatches on: called once with a probe data_source that answers no to every comparison, so no scorer runs and
+    the call must end in NotImplementedError (anything else: the scorer is not one this can read, RuntimeError)."""
+    names: set[str] = set()
+    prefixes: list[str] = []
+    try:
+        score(_Probe(names, prefixes), "", "")
+    except NotImplementedError:
+        return {"names": sorted(names), "prefixes": list(dict.fromkeys(prefixes))}
+    raise RuntimeError(f"{getattr(score, '__name__', score)} took a data_source it cannot know without raising "
+                       f"NotImplementedError")
+
+
+def data_sources(seen_files: set[str]) -> dict[str, Any]:
+    import verl.utils.reward_score as scores
+
+    seen_files.add(scores.__file__)
+    return scorer_sources(scores.default_compute_score)
+
+
+def build(config_dir: str, version_base: str, *, objects: bool = True) -> dict[str, Any]:
+    """The whole document (see the module doc). objects=False: the Hydra part only, verl never imported."""
+    try:
+        out = compose_tree(config_dir, version_base)
+    except Exception as e:  # Hydra cannot compose verl's files: the plugin then hands them to Hydra as they are
+        out = {"tree": None, "serves_hydra": False, "defaults": None,
+               "problems": {"tree": f"{type(e).__name__}: {e}"}}
+    out.update({"fields": None, "model_keys": None, "rollout_engines": None, "data_sources": None, "sources": {}})
+    if not objects:
+        out["problems"]["objects"] = "verl's objects were not read"
+        return out
+    seen: set[str] = set()
+    parts = [("fields", lambda: dataclass_fields(targets(config_dir, out["tree"]), seen)),
+             ("model_keys", lambda: model_keys(config_dir, seen)),
+             ("rollout_engines", lambda: rollout_engines(seen)),
+             ("data_sources", lambda: data_sources(seen))]
+    for name, read in parts:
+        try:
+            out[name] = read()
+        except Exception as e:  # that part stays unknown; the rules that need it say they could not check
+            out["problems"][name] = f"{type(e).__name__}: {e}"
+    for path in sorted(seen):
+        st = os.stat(path)
+        out["sources"][path] = [st.st_mtime_ns, st.st_size]
+    try:
+        import verl
+
+        out["verl_version"] = getattr(verl, "__version__", "unknown")
+    except Exception as e:
+        out["problems"]["verl"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def main(argv: list[str]) -> int:
+    config_dir, out_path, version_base = argv
+    doc = build(config_dir, version_base)
+    Path(out_path).write_text(json.dumps(doc), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
