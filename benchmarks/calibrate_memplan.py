@@ -279,8 +279,8 @@ def render(result: dict[str, Any]) -> str:
             margin = f"{calibration.margin_of(row):.0%}" if quantity == "training" else "-"
             out.append(f"| {regime} | {quantity} | {row['runs']} | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
                        f"{alloc} | {margin} |")
-    out += ["", "Every other regime (several GPUs, LoRA training, SGLang, a mixture of experts, FSDP2, other sizes): "
-            "not measured.", "", "## Per job", "",
+    out += ["", "Every regime not in this table (e.g. several GPUs, SGLang, a mixture of experts, 10B parameters and "
+            "more): not measured.", "", "## Per job", "",
             "| job | regime | training: plan (its peak) / reserved (allocated) GB | ratio | "
             "KV cache: plan / measured GB | ratio |",
             "|---|---|---|---|---|---|"]

@@ -36,8 +36,8 @@ def test_every_recorded_job_is_within_the_stated_accuracy(replayed):
     proc, res = replayed
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     trained = [j for j in res["jobs"] if "training" in j]
-    # smoke_smollm2 (4 variants), learn_smollm2 (two sweeps and the README re-run), smoke_tiny
-    assert sum(j["model"] == "smollm2_135m" for j in trained) == 9 and any(j["model"] == "tiny_qwen3" for j in trained)
+    # smoke_smollm2 (4 variants; 2026-12-04: DAPO and LoRA), learn_smollm2 (two sweeps and the README re-run), smoke_tiny
+    assert sum(j["model"] == "smollm2_135m" for j in trained) == 11 and any(j["model"] == "tiny_qwen3" for j in trained)
     for j in trained:
         assert 0.85 <= j["training"]["ratio"] <= 1.15, j  # plan / verl's reserved peak
         assert j["job"] in proc.stdout and str(j["training"]["planned_gb"]) in proc.stdout

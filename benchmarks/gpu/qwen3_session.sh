@@ -16,7 +16,7 @@
 #   bash benchmarks/gpu/qwen3_session.sh lora_smol   # LoRA, SmolLM2, FSDP2 (also lora_smol_merge, lora_q06, lora_8b)
 #   bash benchmarks/gpu/qwen3_session.sh smi         # sample the card's and each process's memory in the background
 #   bash benchmarks/gpu/qwen3_session.sh bg|par|collect ...   # as in smollm2_session.sh (session_lib.sh); a par
-#                                                    # chain 'PAUSE=150 pause ...' starts later
+#                                                    # chain 'PAUSE=150 ...' starts 150 s later
 # EXTRA="key=value ..." is added to every run.py command; UTIL and KV_GB (below) are single words, for par chains.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -98,7 +98,7 @@ case "${1:-}" in
     python3 -m grpo_lab.after_run.doctor "$LOGS/$1/train.log" > "$LOGS/doctor_$1.txt" 2>&1
     pack "$1"
     ;;
-  pause) sleep "${PAUSE:-120}" ;;  # par 'PAUSE=150 pause dapo': a chain that starts later (vLLM profiles the card alone)
+  pause) sleep "${PAUSE:-120}" ;;  # a chain that starts later (vLLM profiles the card alone); par 'PAUSE=150 dapo' does it too
   smi)  # the card's use every 2 s and each process's every 10 s, into $OUT/smi_*.csv, until the machine goes back
     setsid nohup nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader -l 2 \
       > "$OUT/smi_card.csv" 2>/dev/null < /dev/null &

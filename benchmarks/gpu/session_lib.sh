@@ -6,7 +6,8 @@
 #   common_verb VERB ARGS...    chain PHASE... | bg PHASE... | collect S: a chain of the script's phases in a new
 #                               process session (setsid) that outlives the call, collected by calls back to back;
 #                               par 'SPEC' 'SPEC'...: several chains at once on the one GPU (a SPEC is phases and
-#                               VAR=value words, e.g. 'LRS=3e-5 sweep'), each in $BG_OUT/cN, cleaned up when all end
+#                               VAR=value words, e.g. 'LRS=3e-5 sweep'; PAUSE=N starts that chain N s later), each in
+#                               $BG_OUT/cN, cleaned up when all end
 [ -f /root/site.env ] && source /root/site.env
 OUT=${OUT:-/tmp/grpo-lab-out}
 LOGS=$OUT/logs
@@ -54,7 +55,10 @@ common_verb() {  # common_verb SCRIPT VERB ARGS...; returns 1 when VERB is not o
         for w in $spec; do case "$w" in *=*) vars+=("$w") ;; *) phases+=("$w") ;; esac; done
         mkdir -p "$BG_OUT/c$i"
         echo "c$i: $spec" >> "$BG_OUT/par.txt"
-        OUT=$BG_OUT/c$i PAR=1 setsid nohup env "${vars[@]}" bash -c 'for p in "${@:1}"; do bash "$0" "$p";
+        # PAUSE=N in a SPEC: the chain starts N s later, also without a `pause` phase (on 2026-12-04 the specs had
+        # PAUSE= and no `pause`, and all four chains started at once); a chain that begins with `pause` sleeps there
+        OUT=$BG_OUT/c$i PAR=1 setsid nohup env "${vars[@]}" bash -c '[ -n "${PAUSE:-}" ] && [ "${1:-}" != pause ] &&
+          sleep "$PAUSE"; for p in "${@:1}"; do bash "$0" "$p";
           echo "$p finished" >> "$OUT/chain.txt"; done; touch "$OUT/done"' "$script" "${phases[@]}" \
           > "$BG_OUT/c$i.log" 2>&1 < /dev/null &
       done
