@@ -39,7 +39,10 @@ def test_every_recorded_job_is_within_the_stated_accuracy(replayed):
     # smoke_smollm2 (4 variants; 2026-12-04: DAPO and LoRA), learn_smollm2 (two sweeps and the README re-run), smoke_tiny
     assert sum(j["model"] == "smollm2_135m" for j in trained) == 11 and any(j["model"] == "tiny_qwen3" for j in trained)
     for j in trained:
-        assert 0.85 <= j["training"]["ratio"] <= 1.15, j  # plan / verl's reserved peak
+        # plan / verl's allocated peak (an out-of-memory error depends on it: the caching allocator frees its cache
+        # and retries first); the reserved peak is shown, and p17's (2026-12-04) is 24% above its allocated one
+        assert 0.85 <= j["training"]["ratio_allocated"] <= 1.15, j
+        assert j["training"]["ratio"] <= j["training"]["ratio_allocated"], j  # reserved >= allocated
         assert j["job"] in proc.stdout and str(j["training"]["planned_gb"]) in proc.stdout
     kv = [j for j in res["jobs"] if "kv_cache" in j and not j["side_by_side"]]
     assert len(kv) >= 7 and all(0.9 <= j["kv_cache"]["ratio"] <= 1.1 for j in kv)
