@@ -269,6 +269,32 @@ def test_oom_values_come_from_the_jobs_config():
     assert train.overrides[0] == "ppo_micro_batch_size_per_gpu=2"
 
 
+def test_a_fix_never_raises_vllms_share():
+    cfg = synth.verl_config(max_response_length=2048, util=0.1, n=8)
+    (gen,) = doctor.diagnose((SYN / "oom_generation_vllm_sampler.log").read_text(), cfg)
+    assert gen.overrides == ["rollout_n=7", "max_response_length=1536"]  # 0.1 is the floor: nothing lower to try
+
+
+EMU_OOM = ROOT / "benchmarks/gpu/results/2026-12-04-qwen3-random/side_by_side/emu_oom"
+
+
+def test_recorded_emulated_oom_gets_fixes_in_the_users_terms(tmp_path):
+    """Recorded on the GPU test machine (2026-12-04): Qwen3-1.7B's smoke on an emulated 32 GB card ran out of memory
+    at the per-process cap. verl got vLLM's share scaled to the real card (0.091559); the user set 0.4 of the 32 GB
+    card, so the fix lowers 0.4, it never suggests 0.1 (a raise of what verl got)."""
+    _, (d,) = doctor.diagnose_path(EMU_OOM)
+    assert d.id == "oom_training"
+    assert "rollout_gpu_mem_util=0.3" in d.overrides and "now 0.4;" in d.remedy
+    assert "0.091559" not in d.remedy
+    # the same log without the plan's emulation record reads verl's scaled value, and lowers nothing below 0.1
+    job = tmp_path / "emu_oom"
+    job.mkdir()
+    for name in ("train.log", "verl_config.yaml", "status.json"):
+        (job / name).write_bytes((EMU_OOM / name).read_bytes())
+    _, (d,) = doctor.diagnose_path(job)
+    assert not any(o.startswith("rollout_gpu_mem_util=") for o in d.overrides)
+
+
 def test_vllm_kv_cache_is_generation_with_its_own_remedy():
     d = one(SYN / "vllm_no_kv_cache_memory.log")
     assert (d.id, d.phase) == ("vllm_kv_cache_too_small", "generation")

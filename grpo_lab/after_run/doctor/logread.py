@@ -205,8 +205,10 @@ class Values:
         return bool(_get(self.cfg, "trainer.use_v1", True))
 
     # --- the lowered values to try
-    def lower_util(self) -> str:
-        return f"rollout_gpu_mem_util={max(0.1, round(self.util - 0.1, 2)):g}"
+    def lower_util(self) -> str | None:
+        """vLLM's share 0.1 lower, at least 0.1; None where that is no lower than it is (a fix never raises it)."""
+        lower = max(0.1, round(self.util - 0.1, 2))
+        return f"rollout_gpu_mem_util={lower:g}" if lower < self.util else None
 
     def lower_n(self) -> str | None:
         return f"rollout_n={self.n - 1}" if self.n > 2 else None

@@ -108,7 +108,7 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
     except OSError:
         return log_path, []
     text = read_log(log_path)
-    config = load_yaml(job_dir / "verl_config.yaml")
+    config = in_users_terms(load_yaml(job_dir / "verl_config.yaml"), read_json(job_dir / "plan.json"))
     status = read_json(job_dir / "status.json")
     if not logkind.marker(text) and not (log_path.name == "train.log" and status.get("status")):
         return log_path, [not_a_log(log_path, text)]  # a grpo-lab job's train.log may be empty while it starts
@@ -121,6 +121,26 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
             text += "\ngrpo-lab: the job raised (status.json):\n" + error + "\n"
     return log_path, diagnose(text, config, idle_s=idle, stale_minutes=stale_minutes,
                               stalls=status.get("status") != "ok")
+
+
+def in_users_terms(config: dict[str, Any] | None, plan: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's verl config with the values the user set where an emulated card scaled them for verl (plan.json's
+    `emulation`: vLLM's share of a 32 GB card is handed to verl as a share of the real card). A fix then reads in the
+    user's terms (`rollout_gpu_mem_util=0.3` after 0.4), never as a raise of the scaled 0.09."""
+    emulation = plan.get("emulation") or {}
+    if not config or not emulation.get("emulated"):
+        return config
+    import copy
+
+    out = copy.deepcopy(config)
+    for key, values in (emulation.get("gpu_memory_utilization") or {}).items():
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and "planned" in values:
+            node[leaf] = values["planned"]
+    return out
 
 
 NOT_A_LOG = known("not_a_log", kind="input", phase="any")
