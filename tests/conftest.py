@@ -27,30 +27,33 @@ if not os.environ.get("GRPO_LAB_CACHE_DIR"):
 
 
 _INIT = None
+_INIT_CONF = None
 
 
-def compose_cfg(*overrides: str, environ: dict[str, str] | None = None):
+def compose_cfg(*overrides: str, environ: dict[str, str] | None = None, conf: Path = CONF):
     """The composed config (with `hydra` node, so ${hydra:runtime.cwd} resolves) for these command-line overrides,
-    read and checked as run.py reads them (grpo_lab.cli.overrides), with the knobs of `environ` added."""
-    global _INIT
+    read and checked as run.py reads them (grpo_lab.cli.overrides), with the knobs of `environ` added; `conf`: the
+    config folder (another checkout's, see fresh_clone)."""
+    global _INIT, _INIT_CONF
     from grpo_lab.cli.overrides import check, parse
 
     cli = parse(list(overrides), environ or {}, flags=False)
-    check(cli, CONF)
-    if _INIT is None or not GlobalHydra.instance().is_initialized():
+    check(cli, conf)
+    if _INIT is None or _INIT_CONF != conf or not GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
-        _INIT = initialize_config_dir(config_dir=str(CONF), version_base=None)
+        _INIT = initialize_config_dir(config_dir=str(conf), version_base=None)
         _INIT.__enter__()  # kept for the session: Hydra caches the loaded YAML files between composes
+        _INIT_CONF = conf
     cfg = compose("config", overrides=cli.argv, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     return cfg
 
 
-def compose_split(*overrides: str, environ: dict[str, str] | None = None):
+def compose_split(*overrides: str, environ: dict[str, str] | None = None, conf: Path = CONF):
     """(verl dict, lab dict) as the launcher hands them on."""
     from grpo_lab.cli.config import split
 
-    return split(compose_cfg(*overrides, environ=environ))
+    return split(compose_cfg(*overrides, environ=environ, conf=conf))
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,3 +160,4 @@ def write_rows(path: Path, n: int) -> Path:
 def gsm8k_sized_parquet(tmp_path):
     """A GSM8K-format parquet of 7473 rows (GSM8K's train size), for arithmetic that reads the row count."""
     return write_rows(tmp_path / "train.parquet", 7473)
+

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import CONF, ROOT, compose_split, composed, options, planned, run_py
+from conftest import ROOT, compose_split, composed, fresh_clone, options, planned, run_py
 from grpo_lab.checks import fit as F
 from grpo_lab.checks import fit_search
 from grpo_lab.memory import memplan
@@ -198,11 +198,15 @@ def test_run_py_fit_when_nothing_fits_exits_2_with_the_way_out(tmp_path):
 
 
 def test_fit_write_saves_an_experiment_that_composes_to_the_fitted_config(tmp_path):
+    # in a copy of the checkout: the tests that list the checkout's experiment options (at the same time, under
+    # pytest-xdist) never see the file come and go
+    root = fresh_clone(tmp_path / "clone")
+    conf = root / "conf"
     name = f"zz_fit_test_{uuid.uuid4().hex[:8]}"
-    path = CONF / "experiment" / f"{name}.yaml"
+    path = conf / "experiment" / f"{name}.yaml"
     user = ["model=qwen3_4b", "hardware=rtx4080_16gbx4", "train_batch_size=64"]
     try:
-        proc = run_py(f"preflight.fit_write={name}", *user, f"hydra.run.dir={tmp_path}/a")
+        proc = run_py(f"preflight.fit_write={name}", *user, f"hydra.run.dir={tmp_path}/a", root=root)
         assert proc.returncode == 0, proc.stderr[-3000:]
         text = path.read_text()
         assert text.startswith("# @package _global_\n")
@@ -211,21 +215,22 @@ def test_fit_write_saves_an_experiment_that_composes_to_the_fitted_config(tmp_pa
         assert re.search(r"#   training: [\d.]+ GB oom -> [\d.]+ GB fits", text)
         # composing the file gives the verl config of the printed command line, and it passes the preflight
         args = [a for a in _command(proc.stdout) if not a.startswith("hydra.")]
-        v_file, l_file = compose_split(f"experiment={name}", "train_file=/x/train.parquet", "test_file=/x/t.parquet")
-        v_cmd, _ = compose_split(*args, "train_file=/x/train.parquet", "test_file=/x/t.parquet")
+        v_file, l_file = compose_split(f"experiment={name}", "train_file=/x/train.parquet", "test_file=/x/t.parquet",
+                                      conf=conf)
+        v_cmd, _ = compose_split(*args, "train_file=/x/train.parquet", "test_file=/x/t.parquet", conf=conf)
         assert v_file == v_cmd
         assert v_file["data"]["train_batch_size"] == 64
         assert run_preflight(v_file, l_file, launching=False).ok
-        ran = run_py(f"experiment={name}", "preflight.only=true", f"hydra.run.dir={tmp_path}/b")
+        ran = run_py(f"experiment={name}", "preflight.only=true", f"hydra.run.dir={tmp_path}/b", root=root)
         assert planned(ran), ran.stdout[-2000:]
         # an existing file is not replaced without preflight.fit_overwrite=true, and nothing else is written
-        again = run_py(f"preflight.fit_write={name}", *user, f"hydra.run.dir={tmp_path}/c")
+        again = run_py(f"preflight.fit_write={name}", *user, f"hydra.run.dir={tmp_path}/c", root=root)
         assert again.returncode == 2 and "fit_overwrite=true" in again.stderr
         assert path.read_text() == text
-        bad = run_py("preflight.fit_write=../evil", *user, f"hydra.run.dir={tmp_path}/d")
+        bad = run_py("preflight.fit_write=../evil", *user, f"hydra.run.dir={tmp_path}/d", root=root)
         assert bad.returncode == 2 and "letters, digits" in bad.stderr
-        assert not (CONF / "evil.yaml").exists()
-        assert not [p for p in (CONF / "experiment").iterdir() if p.name.endswith(".tmp")]
+        assert not (conf / "evil.yaml").exists()
+        assert not [p for p in (conf / "experiment").iterdir() if p.name.endswith(".tmp")]
     finally:
         path.unlink(missing_ok=True)
 
