@@ -161,3 +161,90 @@ def gsm8k_sized_parquet(tmp_path):
     """A GSM8K-format parquet of 7473 rows (GSM8K's train size), for arithmetic that reads the row count."""
     return write_rows(tmp_path / "train.parquet", 7473)
 
+
+# ---- the `slow` marker (pyproject.toml): `make test-fast` runs pytest -m "not slow"; `make test` runs everything ----
+# A test is slow when it starts a process (python run.py, python -m ..., make, a stand-in job): each costs ~1 s of
+# Python, Hydra and grpo-lab start-up on a 2-core machine, several for a sweep. That is found from the code (a call of
+# run_py, run_module, subprocess.* or os.system in the test, in a fixture it takes, or in a function of its module or of
+# this file that it calls), so a new test of that kind is marked by itself. The others are listed here with the reason.
+SLOW = {
+    "test_launch.py::test_ray_is_shut_down_after_a_failed_or_interrupted_job": "starts a real Ray in the test process",
+    "test_remove_padding.py": "builds a tiny Qwen3 in torch and runs verl's forward step on it",
+    "test_memplan.py::test_gpu_benchmark_tiny_cpu_mode": "trains the tiny model a step with FSDP2 over gloo on CPU",
+    "test_rawcmd.py::test_raw_command_round_trips": "composes verl's ppo_trainer from its ~40 files (no cache) per job",
+    "test_verl_searchpath.py::test_cached_ppo_trainer_composes_the_identical_config":
+        "composes verl's ppo_trainer from its files (no cache) per case",
+    "test_fit.py::test_every_model_on_every_hardware_fits_or_says_what_would":
+        "the fit search for every model on every hardware (48 cases)",
+    "test_knobs.py::test_short_key_verl_key_and_environment_give_the_same_verl_config":
+        "composes every knob three ways (short key, verl key, environment)",
+    "test_compose.py::test_verl_accepts_model_x_variant": "composes every model x variant (test_every_option_composes "
+                                                          "stays in the fast set)",
+    "test_compose.py::test_verl_accepts_hardware_x_rollout": "composes every hardware x rollout",
+}
+
+
+def _functions(path: str) -> dict:
+    """The module-level functions of the Python file at `path`, by name (ast.FunctionDef)."""
+    import ast
+
+    return {n.name: n for n in ast.parse(Path(path).read_text()).body if isinstance(n, ast.FunctionDef)}
+
+
+def _reaching(funcs: dict, seeds: set[str]) -> frozenset[str]:
+    """The names in `funcs` that are in `seeds` or call one of `funcs` that is, or take it as a fixture (an argument of
+    that name), at any depth."""
+    import ast
+
+    uses = {}
+    for name, fn in funcs.items():
+        called = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", None)
+                  for n in ast.walk(fn) if isinstance(n, ast.Call)}
+        uses[name] = (called | {a.arg for a in fn.args.args}) & funcs.keys()
+    out = set(seeds)
+    while True:
+        more = {n for n, u in uses.items() if n not in out and u & out}
+        if not more:
+            return frozenset(out)
+        out |= more
+
+
+def _starts_a_process(fn) -> bool:
+    import ast
+
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call):
+            f = n.func
+            if isinstance(f, ast.Name) and f.id in ("run_py", "run_module"):
+                return True
+            if isinstance(f, ast.Attribute) and (f.attr == "system" or isinstance(f.value, ast.Name)
+                                                 and f.value.id == "subprocess"):
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _process_starters(path: str) -> frozenset[str]:
+    """Names of the functions of the test module at `path` (and of this file) that start a process: directly, through
+    another of them they call, or through a fixture of theirs they take."""
+    funcs = {**_functions(__file__), **_functions(path)}
+    return _reaching(funcs, {name for name, fn in funcs.items() if _starts_a_process(fn)})
+
+
+def slow_reason(item) -> str | None:
+    """Why `item` is in the slow set, or None."""
+    file, name = item.path.name, item.originalname
+    for key in (f"{file}::{name}", file):
+        if key in SLOW:
+            return SLOW[key]
+    if name in _process_starters(str(item.path)):
+        return "starts a process (run.py, python -m, make or a stand-in job)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        reason = slow_reason(item)
+        if reason:
+            item.add_marker(pytest.mark.slow(reason=reason))
+
