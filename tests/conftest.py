@@ -166,7 +166,8 @@ def gsm8k_sized_parquet(tmp_path):
 # A test is slow when it starts a process (python run.py, python -m ..., make, a stand-in job): each costs ~1 s of
 # Python, Hydra and grpo-lab start-up on a 2-core machine, several for a sweep. That is found from the code (a call of
 # run_py, run_module, subprocess.* or os.system in the test, in a fixture it takes, or in a function of its module or of
-# this file that it calls), so a new test of that kind is marked by itself. The others are listed here with the reason.
+# this file that it calls), so a new test of that kind is marked by itself. The others are listed here with the reason:
+# a file, a test, or a fixture or helper of a file (then every test of the file that takes or calls it).
 SLOW = {
     "test_launch.py::test_ray_is_shut_down_after_a_failed_or_interrupted_job": "starts a real Ray in the test process",
     "test_remove_padding.py": "builds a tiny Qwen3 in torch and runs verl's forward step on it",
@@ -181,6 +182,11 @@ SLOW = {
     "test_compose.py::test_verl_accepts_model_x_variant": "composes every model x variant (test_every_option_composes "
                                                           "stays in the fast set)",
     "test_compose.py::test_verl_accepts_hardware_x_rollout": "composes every hardware x rollout",
+    "test_verl_cache.py::built": "builds verl's schema in a child process that imports verl (~5 s)",
+    "test_verl_cache.py::test_rebuilt_when_verls_version_or_a_config_file_changes":
+        "builds verl's schema three times, each in a child process that imports verl",
+    "test_verl_cache.py::test_a_verl_file_that_sets_hydras_node_is_not_served_to_hydra":
+        "builds verl's schema in a child process that imports verl",
 }
 
 
@@ -231,12 +237,26 @@ def _process_starters(path: str) -> frozenset[str]:
     return _reaching(funcs, {name for name, fn in funcs.items() if _starts_a_process(fn)})
 
 
+@functools.lru_cache(maxsize=None)
+def _listed_helpers(path: str) -> dict[str, str]:
+    """Test name -> reason, for the tests of the module at `path` that take or call a fixture or helper SLOW lists."""
+    file, funcs = Path(path).name, _functions(path)
+    out = {}
+    for key, reason in SLOW.items():
+        helper = key.partition("::")[2]
+        if key.startswith(f"{file}::") and not helper.startswith("test_"):
+            out.update((n, reason) for n in _reaching(funcs, {helper}) if n.startswith("test_") and n not in out)
+    return out
+
+
 def slow_reason(item) -> str | None:
     """Why `item` is in the slow set, or None."""
     file, name = item.path.name, item.originalname
     for key in (f"{file}::{name}", file):
         if key in SLOW:
             return SLOW[key]
+    if name in _listed_helpers(str(item.path)):
+        return _listed_helpers(str(item.path))[name]
     if name in _process_starters(str(item.path)):
         return "starts a process (run.py, python -m, make or a stand-in job)"
     return None
