@@ -299,6 +299,7 @@ def work_unit(nodeid: str, root: Path = ROOT) -> str:
     return nodeid
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it installed, plain pytest still runs
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
