@@ -43,7 +43,7 @@ $(VENV)/.installed: requirements-test.txt
 TEST_JOBS ?= auto
 PYTEST = $(TEST_PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
-test: $(VENV)/.installed ## the whole CPU test suite, as CI runs it (makes .venv on first use; ~6 min on 2 cores)
+test: $(VENV)/.installed ## the whole CPU test suite, as CI runs it (makes .venv on first use; ~8 min on 2 cores)
 	$(PYTEST)
 
 test-fast: $(VENV)/.installed ## the edit loop: the tests not marked slow (no processes, Ray or models; ~1 min)
