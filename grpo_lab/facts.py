@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
+# the verl key of the environment verl hands its Ray workers (the rules, the emulation and the launcher read and set it)
+RAY_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 # ---------------------------------------------------------------------------------------------------------------
 # Ray's CPUs. verl 0.9.1 asks, per GPU, for 3 CPUs in its worker placement groups (actor/rollout/ref colocated);

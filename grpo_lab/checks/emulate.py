@@ -41,9 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from grpo_lab.cli.config import get, with_value
+from grpo_lab import facts
+from grpo_lab.cli.config import get, put, with_value
 
-ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"  # what verl hands its Ray workers
+ENV_VARS = facts.RAY_ENV_VARS  # what verl hands its Ray workers
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the name torch 2.11 reads first, then the new one
 FRACTION_KEY = "per_process_memory_fraction"
 UTIL_KEY = "gpu_memory_utilization"
@@ -141,7 +142,7 @@ def _user_alloc(env: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str
     """(the user's allocator string, where it came from): the job's env_vars first (they override the shell's in
     Ray's workers), then the shell; PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF, the order torch reads them."""
     for var in ALLOC_VARS:
-        for where, src in (("ray_kwargs.ray_init.runtime_env.env_vars", env), ("the environment", environ)):
+        for where, src in ((ENV_VARS, env), ("the environment", environ)):
             v = src.get(var)
             if v not in (None, ""):
                 return str(v), f"{var} from {where}"
@@ -212,11 +213,7 @@ class Emulated:
             return self.planned
         out = _plain(self.planned)
         for path, u in self.info["gpu_memory_utilization"].items():
-            node = out
-            *parents, key = path.split(".")
-            for p in parents:
-                node = node[p]
-            node[key] = u["handed_to_engine"]
+            put(out, path, u["handed_to_engine"])
         return out
 
 

@@ -12,9 +12,10 @@ run again, and only what passes is printed (or the report says that no single fi
 error, `fix all` is the set of overrides that clears them together, re-checked.
 
 Fast on purpose (the whole `python run.py <bad config>` must refuse within ~2 s): this module imports neither verl,
-torch, ray nor vllm. It reads verl's YAML/source text for the known keys, a parquet footer for the row count, and
-/proc or `nvidia-smi -L` for the GPUs (grpo_lab/facts.py). The memory model is grpo_lab/memory/memplan.py. A custom reward
-file is imported and called in a child process (grpo_lab/checks/reward_probe.py: 0.1-0.4 s, once per file version).
+torch, ray nor vllm. It reads verl's keys from its cached schema (grpo_lab/verl_schema), a parquet footer for the row
+count, and /proc or `nvidia-smi -L` for the GPUs (grpo_lab/facts.py). The memory model is
+grpo_lab/memory/memplan.py. A custom reward file is imported and called in a child process
+(grpo_lab/checks/reward_probe.py: 0.1-0.4 s, once per file version).
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from grpo_lab.cli.config import checkpoint_key, get, put, split, with_value
 from grpo_lab.errors import GrpoLabError
+from grpo_lab import facts
 from grpo_lab.facts import atomic_write, write_json
 from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
 
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from grpo_lab.cli.provenance import Layers
     from grpo_lab.launch.slurm import RayNodes
 
-WORKER_ENV = "ray_kwargs.ray_init.runtime_env.env_vars"  # what verl hands its Ray workers
+WORKER_ENV = facts.RAY_ENV_VARS  # what verl hands its Ray workers
 
 
 @dataclass(frozen=True)

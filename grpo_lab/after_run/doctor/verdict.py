@@ -127,20 +127,15 @@ def in_users_terms(config: dict[str, Any] | None, plan: dict[str, Any]) -> dict[
     """The job's verl config with the values the user set where an emulated card scaled them for verl (plan.json's
     `emulation`: vLLM's share of a 32 GB card is handed to verl as a share of the real card). A fix then reads in the
     user's terms (`rollout_gpu_mem_util=0.3` after 0.4), never as a raise of the scaled 0.09."""
+    from grpo_lab.cli.config import get, with_value
+
     emulation = plan.get("emulation") or {}
     if not config or not emulation.get("emulated"):
         return config
-    import copy
-
-    out = copy.deepcopy(config)
     for key, values in (emulation.get("gpu_memory_utilization") or {}).items():
-        *parents, leaf = key.split(".")
-        node = out
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict) and leaf in node and "planned" in values:
-            node[leaf] = values["planned"]
-    return out
+        if get(config, key) is not None and "planned" in values:
+            config = with_value(config, key, values["planned"])
+    return config
 
 
 NOT_A_LOG = known("not_a_log", kind="input", phase="any")

@@ -19,7 +19,7 @@ from grpo_lab.verl_schema import schema
 # 1000 tokens (the guide: answers cut before "####" at its 1024). Below this many response tokens, warn.
 THINKING_MIN_RESPONSE = 2048
 
-ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+ENV_VARS = facts.RAY_ENV_VARS
 
 
 def env_str(v: Any) -> str:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from grpo_lab import facts
 from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, rule, warn
 from grpo_lab.checks.rules.batch import as_int, sp_size
 
-ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+ENV_VARS = facts.RAY_ENV_VARS
 
 
 def _divisor_le(n: int, limit: int) -> int:
