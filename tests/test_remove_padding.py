@@ -4,6 +4,8 @@ per sequence -> a block-diagonal causal mask). This pins it on CPU with a tiny r
 path (verl.workers.utils.padding.left_right_2_no_padding -> FSDPEngineWithLMHead.forward_step ->
 prepare_model_inputs / prepare_model_outputs -> logprobs_from_logits -> no_padding_2_padding), so that an upgrade of
 verl or transformers that breaks it fails here instead of training on log-probs that leak across sequences.
+The presets' use_fused_kernels=true (verl's chunked log-prob + entropy instead of its per-token loop without flash-attn,
+benchmarks/gpu/README.md "Where a step goes") is pinned the same way: same log-probs, entropy and gradients.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def setup():
 
         from verl.utils import tensordict_utils as tu
         from verl.utils.model import compute_position_id_with_mask
+        from verl.models.transformers.monkey_patch import patch_forward_with_backends
         from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
         from verl.workers.engine.fsdp import transformer_impl
         from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
@@ -41,6 +44,15 @@ def setup():
                       attn_implementation="sdpa")
     assert cfg.use_cache
     model = Qwen3ForCausalLM(cfg).eval()
+
+    # the same weights with verl's fused forward (use_fused_kernels=true, impl_backend torch); verl patches the model's
+    # class, so a subclass keeps Qwen3ForCausalLM itself untouched for the other tests
+    class FusedQwen3(Qwen3ForCausalLM):
+        pass
+
+    fused = FusedQwen3(cfg).eval()
+    fused.load_state_dict(model.state_dict())
+    patch_forward_with_backends(fused, use_fused_kernels=True, fused_kernels_backend="torch")
 
     # a rollout batch as verl stores it: prompts left-padded, responses right-padded
     prompts = torch.zeros(len(PROMPT_LENS), P, dtype=torch.long)
@@ -60,16 +72,22 @@ def setup():
     for key, value in {"temperature": 1.0, "use_remove_padding": True, "calculate_entropy": False}.items():
         tu.assign_non_tensor_data(td, key, value)
 
-    # verl's FSDP engine for a language model, without building FSDP: the attributes its forward path reads
-    engine = object.__new__(transformer_impl.FSDPEngineWithLMHead)
-    engine.module = model
-    engine._autocast_dtype = torch.float32  # fp32 on CPU: forward_step skips autocast
-    engine.pad_to_length, engine.pad_to_length_bucket = False, 1024
-    engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size, engine.pass_packed_cu_seqlens = False, 1, False
-    engine.engine_config = types.SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False,
-                                                 entropy_from_logits_chunk_size=2048)
-    engine.compute_entropy_from_logits = entropy_from_logits
-    return types.SimpleNamespace(model=model, td=td, seqs=seqs, engine=engine, impl=transformer_impl,
+    def engine_for(module):
+        """verl's FSDP engine for a language model, without building FSDP: the attributes its forward path reads."""
+        engine = object.__new__(transformer_impl.FSDPEngineWithLMHead)
+        engine.module = module
+        engine._autocast_dtype = torch.float32  # fp32 on CPU: forward_step skips autocast
+        engine.pad_to_length, engine.pad_to_length_bucket = False, 1024
+        engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size, engine.pass_packed_cu_seqlens = False, 1, False
+        engine.ulysses_device_mesh = None  # the loss asks for the data-parallel group: torch's default
+        engine.engine_config = types.SimpleNamespace(entropy_checkpointing=False,
+                                                     entropy_from_logits_with_chunking=False,
+                                                     entropy_from_logits_chunk_size=2048)
+        engine.compute_entropy_from_logits = entropy_from_logits
+        return engine
+
+    return types.SimpleNamespace(model=model, fused=fused, td=td, seqs=seqs, engine=engine_for(model),
+                                 fused_engine=engine_for(fused), impl=transformer_impl, tu=tu,
                                  no_padding_2_padding=no_padding_2_padding, logprobs_from_logits=logprobs_from_logits)
 
 
@@ -122,3 +140,55 @@ def test_the_comparison_detects_sequences_that_see_each_other(setup):
         start += pl + rl
     assert diffs[0] < 1e-4  # the first sequence sees nothing before it either way
     assert min(diffs[1:]) > 1e-3, diffs
+
+
+def _with(s, **flags):
+    """A copy of the batch with verl's per-call flags set (the trainer sets them per pass)."""
+    td = s.td.clone()
+    for key, value in flags.items():
+        s.tu.assign_non_tensor_data(td, key, value)
+    return td
+
+
+def _sum_outputs(model_output, data, dp_group):
+    """A loss that touches every log-prob and entropy, so that both backward paths are compared."""
+    return model_output["log_probs"].values().sum() + model_output["entropy"].values().sum(), {}
+
+
+def test_fused_kernels_give_the_same_log_probs_entropy_and_gradients(setup, monkeypatch):
+    s = setup
+    monkeypatch.setattr(s.impl, "get_device_id", lambda: "cpu")
+    monkeypatch.setattr(s.impl, "get_device_name", lambda: "cpu")
+    per_token = _with(s, calculate_entropy=True, use_fused_kernels=False)
+    fused = _with(s, calculate_entropy=True, use_fused_kernels=True)
+    outputs = {}
+    for name, engine, td in (("per_token", s.engine, per_token), ("fused", s.fused_engine, fused)):
+        engine.module.zero_grad()
+        loss, out = engine.forward_step(td, loss_function=_sum_outputs, forward_only=False)
+        loss.backward()
+        outputs[name] = (out["model_output"], {n: p.grad.clone() for n, p in engine.module.named_parameters()})
+    for key in ("log_probs", "entropy"):
+        a, b = (s.no_padding_2_padding(outputs[n][0][key], per_token) for n in ("per_token", "fused"))
+        assert (a - b).abs().max().item() < 1e-5, key
+    grads, fused_grads = outputs["per_token"][1], outputs["fused"][1]
+    assert grads.keys() == fused_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, fused_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_fused_kernels_skip_the_per_token_loop(setup, monkeypatch):
+    """The per-token loop (logprobs_from_logits_v2, verl's path without flash-attn) is what the setting removes."""
+    s = setup
+    monkeypatch.setattr(s.impl, "get_device_id", lambda: "cpu")
+    monkeypatch.setattr(s.impl, "get_device_name", lambda: "cpu")
+    from verl.utils import torch_functional
+
+    calls = []
+    loop = torch_functional.logprobs_from_logits_v2
+    monkeypatch.setattr(torch_functional, "logprobs_from_logits_v2", lambda *a, **k: calls.append(1) or loop(*a, **k))
+    with torch.no_grad():
+        s.engine.forward_step(_with(s, use_fused_kernels=False), loss_function=None, forward_only=True)
+        assert calls, "without fused kernels verl's CPU/no-flash-attn path is the per-token loop"
+        calls.clear()
+        s.fused_engine.forward_step(_with(s, use_fused_kernels=True), loss_function=None, forward_only=True)
+    assert not calls

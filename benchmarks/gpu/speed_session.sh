@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Where a GRPO step goes (issue 27): each job alone on the H200 test machine, with verl's own timers (metrics.jsonl),
+# the card's utilisation every 0.25 s and py-spy sampling every Ray/vLLM process at 20 Hz (non-blocking: the sampled
+# processes are not paused). Run inside the device calls after verl/vLLM/Ray are staged (`source /root/site.env`), from
+# a copy of the repo outside the synced checkout (cp -a . /tmp/w). Each phase packs its folder into $OUT/<phase>.tgz.
+#
+#   bash benchmarks/gpu/speed_session.sh prepare      # random Qwen3-0.6B, tiny arithmetic, SmolLM2, one-shot arithmetic
+#   bash benchmarks/gpu/speed_session.sh smol_guide   # learn_smollm2, $STEPS steps (4), the preset as it is
+#   bash benchmarks/gpu/speed_session.sh smol_budgets # the same with the passes' token budgets x4-5 and no activation
+#                                                     # checkpointing (ran 2026-12-04 as "smol_fast": no faster)
+#   bash benchmarks/gpu/speed_session.sh smol_fast    # the same with $FAST
+#   bash benchmarks/gpu/speed_session.sh q06_guide    # the guide's smoke on Qwen3-0.6B (random weights), 3 steps
+#   bash benchmarks/gpu/speed_session.sh q06_fast     # the same job with $FAST
+#   bash benchmarks/gpu/speed_session.sh q17lora_guide  # the guide's smoke on Qwen3-1.7B on an emulated 32 GB card,
+#                                                     # with make fit's LoRA (full fine-tuning does not fit there)
+#   bash benchmarks/gpu/speed_session.sh q17lora_fast # the same job with $FAST
+#   bash benchmarks/gpu/speed_session.sh bg|collect ...   # as in smollm2_session.sh (session_lib.sh)
+# FAST="key=value ..." replaces the settings tried as faster; EXTRA="key=value ..." is added to every job.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source benchmarks/gpu/session_lib.sh
+read -ra EXTRA_ARGS <<< "${EXTRA:-}"
+# the settings tried as faster; batch, group size, lengths, learning rate and loss unchanged. verl's fused log-prob
+# (chunks of 512 tokens) instead of its per-token loop, which without flash-attn took 62-75% of each pass (2026-12-04)
+read -ra FAST_ARGS <<< "${FAST:-actor_rollout_ref.model.use_fused_kernels=true}"
+BUDGETS=(actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384
+  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16384 ppo_max_token_len_per_gpu=16384
+  actor_rollout_ref.model.enable_gradient_checkpointing=false)
+SDPA=++actor_rollout_ref.model.override_config.attn_implementation=sdpa
+Q06=$PWD/data/qwen3-0.6b-random-weights
+Q17=$PWD/data/qwen3-1.7b-random-weights
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+PYSPY=$(command -v py-spy || echo /root/site/bin/py-spy)
+
+profile_start() {  # profile_start NAME: card utilisation + py-spy on each new ray::/vLLM process until the job ends
+  local name=$1
+  setsid nohup nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 250 \
+    > "$LOGS/$name.gpu.csv" 2>/dev/null < /dev/null &
+  echo $! > "$LOGS/.smi.pid"
+  mkdir -p "$LOGS/$name.pyspy"
+  setsid nohup bash -c 'seen=" "; while [ ! -f "$1/.stop" ]; do
+      for p in $(pgrep -f "^ray::|VLLM|EngineCore"); do case "$seen" in *" $p "*) continue ;; esac; seen="$seen$p "
+        t=$(tr "\0" " " < /proc/$p/cmdline 2>/dev/null | cut -c1-60 | tr -c "A-Za-z0-9_.\n-" "_")
+        "$2" record --pid "$p" --rate 20 --nonblocking --format raw --output "$1/$t.$p.txt" > /dev/null 2>&1 &
+      done; sleep 2; done' _ "$LOGS/$name.pyspy" "$PYSPY" > /dev/null 2>&1 < /dev/null &
+}
+
+profile_stop() {  # the samplers write their files when their process ends; give them a moment, then stop them
+  touch "$LOGS/$1.pyspy/.stop"; sleep 5
+  pkill -INT -f "py-spy record" 2>/dev/null; sleep 3; pkill -9 -f "py-spy record" 2>/dev/null
+  kill "$(cat "$LOGS/.smi.pid")" 2>/dev/null; rm -f "$LOGS/.smi.pid"
+  gzip -q "$LOGS/$1.pyspy"/*.txt "$LOGS/$1.gpu.csv" 2>/dev/null
+}
+
+job() {  # job NAME LIMIT_S run.py-ARGS...: one job alone, profiled, packed with its report
+  local name=$1 limit=$2; shift 2
+  profile_start "$name"
+  timed "$name" "$limit" python3 run.py "$@" "${EXTRA_ARGS[@]}" hydra.run.dir="$LOGS/$name"
+  profile_stop "$name"
+  python3 -m grpo_lab.after_run.report "$LOGS/$name" > "$LOGS/report_$name.txt" 2>&1
+  pack "$name"
+}
+
+SMOL=(experiment=learn_smollm2 hardware=h200x1 trainer.total_training_steps="${STEPS:-4}")
+QS=(experiment=smoke hardware=h200x1 dataset=arith_tiny model_path="$Q06" "$SDPA")
+# the 1.7B smoke on one emulated 32 GB card with the LoRA that `make fit` prints for it (full fine-tuning runs out there)
+Q17LORA=(experiment=smoke model=qwen3_1_7b hardware=h200x1 lab.hardware.gpu_memory_gb=32
+  lab.hardware.emulate.real_gpu_memory_gb=139.8 dataset=arith_tiny model_path="$Q17" "$SDPA"
+  actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32
+  actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.actor.strategy=fsdp2)
+case "${1:-}" in
+  prepare)
+    [ -f "$Q06/config.json" ] || timed build_0.6b 600 python3 -m grpo_lab.tasks.qwen3_random --size 0_6b --out "$Q06"
+    [ -f "$Q17/config.json" ] || timed build_1.7b 600 python3 -m grpo_lab.tasks.qwen3_random --size 1_7b --out "$Q17"
+    timed tiny 120 python3 -m grpo_lab.tasks.tiny --out data
+    timed smollm2 300 python3 -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct
+    timed arith 120 python3 -m grpo_lab.tasks.arith --out data/arith_oneshot
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+    python3 -c "import torch, vllm, ray, verl, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
+    "$PYSPY" --version | tee -a "$OUT/versions.txt"
+    pack prepare
+    ;;
+  smol_guide) job smol_guide 900 "${SMOL[@]}" ;;
+  smol_budgets) job smol_budgets 900 "${SMOL[@]}" "${BUDGETS[@]}" ;;
+  smol_fast)  job smol_fast 900 "${SMOL[@]}" "${FAST_ARGS[@]}" ;;
+  q06_guide)  job q06_guide 900 "${QS[@]}" ;;
+  q06_fast)   job q06_fast 900 "${QS[@]}" "${FAST_ARGS[@]}" ;;
+  q17lora_guide) job q17lora_guide 900 "${Q17LORA[@]}" ;;
+  q17lora_fast)  job q17lora_fast 900 "${Q17LORA[@]}" "${FAST_ARGS[@]}" ;;
+  chain|bg|par|collect) common_verb "$0" "$@" ;;
+  *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
+esac
