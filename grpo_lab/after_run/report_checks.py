@@ -362,26 +362,32 @@ def check_throughput(run: RunInfo) -> Check:
 
 
 def check_memory(run: RunInfo) -> Check:
+    """verl's training peak (GiB) against the card and the plan: the plan is held to the allocated peak, as the
+    calibration holds it (torch frees its cache and retries before an OOM); the card to the reserved one."""
     df = run.df
     alloc = _train_series(df, "actor/perf/max_memory_allocated_gb")
     reserved = _train_series(df, "actor/perf/max_memory_reserved_gb")
-    metric = "actor/perf/max_memory_reserved_gb" if not reserved.empty else "actor/perf/max_memory_allocated_gb"
     if alloc.empty and reserved.empty:
         return Check("actor/perf/max_memory_*", WARN, "no training-memory metrics logged yet.")
-    peak = float((reserved if not reserved.empty else alloc).max())
-    peak_alloc = float(alloc.max()) if not alloc.empty else None
-    card = run.gpu_memory_gb
-    planned, plan_note = _planned_allocator(run.plan, steps=len(reserved if not reserved.empty else alloc))
-    off = planned is not None and abs(planned / (peak * GIB_GB) - 1.0) > PLAN_OFF
+    kind = "allocated" if not alloc.empty else "reserved"  # verl 0.9.1 logs both
+    held = alloc if not alloc.empty else reserved
+    metric = f"actor/perf/max_memory_{kind}_gb"
+    peak = float(held.max())
+    peak_res = float(reserved.max()) if kind == "allocated" and not reserved.empty else None
+    card = run.gpu_memory_gb  # GiB, as CUDA and verl report it (139.8 on an H200)
+    head = f"training-phase peak {_fmt(peak)} GiB {kind}" + (f", {_fmt(peak_res)} GiB reserved" if peak_res else "")
+    planned, plan_note = _planned_allocator(run.plan, steps=len(held))
+    off = False
     if planned is not None:
-        plan_note = (f"; the plan's {plan_note} {_fmt(planned)} GB against {_fmt(peak * GIB_GB)} GB measured (verl's "
-                     f"GiB in GB): plan / measured {planned / (peak * GIB_GB):.2f}")
-    head = (f"training-phase peak {_fmt(peak)} GB reserved" +
-            (f" ({_fmt(peak_alloc)} GB allocated)" if peak_alloc is not None and not reserved.empty else ""))
+        ratio = planned / (peak * GIB_GB)
+        off = kind == "allocated" and abs(ratio - 1.0) > PLAN_OFF
+        plan_note = (f"; the plan's {plan_note} {_fmt(planned, 4)} GB = {_fmt(planned / GIB_GB)} GiB: plan / {kind} "
+                     f"{ratio:.2f}" + (f", plan / reserved {planned / (peak_res * GIB_GB):.2f}" if peak_res else ""))
     if not card:
         return Check(metric, WARN, head + plan_note + "; card memory unknown (lab.hardware.gpu_memory_gb).")
-    frac = peak / card
-    msg = f"{head} of {_fmt(card)} GB per card ({_pct(frac)}){plan_note}"
+    card_kind, on_card = ("reserved", peak_res) if peak_res else (kind, peak)
+    frac = on_card / card
+    msg = f"{head} ({card_kind}: {_pct(frac)} of the {_fmt(card, 4)} GiB card){plan_note}"
     values = doctor.Values(run.verl)
     fixes = ", ".join(doctor.training_oom_overrides(values))
     if frac >= MEM_BAD:
@@ -389,9 +395,9 @@ def check_memory(run: RunInfo) -> Check:
     if frac >= MEM_WARN:
         return Check(metric, WARN, msg + f": little headroom. If it OOMs: {fixes}.")
     if off:
-        return Check(metric, WARN, msg + f": more than {PLAN_OFF:.0%} away from the plan, which is within that on "
-                                         "the recorded runs (benchmarks/gpu/memplan_calibration.md). Its verdicts "
-                                         "may be off for this configuration: copy the job folder under "
+        return Check(metric, WARN, msg + f": more than {PLAN_OFF:.0%} away from the plan, which is within that of the "
+                                         "allocated peak on the recorded runs (benchmarks/gpu/memplan_calibration.md). "
+                                         "Its verdicts may be off for this configuration: copy the job folder under "
                                          "benchmarks/gpu/results/ and run make calibrate.")
     tip = ""
     if frac < 0.5 and run.max_prompt_length and run.max_response_length:
@@ -403,9 +409,9 @@ def check_memory(run: RunInfo) -> Check:
 
 
 def _planned_allocator(plan: dict[str, Any], steps: int) -> tuple[float | None, str]:
-    """The plan's peak of the trainer's torch allocator, what verl's actor/perf/max_memory_* measure, for a run that
-    logged `steps` updates (verl logs it before the step's weight sync: after one step, the sync with AdamW's moments
-    has not happened yet); a plan.json from before it was planned gives its card-level training phase."""
+    """The plan's peak of the trainer's torch allocator (GB), what verl's actor/perf/max_memory_* measure, for a run
+    that logged `steps` updates (verl logs it before the step's weight sync: after one step, the sync with AdamW's
+    moments has not happened yet); a plan.json from before it was planned has none: (None, why it is not held)."""
     ta = _get(plan, "memory.trainer_allocator") or {}
     peaks = {k: M.finite_float(v) for k, v in (ta.get("peaks_gb") or {}).items()
              if steps > 1 or k != "weight_sync"}
@@ -414,7 +420,11 @@ def _planned_allocator(plan: dict[str, Any], steps: int) -> tuple[float | None, 
         what = max(peaks, key=peaks.get)
         return peaks[what], f"trainer-allocator peak ({what.replace('_', ' ')})"
     card_level = M.finite_float(_get(plan, "memory.phases.training.peak_gb_per_gpu"))
-    return card_level, "training phase (card-level: with CUDA context and vLLM asleep)"
+    if card_level is None:
+        return None, ""
+    return None, (f"; plan.json predates the trainer-allocator plan: its {_fmt(card_level)} GB training phase is "
+                  "card-level (CUDA contexts, vLLM asleep), not held to verl's peak (benchmarks/calibrate_memplan.py "
+                  "replays recorded jobs with today's plan)")
 
 
 def check_rollout_precision(run: RunInfo) -> Check | None:
