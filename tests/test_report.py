@@ -384,6 +384,24 @@ def test_recorded_jobs_memory_units_and_plan():
     assert held >= 5
 
 
+def test_recorded_random_weight_jobs_reward_is_not_called_a_bug():
+    random_zero = plain_zero = 0
+    for job in RECORDED_JOBS:
+        c = _recorded_report(job)
+        reward, clip = c["critic/score/mean"], c["response_length/clip_ratio"]
+        scores = M.series(M.read_metrics(job), "critic/score/mean")
+        zero = len(scores) >= 3 and float(scores.abs().max()) == 0.0
+        if "model" in c and "random weights" in c["model"]["message"]:
+            assert reward["message"].startswith("random weights: reward not meaningful"), (job, reward)
+            assert "reward function" not in reward["message"] and reward["status"] == "ok"
+            assert clip["message"].startswith("random weights: ") and "thinks by default" not in clip["message"]
+            random_zero += zero
+        elif zero:  # a real bug can still be called one (here: the tiny model, whose folder carries no mark)
+            assert reward["status"] == "bad" and "Check the reward function" in reward["message"], (job, reward)
+            plain_zero += 1
+    assert random_zero >= 2 and plain_zero >= 1
+
+
 def test_report_flags_a_kv_cache_far_from_its_plan(tmp_path):
     """vLLM's log says 27.35 GiB = 29.37 GB; the copy's plan.json is edited to 24 GB (not a real plan)."""
     proc = run_module("grpo_lab.after_run.report", _recorded_smoke_copy(tmp_path, kv_cache={"kv_cache_gb": 24.0,

@@ -141,6 +141,9 @@ def check_reward(run: RunInfo) -> Check:
     s = _train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "no reward logged yet (no training step finished).")
+    if _random_weights(run):
+        return Check(metric, OK, f"random weights: reward not meaningful (mean {_fmt(float(s.mean()))} over {len(s)} "
+                                 "step(s)).")
     if len(s) < 3:
         return Check(metric, WARN, f"too few steps to judge ({len(s)}; at least 3): last {_fmt(float(s.iloc[-1]))}.")
     tr = trend(s)
@@ -232,6 +235,9 @@ def check_clip_ratio(run: RunInfo) -> Check:
     msg = f"{_pct(recent)} of the answers are cut at {lim}{length}"
     if len(s) > 1:
         msg += f", over the last {k} step(s)"
+    if _random_weights(run):
+        return Check(metric, OK, f"random weights: {msg}; noise runs to the limit (the worst case for time and "
+                                 "memory), not a prompt or length problem.")
     if recent >= CLIP_BAD:
         return Check(metric, BAD, msg + "." + _thinking_advice(run))
     if recent >= CLIP_WARN:
@@ -492,10 +498,13 @@ def check_kv_cache(run: RunInfo) -> Check | None:
                  "cache to that size instead of measuring).")
 
 
+def _random_weights(run: RunInfo) -> str:
+    """The mark of a model with random weights (grpo_lab.tasks.qwen3_random): its plan.json's, else its folder's."""
+    return run.plan.get("random_weights") or facts.random_weights_mark(run.verl_value("actor_rollout_ref.model.path"))
+
+
 def check_random_weights(run: RunInfo) -> Check | None:
-    """A model with random weights (grpo_lab.tasks.qwen3_random): its plan.json says so, else its folder's config.json."""
-    mark = run.plan.get("random_weights") or facts.random_weights_mark(
-        run.verl_value("actor_rollout_ref.model.path"))
+    mark = _random_weights(run)
     if not mark:
         return None
     return Check("model", WARN, f"{mark}. The memory, time and throughput checks hold; reward, validation, entropy "
