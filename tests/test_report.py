@@ -173,7 +173,8 @@ def test_policy_shift_timing_and_memory_problems(tmp_path):
     # a third of the job's own learning rate (the guide's 1e-6 in this fixture)
     assert c["actor/pg_clipfrac"]["status"] == "bad" and "actor_lr=3e-7, a third of this job's 1e-6" in c["actor/pg_clipfrac"]["message"]
     assert c["actor/ppo_kl"]["status"] == "warn"
-    assert c["timing_s/gen vs timing_s/update_actor"]["status"] == "warn"
+    timing = c["timing_s/gen vs timing_s/update_actor"]
+    assert timing["status"] == "ok" and "training takes longer than generation" in timing["message"]
     mem = c["actor/perf/max_memory_allocated_gb"]
     assert mem["status"] == "bad" and "optimizer_offload=true" in mem["message"]
 
@@ -400,6 +401,21 @@ def test_recorded_random_weight_jobs_reward_is_not_called_a_bug():
             assert reward["status"] == "bad" and "Check the reward function" in reward["message"], (job, reward)
             plain_zero += 1
     assert random_zero >= 2 and plain_zero >= 1
+
+
+def test_recorded_jobs_phase_split_is_no_verdict():
+    """Most recorded runs train longer than they generate (small models, short answers or not): no warning on it."""
+    split = {True: 0, False: 0}
+    for job in RECORDED_JOBS:
+        timing = next((v for m, v in _recorded_report(job).items() if " vs " in m), None)
+        if timing is None:
+            continue
+        assert timing["status"] == "ok", (job, timing)
+        gen, upd = (float(x) for x in re.findall(r"(?:generation|actor update) ([0-9.]+) s", timing["message"]))
+        training_longer = "training takes longer than generation" in timing["message"]
+        assert training_longer == (upd > gen) or gen == upd, (job, timing)  # as printed, 3 significant digits
+        split[training_longer] += 1
+    assert split[True] > split[False] > 0
 
 
 def test_report_flags_a_kv_cache_far_from_its_plan(tmp_path):

@@ -343,14 +343,12 @@ def check_timing(run: RunInfo) -> Check:
     note = " (means without step 1, which carries the warm-up)" if len(_train_series(df, "timing_s/gen")) > 2 else ""
     msg = f"generation {_fmt(gen)} s, actor update {_fmt(upd)} s{of_step}{note}"
     if gen >= upd:
-        return Check(metric, OK, msg + ": generation takes longer than training, which is normal.")
+        return Check(metric, OK, msg + ": generation takes longer than training.")
     offload = bool(run.verl_value("actor_rollout_ref.actor.fsdp_config.optimizer_offload", False) or
                    run.verl_value("actor_rollout_ref.actor.fsdp_config.param_offload", False))
-    why = (" optimizer/param offload is on (each update moves state over PCIe);" if offload else "")
-    return Check(metric, WARN, msg + ": training is slower than generation, which is unusual." + why +
-                 " Check dynamic batching (actor_rollout_ref.actor.use_dynamic_bsz=true with "
-                 "ppo_max_token_len_per_gpu near 2 x (prompt + response)), micro-batch sizes, and that FSDP shards "
-                 "over few cards (PCIe).")
+    why = "; optimizer/param offload is on (each update moves state over PCIe)" if offload else ""
+    # most recorded runs train longer than they generate (benchmarks/gpu/results/): no verdict on the split
+    return Check(metric, OK, msg + ": training takes longer than generation, as in most recorded runs" + why + ".")
 
 
 def check_throughput(run: RunInfo) -> Check:
