@@ -6,6 +6,7 @@ import importlib.util
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -342,8 +343,8 @@ P17 = Path(__file__).resolve().parents[1] / "benchmarks/gpu/results/2026-12-04-q
 
 def test_make_report_on_the_recorded_1_7b_step_compares_the_allocated_peak():
     """p17's allocated peak is its plan's; torch reserved more (its cache), which the report shows beside it."""
-    proc = subprocess.run(["make", "-s", "report", f"RUN={P17}"], cwd=ROOT, text=True, capture_output=True,
-                          timeout=120)
+    proc = subprocess.run(["make", "-s", "report", f"RUN={P17}", f"PY={sys.executable}"], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = _memory_line(proc.stdout)
     plan = json.loads((P17 / "plan.json").read_text())["memory"]["trainer_allocator"]["peaks_gb"]
