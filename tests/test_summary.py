@@ -66,7 +66,7 @@ def test_sweep_with_a_failed_job_gets_a_full_summary(tmp_path):
     assert ok["throughput_tok_s_gpu"] == pytest.approx(1600, rel=0.05)
     assert ok["step_time_s"] == pytest.approx(100, rel=0.05)
     assert ok["gen_time_s"] == pytest.approx(60, rel=0.1)
-    assert ok["peak_train_mem_gb"] == 18.5 and 0 < ok["last_score"] <= 1
+    assert ok["peak_train_mem_gib"] == 18.5 and 0 < ok["last_score"] <= 1
     assert "rollout_gpu_mem_util=0.4" in ok["overrides"]
     bad = table.iloc[2]
     assert pd.isna(bad["throughput_tok_s_gpu"]) and pd.isna(bad["last_score"])

@@ -36,7 +36,7 @@ except Exception:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["job", "status", "steps", "step_time_s", "gen_time_s", "throughput_tok_s_gpu", "peak_train_mem_gb",
+COLUMNS = ["job", "status", "steps", "step_time_s", "gen_time_s", "throughput_tok_s_gpu", "peak_train_mem_gib",
            "last_score", "val_first", "val_last", "val_step", "diagnosis", "overrides"]
 
 OK, UNFINISHED, OTHER, KILLED = "ok", "unfinished", "other failure", "killed"
@@ -154,7 +154,7 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
         "step_time_s": M.steady_mean(train("timing_s/step")),
         "gen_time_s": M.steady_mean(train("timing_s/gen")),
         "throughput_tok_s_gpu": M.steady_mean(train("perf/throughput")),
-        "peak_train_mem_gb": float(mem.max()) if not mem.empty else None,
+        "peak_train_mem_gib": float(mem.max()) if not mem.empty else None,
         "last_score": M.last(train("critic/score/mean")),
         "val_first": float(val.iloc[0]) if val is not None and len(val) else None,
         "val_last": float(val.iloc[-1]) if val is not None and len(val) else None,
@@ -239,8 +239,8 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
         out.append("| " + " | ".join(_cell(row[c]) for c in cols) + " |")
     out += ["", "step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
             "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has more than 2 steps; "
-            "peak_train_mem_gb: max of actor/perf/max_memory_allocated_gb; last_score: critic/score/mean of the "
-            "last step; val_first, val_last, val_step: the job's main validation metric (val-core/.../mean@N) at its "
+            "peak_train_mem_gib: max of actor/perf/max_memory_allocated_gb (GiB, as verl logs it); last_score: "
+            "critic/score/mean of the last step; val_first, val_last, val_step: the job's main validation metric (val-core/.../mean@N) at its "
             "first and last validation, and the step of the last.", ""]
     if table.attrs.get("val_ranking"):
         out += [table.attrs["val_ranking"], ""]

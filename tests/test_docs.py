@@ -1,0 +1,159 @@
+"""README.md and benchmarks/gpu/README.md against the recorded files they quote: a measured figure names the file it
+comes from, every file named exists, and the claims issue 28 corrected read what their files (or the plan) say."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, planned, run_py
+from grpo_lab.after_run import metrics as M
+
+README = ROOT / "README.md"
+GPU_README = ROOT / "benchmarks" / "gpu" / "README.md"
+RESULTS = ROOT / "benchmarks" / "gpu" / "results"
+# a number with a unit of time, memory or share, or an accuracy going from one value to another
+FIGURE = re.compile(r"\d[\d,.]*\s?(?:ms|s|min|GB|GiB|MB|MiB|%|tokens/s)(?![\w/])|\d\.\d+\s?->\s?\d\.\d+")
+MEASURED = re.compile(r"(?<!not )(?<!un)\bmeasured\b", re.I)
+CITED = re.compile(r"(?<![\w/$.<-])((?:benchmarks|results)/[\w./-]*[\w/])")
+
+
+def paragraphs(doc: Path) -> list[tuple[str, str]]:
+    """(section heading, paragraph) of a markdown file, outside code blocks; a list item is a paragraph of its own."""
+    out, heading, fenced = [], "", False
+    for block in re.split(r"\n\s*\n|\n(?=\s*(?:- |\d+\. ))", doc.read_text()):
+        kept = []
+        for line in block.splitlines():
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif line.startswith("#") and not fenced:
+                heading = line
+            elif not fenced and not line.startswith("    "):
+                kept.append(line)
+        if kept:
+            out.append((heading, " ".join(x.strip() for x in kept)))
+    return out
+
+
+def resolve(cited: str, doc: Path) -> Path:
+    return (ROOT if cited.startswith("benchmarks/") else doc.parent) / cited
+
+
+@pytest.mark.parametrize("doc", [README, GPU_README], ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_measured_figure_names_its_recorded_file(doc):
+    seen = 0
+    for heading, para in paragraphs(doc):
+        if not (MEASURED.search(para) and FIGURE.search(para)):
+            continue
+        seen += 1
+        cited = [resolve(c, doc) for c in CITED.findall(para + " " + heading)]
+        assert any(p.exists() for p in cited), f"{doc.name}, {heading!r}: measured figures without a recorded file: {para}"
+    assert seen >= 3
+
+
+def test_a_planted_unrecorded_measurement_is_found(tmp_path):
+    doc = tmp_path / "README.md"
+    doc.write_text("# x\n\nMeasured on the 2-core CPU machine: the tests took 8 min 16 s.\n\n"
+                   "Measured on one H200: 436 s (`benchmarks/gpu/results/2026-12-03-qwen3-random/smoke/status.json`).\n")
+    flagged = [p for _, p in paragraphs(doc) if MEASURED.search(p) and FIGURE.search(p)
+               and not any(resolve(c, README).exists() for c in CITED.findall(p))]
+    assert flagged == ["Measured on the 2-core CPU machine: the tests took 8 min 16 s."]
+
+
+@pytest.mark.parametrize("doc", [README, GPU_README], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_cited_file_exists(doc):
+    cited = {c for _, para in paragraphs(doc) for c in CITED.findall(para)}
+    assert len(cited) >= 3
+    missing = sorted(c for c in cited if not resolve(c, doc).exists())
+    assert not missing, missing
+
+
+def _flat(doc: Path) -> str:
+    return " ".join(doc.read_text().split())
+
+
+def test_the_headline_is_the_readme_commands_own_run():
+    text = _flat(README)
+    m = re.search(r"then `(python run\.py [^`]+)` \(that command alone, measured on one H200: validation accuracy "
+                  r"(\d\.\d+) -> (\d\.\d+) at step (\d+), (\d\.\d+) at step (\d+),[^`]*`(benchmarks/gpu/results/[^`]+)`",
+                  text)
+    assert m, "the headline sentence"
+    command, first, at_a, step_a, at_b, step_b, folder = m.groups()
+    folder = ROOT / folder
+    # the recorded run is that command, alone on the card, to its end
+    assert command.replace("python ", "python3 ") in (folder / "README.md").read_text()
+    job = folder / "learn"
+    assert json.loads((job / "status.json").read_text())["status"] == "ok"
+    assert not (job / "SIDE_BY_SIDE").exists() and not (folder / "SIDE_BY_SIDE").exists()
+    df = M.read_metrics(job)
+    val = df[M.primary_val_column(df)].dropna()
+    assert f"{val.loc[0]:.3f}" == first
+    assert (f"{val.loc[int(step_a)]:.3f}", f"{val.loc[int(step_b)]:.3f}") == (at_a, at_b)
+    assert int(step_a) == val.index.max(), "the last validated step"
+
+
+def test_the_smoke_time_is_its_status_json():
+    m = re.search(r"2\. Smoke test, Qwen3-0\.6B;.*?: (\d+) s, `(benchmarks/gpu/results/[^`]+/status\.json)`",
+                  _flat(README))
+    assert m
+    assert round(json.loads((ROOT / m.group(2)).read_text())["wall_s"]) == int(m.group(1))
+
+
+def test_the_emulated_oom_names_its_phase_and_that_phases_verdict():
+    para = next(p for _, p in paragraphs(GPU_README) if "The emulated 32 GB card stopped" in p)
+    m = re.search(r"stopped the 1\.7B smoke in the (optimizer step) of (training), a phase the plan called `(\w+)`",
+                  para)
+    assert m, para
+    step, phase, verdict = m.groups()
+    job = RESULTS / "2026-12-04-qwen3-random" / "side_by_side" / "emu_oom"
+    plan = json.loads((job / "plan.json").read_text())["memory"]
+    assert plan["phases"][phase]["peak_of"] == step and plan["phases"][phase]["verdict"] == verdict
+    assert plan["verdict"]["overall"] == "oom" != verdict
+    oom_from = re.search(r"Its `overall: oom` was the (\w+) phase's", para).group(1)
+    assert plan["phases"][oom_from]["verdict"] == "oom"
+    log = (job / "train.log").read_text(errors="replace")
+    tail = log[log.index("OutOfMemoryError"):]
+    assert "optimizer_step" in tail and "_foreach_sqrt" in tail
+
+
+def _phases(tmp_path: Path, name: str, *overrides: str) -> dict:
+    out = tmp_path / name
+    proc = run_py("experiment=qwen3_4b_gsm8k", *overrides, "preflight.only=true", f"hydra.run.dir={out}")
+    assert planned(proc), proc.stdout[-2000:] + proc.stderr[-2000:]
+    mem = json.loads((out / "plan.json").read_text())["memory"]
+    assert mem["card_gb"] == 32
+    return {**{k: v["peak_gb_per_gpu"] for k, v in mem["phases"].items()}, "peak_of": mem["phases"]["training"].get(
+        "peak_of"), "host": mem["host_ram_gb"], "verdicts": mem["verdict"]}
+
+
+LORA = ("actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_alpha=32",
+        "actor_rollout_ref.rollout.load_format=safetensors", "actor_rollout_ref.actor.strategy=fsdp2")
+
+
+def test_the_4b_advice_is_what_the_plan_says(tmp_path):
+    base = _phases(tmp_path, "base")
+    offload = _phases(tmp_path, "offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+    tokens = _phases(tmp_path, "tokens", "ppo_max_token_len_per_gpu=1536")
+    util = _phases(tmp_path, "util", "rollout_gpu_mem_util=0.3")
+    tp2 = _phases(tmp_path, "tp2", "rollout_tp=2")
+    lora = _phases(tmp_path, "lora", *LORA)
+    # what the README's words rest on
+    assert base["verdicts"]["training"] == "fits" and base["peak_of"] == "optimizer step"
+    assert base["training"] == offload["training"] == tokens["training"] > lora["training"]
+    assert base["verdicts"]["generation"] == base["verdicts"]["weight_sync"] == "tight"
+    assert offload["verdicts"]["overall"] == "fits"
+    assert util["generation"] < base["generation"] and util["weight_sync"] == base["weight_sync"]
+    assert tp2["weight_sync"] < base["weight_sync"] and tp2["generation"] == base["generation"]
+    para = next(p for _, p in paragraphs(README) if p.startswith("4. Qwen3-4B"))
+    for quoted in (f"training fits, {base['training']:.2f} GB at the optimizer step",
+                   f"generation ({base['generation']:.2f} GB) and the weight sync ({base['weight_sync']:.2f} GB) are "
+                   "`tight`",
+                   f"to {offload['generation']:.2f} and {offload['weight_sync']:.2f} GB",
+                   f"host RAM {base['host']:.2f} -> {offload['host']:.2f} GB",
+                   f"relieves generation only ({util['generation']:.2f} GB)",
+                   f"the weight sync only ({tp2['weight_sync']:.2f} GB)",
+                   f"Only LoRA lowers the training phase ({lora['training']:.2f} GB"):
+        assert quoted in para, (quoted, para)
