@@ -46,9 +46,10 @@ def checkpoint_key(override_dirname: str) -> str:
 
 
 def safe_name(name: str) -> str:
-    """`name` as a safe folder name: letters, digits, '.', '_' and '-' (a run of other characters: one '_'), neither
-    starting nor ending with '.' or '-'."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip(".-") or "run"
+    """`name` as a safe folder name: letters, digits, '.', '_' and '-' (a run of other characters: one '_', none at
+    the ends), neither starting nor ending with '.' or '-'."""
+    inner = re.sub(r"^[^A-Za-z0-9._-]+|[^A-Za-z0-9._-]+$", "", name)
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", inner).strip(".-") or "run"
 
 
 def unsafe_name(key: str, name: Any, fix_key: str) -> str:
