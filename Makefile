@@ -2,7 +2,8 @@
 #
 # Variables: ARGS="key=value ..." passes overrides to run.py; GPU_PY=python uses an existing GPU environment
 # instead of .venv-gpu; UTILS=0.3,0.4,0.5 are the sweep's values; RUN=<job or sweep dir>; LOG=<log file>;
-# IN=<your .jsonl or .csv>, DATA_ARGS, OWN_OUT for own-data; SIZE=0_6b|1_7b|4b|8b for qwen3-random (default: all four).
+# IN=<your .jsonl, .csv or .parquet>, DATA_ARGS, OWN_OUT for own-data; SIZE=0_6b|1_7b|4b|8b for qwen3-random (default:
+# all four). A path may hold spaces: make report RUN="outputs/runs/my run".
 
 SHELL := /bin/bash
 ARGS ?=
@@ -66,11 +67,11 @@ data/gsm8k/train.parquet:
 	$(MAKE) --no-print-directory data PY=$(GPU_PY)
 
 data: ## GSM8K -> data/gsm8k/{train,test}.parquet (LOCAL=<dir> reads local files instead of the hub)
-	$(PY) -m grpo_lab.tasks.data gsm8k --out data/gsm8k $(if $(LOCAL),--local-dir $(LOCAL))
+	$(PY) -m grpo_lab.tasks.data gsm8k --out data/gsm8k $(if $(LOCAL),--local-dir "$(LOCAL)")
 
-own-data: ## your own pairs (.jsonl/.csv) -> data/own_qa: make own-data IN=my_qa.jsonl [DATA_ARGS="--answer-field x"]
-	@[ -n "$(IN)" ] || { echo "usage: make own-data IN=<your .jsonl or .csv> [DATA_ARGS=\"--test-input t.jsonl --instruction ...\"] [OWN_OUT=data/own_qa]"; exit 2; }
-	$(PY) -m grpo_lab.tasks.data own --input $(IN) --out $(OWN_OUT) $(DATA_ARGS)
+own-data: ## your own pairs (.jsonl/.csv/.parquet) -> data/own_qa: make own-data IN=my_qa.jsonl [DATA_ARGS="--answer-field x"]
+	@[ -n "$(IN)" ] || { echo "usage: make own-data IN=<your .jsonl, .csv or .parquet> [DATA_ARGS=\"--test-input t.jsonl --instruction ...\"] [OWN_OUT=data/own_qa]"; exit 2; }
+	$(PY) -m grpo_lab.tasks.data own --input "$(IN)" --out "$(OWN_OUT)" $(DATA_ARGS)
 
 tiny: ## offline tiny Qwen3 + synthetic arithmetic data in data/ (no downloads)
 	$(PY) -m grpo_lab.tasks.tiny --out data
@@ -105,11 +106,11 @@ calibrate: ## replay the recorded GPU jobs through the memory plan; writes bench
 
 report: ## health report of a job, or summary of a sweep: make report RUN=outputs/runs/<job>
 	@[ -n "$(RUN)" ] || { echo "usage: make report RUN=<job or sweep dir under outputs/>"; exit 2; }
-	$(PY) -m grpo_lab.after_run.report $(RUN)
+	$(PY) -m grpo_lab.after_run.report "$(RUN)"
 
 doctor: ## diagnose a failed run's log: make doctor LOG=outputs/runs/<job>/train.log
 	@[ -n "$(LOG)" ] || { echo "usage: make doctor LOG=<log file>"; exit 2; }
-	$(PY) -m grpo_lab.after_run.doctor $(LOG)
+	$(PY) -m grpo_lab.after_run.doctor "$(LOG)"
 
 clean: ## remove outputs/ (runs, sweeps, checkpoints)
 	rm -rf outputs/runs outputs/sweeps outputs/checkpoints

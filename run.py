@@ -7,6 +7,7 @@
     python run.py preflight.only=true              # check and plan only, nothing starts (make plan)
     python run.py --cfg job --resolve              # print the composed config
     python run.py -m rollout_gpu_mem_util=0.3,0.4,0.5     # a sweep, one job after another
+    python run.py --help                           # the groups, short keys and make targets (conf/hydra/help/)
 
 Any verl key can be overridden (actor_rollout_ref.actor.fsdp_config.optimizer_offload=true), and the official
 script's environment variables work too (ROLLOUT_GPU_MEM_UTIL=0.5 python run.py).

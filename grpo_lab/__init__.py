@@ -26,3 +26,13 @@ if not OmegaConf.has_resolver("lab_pkg"):
     import os as _os
 
     OmegaConf.register_new_resolver("lab_pkg", lambda rel: _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), rel))
+
+# `${lab_help:groups,...}` in conf/hydra/help/grpo_lab.yaml: the lists of `python run.py --help`, made from conf/ when it
+# is printed (grpo_lab/cli/help.py)
+if not OmegaConf.has_resolver("lab_help"):
+    def _lab_help(part, choices=None):
+        from grpo_lab.cli.help import section
+
+        return section(part, choices)
+
+    OmegaConf.register_new_resolver("lab_help", _lab_help)

@@ -182,11 +182,12 @@ def test_documented_command(cmd, tmp_path):
     else:
         assert words[:2] == ["python", "run.py"], cmd
         argv = [sys.executable, str(ROOT / "run.py"), *words[2:]]
-    if "--cfg" not in argv and words[1] not in CPU_TARGETS:
+    prints = {"--cfg", "--help", "--hydra-help"} & set(argv)  # Hydra only prints: run as written
+    if not prints and words[1] not in CPU_TARGETS:
         argv.append("preflight.only=true")
-    if words[1] not in CPU_TARGETS and "--cfg" not in argv:
+    if words[1] not in CPU_TARGETS and not prints:
         argv.append(f"hydra.sweep.dir={tmp_path}/sweep" if "-m" in argv else f"hydra.run.dir={tmp_path}/run")
-    if "-m" in argv and "--cfg" not in argv:
+    if "-m" in argv and not prints:
         argv.append("~hydra.callbacks.sweep_summary")  # as in the group test: the summary is test_summary.py's
     full_env = {k: v for k, v in os.environ.items() if not k.isupper() or k in ("PATH", "HOME", "GRPO_LAB_CACHE_DIR")}
     full_env.update(env)
@@ -195,6 +196,10 @@ def test_documented_command(cmd, tmp_path):
     assert not BAD.search(text), f"{cmd}\n{text[-4000:]}"
     if "--cfg" in argv:
         assert proc.returncode == 0 and ("actor_rollout_ref:" in proc.stdout or "launcher:" in proc.stdout), text[-3000:]
+        return
+    if prints:  # a help page, and no run folder
+        assert proc.returncode == 0 and re.search(r"Config(uration)? groups", proc.stdout), text[-3000:]
+        assert not (tmp_path / "outputs").exists()
         return
     if words[:2] == ["make", "fit"]:  # the fit writes fit.json and prints one command (or what would fit)
         assert proc.returncode in (0, 2) and (tmp_path / "run" / "fit.json").is_file(), text[-3000:]
@@ -208,6 +213,56 @@ def test_documented_command(cmd, tmp_path):
     assert jobs, text[-3000:]
     for job in jobs:
         _assert_reached_preflight(job, text)
+
+
+def test_a_run_name_that_is_no_safe_folder_name_is_refused_before_a_folder_is_made(tmp_path):
+    """experiment_name names the run's folder: `my run/1` would nest it and split `make report RUN=...` (issue 28,
+    item 6). Typed, swept or from the environment: refused with the safe spelling, and no folder made."""
+    for args, env, says in ((["experiment_name=my run/1"], {}, "Write experiment_name=my_run_1 instead"),
+                            (["-m", "experiment_name=ok,a b"], {}, "Write experiment_name=a_b instead"),
+                            ([], {"EXPERIMENT_NAME": "x/../y"}, "Write EXPERIMENT_NAME=x_.._y instead")):
+        proc = run_py(*args, "preflight.only=true", env=env, cwd=tmp_path)
+        assert proc.returncode == 2 and says in proc.stderr, (args, env, proc.stderr[-2000:])
+        assert "names the run's folders" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_help_is_grpo_labs_own_page_made_from_conf(tmp_path):
+    """`python run.py --help` (issue 28, item 7): conf/'s groups and options as they are on disk, the one this command
+    picks marked, not verl's groups; the short keys, sweeps, the preflight, the make targets, the reward's columns;
+    under 120 lines, no run folder. Hydra's own help stays behind --hydra-help."""
+    from grpo_lab.cli.knobs import KNOBS
+    from grpo_lab.cli.overrides import verl_groups
+
+    proc = run_py("model=qwen3_4b", "--help", cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0 and len(out.splitlines()) < 120, out
+    block = out.split("Config groups (")[1].split("\n\n")[0].splitlines()[1:]
+    texts: dict[str, str] = {}
+    for line in block:
+        group, sep, rest = line.strip().partition(": ")
+        if sep and not line.startswith("    "):
+            texts[group] = rest.strip()
+        else:  # a wrapped line
+            texts[list(texts)[-1]] += " " + line.strip()
+    listed = {g: t.split(" (")[0].split(", ") for g, t in texts.items()}  # less "(none chosen)" and the like
+    on_disk = {}
+    for f in CONF.rglob("*.yaml"):
+        group = f.parent.relative_to(CONF).as_posix()
+        if group not in (".", "hydra/help"):
+            on_disk.setdefault(group, []).append(f.stem)
+    assert {g: sorted(o.lstrip("*") for o in opts) for g, opts in listed.items()} == \
+        {g: sorted(o) for g, o in on_disk.items()}
+    assert "*qwen3_4b" in listed["model"] and "*rtx4080x4" in listed["hardware"] and "*grpo" in listed["variant"]
+    assert not set(listed) & (set(verl_groups()) - set(on_disk))  # actor, critic, ...: verl's, not picked here
+    for knob in KNOBS:
+        assert re.search(rf"^  {knob.key} +{re.escape(knob.verl_key)}$", out, re.M), knob
+    for said in ("python run.py -m ", "preflight.only=true", "make plan ARGS=", "make fit ARGS=", "make report RUN=",
+                 "make doctor LOG=", "data_source", "data.reward_fn_key", "reward_model.ground_truth", "--hydra-help"):
+        assert said in out, said
+    assert not (tmp_path / "outputs").exists()
+    hydra = run_py("--hydra-help", cwd=tmp_path)
+    assert hydra.returncode == 0 and "== Flags ==" in hydra.stdout and "hydra/launcher:" in hydra.stdout
 
 
 # ---- mistakes: refused before composing, with the closest name (issue 10 items 1, 7, 9) ----

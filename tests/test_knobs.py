@@ -81,9 +81,10 @@ def test_precedence_command_line_over_environment_over_config_files():
 
 
 def test_odd_values_are_quoted_for_hydra():
-    cli = parse([], {"EXPERIMENT_NAME": "my run (v2)", "PROJECT_NAME": "'my run,v2'", "ACTOR_LR": "1e-6"})
+    # (EXPERIMENT_NAME names the run's folder: a safe folder name only, tests/test_cli.py)
+    cli = parse([], {"MODEL_PATH": "/models/my run (v2)", "PROJECT_NAME": "'my run,v2'", "ACTOR_LR": "1e-6"})
     verl, _ = compose_split(*cli.env)
-    assert get(verl, "trainer.experiment_name") == "my run (v2)"
+    assert get(verl, "actor_rollout_ref.model.path") == "/models/my run (v2)"
     assert get(verl, "trainer.project_name") == "my run,v2"  # a comma list quoted, as Hydra reads `key='a,b'`
     assert get(verl, "actor_rollout_ref.actor.optim.lr") == 1e-6  # a number, as `actor_lr=$ACTOR_LR` reads it
 
@@ -100,8 +101,8 @@ def test_a_comma_list_in_the_environment_is_a_sweep_only_under_m():
             "experiment=smoke rollout_gpu_mem_util=0.3,0.4,0.5)") in err.getvalue()
     err = io.StringIO()
     with pytest.raises(SystemExit):
-        prepare(["run.py"], {"EXPERIMENT_NAME": "my run,v2"}, err=err)
-    assert "EXPERIMENT_NAME=\"'my run,v2'\"" in err.getvalue()  # a name that holds a comma: how to quote it
+        prepare(["run.py"], {"PROJECT_NAME": "my run,v2"}, err=err)
+    assert "PROJECT_NAME=\"'my run,v2'\"" in err.getvalue()  # a name that holds a comma: how to quote it
 
 
 def _guide_env(**extra):

@@ -6,14 +6,17 @@ spelling: through Hydra's --config-dir/--config-name. The fixer's parts at funct
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import subprocess
+import sys
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import composed, planned, run_py
+from conftest import ROOT, composed, planned, run_py
 from grpo_lab import facts
 from grpo_lab.checks import fixes
 from grpo_lab.cli.config import get
@@ -299,3 +302,72 @@ def test_non_parquet_train_file_is_refused(tmp_path):
     pq.write_table(pa.table({"x": list(range(200))}), real)
     r = with_train(real)
     assert "data_files" not in {p.rule for p in r.errors} and r.batch["train_rows"] == 200
+
+
+# ---- "Fix all" only when it passes; else make fit with the user's own arguments (issue 28, item 5) ----
+
+def _balanced(line: str) -> bool:
+    depth = 0
+    for ch in line:
+        depth += (ch == "(") - (ch == ")")
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _make_fit(args: str, tmp_path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "fit", f"PY={sys.executable}",
+                           f"ARGS={args} hydra.run.dir={tmp_path / name}"], cwd=ROOT, text=True, capture_output=True,
+                          timeout=120)
+
+
+def test_a_fix_all_that_leaves_errors_is_not_offered_and_make_fit_takes_the_users_own_arguments(tmp_path):
+    """A 40,000-token answer on 32 GB cards: each token budget below one sequence; the actor's fix alone is out of
+    memory, and all the fixes together too. No "Fix all": the pointer to make fit with the arguments as typed, and
+    that make fit searches (it raises the budgets itself) instead of sending the user back to the preflight."""
+    args = "model=qwen3_1_7b data.max_response_length=40000"
+    proc = run_py(*args.split(), "preflight.only=true", f"hydra.run.dir={tmp_path / 'plan'}")
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert "fix_all" not in plan and "Fix all" not in proc.stdout
+    pointer = f'make fit ARGS="{args}"'
+    assert plan["fit"]["command"] == pointer and pointer in proc.stdout
+    assert "No fix above clears every error together: with all of them (" in proc.stdout
+    assert "the preflight still says: [memory_training] training phase: predicted peak" in plan["fit"]["why"]
+    cut = [line for line in proc.stdout.splitlines() if not _balanced(line)]  # a quote cut mid-sentence leaves one open
+    assert cut == [], cut
+    still = [p["fix"] for p in plan["errors"] if p["fix"].startswith("no single fix is known")]
+    assert still and all(re.search(r"still fails \(\[memory_training\] .*\)\); change these values", f) for f in still)
+
+    fit = _make_fit(args, tmp_path, "fit")
+    assert "fix these first" not in fit.stdout, fit.stdout[-3000:]
+    assert "What would fit (nothing tried fits these cards)" in fit.stdout
+    assert "a bigger card: full fine-tuning fits" in fit.stdout and (tmp_path / "fit" / "fit.json").is_file()
+    # the budgets raised to one sequence are the fit's own first move when something fits
+    fit = _make_fit("model=qwen3_1_7b data.max_response_length=8000", tmp_path, "fit2")
+    assert fit.returncode == 0, fit.stdout[-3000:]
+    assert "token budgets of one sequence: required, not a choice" in fit.stdout
+    command = re.search(r"^The command:\n  (python run\.py .*)$", fit.stdout, re.M).group(1)
+    after = run_py(*shlex.split(command)[2:], "preflight.only=true", f"hydra.run.dir={tmp_path / 'after'}")
+    assert planned(after), after.stdout[-3000:]
+
+
+def test_a_fix_that_switches_to_lora_carries_the_warning_make_fit_gives(tmp_path):
+    args = "model=qwen3_8b_lora actor_rollout_ref.model.lora_rank=0"  # Qwen3-8B, full fine-tuning asked for
+    proc = run_py(*args.split(), "preflight.only=true", f"hydra.run.dir={tmp_path / 'plan'}")
+    fit = _make_fit(args, tmp_path, "fit")
+    assert fit.returncode == 0 and "this command trains LoRA adapters instead: WHAT IS TRAINED CHANGES !!!" in fit.stdout
+    words = re.search(r"^     (LoRA: CHANGES WHAT IS TRAINED: .*)$", fit.stdout, re.M).group(1)
+    lines = proc.stdout.splitlines()
+    fixes = [i for i, line in enumerate(lines) if re.match(r"\s+fix: |Fix all \d+ errors together: ", line)]
+    lora = [i for i in fixes if "lora_rank=64" in lines[i]]
+    assert len(lora) >= 2 and any(lines[i].startswith("Fix all") for i in lora), proc.stdout[-3000:]
+    for i in fixes:
+        after = lines[i + 2:i + 4]  # below the fix and its re-check
+        warned = bool(after) and after[0].strip() == "!!! LoRA: this fix trains LoRA adapters instead: WHAT IS " \
+                                                     "TRAINED CHANGES !!!"
+        assert warned == (i in lora), lines[i:i + 4]
+        if warned:
+            assert after[1].strip() == words
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert all("WHAT IS TRAINED CHANGES" in e["caution"] for e in plan["errors"] if "lora_rank=64" in e["fix"])

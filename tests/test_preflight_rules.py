@@ -502,3 +502,13 @@ def test_micro_batch_explicit_turns_the_default_off_or_warns():
     assert "is IGNORED" in w.message and w.checked.startswith("re-checked")
     verl, lab = _settled()  # no micro-batch of the user's: nothing to say, dynamic batching stays on
     assert lab["micro_batch"] == {} and verl["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is True
+
+
+def test_experiment_name_folder():
+    """A run name the command line does not spell out (an interpolation here; a config file alike) is the rule's:
+    refused with the safe spelling, and that override passes."""
+    r = check(*composed("experiment_name='${lab.model.name} x'"))
+    p = only(r.errors, "experiment_name_folder")
+    assert "trainer.experiment_name='qwen3_1_7b x' names the run's folders" in p.message
+    assert p.fix == "experiment_name=qwen3_1_7b_x" and p.checked.startswith("re-checked: the preflight passes")
+    assert "experiment_name_folder" not in rules(check(*composed("experiment_name=qwen3_1_7b_x")).errors)

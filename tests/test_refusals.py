@@ -72,3 +72,13 @@ def test_report_does_not_rewrite_a_recorded_run_under_benchmarks():
     after = {p.name: hashlib.sha1(p.read_bytes()).hexdigest() for p in run.rglob("*") if p.is_file()}
     assert after == before
     assert not R.writes_allowed(run) and R.writes_allowed(ROOT / "outputs" / "runs" / "x")
+
+
+def test_make_doctor_and_make_report_take_a_path_with_spaces(tmp_path):
+    job = tmp_path / "my runs" / "job 1"
+    assert run_py("preflight.only=true", "ngpus_per_node=3", f"hydra.run.dir={job}").returncode == 2
+    for target, var, says in (("doctor", f"LOG={job / 'train.log'}", "[mini_batch_divisibility]"),
+                              ("report", f"RUN={job}", "Refused by the preflight (mini_batch_divisibility)")):
+        out = subprocess.run(["make", "--no-print-directory", target, var, f"PY={sys.executable}"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and says in out.stdout, (target, out.stdout[-2000:], out.stderr[-2000:])

@@ -46,7 +46,8 @@ from grpo_lab.memory import engines, memplan
 from grpo_lab.cli.apply import apply_overrides, groups as _conf_groups
 from grpo_lab.cli.config import get as _get
 from grpo_lab.cli.config import put as _put
-from grpo_lab.checks.fit_moves import A, CONF, MARGIN, MOVES, PHASES, RANK, Ctx, move_title, tp_ok
+from grpo_lab.checks.fit_moves import (A, CONF, MARGIN, MOVES, PHASES, RANK, REQUIRED, Ctx, move_title,
+                                      one_sequence, tp_ok)
 from grpo_lab.checks.fit_search import State, lora_start, search, way_out
 from grpo_lab.checks.fit_text import Change, FitResult, cost_words, format_result, override_strs
 from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
@@ -94,10 +95,13 @@ def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
     ctx = Ctx(arch, s0, lab, mini=int(_get(verl, A + "actor.ppo_mini_batch_size", 0) or 0),
               ref_offload=_get(verl, A + "ref.fsdp_config.param_offload"))
     base_report = run_preflight(copy.deepcopy(dict(verl)), copy.deepcopy(lab), launching=False, environ=environ)
+    budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
+    s_req = replace(s0, **{f: v for f, (_, v) in budgets.items()})  # what the search starts from and plans "before"
     blocked = [f"[{p.rule}] {p.message}" + (f"\n      fix: {p.fix}" if p.fix else "")
-               for p in base_report.errors if p.rule not in memory_ids()]
+               for p in base_report.errors if p.rule not in memory_ids() and not (p.rule == "token_budget" and budgets)]
     valid_util = 0.0 < s0.gpu_memory_utilization < 1.0
-    before = memplan.memory_plan(arch, s0 if valid_util else replace(s0, gpu_memory_utilization=0.4), remedies=False)
+    before = memplan.memory_plan(arch, s_req if valid_util else replace(s_req, gpu_memory_utilization=0.4),
+                                 remedies=False)
     res = FitResult(ok=False, lora=False, overrides=[], values={}, changes=[], before=before, after=None, rejected=[],
                     way_out=[], blocked=blocked, title=base_report.title, card_gb=s0.card_gb,
                     host_ram_gb=s0.host_ram_gb, batch=_batch_facts(base_report.batch))
@@ -105,11 +109,15 @@ def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
         return res
 
     start = State(s0)
+    if budgets:
+        vals = dict(budgets.values())
+        start = State(s_req, vals, ("budget_fix",), False, (("budget_fix", vals, s0, s_req),))
     if s0.n_gpus % s0.tp or s0.tp > s0.n_gpus:  # a vLLM replica must fit the GPUs: the largest TP that does
+        s1 = start.s
         tp = max(t for t in (1, 2, 4, 8) if t <= min(s0.tp, s0.n_gpus) and tp_ok(arch, s0.n_gpus, t))
-        s1 = replace(s0, tp=tp)
-        start = State(s1, {A + "rollout.tensor_model_parallel_size": tp}, ("tp_fix",), False,
-                      (("tp_fix", {A + "rollout.tensor_model_parallel_size": tp}, s0, s1),))
+        vals = {A + "rollout.tensor_model_parallel_size": tp}
+        start = State(replace(s1, tp=tp), {**start.values, **vals}, start.moves + ("tp_fix",), False,
+                      start.history + (("tp_fix", vals, s1, replace(s1, tp=tp)),))
     best, found = search(ctx, start)
     lora_best = None
     if best is None and s0.lora_rank == 0:
@@ -118,7 +126,7 @@ def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
     chosen = best or lora_best
     if chosen is None or (best is None and lora_best is not None):
         # full fine-tuning (or this LoRA setup) cannot fit: say what would
-        res.way_out = way_out(ctx, s0, verl, lora_fits=lora_best, lora_chosen=chosen is lora_best)
+        res.way_out = way_out(ctx, s_req, verl, lora_fits=lora_best, lora_chosen=chosen is lora_best)
     res.rejected = _rejected(ctx, start, chosen, found)
     res.evaluations = ctx.evaluations
     if chosen is None:
@@ -173,7 +181,7 @@ def _rejected(ctx: Ctx, start: State, chosen: State | None, found: list[State]) 
     """Why each move the chosen command does not use was left out."""
     out = []
     used = set(chosen.moves) if chosen else set()
-    top = max((RANK[m] for m in used if m not in ("max_model_len", "tp_fix")), default=-1)
+    top = max((RANK[m] for m in used if m not in ("max_model_len", *REQUIRED)), default=-1)
     e0 = ctx.eval(start.s)
     missing = [ph for ph in PHASES if e0.verdicts[ph] not in ("fits", "unknown")]
     for m in MOVES:

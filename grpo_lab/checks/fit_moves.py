@@ -6,6 +6,7 @@ preference (MOVES). The search over them is grpo_lab/checks/fit_search.py; the e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
@@ -186,6 +187,16 @@ def _m_budget(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts) if opts else f"already one sequence ({seq} tokens): it cannot go lower"
 
 
+def one_sequence(s: memplan.Settings) -> dict[str, tuple[str, int]]:
+    """The dynamic token budgets below one sequence of prompt + response (over Ulysses SP), raised to one: verl
+    asserts it (rule token_budget). {Settings field: (verl key, value)}; {} when all hold one."""
+    need = math.ceil(s.seq_len / max(1, s.sp_size))
+    passes = (("ppo_max_token_len_per_gpu", "actor.", s.use_dynamic_bsz),
+              ("log_prob_max_token_len_per_gpu", "rollout.", s.log_prob_use_dynamic_bsz),
+              ("ref_log_prob_max_token_len_per_gpu", "ref.", s.ref_used and s.ref_log_prob_use_dynamic_bsz))
+    return {f: (A + pre + f.removeprefix("ref_"), need) for f, pre, on in passes if on and getattr(s, f) < need}
+
+
 def _m_util(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     u0 = s.gpu_memory_utilization
     valid = 0.0 < u0 < 1.0
@@ -302,9 +313,11 @@ MOVES: tuple[Move, ...] = (
 )
 LORA_RANK = 100
 
-RANK = {m.id: m.rank for m in MOVES} | {"lora": LORA_RANK, "tp_fix": -1}
+RANK = {m.id: m.rank for m in MOVES} | {"lora": LORA_RANK, "tp_fix": -1, "budget_fix": -1}
+REQUIRED = ("tp_fix", "budget_fix")  # the fit's first moves, not choices: what verl needs to start or to run
 BY_ID = {m.id: m for m in MOVES}
 
 
 def move_title(mid: str) -> str:
-    return {"lora": "LoRA", "tp_fix": "rollout TP that the GPUs allow"}.get(mid) or BY_ID[mid].title
+    return {"lora": "LoRA", "tp_fix": "rollout TP that the GPUs allow",
+            "budget_fix": "token budgets of one sequence"}.get(mid) or BY_ID[mid].title

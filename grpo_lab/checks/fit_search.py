@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from grpo_lab.checks.fit_moves import A, BY_ID, CONF, MOVES, RANK, Ctx, Move
+from grpo_lab.checks.fit_moves import A, BY_ID, CONF, MOVES, RANK, REQUIRED, Ctx, Move
 from grpo_lab.checks.fit_text import override_strs
 from grpo_lab.cli.config import get as _get
 from grpo_lab.memory import memplan
@@ -37,7 +37,7 @@ class State:
     history: tuple[tuple[str, dict[str, Any], memplan.Settings, memplan.Settings], ...] = ()
 
     def cost(self) -> tuple:
-        ranks = sorted((RANK[m] for m in self.moves if m not in ("max_model_len", "tp_fix")), reverse=True)
+        ranks = sorted((RANK[m] for m in self.moves if m not in ("max_model_len", *REQUIRED)), reverse=True)
         return (self.lora, tuple(ranks), len(self.values))
 
 

@@ -64,6 +64,9 @@ def cost_words(ctx: Ctx, move: str, before: memplan.Settings, after: memplan.Set
     if move == "tp_fix":
         return (f"required, not a choice: a vLLM replica of TP {before.tp} needs {before.tp} GPUs and there are "
                 f"{before.n_gpus}; TP {after.tp} gives {after.n_gpus // after.tp} replica(s)")
+    if move == "budget_fix":
+        return (f"required, not a choice: verl asserts each dynamic token budget holds one sequence of prompt + "
+                f"response ({after.seq_len} tokens), or the first long answer stops the run")
     if move == "tp":
         r0, r1 = before.n_gpus // before.tp, after.n_gpus // after.tp
         link = "NVLink" if ctx.nvlink else "PCIe"
@@ -82,12 +85,22 @@ def cost_words(ctx: Ctx, move: str, before: memplan.Settings, after: memplan.Set
     if move == "layered_summon":
         return "the LoRA weight sync gathers one layer at a time instead of the whole model: a slower sync"
     if move == "lora":
-        n = arch.lora_params(after.lora_rank, after.lora_targets)
-        return (f"CHANGES WHAT IS TRAINED: rank-{after.lora_rank} adapters on every linear layer, "
-                f"{n / 1e6:.0f}M trainable parameters ({100 * n / arch.params():.1f}% of {arch.params() / 1e9:.1f}B) "
-                f"instead of the whole model; the base stays frozen. Learning differs from full fine-tuning: verl's "
-                f"LoRA examples use a larger learning rate (conf/model/qwen3_8b_lora.yaml: actor_lr=3e-6)")
+        return lora_words(arch, after.lora_rank, after.lora_targets)
     return ""
+
+
+def lora_words(arch: memplan.Arch, rank: int, targets: Any) -> str:
+    """What switching to LoRA costs: the fit's words for its LoRA change, and the preflight's for a fix that does."""
+    n = arch.lora_params(rank, targets)
+    return (f"CHANGES WHAT IS TRAINED: rank-{rank} adapters on every linear layer, "
+            f"{n / 1e6:.0f}M trainable parameters ({100 * n / arch.params():.1f}% of {arch.params() / 1e9:.1f}B) "
+            f"instead of the whole model; the base stays frozen. Learning differs from full fine-tuning: verl's "
+            f"LoRA examples use a larger learning rate (conf/model/qwen3_8b_lora.yaml: actor_lr=3e-6)")
+
+
+def lora_banner(what: str, why: str = "") -> str:
+    """The warning over a command or fix that trains LoRA adapters where the config trains the whole model."""
+    return f"!!! LoRA: {why}this {what} trains LoRA adapters instead: WHAT IS TRAINED CHANGES !!!"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -205,8 +218,7 @@ def format_result(res: FitResult, command: str | None) -> str:
                    f"{b['sequence_length']} tokens of prompt + response")
     if res.lora:
         out.append("")
-        out.append("!!! LoRA: full fine-tuning does not fit these cards with any setting tried; this command trains "
-                   "LoRA adapters instead: WHAT IS TRAINED CHANGES !!!")
+        out.append(lora_banner("command", "full fine-tuning does not fit these cards with any setting tried; "))
     if res.way_out:
         out.append("")
         out.append("What would fit " + ("full fine-tuning:" if res.lora else "(nothing tried fits these cards):"))

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 
 from grpo_lab import facts
 from grpo_lab.cli.apply import apply_overrides, parse, respell
+from grpo_lab.cli.config import get
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 
 ROOT = facts.ROOT
@@ -65,6 +66,25 @@ def text(overrides: list[tuple[str, str, Any]]) -> str:
         else:
             out.append(shlex.quote(tok))
     return " ".join(out)
+
+
+def gist(message: str) -> str:
+    """A message's first sentence, whole (its parentheses closed): what a fix's verdict quotes of another problem."""
+    depth = 0
+    for i, ch in enumerate(message):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "." and depth == 0 and re.match(r"\s+[A-Z]", message[i + 1:]):
+            return message[:i + 1]
+    return message
+
+
+def lora_rank_set(fix: str, verl: Mapping) -> int:
+    """The LoRA rank an alternative of `fix` sets where the config trains the whole model; 0 when none does."""
+    key = "actor_rollout_ref.model.lora_rank"
+    if int(get(verl, key, 0) or 0) > 0:
+        return 0
+    ranks = [v for alt in fix.split(ALT) for _, k, v in (parse(alt) or ()) if k == key]
+    return next((int(v) for v in ranks if isinstance(v, int) and v > 0), 0)
 
 
 def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[tuple[str, str, Any]]]:
@@ -165,7 +185,7 @@ class FixChecker:
             p.checked = "not re-checked (a config-group choice or advice in words)"
         elif failures:
             alt, bad = failures[0]
-            why = "; ".join(f"[{q.rule}] {q.message[:160]}" for q in bad[:2])
+            why = "; ".join(f"[{q.rule}] {gist(q.message)}" for q in bad[:2])
             p.fix = (f"no single fix is known: {alt} still fails ({why}); change these values together so that "
                      f"every rule above holds")
             p.checked = "re-checked: no single fix passes"

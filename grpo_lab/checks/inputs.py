@@ -11,7 +11,9 @@ The command is one that writes exactly that path: a make target for the paths it
 
 from __future__ import annotations
 
+import functools
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,27 +92,86 @@ def _looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(path))
 
 
-def maker_for(path: str, group: str | None = None, cwd: str | None = None) -> str:
+def maker_for(path: str, group: str | None = None, cwd: str | None = None, force: bool = False) -> str:
     """The command that writes `path` ("" when none does): the make target whose output it is; else, when `group`
     (the dataset or model option in use) has a generator that writes a file of that name, that generator with its
-    output folder set to the path's folder. Commands of the second kind run from the repository root."""
+    output folder set to the path's folder. Commands of the second kind run from the repository root.
+    force: the file is there and wrong: the generator of that path with --force (make keeps the files that are there)."""
     p = Path(os.path.abspath(os.path.expanduser(path)))
     here = Path(os.path.abspath(cwd or os.getcwd()))
     for m in MAKERS:
         for f in m.files:
-            if p == ROOT / m.out / f if f else p == ROOT / m.out:
-                return m.make if here == ROOT else f"make -C {ROOT} {m.make.removeprefix('make ')}"
+            if force and f and p in (ROOT / m.out / f, here / m.out / f):  # its path, in the checkout or here
+                out = Path(m.out) if p == ROOT / m.out / f else p.parent
+                cmd = m.module.format(out=_sh(out), parent=_sh(out.parent)) + " --force"
+                return cmd if here == ROOT else f"cd {_sh(ROOT)} && {cmd}"
+            if not force and (p == ROOT / m.out / f if f else p == ROOT / m.out):
+                return m.make if here == ROOT else f"make -C {_sh(ROOT)} {m.make.removeprefix('make ')}"
     for m in MAKERS:
-        if m.group != group:
+        if m.group != group or force:
             continue
         folder = p if m.files == ("",) else p.parent
         if m.files != ("",) and p.name not in m.files:
             continue
         if "{parent}" in m.module and folder.name != Path(m.out).name:
             continue  # grpo_lab.tasks.tiny names its folders itself
-        cmd = m.module.format(out=folder, parent=folder.parent)
-        return cmd if here == ROOT else f"cd {ROOT} && {cmd}"
+        cmd = m.module.format(out=_sh(folder), parent=_sh(folder.parent))
+        return cmd if here == ROOT else f"cd {_sh(ROOT)} && {cmd}"
     return ""
+
+
+def _sh(path: str | os.PathLike) -> str:
+    """A path as one shell word."""
+    return shlex.quote(str(path))
+
+
+def parquet_columns(path: str) -> frozenset[str] | None:
+    """A parquet file's columns from its schema (no rows read), a struct's fields also as `column.field`, a map's as
+    `column.*`; None when it is not a parquet file pyarrow can read (rule data_files names that)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _columns(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _columns(path: str, mtime_ns: int, size: int) -> frozenset[str] | None:
+    import pyarrow as pa  # only when a local parquet is there to read
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except Exception:
+        return None
+    out = set(schema.names)
+    for f in schema:
+        if pa.types.is_struct(f.type):
+            out.update(f"{f.name}.{f.type.field(i).name}" for i in range(f.type.num_fields))
+        elif pa.types.is_map(f.type):
+            out.add(f"{f.name}.*")
+    return frozenset(out)
+
+
+def has_column(columns: frozenset[str], name: str) -> bool:
+    """`name` (a column, or `column.field`) is in the file; a map column may hold any field."""
+    return name in columns or ("." in name and f"{name.split('.')[0]}.*" in columns)
+
+
+def data_command(path: str, group: str | None, columns: frozenset[str], cwd: str | None = None) -> tuple[str, str]:
+    """The command that writes a correct data file in place of `path` (its generator again when it is one's output,
+    else `make own-data` from the pairs: this file when it has question and answer columns) and the overrides that
+    then read what it wrote ("" when it writes `path` itself)."""
+    cmd = maker_for(path, group, cwd, force=True)
+    if cmd:
+        return cmd, ""
+    here = Path(os.path.abspath(cwd or os.getcwd()))
+    out = Path("data/own_qa") if here == ROOT else here / "data/own_qa"
+    make = "make own-data" if here == ROOT else f"make -C {_sh(ROOT)} own-data OWN_OUT={_sh(out)}"
+    then = f"train_file={_sh(out / 'train.parquet')} test_file={_sh(out / 'test.parquet')}"
+    if {"question", "answer"} <= columns:
+        return f"{make} IN={_sh(os.path.abspath(os.path.expanduser(path)))}", then
+    return f"{make} IN=<your question/answer pairs: .jsonl, .csv or .parquet>", then
 
 
 def offline(environ: Mapping[str, str]) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from grpo_lab.memory import calibration
 from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
-from grpo_lab.checks.fixes import FixChecker
+from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
 from grpo_lab.checks.rules import A, Ctx, Problem, ids, run_rules
 from grpo_lab.checks.rules.batch import num as _num
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
@@ -47,14 +47,16 @@ class PreflightReport:
     memory: dict[str, Any] = field(default_factory=dict)
     title: str = ""
     random_weights: str = ""  # the model folder's mark (grpo_lab.tasks.qwen3_random): "random weights: memory and ..."
-    fix_all: str = ""  # the overrides that clear every error together ("" with one error or none)
+    fix_all: str = ""  # the overrides that clear every error together ("" with one error or none, or when none do)
     fix_all_passes: bool = False
+    fix_all_caution: str = ""  # the fix all switches to LoRA: the warning make fit gives
     launching: bool = True
     # what this machine lacks to launch it (grpo_lab/checks/readiness.py; set by the launcher, None: not checked): refusals
     # when launching, the plan's "not ready to launch here" when planning
     not_ready: list[Any] | None = None
-    # memory refused and no offered fix fits every phase (the plan's "fits": below 80% of the card): why; then the
-    # report points at `make fit ARGS="<fit_args>"` (fit_args: the user's own arguments, set by the launcher)
+    # memory refused and no offered fix fits every phase (the plan's "fits": below 80% of the card), or the fixes of
+    # several errors together leave one: why; then the report points at `make fit ARGS="<fit_args>"` (fit_args: the
+    # user's own arguments, set by the launcher)
     no_fit: str = ""
     fit_args: list[str] | None = None
 
@@ -82,6 +84,8 @@ class PreflightReport:
             out["not_ready_here"] = [n.to_json() for n in self.not_ready]
         if self.fix_all:
             out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes}
+            if self.fix_all_caution:
+                out["fix_all"]["caution"] = self.fix_all_caution
         if self.no_fit:
             out["fit"] = {"why": self.no_fit, "command": fit_command(self.fit_args)}
         return out
@@ -118,25 +122,43 @@ def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[st
         checker = FixChecker(verl, lab, launching=launching, environ=environ, problems=problems)
         for p in report.errors + report.warnings:
             checker.check(p)
+            p.caution = _lora_caution(c, p.fix)
         for opts in (report.memory.get("remedies") or {}).values():  # in the spelling that wins, as the fixes
             for o in opts:
                 o["override"] = checker.spelled(o["override"])
-        if len(report.errors) > 1:
-            res = checker.fix_all(report.errors)
-            if res:
-                report.fix_all, report.fix_all_passes = res
-        report.no_fit = _no_fit(checker, report)
+        tried = checker.fix_all(report.errors) if len(report.errors) > 1 else None
+        if tried and tried[1]:  # printed only when the re-check passes every error
+            report.fix_all, report.fix_all_passes = tried
+            report.fix_all_caution = _lora_caution(c, tried[0])
+        report.no_fit = _no_fit(checker, report, tried)
         if report.no_fit and report.fix_all:  # a "fix all" that leaves a phase tight or out of memory is no fix
-            report.fix_all, report.fix_all_passes = "", False
+            report.fix_all, report.fix_all_passes, report.fix_all_caution = "", False, ""
     return report
 
 
-def _no_fit(checker: FixChecker, report: PreflightReport) -> str:
-    """With memory errors: "" when the offered fix (`fix all`, or the one error's fix) leaves every phase of the
-    memory plan fitting (no memory rule left, not even a tight warning: make fit's "fits"); else why not."""
+def _lora_caution(c: Ctx, fix: str) -> str:
+    """The warning make fit gives over a LoRA command, for a fix that switches this config to LoRA ("" otherwise)."""
+    from grpo_lab.checks.fit_text import lora_banner, lora_words
+
+    rank = lora_rank_set(fix, c.verl)
+    if not rank:
+        return ""
+    arch = c.model.arch if c.model else None
+    words = lora_words(arch, rank, c.get(A + "model.target_modules", "all-linear")) if arch else ""
+    return lora_banner("fix") + (f"\nLoRA: {words}" if words else "")  # make fit's banner, and its words for LoRA
+
+
+def _no_fit(checker: FixChecker, report: PreflightReport, tried: tuple[str, bool] | None) -> str:
+    """Why make fit is the way on: the fixes of several errors together leave an error (`tried`: the fix all and
+    whether it passed); with memory errors, the offered fix (`fix all`, or the one error's fix) leaves a phase of
+    the memory plan not fitting (a memory rule left, even a tight warning: make fit's "fits"). "" when neither."""
     from grpo_lab.cli.apply import parse
     from grpo_lab.checks.rules import memory_ids
 
+    if tried and not tried[1]:
+        left = [q for q in checker.evaluate(parse(tried[0]) or []) if q.level == "error"][:1]
+        return (f"with all of them ({tried[0]}) the preflight still says: "
+                + "".join(f"[{q.rule}] {gist(q.message)}" for q in left))
     memory_rules = set(memory_ids())
     if not any(p.rule in memory_rules for p in report.errors):
         return ""
@@ -152,7 +174,7 @@ def _no_fit(checker: FixChecker, report: PreflightReport) -> str:
     left = [q for q in checker.evaluate(parsed) if q.rule in memory_rules and q.level != "note"]
     if not left:
         return ""
-    return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {left[0].message.split('. ')[0]}"
+    return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {gist(left[0].message)}"
 
 
 def fit_command(args: list[str] | None) -> str:
@@ -171,13 +193,15 @@ def fit_command(args: list[str] | None) -> str:
 # text
 # ---------------------------------------------------------------------------------------------------------------
 
-def _item(rule: str, message: str, label: str, fix: str, checked: str) -> list[str]:
-    """One problem (or missing thing) of the report: its line, what fixes it, and what the re-check found."""
+def _item(rule: str, message: str, label: str, fix: str, checked: str, caution: str = "") -> list[str]:
+    """One problem (or missing thing) of the report: its line, what fixes it, what the re-check found, and what the
+    fix changes besides numbers."""
     lines = [f"  [{rule}] {message}"]
     if fix:
         lines.append(f"      {label}: {fix}")
         if checked:
             lines.append(f"           ({checked})")
+        lines += [f"      {line}" for line in caution.splitlines()]
     return lines
 
 
@@ -267,27 +291,29 @@ def _format(r: PreflightReport) -> str:
             out.append("")
             out.append(f"{title} ({len(items)})")
             for p in items:
-                out.extend(_item(p.rule, p.message, "fix", p.fix, p.checked))
+                out.extend(_item(p.rule, p.message, "fix", p.fix, p.checked, p.caution))
     if r.notes:
         out.append("")
         out.append("Notes")
         out.extend(f"  - {n}" for n in r.notes)
-    if r.fix_all:
+    if r.fix_all:  # set only when it passes (run_preflight)
         out.append("")
-        verdict = ("re-checked: the preflight passes with all of them" if r.fix_all_passes else
-                   "re-checked: errors remain with all of them; see each error above")
         out.append(f"Fix all {len(r.errors)} errors together: {r.fix_all}")
-        out.append(f"  ({verdict})")
+        out.append("  (re-checked: the preflight passes with all of them)")
+        out += [f"  {line}" for line in r.fix_all_caution.splitlines()]
     if r.not_ready:
         out.append("")
         out.append(f"Not ready to launch here ({len(r.not_ready)})")
         for n in r.not_ready:
             out.extend(_item(n.rule, n.message, "make it" if n.rule == "input_missing" else "fix", n.command, n.checked))
     if r.no_fit:
+        from grpo_lab.checks.rules import memory_ids
+
         out.append("")
-        out.append("No fix above makes every phase fit: " + r.no_fit)
-        out.append(f"  Search settings that do (every phase below 80% of the card, re-checked): "
-                   f"{fit_command(r.fit_args)}")
+        memory = any(p.rule in memory_ids() for p in r.errors)
+        out.append(f"No fix above {'makes every phase fit' if memory else 'clears every error together'}: {r.no_fit}")
+        out.append(f"  Search settings that {'do' if memory else 'fit every phase'} (every phase below 80% of the "
+                   f"card, re-checked): {fit_command(r.fit_args)}")
     out.append("")
     if not r.ok:
         missing = f", {len(r.not_ready)} missing here" if r.launching and r.not_ready else ""

@@ -45,6 +45,26 @@ def checkpoint_key(override_dirname: str) -> str:
     return key
 
 
+def safe_name(name: str) -> str:
+    """`name` as a safe folder name: letters, digits, '.', '_' and '-' (a run of other characters: one '_', none at
+    the ends), neither starting nor ending with '.' or '-'."""
+    inner = re.sub(r"^[^A-Za-z0-9._-]+|[^A-Za-z0-9._-]+$", "", name)
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", inner).strip(".-") or "run"
+
+
+def unsafe_name(key: str, name: Any, fix_key: str) -> str:
+    """Why a run name (experiment_name: it names the run's folders) is refused, with the override that fixes it;
+    "" when it is a safe folder name."""
+    name = str(name)
+    if name == safe_name(name):
+        return ""
+    odd = sorted(set(re.sub(r"[A-Za-z0-9._-]", "", name)))
+    what = (f"its {', '.join(map(repr, odd))} cannot be part of a folder name (a '/' nests the folders, a space splits "
+            f"`make report RUN=<folder>`)" if odd else "a folder name cannot start or end with '.' or '-'")
+    return (f"{key}={name!r} names the run's folders (outputs/runs/<time>_<name>, outputs/checkpoints/<project>/<name>),"
+            f" and {what}. Write {fix_key}={safe_name(name)} instead")
+
+
 def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
     """d['a']['b'] for 'a.b', or default when any part is missing or the value is None."""
     cur: Any = d

@@ -454,6 +454,20 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
         return
 
 
+def _check_run_name(o: Any, env: str | None) -> None:
+    """experiment_name names the run's folders: each value typed (or swept) must be a safe folder name; a value
+    that interpolates is the preflight's (rule experiment_name_folder)."""
+    from grpo_lab.cli.config import unsafe_name
+
+    if o.key_or_group not in ("experiment_name", "trainer.experiment_name") or o.is_delete():
+        return
+    for v in _sweep_values(o) or []:
+        if isinstance(v, str) and "${" not in v:
+            why = unsafe_name(env, v, env) if env else unsafe_name(o.key_or_group, v, o.key_or_group)
+            if why:
+                raise OverrideError(why)
+
+
 def _value_text(o: Any) -> str:
     return o.input_line.partition("=")[2] or "..."
 
@@ -471,6 +485,7 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
     tree_ok = not any(_group_of(o, conf_dir) == "verl" and picks_verl_group(o, conf_dir) for o in overrides)
     added: set[str] = set()  # keys an earlier `+key=` of the same command line brought in (a later `key=` may set it)
     for o in overrides:
+        _check_run_name(o, cli.env_names.get(o.input_line))
         kind = _group_of(o, conf_dir)
         if kind == "ours" and o.package is None and "/" not in o.key_or_group:
             _check_our_group(o, conf_dir)

@@ -1,4 +1,4 @@
-"""Your own question/answer pairs (JSONL or CSV) to verl's parquet rows, the same row shape as the GSM8K prep.
+"""Your own question/answer pairs (JSONL, CSV or parquet) to verl's parquet rows, the same row shape as the GSM8K prep.
 
     python -m grpo_lab.tasks.data own --input my_qa.jsonl --out data/own_qa                    # 10% held out as test
     python -m grpo_lab.tasks.data own --input train.csv --test-input test.csv --out data/own_qa
@@ -6,9 +6,9 @@
         --instruction 'Let'"'"'s think step by step and output the final answer after "####".' \\
         --data-source openai/gsm8k --out data/own_qa
 
-Input: `.jsonl` (one JSON object per line) or `.csv` (a header row; UTF-8, a BOM is fine). Each record needs a
-question field and an answer field (names set by --question-field/--answer-field; other fields are kept in
-extra_info). Output: OUT/{train,test}.parquet, one row per pair:
+Input: `.jsonl` (one JSON object per line), `.csv` (a header row; UTF-8, a BOM is fine) or `.parquet` (a record per
+row). Each record needs a question field and an answer field (names set by --question-field/--answer-field; other
+fields are kept in extra_info). Output: OUT/{train,test}.parquet, one row per pair:
 
     data_source   --data-source (default "own_qa"): the key verl's reward picks its scorer by. verl's built-in
                   default_compute_score knows "openai/gsm8k" (numeric answers, "#### n" in the response) and a few
@@ -39,7 +39,7 @@ from grpo_lab.tasks.splits import DataError, write_splits
 
 DEFAULT_SOURCE = "own_qa"
 DEFAULT_ABILITY = "qa"
-FORMATS = (".jsonl", ".csv")
+FORMATS = (".jsonl", ".csv", ".parquet")
 # how many examples a warning lists
 _SHOW = 3
 
@@ -66,11 +66,18 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise DataError(f"{path}: unknown format {suffix or '(no extension)'!r}; expected one of {', '.join(FORMATS)} "
-                        f"(JSON lines, or CSV with a header row)")
+                        f"(JSON lines, CSV with a header row, or a parquet table)")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     out: list[tuple[int, dict[str, Any]]] = []
-    if suffix == ".jsonl":
+    if suffix == ".parquet":  # a table of pairs; its rows are numbered from 1 in messages
+        import pyarrow.parquet as pq
+
+        try:
+            out = list(enumerate(pq.read_table(path).to_pylist(), 1))
+        except Exception as exc:
+            raise DataError(f"{path}: not a parquet file pyarrow can read ({type(exc).__name__}: {exc})") from None
+    elif suffix == ".jsonl":
         with path.open(encoding="utf-8-sig") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -245,7 +252,7 @@ def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
 
 def add_arguments(p: Any) -> None:
     """The `own` subcommand's options (grpo_lab.tasks.data's command line)."""
-    p.add_argument("--input", required=True, help="your pairs: a .jsonl or .csv file")
+    p.add_argument("--input", required=True, help="your pairs: a .jsonl, .csv or .parquet file")
     p.add_argument("--out", default="data/own_qa", help="output folder (default: data/own_qa, what dataset=own_qa reads)")
     p.add_argument("--test-input", default=None, help="test pairs in their own file (else --test-fraction of --input)")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share held out as test (default 0.1)")

@@ -46,6 +46,7 @@ class Problem:
     fix: str = ""
     level: str = "error"  # error | warn | oom | note
     checked: str = ""  # what re-running the rules on the fix found (grpo_lab.checks.fixes)
+    caution: str = ""  # what the fix changes besides numbers: a switch to LoRA (grpo_lab.checks.preflight)
 
     @property
     def alternatives(self) -> list[str]:
@@ -55,6 +56,8 @@ class Problem:
         d = {"rule": self.rule, "message": self.message, "fix": self.fix}
         if self.checked:
             d["checked"] = self.checked
+        if self.caution:
+            d["caution"] = self.caution
         return d
 
 

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 from grpo_lab import facts
 from grpo_lab.cli.config import get as _get
-from grpo_lab.checks.inputs import local_files, maker_for
+from grpo_lab.checks.inputs import data_command, has_column, local_files, maker_for, parquet_columns
 from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, rule, warn
 
 
@@ -419,6 +419,43 @@ def data_files(c: Ctx) -> Iterable[Problem]:
         if rows < tb:
             yield error(f"the train file has {rows} rows, fewer than one train batch ({tb}): verl's dataloader "
                         f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
+
+
+def _columns_read(c: Ctx) -> list[tuple[str, str]]:
+    """(column, what reads it) for each column verl reads from every row of the data files."""
+    prompt = str(c.get("data.prompt_key") or "prompt")
+    key = str(c.get("data.reward_fn_key") or "data_source")
+    out = [(prompt, "data.prompt_key: the chat messages verl's RLHFDataset tokenizes"),
+           ("data_source", "data.reward_fn_key: the reward key, verl's reward picks its scorer by it" if
+            key == "data_source" else f"the reward key: verl 0.9.1's reward loop reads data_source whatever "
+                                      f"data.reward_fn_key={key} says")]
+    if not c.get("reward.reward_model.enable", False):
+        out.append(("reward_model.ground_truth", f"what reward_fn={_get(c.lab, 'reward_fn', 'verl_default')} scores "
+                                                 f"each answer against"))
+    return out
+
+
+@rule("data_columns", kind="batch", phase="start-up")
+def data_columns(c: Ctx) -> Iterable[Problem]:
+    """The columns the composed config reads, in each parquet file's schema (no rows read)."""
+    need = _columns_read(c)
+    for key in ("data.train_files", "data.val_files"):
+        for f in local_files(c.get(key)) or ():
+            cols = parquet_columns(f) if f.lower().endswith(".parquet") else None
+            if cols is None:
+                continue  # not there, or not parquet: rule data_files and grpo_lab.checks.inputs say so
+            missing = [(col, why) for col, why in need if not has_column(cols, col)]
+            if not missing:
+                continue
+            top = sorted(x for x in cols if "." not in x)
+            fixes = ["data.prompt_key=prompt" for col, _ in missing[:1] if col == need[0][0] and "prompt" in cols]
+            cmd, then = data_command(f, _get(c.lab, "dataset.name"), cols)
+            lacks = " (this file has no answer column: the reward needs each row's answer)" if "question" in cols \
+                and "answer" not in cols else ""
+            fixes.append(f"`{cmd}` writes files with these columns{lacks}" + (f", then: {then}" if then else ""))
+            yield error(f"{key}: {f} has no column {', no '.join(f'{col} ({why})' for col, why in missing)}; "
+                        f"its columns: {', '.join(top) or 'none'}. verl fails on the first batch, after Ray has "
+                        f"started", ALT.join(fixes))
 
 
 # ---- token budgets ----------------------------------------------------------------------------------------------

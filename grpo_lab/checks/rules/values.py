@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from grpo_lab.facts import preset_learning_rates
+from grpo_lab.cli.config import safe_name, unsafe_name
 from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, rule, warn
 
@@ -150,3 +151,14 @@ def learning_rate_high(c: Ctx) -> Iterable[Problem]:
                f"fall to the floor). The presets use {used}",
                # verl's key: it wins over actor_lr, ACTOR_LR and a config file's value, however the rate was given
                ALT.join(dict.fromkeys(f"{key}={lr:g}" for lr, _ in presets)))
+
+
+@rule("experiment_name_folder", kind="values", phase="compose")
+def experiment_name_folder(c: Ctx) -> Iterable[Problem]:
+    """trainer.experiment_name names the run's folder and its checkpoints': a safe folder name (the command line's
+    own value is refused before composing: grpo_lab/cli/overrides.py)."""
+    key = "trainer.experiment_name"
+    name = c.get(key)
+    why = unsafe_name(key, name, override_key(key)) if isinstance(name, str) else ""
+    if why:
+        yield error(why, f"{override_key(key)}={safe_name(name)}")
