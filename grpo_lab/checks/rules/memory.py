@@ -83,6 +83,12 @@ def plan_memory(c: Ctx) -> dict[str, Any]:
     c.notes.extend(m.notes)
     if m.arch is None:
         return {}
+    from grpo_lab.checks.rules.values import wrong_types
+
+    nulls = [key for key, v, *_ in wrong_types(c) if v is None]  # the plan would read verl's default in their place
+    if nulls:
+        c.notes.append(f"memory plan skipped until the values named above are numbers ({', '.join(nulls)}: null)")
+        return {}
     try:
         s = memplan.settings_from_verl(c.verl, c.lab)
     except (TypeError, ValueError) as e:
