@@ -40,7 +40,26 @@ def _from_config_json(path: Path, source: str) -> memplan.Arch:
     return memplan.Arch.from_mapping(cfg, source=source)
 
 
+def position_override(c: Ctx) -> int | None:
+    """actor_rollout_ref.model.override_config's max_position_embeddings (under its model_config when it has one), as
+    verl 0.9.1 sets it on the model's config before the rollout checks max_model_len against it
+    (verl/workers/config/model.py HFModelConfig.__post_init__ -> verl/utils/model.py update_model_config)."""
+    ov = c.get(A + "model.override_config", {}) or {}
+    ov = ov.get("model_config", ov) if isinstance(ov, Mapping) else {}
+    v = ov.get("max_position_embeddings") if isinstance(ov, Mapping) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 def resolve_model(c: Ctx) -> ModelFacts:
+    """The model verl will load (module docstring), with the positions override_config gives it."""
+    m = _model_files(c)
+    positions = position_override(c)
+    if m.arch is not None and positions is not None:
+        m.arch = replace(m.arch, max_position_embeddings=positions)
+    return m
+
+
+def _model_files(c: Ctx) -> ModelFacts:
     path = str(c.get(A + "model.hf_config_path") or c.get(A + "model.path") or "")
     group = _thaw(_get(c.lab, "model", {}))
     groups = facts.model_groups()
