@@ -1,12 +1,13 @@
 """What the preflight must not wave through (issue 28, "Trust, third pass"), through `python run.py` as a user types
-it: a plan with no card size (no memory verdict)."""
+it: a plan with no card size (no memory verdict), keys verl 0.9.1 takes and never reads."""
 
 from __future__ import annotations
 
 import json
 import shlex
 
-from conftest import planned, run_py
+from conftest import ROOT, composed, planned, run_py
+from grpo_lab.checks.preflight import run_preflight
 
 H16_4B = ("hardware=rtx4080_16gbx4", "model=qwen3_4b")
 
@@ -32,3 +33,52 @@ def test_no_card_size_is_refused_not_planned_as_ok(tmp_path):
     good = run_py("preflight.only=true", "lab.hardware.gpu_memory_gb=0", *shlex.split(e["fix"]),
                   f"hydra.run.dir={tmp_path / 'good'}")
     assert planned(good) and "Memory plan per GPU (32 GB cards" in good.stdout, good.stdout[-2000:]
+
+
+# ---- item 1: keys verl 0.9.1 takes and never reads (docs/verl_unread_keys.md) -------------------------------------
+
+STRICT_FORMAT = ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py"
+# verl's DAPO recipe's own reward lines (recipe/dapo/test_dapo_7b_math.sh), in the older top-level spelling
+DAPO_LEGACY_REWARD = ("reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                      "+reward_model.reward_kwargs.overlong_buffer_cfg.len=256",
+                      "+reward_model.reward_kwargs.max_resp_len=1024")
+# (override, the key verl reads instead, as the fix names it): one of each kind of UNREAD
+UNREAD_CASES = (
+    (f"custom_reward_function.path={STRICT_FORMAT}", f"reward.custom_reward_function.path={STRICT_FORMAT}"),
+    ("actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad=0.5"),
+    ("global_profiler.global_tool_config.precision_debugger.steps=[1,2]", "global_profiler.steps=[1,2]"),
+    ("actor_rollout_ref.rollout.over_sample_rate=0.1", "actor_rollout_ref.rollout.over_sample_rate=0"),
+    ("trainer.balance_batch=false", "trainer.balance_batch=true"),
+)
+
+
+def test_the_older_reward_keys_are_refused_not_planned_as_ok(tmp_path):
+    """custom_reward_function.path=/tmp/nonexistent.py gave "plan OK" and trained with verl's default scorer."""
+    plan, stdout = _refused(tmp_path, "issue", "custom_reward_function.path=/tmp/nonexistent.py")
+    (e,) = plan["errors"]
+    assert e["rule"] == "key_unread" and "verl/trainer/ppo/reward.py" in e["message"]
+    assert "verl reads reward.custom_reward_function.path instead, which is null here" in e["message"]
+    assert "fully_async_main.py" in e["message"] and "plan OK" not in stdout
+
+
+def test_keys_verl_never_reads_are_refused_with_the_key_it_reads_and_the_fix_works_as_typed(tmp_path):
+    args = (*(a for a, _ in UNREAD_CASES), *DAPO_LEGACY_REWARD)
+    plan, stdout = _refused(tmp_path, "bad", *args)
+    errors = {e["message"].split("=", 1)[0]: e for e in plan["errors"]}
+    assert {e["rule"] for e in plan["errors"]} == {"key_unread"} and len(errors) == len(args)
+    for arg, fix in UNREAD_CASES:
+        e = errors[arg.split("=", 1)[0]]
+        assert shlex.split(e["fix"].split("  or  ")[0]) == [fix], e  # as typed in a shell (brackets quoted)
+        assert e["checked"].startswith("re-checked: the preflight passes")
+        assert "verl/" in e["message"]  # the file of verl that shows it
+    assert errors["reward_model.reward_manager"]["fix"] == "reward.reward_manager.name=dapo"
+    assert errors["reward_model.reward_kwargs.max_resp_len"]["fix"] == "+reward.reward_kwargs.max_resp_len=1024"
+    assert plan["fix_all"]["passes"] and f"together: {plan['fix_all']['overrides']}" in stdout
+    good = run_py("preflight.only=true", *args, *shlex.split(plan["fix_all"]["overrides"]),
+                  f"hydra.run.dir={tmp_path / 'good'}")
+    assert planned(good), good.stdout[-3000:]
+
+
+def test_a_key_only_the_legacy_trainer_reads_is_left_alone_under_it():
+    verl, lab = composed("trainer.balance_batch=false", "trainer.use_v1=false", "actor_rollout_ref.actor.grad_clip=1.0")
+    assert "key_unread" not in {p.rule for p in run_preflight(verl, lab, launching=False, environ={}).errors}
