@@ -4,14 +4,21 @@ from omegaconf import OmegaConf
 
 __version__ = "0.1.0"
 
+
+def _numbers(*xs: object) -> bool:
+    return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+
+
 # `${lab_sum:a,b}` in conf/: the one piece of arithmetic the configs need (vLLM's max_model_len = prompt + response).
 # Registered on import of the package, which run.py, the Hydra searchpath plugin and the tests all do first.
+# A part that is no number (max_response_length=abc) gives null: the preflight's value_types names the part.
 if not OmegaConf.has_resolver("lab_sum"):
-    OmegaConf.register_new_resolver("lab_sum", lambda *xs: sum(xs))
+    OmegaConf.register_new_resolver("lab_sum", lambda *xs: sum(xs) if _numbers(*xs) else None)
 
-# `${lab_fraction:n,f}` in conf/variant/dapo.yaml: int(n x f), at least 1 (DAPO's overlong ramp, a share of the limit)
+# `${lab_fraction:n,f}` in conf/variant/dapo.yaml: int(n x f), at least 1 (DAPO's overlong ramp, a share of the limit);
+# null when n or f is no number, as lab_sum
 if not OmegaConf.has_resolver("lab_fraction"):
-    OmegaConf.register_new_resolver("lab_fraction", lambda n, f: max(1, int(n * f)))
+    OmegaConf.register_new_resolver("lab_fraction", lambda n, f: max(1, int(n * f)) if _numbers(n, f) else None)
 
 # `${lab_unique_dir:path}` in conf/config.yaml's hydra.run.dir and hydra.sweep.dir: one folder per run (grpo_lab/cli/config.py)
 # (run.py registers it again, with create=False, when Hydra only prints)

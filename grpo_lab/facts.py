@@ -7,6 +7,7 @@ atomic file writes, and what the machine, the files and the config folder say (c
     visible_gpus(environ), machine_cpus(), module_available(name)
     parquet_num_rows(path)                                   from the footer, without pyarrow
     model_groups()                                           conf/model/*.yaml: model_path -> the group's lab.model
+    hardware_card_gb(name)                                   conf/hardware/<name>.yaml's gpu_memory_gb (its defaults too)
     random_weights_mark(config)                              a random-weight model's mark (grpo_lab.tasks.qwen3_random)
     (verl's own keys, rollout engines and scorer's data sources: grpo_lab.verl_schema's schema())
 
@@ -132,6 +133,24 @@ def model_groups() -> dict[str, dict[str, Any]]:
             if isinstance(key, str) and key and "${" not in key:
                 out.setdefault(key, dict(model))
     return out
+
+
+def hardware_card_gb(name: str, _seen: frozenset[str] = frozenset()) -> float | None:
+    """conf/hardware/<name>.yaml's lab.hardware.gpu_memory_gb, or that of the option its defaults list names; None."""
+    import yaml
+
+    path = ROOT / "conf" / "hardware" / f"{name}.yaml"
+    if name in _seen or not path.is_file():
+        return None
+    try:
+        doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    gb = ((doc.get("lab") or {}).get("hardware") or {}).get("gpu_memory_gb")
+    if isinstance(gb, (int, float)) and not isinstance(gb, bool) and gb > 0:
+        return float(gb)
+    parents = [d for d in doc.get("defaults") or () if isinstance(d, str) and d != "_self_"]
+    return next((gb for d in parents if (gb := hardware_card_gb(d, _seen | {name})) is not None), None)
 
 
 # the key grpo_lab.tasks.qwen3_random writes into config.json: its value starts "random weights: memory and speed only"

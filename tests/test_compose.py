@@ -7,7 +7,7 @@ import copy
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose_split, options
+from conftest import CONF, compose_split, options, run_py
 from grpo_lab.cli.config import get
 
 GROUPS = ["hardware", "model", "rollout", "variant", "dataset", "logger", "experiment"]
@@ -142,6 +142,25 @@ def test_smoke_preset_is_the_guides_smoke_test():
     assert get(verl, "trainer.project_name") == "course_grpo"
     assert get(verl, "trainer.experiment_name") == "smoke_qwen3_0_6b"
     assert "console" in get(verl, "trainer.logger")
+
+
+def test_every_experiments_run_name_follows_the_model_chosen():
+    """Issue 28 item 8: an experiment file named its runs after its own model whatever model= chose (experiment=smoke
+    model=qwen3_4b ran in ..._smoke_qwen3_0_6b): each name now carries the model composed, and no other model's."""
+    names = set(options("model"))
+    for experiment in options("experiment"):
+        for model in (None, "qwen3_4b"):
+            verl, lab = compose_split(f"experiment={experiment}", *([f"model={model}"] if model else []))
+            name, chosen = get(verl, "trainer.experiment_name"), lab["model"]["name"]
+            assert chosen in name and not {n for n in names - {chosen} if n in name and n not in chosen}, \
+                (experiment, model, name)
+            assert get(verl, "trainer.default_local_dir").endswith(f"/{name}")
+
+
+def test_a_runs_folder_is_named_after_the_model_chosen(tmp_path):
+    out = run_py("experiment=smoke", "model=qwen3_4b", "preflight.only=true", cwd=tmp_path)
+    runs = [p.name for p in (tmp_path / "outputs" / "runs").iterdir()]
+    assert out.returncode in (0, 3) and len(runs) == 1 and runs[0].endswith("_smoke_qwen3_4b"), (runs, out.stderr)
 
 
 @pytest.mark.parametrize("preset,model", [("qwen3_1_7b_gsm8k", "Qwen/Qwen3-1.7B"), ("qwen3_4b_gsm8k", "Qwen/Qwen3-4B")])

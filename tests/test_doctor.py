@@ -11,6 +11,8 @@ import inspect
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -431,6 +433,48 @@ def test_running_log_is_not_a_hang_until_stale():
     assert ids(head) == ["ray_cpu_budget_hang"]  # no idle time given: the log is complete
 
 
+RAISED_IN_VERL = """Traceback (most recent call last):
+  File "/home/me/grpo-lab/run.py", line 38, in job
+    return serve_ray_worker(cfg) or launch_job(cfg, cli)
+  File "/home/me/.venv/lib/python3.11/site-packages/verl/trainer/main_ppo.py", line 100, in run_ppo
+    ray.get(runner.run.remote(config))
+ray.exceptions.RayTaskError(ValueError): ray::TaskRunnerV1.run() (pid=10090, ip=10.0.0.7, actor_id=5f0c)
+  File "/home/me/.venv/lib/python3.11/site-packages/verl/trainer/main_ppo.py", line 152, in run
+    self.trainer = trainer_cls(config=config)
+  File "/home/me/.venv/lib/python3.11/site-packages/verl/trainer/ppo/v1/trainer_base.py", line 196, in \
+_resolve_filter_groups_metric
+    raise ValueError("algorithm.filter_groups.metric must be set when group filtering is enabled")
+ValueError: algorithm.filter_groups.metric must be set when group filtering is enabled
+"""
+
+
+def test_a_log_that_ends_in_an_exception_is_named_not_called_a_hang():
+    """After verl's config print, a log that ends in a traceback crashed: the exception and its frame, never the
+    silent hang's Ray CPU / NCCL advice (which the same head gets when nothing follows it)."""
+    head = "\n".join(synth.RECORDED_HANG_LOG.read_text().split("\n")[:945])
+    assert ids(head) == ["ray_cpu_budget_hang"]
+    (d,) = doctor.diagnose(head + "\n" + RAISED_IN_VERL, idle_s=5)  # a raised job is over however fresh its log
+    assert d.id == "job_raised" and d.overrides == [] and d.evidence.startswith("ValueError: algorithm.filter_groups")
+    assert "verl/trainer/ppo/v1/trainer_base.py:196 in _resolve_filter_groups_metric" in d.title
+    assert "num_cpus" not in d.format() and "NCCL_P2P_DISABLE" not in d.format()
+    # Ctrl+C's traceback is a kill: the hang reading stands
+    assert ids(head + "\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\nKeyboardInterrupt\n") \
+        == ["ray_cpu_budget_hang"]
+
+
+def test_make_doctor_names_the_drivers_exception(tmp_path):
+    """grpo-lab's own train.log of `python run.py max_response_length=abc` before that value was refused (an
+    OmegaConf traceback from the driver): make doctor names the exception and the frame that raised it."""
+    log = tmp_path / "train.log"
+    log.write_text((SYN / "driver_interpolation_error.log").read_text())
+    made = subprocess.run(["make", "-s", "-C", str(ROOT), "doctor", f"LOG={log}", f"PY={sys.executable}"],
+                          text=True, capture_output=True, timeout=60)
+    out = made.stdout
+    assert "[job_raised] The job raised omegaconf.errors.InterpolationResolutionError" in out, out + made.stderr
+    assert "grpo_lab/__init__.py:10 in <lambda>" in out and "full_key" not in out.split("\n")[1]
+    assert "Stopped before the first step" not in out and "num_cpus" not in out and "try:" not in out
+
+
 def test_diagnose_job_dir_uses_verl_config(tmp_path):
     job = synth.write_job(tmp_path / "job0", log=SYN / "oom_generation_vllm_sampler.log", status="failed",
                           verl=synth.verl_config(n=6, max_response_length=512, util=0.35))
@@ -542,9 +586,6 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "resul
 def test_a_file_that_is_no_log_is_said_so_and_nothing_suggested(tmp_path):
     """`make doctor LOG=/etc/hostname` read a made-up stalled start-up into it (num_cpus, NCCL_P2P_DISABLE): a file with
     none of the lines verl, Ray or run.py print says so, suggests nothing and exits 2."""
-    import subprocess
-    import sys
-
     from conftest import ROOT, run_module
 
     notes = tmp_path / "notes.txt"

@@ -69,6 +69,8 @@ CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
     # issue 19 item 1: a value typed in verl's spelling got a fix in the short spelling, which loses to it
     (("total_epochs=two",), {"value_types"}),
     ((*LEGACY, "data.train_batch_size=100", "rollout_n=3"), {"updates_per_step_integer"}),
+    # issue 28 item 2: a length that is no number was an OmegaConf traceback (vLLM's max_model_len is built from it)
+    (("max_response_length=abc",), {"value_types"}),
 ]
 
 # (overrides, the warning rule, what its message says): what verl 0.9.1 runs in grpo-lab's default mode (the V1
@@ -250,6 +252,38 @@ def test_the_printed_fix_passes_appended_to_the_command_as_typed(tmp_path, spell
     assert planned(good), (fix, good.stdout + good.stderr)
 
 
+# issue 28 item 2: wrong types and ranges of the numbers verl needs, several per key in one sweep (one process): every
+# job is refused naming the key, none raises (a micro-batch of "abc" was a ValueError in the memory plan)
+WRONG_NUMBERS = {"max_prompt_length": ("abc", "-16", "1.5", "null"), "ppo_micro_batch_size_per_gpu": ("abc", "[1,2]"),
+                 "entropy_coeff": ("abc", "null"), "test_freq": ("1.5", "true")}
+
+
+@pytest.mark.parametrize("key,values", WRONG_NUMBERS.items(), ids=list(WRONG_NUMBERS))
+def test_a_wrong_number_is_refused_naming_its_key_in_every_job_of_a_sweep(tmp_path, key, values):
+    out = run_py("-m", "preflight.only=true", f"{key}={','.join(values)}", f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode == 2 and "Traceback" not in out.stdout + out.stderr, out.stderr[-3000:]
+    plans = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("job*/plan.json"))]
+    assert len(plans) == len(values)
+    for value, plan in zip(values, plans):
+        named = [e for e in plan["errors"] if e["rule"] in ("value_types", "value_range")
+                 and e["message"].startswith(KNOB[key].verl_key + "=")]
+        assert named and named[0]["fix"].startswith(f"{key}="), (value, plan["errors"])
+
+
+def test_a_wrong_length_in_each_spelling_is_refused_in_under_two_seconds(tmp_path):
+    """The issue's three spellings in one command: each length named, refused, the child's CPU time under 2 s."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = run_py("preflight.only=true", "max_response_length=abc", "data.max_prompt_length=abc",
+                 f"hydra.run.dir={tmp_path}", env={"MAX_PROMPT_LENGTH": "abc"})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert out.returncode == 2 and "Traceback" not in out.stdout + out.stderr, out.stderr[-3000:]
+    errors = json.loads((tmp_path / "plan.json").read_text())["errors"]
+    assert {e["message"].split("=", 1)[0] for e in errors} == {"data.max_response_length", "data.max_prompt_length"}
+    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 2.0
+
+
 @pytest.mark.parametrize("argv,rule,says", WARNED, ids=[" ".join(a) for a, _, _ in WARNED])
 def test_what_verl_runs_is_planned_with_a_warning_and_its_fix(tmp_path, argv, rule, says):
     """Not refused: run.py plans it (exit 3 on this CPU machine: not ready to launch here), the warning in plan.json
@@ -271,7 +305,8 @@ def test_what_verl_runs_is_planned_with_a_warning_and_its_fix(tmp_path, argv, ru
     ("actor_rollout_ref:\n  rollout:\n    gpu_memory_utilization: 1.5\n",
      "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"),
     ("rollout_gpu_mem_util: 1.5\n", "rollout_gpu_mem_util=0.4"),  # the short key in the file: the short key wins
-], ids=["verl key total_epochs", "verl key gpu_memory_utilization", "short key"])
+    ("data:\n  max_response_length: abc\n", "data.max_response_length=1024"),
+], ids=["verl key total_epochs", "verl key gpu_memory_utilization", "short key", "verl key max_response_length"])
 def test_a_fix_for_a_value_in_a_config_file_passes(tmp_path, file_text, expected):
     """A user's own config file (Hydra's --config-dir/--config-name, on top of grpo-lab's config): the fix names the
     key in the spelling that wins over the file."""

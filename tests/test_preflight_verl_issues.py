@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -259,3 +260,60 @@ def test_verl_multi_node_script_joins_the_cluster_ray_start_recorded(tmp_path, l
     # and then Ray refuses the hardware file's num_cpus for a cluster it joins: said, with the fix
     (p,) = [p for p in plan["errors"] if p["rule"] == "ray_join_num_cpus"]
     assert "10.0.0.7:6379" in p["message"] and p["fix"] == "ray_kwargs.ray_init.num_cpus=null"
+
+
+# ---- verl's example scripts: planned, never refused for what verl 0.9.1 runs ----------------------------------------
+
+QWEN25_MATH_7B = Path(__file__).resolve().parent / "fixtures" / "synthetic" / "qwen2_5_math_7b"  # 4096 positions
+# verl's DAPO recipe (recipe/dapo/test_dapo_7b_math.sh: Qwen2.5-Math-7B, 8 nodes of 8 GPUs), its overrides as the
+# script passes them to verl, the reward lines in 0.9.1's keys (the script's own top-level reward_model.* lines are
+# keys 0.9.1 never reads: test_preflight_trust.py); the model is its architecture (a config.json, no weights)
+DAPO_7B_MATH = (
+    "hardware=a100_80gbx8", f"model_path={QWEN25_MATH_7B}", "trainer.nnodes=8", "trainer.n_gpus_per_node=8",
+    "data.prompt_key=prompt", "data.truncation=left", "data.max_prompt_length=2048", "data.max_response_length=8192",
+    "data.train_batch_size=512", "actor_rollout_ref.rollout.n=16", "algorithm.adv_estimator=grpo",
+    "algorithm.use_kl_in_reward=False", "algorithm.kl_ctrl.kl_coef=0.0", "actor_rollout_ref.actor.use_kl_loss=False",
+    "actor_rollout_ref.actor.kl_loss_coef=0.0", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+    "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=10.0",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "+actor_rollout_ref.model.override_config.max_position_embeddings=32768",
+    "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=30720",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=30720",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True", "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps=10", "actor_rollout_ref.actor.optim.weight_decay=0.1",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "actor_rollout_ref.rollout.gpu_memory_utilization=0.80",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "actor_rollout_ref.rollout.enable_chunked_prefill=True",
+    "actor_rollout_ref.rollout.max_num_batched_tokens=10240", "actor_rollout_ref.rollout.temperature=1.0",
+    "actor_rollout_ref.rollout.top_p=1.0", "actor_rollout_ref.rollout.top_k=-1",
+    "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", "actor_rollout_ref.rollout.val_kwargs.top_p=0.7",
+    "actor_rollout_ref.rollout.val_kwargs.top_k=-1", "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+    "actor_rollout_ref.rollout.val_kwargs.n=1", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=32",
+    "reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+    "+reward.reward_kwargs.overlong_buffer_cfg.len=4096", "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+    "+reward.reward_kwargs.overlong_buffer_cfg.log=False", "+reward.reward_kwargs.max_resp_len=8192",
+    "trainer.val_before_train=True", "trainer.test_freq=10", "trainer.save_freq=10", "trainer.total_epochs=10",
+    "trainer.total_training_steps=200", "trainer.resume_mode=auto", "trainer.log_val_generations=10",
+)
+POSITIONS = "+actor_rollout_ref.model.override_config.max_position_embeddings=32768"
+
+
+def test_verl_dapo_recipe_is_planned_with_the_positions_its_override_gives_the_model(tmp_path):
+    """Issue 28 item 9: Qwen2.5-Math-7B has 4096 positions and the recipe's 2048 + 8192 tokens need 10240; its
+    override_config.max_position_embeddings=32768 is applied by verl to the model's config before the rollout checks
+    max_model_len against it, so the recipe runs: planned, nothing refused. Without that line it is refused."""
+    rc, plan, text = preflight(tmp_path, *DAPO_7B_MATH)
+    assert rc in PLANNED and not plan["errors"], text[-3000:]
+    assert plan["memory"]["kv_cache"]["max_model_len"] == 10240
+    p, _ = refused_then_fixed(tmp_path, tuple(a for a in DAPO_7B_MATH if a != POSITIONS), "rollout_max_model_len",
+                              "max_position_embeddings (4096, ", "should be less than or equal to")
+    assert "override_config" not in p["message"]
+    rc, plan, _ = preflight(tmp_path, *DAPO_7B_MATH, POSITIONS.replace("32768", "8192").lstrip("+"))
+    (p,) = plan["errors"]
+    assert (rc, p["rule"]) == (2, "rollout_max_model_len")
+    assert "(8192, actor_rollout_ref.model.override_config.max_position_embeddings)" in p["message"]

@@ -53,12 +53,14 @@ def test_the_memory_rules_are_the_hand_list_fit_had():
 
 def test_a_rules_kind_is_its_own_not_its_modules():
     """Each rule module's rules are of its own kind, except these: the memory plan's fixes clear rollout_parallel and
-    gpu_memory_utilization_range (kind memory), the plan's notes on what it planned are kind plan."""
+    gpu_memory_utilization_range (kind memory), the plan's notes on what it planned and a card of no size are kind
+    plan; the keys verl never reads (rules.unread) are config keys, kind setup."""
     module_kind = {"batch": "batch", "values": "values", "setup": "setup", "memory": "memory", "reward": "reward",
-                   "emulation": "emulation", "verl_issues": "verl_issue"}
+                   "emulation": "emulation", "verl_issues": "verl_issue", "unread": "setup"}
     elsewhere = {r: RULES[r].kind for r in ids() if RULES[r].kind != module_kind[RULES[r].fn.__module__.split(".")[-1]]}
     assert elsewhere == {"rollout_parallel": "memory", "gpu_memory_utilization_range": "memory",
-                         "model_arch_mismatch": "plan", "memory_notes": "plan", "rollout_tp_heads": "setup"}
+                         "model_arch_mismatch": "plan", "memory_notes": "plan", "rollout_tp_heads": "setup",
+                         "card_memory_unknown": "plan"}
     assert [RULES[f"memory_{p}"].phase for p in ("generation", "training", "weight_sync")] == [
         "rollout", "update", "weight sync"]
     assert {RULES[r].phase for r in ids()} <= set(PHASES)

@@ -167,8 +167,9 @@ def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
         else:
             _set_following(v, key, value, delete, touched)
     new_lengths = [get(v, k) for k in LENGTHS]
+    # conf/config.yaml: prompt + response (null while a length is no number: grpo_lab's lab_sum)
+    derived = sum(old_lengths) if all(isinstance(x, int) for x in old_lengths) else None
     if MAX_MODEL_LEN not in touched and new_lengths != old_lengths \
-            and all(isinstance(x, int) for x in old_lengths + new_lengths) \
-            and get(verl, MAX_MODEL_LEN) == sum(old_lengths):  # conf/config.yaml: prompt + response
+            and all(isinstance(x, int) for x in new_lengths) and get(verl, MAX_MODEL_LEN) == derived:
         _set(v, MAX_MODEL_LEN, sum(new_lengths))
     return v, lb

@@ -57,7 +57,7 @@ _ELAPSED = re.compile(r"^\s*\d+\.\d+ (?=\()")  # a recorder's elapsed seconds be
 # vLLM's logger ("ERROR 12-03 16:45:35 [multiproc_executor.py:1000] "), SGLang's ("[2026-02-27 15:27:13] ")
 _VLLM_PREFIX = re.compile(r"^(?:ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[([\w.:\-]+)\] ")
 _SGLANG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [^\]]*)?\] ")
-_EXC = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception|Exit)|StopIteration|StopAsyncIteration|"
+EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception|Exit)|StopIteration|StopAsyncIteration|"
                   r"KeyboardInterrupt)(?:\(\w+\))?(?::|$)")
 
 VLLM, SGLANG, RAY = "vLLM", "SGLang", "Ray"
@@ -79,7 +79,7 @@ _WORKER_CALL = (VLLM, "a vLLM worker's call raised")
 _WRAPPERS = re.compile(r"Engine core initialization failed|Worker failed with error|EngineDeadError|ActorDiedError|"
                        r"RayActorError|RayTaskError|WorkerProc initialization failed|EngineGenerateError|"
                        r"^KeyboardInterrupt|^SystemExit")
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 
 
 def strip(line: str) -> tuple[str, str]:
@@ -98,7 +98,7 @@ def fatal(line: str) -> tuple[str, str] | None:
     for pattern, engine, label in FATAL:
         if pattern.match(text):
             return engine, label
-    if source == "multiproc_executor.py" and _EXC.match(text):
+    if source == "multiproc_executor.py" and EXCEPTION_LINE.match(text):
         return _WORKER_CALL
     return None
 
@@ -108,10 +108,10 @@ def root_cause(clean: list[str], i: int) -> tuple[str, str]:
     order = list(range(i, min(len(clean), i + 80))) + list(range(i - 1, max(-1, i - 150), -1))
     for r in order:
         s = clean[r].strip()
-        if _EXC.match(s) and not _WRAPPERS.search(s):
+        if EXCEPTION_LINE.match(s) and not _WRAPPERS.search(s):
             frame = ""
             for j in range(r - 1, max(-1, r - 40), -1):
-                fm = _FRAME.match(clean[j])
+                fm = FRAME.match(clean[j])
                 if fm:
                     path = fm.group(1)
                     short = path[path.find("/vllm/") + 1:] if "/vllm/" in path else path

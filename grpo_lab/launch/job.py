@@ -38,7 +38,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_lab.cli.config import checkpoint_key, get, put, split, with_value
 from grpo_lab.errors import GrpoLabError
@@ -157,6 +157,10 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
         verl, lab = split(cfg)
     except MissingMandatoryValue as e:
         raise GrpoLabError(f"a required value is missing: {e.full_key}. Set it on the command line, "
+                           f"e.g. python run.py {e.full_key}=...") from None
+    except OmegaConfBaseException as e:  # an interpolation that cannot be worked out from the values given
+        raise GrpoLabError(f"{e.full_key} cannot be worked out from the values it is made of "
+                           f"({str(e).splitlines()[0]}): check those values, or set it on the command line, "
                            f"e.g. python run.py {e.full_key}=...") from None
     if job.multirun:
         # each sweep job its own checkpoints, so that none resumes from a sibling's

@@ -286,7 +286,7 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Setti
         attn_implementation=str(override.get("attn_implementation", "flash_attention_2")),
         use_dynamic_bsz=bool(_get(verl, a + "actor.use_dynamic_bsz", False)),
         ppo_max_token_len_per_gpu=int(_get(verl, a + "actor.ppo_max_token_len_per_gpu", 16384)),
-        ppo_micro_batch_size_per_gpu=_get(verl, a + "actor.ppo_micro_batch_size_per_gpu"),
+        ppo_micro_batch_size_per_gpu=_int_or_none(_get(verl, a + "actor.ppo_micro_batch_size_per_gpu")),
         entropy_in_update=bool(_get(verl, a + "actor.calculate_entropy", False)) or float(entropy_coeff) != 0.0,
         entropy_checkpointing=bool(_get(verl, a + "actor.entropy_checkpointing", False)),
         actor_entropy_chunking=bool(_get(verl, a + "actor.entropy_from_logits_with_chunking", False)),
@@ -297,11 +297,11 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Setti
         max_response_length=int(_get(verl, "data.max_response_length", 512)),
         log_prob_use_dynamic_bsz=bool(_get(verl, a + "rollout.log_prob_use_dynamic_bsz", False)),
         log_prob_max_token_len_per_gpu=int(_get(verl, a + "rollout.log_prob_max_token_len_per_gpu", 16384)),
-        log_prob_micro_batch_size_per_gpu=_get(verl, a + "rollout.log_prob_micro_batch_size_per_gpu"),
+        log_prob_micro_batch_size_per_gpu=_int_or_none(_get(verl, a + "rollout.log_prob_micro_batch_size_per_gpu")),
         ref_used=use_kl,
         ref_log_prob_use_dynamic_bsz=bool(_get(verl, a + "ref.log_prob_use_dynamic_bsz", False)),
         ref_log_prob_max_token_len_per_gpu=int(_get(verl, a + "ref.log_prob_max_token_len_per_gpu", 16384)),
-        ref_log_prob_micro_batch_size_per_gpu=_get(verl, a + "ref.log_prob_micro_batch_size_per_gpu"),
+        ref_log_prob_micro_batch_size_per_gpu=_int_or_none(_get(verl, a + "ref.log_prob_micro_batch_size_per_gpu")),
         ref_entropy_chunking=bool(_get(verl, a + "ref.entropy_from_logits_with_chunking", False)),
         rollout_engine=str(_get(verl, a + "rollout.name", "vllm")),
         gpu_memory_utilization=float(_get(verl, a + "rollout.gpu_memory_utilization", 0.5)),
@@ -319,6 +319,11 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Mapping[str, Any]) -> Setti
         train_batch_size=int(_get(verl, "data.train_batch_size", 128)),
         rollout_n=int(_get(verl, a + "rollout.n", 1)),
     )
+
+
+def _int_or_none(v: Any) -> int | None:
+    """A size that may be unset (null); any other value that is no number raises, as int() does."""
+    return None if v is None else int(v)
 
 
 def _positive_int(v: Any) -> int | None:

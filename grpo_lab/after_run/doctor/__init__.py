@@ -14,11 +14,11 @@ values computed from the job's own config when the log or verl_config.yaml has i
 `ProgressWatchdog(log_path).start()/.stop()` warns once when a running job's log shows no progress for N minutes.
 
 The modules, in the order a log passes them: logread (the log's lines, the config verl printed, the job's values,
-Diagnosis), signatures (the known error texts, in match order), stops (a log that ends without an error, a dead
-engine, a gone process), verdict (diagnose, a job folder, the preflight's refusal, diagnosis.json), watchdog (a
-running job), command (the command line; __main__ runs it). This package re-exports what other modules use.
-Every diagnosis id is registered in SIGNATURES (signatures.py), in the shape the preflight's rules share
-(grpo_lab/registry.py: id, kind, phase).
+Diagnosis), signatures (the known error texts, in match order), stops (a log that ends in an unknown exception or
+without an error, a dead engine, a gone process), verdict (diagnose, a job folder, the preflight's refusal,
+diagnosis.json), watchdog (a running job), command (the command line; __main__ runs it). This package re-exports
+what other modules use. Every diagnosis id is registered in SIGNATURES (signatures.py), in the shape the preflight's
+rules share (grpo_lab/registry.py: id, kind, phase).
 """
 
 from grpo_lab.after_run.doctor.logread import Diagnosis, Log, Values, printed_config, read_json, read_log

@@ -39,6 +39,7 @@ SIGNATURE_KINDS = {
     "config": "an override of a key the config does not have",
     "reward": "the custom reward file",
     "stop": "the log stops with no error",
+    "crash": "the log ends in a Python exception that no signature knows",
     "refusal": "the preflight refused the job: nothing was started",
     "input": "the file given is no log",
 }

@@ -1,6 +1,6 @@
-"""How a job stopped when no signature says why: a log that ends without an error (a hang, a kill, a start-up
-that never finished), an engine or Ray actor that died of something unknown, a "running" job whose process is
-gone."""
+"""How a job stopped when no signature says why: a log that ends in a Python exception, a log that ends without an
+error (a hang, a kill, a start-up that never finished), an engine or Ray actor that died of something unknown, a
+"running" job whose process is gone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import socket
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.launch.fatal import RAY, root_cause, strip
+from grpo_lab.launch.fatal import EXCEPTION_LINE, FRAME, RAY, root_cause, strip
 from grpo_lab.launch.fatal import fatal as fatal_line
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
 from grpo_lab.after_run.doctor.signatures import known, nccl_diagnosis
@@ -20,6 +20,7 @@ from grpo_lab.after_run.doctor.signatures import known, nccl_diagnosis
 # (a stop at NCCL initialisation is the nccl_hang signature's)
 known("ray_cpu_budget_hang", kind="ray", phase="start-up")
 known("stopped_without_error", kind="stop", phase="any")
+known("job_raised", kind="crash", phase="any")
 known("engine_died", kind="engine", phase="rollout")
 known("ray_actor_died", kind="ray", phase="any")
 
@@ -62,12 +63,52 @@ def _cpu_budget_hang(log: Log, v: Values, evidence: str, line: int | None, where
         overrides=overrides)
 
 
+# what may follow a traceback's exception line at the end of a log: its own indented lines, Hydra's tail, our notes
+_AFTER_EXCEPTION = re.compile(r"^\s|^Set the environment variable HYDRA_FULL_ERROR|^Error executing job|^grpo-lab")
+_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
+
+
+def _frame(m: re.Match[str]) -> str:
+    path = m.group(1)
+    return f"{path.split('/site-packages/')[-1]}:{m.group(2)} in {m.group(3)}"
+
+
+def raised(log: Log) -> list[Diagnosis]:
+    """A log whose last words are a Python traceback (not Ctrl+C's, not an exit): the exception and where it was
+    raised, never a hang's diagnosis."""
+    last = next((i for i in range(len(log.clean) - 1, -1, -1) if log.clean[i].strip()
+                 and not NOISE.search(log.clean[i]) and not _AFTER_EXCEPTION.search(log.clean[i])), None)
+    if last is None or not EXCEPTION_LINE.match(log.clean[last].strip()) \
+            or re.match(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit)\b", log.clean[last].strip()):
+        return []
+    frames = [m for j in range(last - 1, max(-1, last - 400), -1)
+              if not _TRACEBACK.match(log.clean[j]) and (m := FRAME.match(log.clean[j]))]
+    if not frames or log.first(_TRACEBACK) is None:
+        return []
+    exc = log.evidence(last)
+    at = _frame(frames[0])
+    own = next((m for m in frames if not re.search(r"/site-packages/|/python3\.\d+/", m.group(1))
+                or "/site-packages/verl/" in m.group(1)), None)
+    where = at + (f", called from {_frame(own)}" if own is not None and own is not frames[0] else "")
+    return [Diagnosis(
+        id="job_raised", title=f"The job raised {exc.split(':', 1)[0]} ({at})", evidence=exc, line=last + 1,
+        remedy=(f"The log ends in this Python exception, raised at {where} (the traceback above it in the log): the "
+                "job crashed, it did not hang, so nothing here points at Ray's CPUs or NCCL. No known signature "
+                "matches it and nothing is suggested blindly: the exception's text and that frame say what to "
+                "change; a config is checked without starting anything with preflight.only=true (make plan)."),
+        overrides=[])]
+
+
 def stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Diagnosis]:
-    """A log that ends with no error: hung (and killed), still running, or finished."""
+    """A log that ends with no error: hung (and killed), still running, or finished; one that ends in a Python
+    exception is no hang (raised)."""
     steps = log.steps()
     total = int(v.num("trainer.total_training_steps", 0) or 0)
     if log.first(END_MARKERS) is not None or (total > 0 and steps and max(steps) >= total):
         return []  # it finished
+    crashed = raised(log)  # a process that raised is over, however recent its log
+    if crashed:
+        return crashed
     kill_i = log.first(_KILLED)
     killed = kill_i is not None
     if not killed and idle_s is not None and idle_s < stale_s:

@@ -18,7 +18,8 @@ what it is about; `ids(kind="memory")` / `memory_ids()` list the rules of one) a
 it.
 
 The rule modules: rules.batch (arithmetic of batches, tokens, data), rules.values (values verl takes but cannot
-use), rules.setup (Ray, keys, recipes, the model, the machine), rules.memory (the memory plan's verdicts), rules.reward (the
+use), rules.setup (Ray, keys, recipes, the model, the machine), rules.unread (keys verl takes and never reads:
+docs/verl_unread_keys.md), rules.memory (the memory plan's verdicts), rules.reward (the
 custom reward file: imported and called as verl will, in a child process: grpo_lab/checks/reward_probe.py), rules.verl_issues
 (configurations verl's issue tracker reported failing late: docs/verl_issues.md).
 """
@@ -123,6 +124,15 @@ def freeze(x: Any) -> Any:
     return x
 
 
+def thaw(x: Any) -> Any:
+    """Plain dicts and lists again from what freeze made (to compare with plain data, or hand on as verl would)."""
+    if isinstance(x, Mapping):
+        return {k: thaw(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [thaw(v) for v in x]
+    return x
+
+
 @dataclass
 class Ctx:
     """What every rule reads. `quick`: a re-check of a fix (the memory plan without its remedies)."""
@@ -168,6 +178,7 @@ class Ctx:
 def _load() -> None:
     # the rule modules register themselves; imported here so that RULES is complete whoever imports the package
     from grpo_lab.checks.rules import batch, values, setup, memory  # noqa: F401
+    from grpo_lab.checks.rules import unread  # noqa: F401  (keys verl 0.9.1 takes and never reads)
     from grpo_lab.checks.rules import emulation  # noqa: F401  (grpo_lab/checks/emulate.py: a smaller card on a bigger one)
     from grpo_lab.checks.rules import reward  # noqa: F401  (the custom reward file, imported and called in a child process)
     from grpo_lab.checks.rules import verl_issues  # noqa: F401  (configurations verl's issue tracker reported failing late)

@@ -319,7 +319,9 @@ def micro_batch(c: Ctx) -> Iterable[Problem]:
         yield error("dynamic batch size is off and actor.ppo_micro_batch_size_per_gpu is not set",
                     f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
         return
-    micro = as_int(micro)
+    micro = as_int(micro, None)
+    if micro is None:
+        return  # not a whole number: value_types names it
     if micro <= 0:
         yield error(f"actor.ppo_micro_batch_size_per_gpu={micro} must be positive",
                     f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")

@@ -40,7 +40,26 @@ def _from_config_json(path: Path, source: str) -> memplan.Arch:
     return memplan.Arch.from_mapping(cfg, source=source)
 
 
+def position_override(c: Ctx) -> int | None:
+    """actor_rollout_ref.model.override_config's max_position_embeddings (under its model_config when it has one), as
+    verl 0.9.1 sets it on the model's config before the rollout checks max_model_len against it
+    (verl/workers/config/model.py HFModelConfig.__post_init__ -> verl/utils/model.py update_model_config)."""
+    ov = c.get(A + "model.override_config", {}) or {}
+    ov = ov.get("model_config", ov) if isinstance(ov, Mapping) else {}
+    v = ov.get("max_position_embeddings") if isinstance(ov, Mapping) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 def resolve_model(c: Ctx) -> ModelFacts:
+    """The model verl will load (module docstring), with the positions override_config gives it."""
+    m = _model_files(c)
+    positions = position_override(c)
+    if m.arch is not None and positions is not None:
+        m.arch = replace(m.arch, max_position_embeddings=positions)
+    return m
+
+
+def _model_files(c: Ctx) -> ModelFacts:
     path = str(c.get(A + "model.hf_config_path") or c.get(A + "model.path") or "")
     group = _thaw(_get(c.lab, "model", {}))
     groups = facts.model_groups()
@@ -83,6 +102,12 @@ def plan_memory(c: Ctx) -> dict[str, Any]:
     c.notes.extend(m.notes)
     if m.arch is None:
         return {}
+    from grpo_lab.checks.rules.values import wrong_types
+
+    nulls = [key for key, v, *_ in wrong_types(c) if v is None]  # the plan would read verl's default in their place
+    if nulls:
+        c.notes.append(f"memory plan skipped until the values named above are numbers ({', '.join(nulls)}: null)")
+        return {}
     try:
         s = memplan.settings_from_verl(c.verl, c.lab)
     except (TypeError, ValueError) as e:
@@ -96,8 +121,7 @@ def plan_memory(c: Ctx) -> dict[str, Any]:
         c.notes.append(why)
         return {"params": m.arch.params(), "architecture_source": m.arch.source, "rollout_engine": s.rollout_engine,
                 "verdict": {"overall": "not measured"}, "not_measured": why}
-    if s.card_gb <= 0:
-        c.notes.append("lab.hardware.gpu_memory_gb is not set: memory plan skipped")
+    if s.card_gb <= 0:  # card_memory_unknown refuses it
         return {"params": m.arch.params(), "architecture_source": m.arch.source}
     util = s.gpu_memory_utilization
     if not 0.0 < util <= 1.0 or (util == 1.0 and engine == "vllm"):
@@ -129,6 +153,35 @@ def _alternatives(plan: dict[str, Any], phase: str) -> str:
         return ""
     return " Remedies (guide's order), predicted peak after each: " + "; ".join(
         f"{r['override']} -> {r['peak_gb_per_gpu']} GB {r['verdict']}" for r in opts) + "."
+
+
+def card_gb(lab: Mapping[str, Any]) -> float | None:
+    """One card's memory from lab.hardware.gpu_memory_gb when it is a positive number; else None."""
+    v = _get(lab, "hardware.gpu_memory_gb")
+    try:
+        gb = float(v) if not isinstance(v, bool) else 0.0
+    except (TypeError, ValueError):
+        return None
+    return gb if gb > 0 else None
+
+
+@rule("card_memory_unknown", kind="plan", phase="preflight")
+def card_memory_unknown(c: Ctx) -> Iterable[Problem]:
+    """No card size (lab.hardware.gpu_memory_gb 0, negative, null or no number): the plan gives no phase a verdict,
+    so it refuses instead of passing as "OK" (the fix: the hardware option's own size)."""
+    if card_gb(c.lab) is not None:
+        return
+    raw = (c.lab.get("hardware") or {}).get("gpu_memory_gb")
+    name = str(_get(c.lab, "hardware.name", "") or "")
+    size = facts.hardware_card_gb(name) if name else None
+    what = f"{c.model.info.get('name') or 'the model'}" if c.model else "the model"
+    yield error(f"lab.hardware.gpu_memory_gb={'null' if raw is None else repr(raw)} is no card size: it must be one "
+                f"card's memory in GB as CUDA reports it (32 for the guide's RTX 4080 32 GB, 139.8 for an H200). "
+                f"Without it the memory plan gives no phase a verdict, so nothing says whether {what} fits the cards"
+                + (f"; the hardware option {name} says {size:g}" if size else ""),
+                f"lab.hardware.gpu_memory_gb={size:g}" if size else
+                "set lab.hardware.gpu_memory_gb to one card's memory in GB (nvidia-smi --query-gpu=memory.total "
+                "--format=csv), or pick a hardware option: hardware=rtx4080x4")
 
 
 @rule("model_arch_mismatch", kind="plan", phase="preflight")

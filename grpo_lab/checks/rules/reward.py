@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 from grpo_lab import facts
 from grpo_lab.checks import reward_probe
 from grpo_lab.cli.config import get as _get
-from grpo_lab.checks.rules import ALT, Ctx, Problem, error, rule, warn
+from grpo_lab.checks.rules import ALT, Ctx, Problem, error, rule, thaw, warn
 from grpo_lab.verl_schema import schema
 
 KEY = "reward.custom_reward_function"
@@ -36,21 +36,12 @@ NEEDS = ("verl needs a number (int, float or bool) or a dict with a numeric 'sco
          "e.g. 'acc')")
 
 
-def _thaw(x: Any) -> Any:
-    """Plain dicts and lists again (the context is frozen): the reward_kwargs go to the function as verl sends them."""
-    if isinstance(x, Mapping):
-        return {k: _thaw(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_thaw(v) for v in x]
-    return x
-
-
 def _cfg(c: Ctx) -> tuple[str | None, str, dict[str, Any]]:
     cfg = c.get(KEY, {}) or {}
     if not isinstance(cfg, Mapping):
         return None, "", {}
     kwargs = cfg.get("reward_kwargs") or {}
-    return cfg.get("path") or None, str(cfg.get("name") or ""), _thaw(kwargs) if isinstance(kwargs, Mapping) else {}
+    return cfg.get("path") or None, str(cfg.get("name") or ""), thaw(kwargs) if isinstance(kwargs, Mapping) else {}
 
 
 def _probe(c: Ctx) -> dict[str, Any] | None:

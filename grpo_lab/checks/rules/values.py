@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
+from grpo_lab.cli.config import get as _get
 from grpo_lab.facts import preset_learning_rates
 from grpo_lab.cli.config import safe_name, unsafe_name
 from grpo_lab.cli.knobs import KNOBS
@@ -37,8 +38,8 @@ def override_key(verl_key: str) -> str:
     return _SHORT.get(verl_key, verl_key)
 
 
-# (verl key, int or float, lowest allowed, value of the fix, what goes wrong otherwise)
-NUMBERS: tuple[tuple[str, type, float, Any, str], ...] = (
+# (verl key, int or float, lowest allowed (None: any, or another rule's range), value of the fix, what goes wrong)
+NUMBERS: tuple[tuple[str, type, float | None, Any, str], ...] = (
     ("trainer.n_gpus_per_node", int, 1, 1,
      "verl builds a Ray resource pool with no GPU and Ray stops after ~40 s with 'Bundles must be a non-empty list'"),
     ("trainer.nnodes", int, 1, 1, "verl builds a Ray resource pool with no node"),
@@ -61,6 +62,13 @@ NUMBERS: tuple[tuple[str, type, float, Any, str], ...] = (
      "verl ends training once its step count reaches total_training_steps (ray_trainer.py: is_last_step = "
      "global_steps >= total_training_steps), and the count starts at 1: it trains one step and stops, not 'no limit'. "
      "null lets total_epochs decide"),
+    # the types only: the micro-batch rules (rules.batch) judge their sizes; 0 or -1 are "never" for the frequencies
+    (A + "actor.ppo_micro_batch_size_per_gpu", int, None, 2, "the actor update has no micro-batch size"),
+    (A + "rollout.log_prob_micro_batch_size_per_gpu", int, None, 2, "the log-prob pass has no micro-batch size"),
+    (A + "ref.log_prob_micro_batch_size_per_gpu", int, None, 2, "the reference pass has no micro-batch size"),
+    (A + "actor.entropy_coeff", float, None, 0, "the entropy term has no coefficient"),
+    ("trainer.test_freq", int, None, 10, "validation has no interval"),
+    ("trainer.save_freq", int, None, 50, "checkpoints have no interval"),
 )
 
 # a learning rate from here up is warned: GRPO fine-tunes a pretrained model with rates around 1e-6 to 1e-5
@@ -73,18 +81,37 @@ def _is(value: Any, kind: type) -> bool:
     return isinstance(value, int) if kind is int else isinstance(value, (int, float))
 
 
-@rule("value_types", kind="values", phase="compose")
-def value_types(c: Ctx) -> Iterable[Problem]:
-    """A number verl needs given as text (train_batch_size=abc): named, not read as 0."""
+def wrong_types(c: Ctx) -> Iterator[tuple[str, Any, Any, str, Any, str]]:
+    """(key, value, verl's default, what it must be, fix value, why) of each number verl needs that is no number, or
+    null where verl's own default is a number. A key that only follows one named already (the ref's log-prob
+    micro-batch reads the rollout's) is not named again."""
+    from grpo_lab.cli.knobs import followers
+    from grpo_lab.verl_schema import schema
+
+    named: dict[str, Any] = {}
     for key, kind, _, fix, why in NUMBERS:
         v = c.get(key)
-        if v is None or _is(v, kind):
+        default = _get(schema().defaults, key)
+        if v is None and default is None or _is(v, kind):
             continue
         if kind is int and isinstance(v, float) and v.is_integer():
             continue
-        what = "a whole number" if kind is int else "a number"
-        yield error(f"{key}={v!r} is not {what} (a {type(v).__name__}): verl would fail on it, or {why}",
-                    f"{override_key(key)}={fix}")
+        if any(key in followers().get(k, ()) and named[k] == v for k in named):
+            continue
+        named[key] = v
+        yield key, v, default, "a whole number" if kind is int else "a number", fix, why
+
+
+@rule("value_types", kind="values", phase="compose")
+def value_types(c: Ctx) -> Iterable[Problem]:
+    """A number verl needs given as text (train_batch_size=abc) or null: named, not read as 0."""
+    for key, v, default, what, fix, why in wrong_types(c):
+        if v is None:
+            yield error(f"{key}=null is not {what} (verl's own default is {default}): verl would fail on it, or "
+                        f"{why}", f"{override_key(key)}={fix}")
+        else:
+            yield error(f"{key}={v!r} is not {what} (a {type(v).__name__}): verl would fail on it, or {why}",
+                        f"{override_key(key)}={fix}")
 
 
 @rule("value_range", kind="values", phase="compose")
@@ -92,7 +119,7 @@ def value_range(c: Ctx) -> Iterable[Problem]:
     """Numbers below what verl can use (ngpus_per_node=0, actor_lr=-1e-6, total_epochs=-1, max_response_length=0)."""
     for key, kind, lo, fix, why in NUMBERS:
         v = c.get(key)
-        if v is None or not _is(v, kind) and not (kind is int and isinstance(v, float)):
+        if lo is None or v is None or not _is(v, kind) and not (kind is int and isinstance(v, float)):
             continue
         if v < lo:
             if key == "trainer.n_gpus_per_node" and c.launching:

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 from grpo_lab import facts
 from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, rule, warn
 from grpo_lab.checks.rules.batch import as_int, sp_size
+from grpo_lab.checks.rules.memory import position_override
 
 ENV_VARS = facts.RAY_ENV_VARS
 
@@ -108,7 +109,8 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     max_position_embeddings (verl/workers/rollout/vllm_rollout/vllm_async_server.py _validate_configs, the same in
     sglang_rollout/async_sglang_server.py) at engine start; per request they raise when the prompt leaves no token
     of room (vllm_async_server.py generate: 'Prompt length (...) leaves no room to generate') and otherwise cap the
-    answer at max_model_len - prompt tokens, below max_response_length without a word."""
+    answer at max_model_len - prompt tokens, below max_response_length without a word. The model's limit is
+    override_config.max_position_embeddings when set (verl applies it to the model's config first: DAPO's recipe)."""
     if str(c.get(A + "rollout.name", "vllm")) not in ("vllm", "sglang"):
         return
     mml = c.get(A + "rollout.max_model_len")
@@ -119,12 +121,13 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     if mml <= 0 or prompt <= 0 or resp <= 0:
         return
     arch = c.model.arch if c.model else None
-    mpe = arch.max_position_embeddings if arch else None
+    mpe = arch.max_position_embeddings if arch else None  # override_config's when set (rules.memory resolve_model)
     want = prompt + resp if not mpe else min(prompt + resp, mpe)
     fix = f"{A}rollout.max_model_len={want}"
     if mpe and mml > mpe:
+        where = (f"{A}model.override_config.max_position_embeddings" if position_override(c) else arch.source)
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's max_position_embeddings "
-                    f"({mpe}, {arch.source}): verl 0.9.1 raises 'max_model_len ({mml}) should be less than or equal "
+                    f"({mpe}, {where}): verl 0.9.1 raises 'max_model_len ({mml}) should be less than or equal "
                     f"to max_position_embeddings ({mpe})' when the rollout engine starts, after Ray and the actor", fix)
     elif mml <= prompt:
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is not above max_prompt_length={prompt}: a prompt "
