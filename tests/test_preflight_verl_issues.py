@@ -306,8 +306,12 @@ POSITIONS = "+actor_rollout_ref.model.override_config.max_position_embeddings=32
 def test_verl_dapo_recipe_is_planned_with_the_positions_its_override_gives_the_model(tmp_path):
     """Issue 28 item 9: Qwen2.5-Math-7B has 4096 positions and the recipe's 2048 + 8192 tokens need 10240; its
     override_config.max_position_embeddings=32768 is applied by verl to the model's config before the rollout checks
-    max_model_len against it, so the recipe runs: planned, nothing refused. Without that line it is refused."""
-    rc, plan, text = preflight(tmp_path, *DAPO_7B_MATH)
+    max_model_len against it. vLLM 0.24 reads the model's own config.json, though, and refuses 10240 > 4096 unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (what the recipe's users export): refused without it, with it as the fix; planned
+    with it set in the launching shell. Without the override line verl itself refuses."""
+    p, _ = refused_then_fixed(tmp_path, DAPO_7B_MATH, "rollout_max_model_len", "own max_position_embeddings (4096",
+                              "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", rerun=True)
+    rc, plan, text = preflight(tmp_path, *DAPO_7B_MATH, env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
     assert rc in PLANNED and not plan["errors"], text[-3000:]
     assert plan["memory"]["kv_cache"]["max_model_len"] == 10240
     p, _ = refused_then_fixed(tmp_path, tuple(a for a in DAPO_7B_MATH if a != POSITIONS), "rollout_max_model_len",

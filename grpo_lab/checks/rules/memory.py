@@ -27,6 +27,7 @@ class ModelFacts:
     mismatch: str = ""  # model_path names no model we know, and the model group is another one
     notes: list[str] = field(default_factory=list)
     random_weights: str = ""  # the folder's mark: random weights, for memory and speed only (grpo_lab.tasks.qwen3_random)
+    file_positions: int | None = None  # max_position_embeddings of the model's own config, when override_config raised it
 
 
 def _thaw(m: Any) -> dict[str, Any]:
@@ -55,6 +56,7 @@ def resolve_model(c: Ctx) -> ModelFacts:
     m = _model_files(c)
     positions = position_override(c)
     if m.arch is not None and positions is not None:
+        m.file_positions = m.arch.max_position_embeddings
         m.arch = replace(m.arch, max_position_embeddings=positions)
     return m
 

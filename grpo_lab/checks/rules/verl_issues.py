@@ -102,6 +102,17 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
                     f"enable `use_remove_padding`' when it builds the actor", f"{A}model.use_remove_padding=true")
 
 
+def _vllm_reads_file_positions(c: Ctx, mml: int) -> bool:
+    """vLLM reads the model's own config.json for its limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it go above."""
+    own = c.model.file_positions if c.model else None
+    if str(c.get(A + "rollout.name", "vllm")) != "vllm" or not own or mml <= own:
+        return False
+    env_vars = c.get(ENV_VARS, {}) or {}
+    allow = (env_vars.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") if isinstance(env_vars, Mapping) else None) \
+        or c.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    return not _truthy(allow)
+
+
 @rule("rollout_max_model_len", kind="verl_issue", phase="start-up")
 def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     """verl #673 ('Input prompt (6768 tokens) is too long and exceeds limit of 4096'). verl 0.9.1's vLLM and SGLang
@@ -114,6 +125,8 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     if str(c.get(A + "rollout.name", "vllm")) not in ("vllm", "sglang"):
         return
     mml = c.get(A + "rollout.max_model_len")
+    if mml is None and c.model and c.model.arch:  # verl then gives the engine the model's (overridden) limit
+        mml = c.model.arch.max_position_embeddings
     if mml is None or isinstance(mml, bool):
         return
     mml = as_int(mml)
@@ -129,6 +142,15 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's max_position_embeddings "
                     f"({mpe}, {where}): verl 0.9.1 raises 'max_model_len ({mml}) should be less than or equal "
                     f"to max_position_embeddings ({mpe})' when the rollout engine starts, after Ray and the actor", fix)
+    elif _vllm_reads_file_positions(c, mml):
+        own = c.model.file_positions
+        yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's own max_position_embeddings "
+                    f"({own}, its config.json): {A}model.override_config.max_position_embeddings="
+                    f"{position_override(c)} reaches verl, not vLLM (verl 0.9.1 hands vLLM only quantization "
+                    f"overrides: vllm_async_server.py _apply_quantization), and vLLM 0.24 refuses 'User-specified "
+                    f"max_model_len ({mml}) is greater than the derived max_model_len' at engine start unless "
+                    f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set for its process (vllm/config/model.py)",
+                    ALT.join([f"'+{ENV_VARS}.VLLM_ALLOW_LONG_MAX_MODEL_LEN=\"1\"'", f"{A}rollout.max_model_len={own}"]))
     elif mml <= prompt:
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is not above max_prompt_length={prompt}: a prompt "
                     f"of {mml} or more tokens (the data admits up to {prompt}) leaves no room to generate, and verl "
