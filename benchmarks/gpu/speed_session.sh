@@ -14,6 +14,9 @@
 #   bash benchmarks/gpu/speed_session.sh q17lora_guide  # the guide's smoke on Qwen3-1.7B on an emulated 32 GB card,
 #                                                     # with make fit's LoRA (full fine-tuning does not fit there)
 #   bash benchmarks/gpu/speed_session.sh q17lora_fast # the same job with $FAST
+#   bash benchmarks/gpu/speed_session.sh lora_fsdp1   # issue 28 item 9: verl's LoRA example settings (FSDP1,
+#                                                     # layered_summon=True, safetensors) on Qwen3-0.6B, 3 steps,
+#                                                     # through raw verl (the preflight's lora_fsdp1_adapter refuses it)
 #   bash benchmarks/gpu/speed_session.sh bg|collect ...   # as in smollm2_session.sh (session_lib.sh)
 # FAST="key=value ..." replaces the settings tried as faster; EXTRA="key=value ..." is added to every job.
 set -uo pipefail
@@ -87,6 +90,17 @@ case "${1:-}" in
   q06_fast)   job q06_fast 900 "${QS[@]}" "${FAST_ARGS[@]}" ;;
   q17lora_guide) job q17lora_guide 900 "${Q17LORA[@]}" ;;
   q17lora_fast)  job q17lora_fast 900 "${Q17LORA[@]}" "${FAST_ARGS[@]}" ;;
+  lora_fsdp1)
+    # examples/tuning/lora/run_qwen3_8b_fsdp.sh's LoRA on the smoke: whether verl's own settings run with peft >= 0.21
+    # (the recorded failure behind lora_fsdp1_adapter had layered_summon=false: benchmarks/gpu/README.md)
+    python3 -m grpo_lab.cli.rawcmd --list "${QS[@]}" actor_rollout_ref.model.lora_rank=64 \
+      actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.model.target_modules=all-linear \
+      actor_rollout_ref.actor.strategy=fsdp actor_rollout_ref.rollout.layered_summon=true \
+      actor_rollout_ref.rollout.load_format=safetensors experiment_name=lora_fsdp1 > "$LOGS/lora_fsdp1_args.txt"
+    RAW_ARGS_FILE=$LOGS/lora_fsdp1_args.txt VERL_FILE_LOGGER_PATH=$LOGS/lora_fsdp1.metrics.jsonl \
+      timed lora_fsdp1 600 bash benchmarks/gpu/raw_verl.sh
+    pack lora_fsdp1
+    ;;
   chain|bg|par|collect) common_verb "$0" "$@" ;;
   *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac
