@@ -44,7 +44,8 @@ class RunInfo:
 
     @property
     def gpu_memory_gb(self) -> float | None:
-        v = M.finite_float(_get(self.hydra, "lab.hardware.gpu_memory_gb"))
+        v = M.finite_float(_get(self.hydra, "lab.hardware.gpu_memory_gb")) or M.finite_float(
+            _get(self.plan, "memory.card_gb"))  # the plan's card where the job folder kept no .hydra/
         if v:
             return v
         # verl's worker prints "device memory used/total (GB): 0.51/139.80"

@@ -110,6 +110,9 @@ def attention_extra(arch: Arch, s: Settings, tokens: int, training: bool) -> flo
     if impl.startswith("flash"):
         return 0.0
     extra = tokens * tokens * 1.0  # boolean block-causal mask, shared by the layers
+    if impl == "sdpa" and training and not s.gradient_checkpointing:
+        # each layer's sdpa turns it into a bf16 additive mask that its backward keeps (results/2026-12-04-speed)
+        extra += arch.num_hidden_layers * tokens * tokens * 2.0
     if impl == "eager":
         layers = arch.num_hidden_layers if (training and not s.gradient_checkpointing) else 1
         extra += layers * tokens * tokens * arch.num_attention_heads * (2 + 4)
