@@ -5,6 +5,7 @@
 # a copy of the repo outside the synced checkout (cp -a . /tmp/w). Each phase packs its folder into $OUT/<phase>.tgz.
 #
 #   bash benchmarks/gpu/speed_session.sh prepare      # random Qwen3-0.6B, tiny arithmetic, SmolLM2, one-shot arithmetic
+#                                                     # (NO_SMOL=1: without the last two)
 #   bash benchmarks/gpu/speed_session.sh smol_guide   # learn_smollm2, $STEPS steps (4), the preset as it is
 #   bash benchmarks/gpu/speed_session.sh smol_budgets # the same with the passes' token budgets x4-5 and no activation
 #                                                     # checkpointing (ran 2026-12-04 as "smol_fast": no faster)
@@ -76,8 +77,10 @@ case "${1:-}" in
     [ -f "$Q06/config.json" ] || timed build_0.6b 600 python3 -m grpo_lab.tasks.qwen3_random --size 0_6b --out "$Q06"
     [ -f "$Q17/config.json" ] || timed build_1.7b 600 python3 -m grpo_lab.tasks.qwen3_random --size 1_7b --out "$Q17"
     timed tiny 120 python3 -m grpo_lab.tasks.tiny --out data
-    timed smollm2 300 python3 -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct
-    timed arith 120 python3 -m grpo_lab.tasks.arith --out data/arith_oneshot
+    if [ -z "${NO_SMOL:-}" ]; then  # NO_SMOL=1: a session of Qwen3 jobs only
+      timed smollm2 300 python3 -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct
+      timed arith 120 python3 -m grpo_lab.tasks.arith --out data/arith_oneshot
+    fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
     python3 -c "import torch, vllm, ray, verl, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__)" 2>/dev/null | tail -1 | tee "$OUT/versions.txt"
     "$PYSPY" --version | tee -a "$OUT/versions.txt"
