@@ -6,6 +6,9 @@ tests/test_doctor.py; this file names ids, so it is not counted there.)"""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from grpo_lab.registry import PHASES, Entry, Registry
@@ -66,14 +69,16 @@ def test_a_rules_kind_is_its_own_not_its_modules():
     assert {RULES[r].phase for r in ids()} <= set(PHASES)
 
 
-def test_the_doctors_match_order_is_the_one_before_the_registry():
-    """diagnose() runs the matchers in registration order and keeps it for diagnoses on one line: the order the
-    doctor had as a plain list (_SIGNATURE_ORDER) before its signatures had ids."""
+def test_the_doctors_match_order_is_the_order_of_its_file():
+    """diagnose() runs the matchers in registration order and keeps it for diagnoses on one line: the order of the
+    `@signature` functions in signatures.py (read from its source, so a new signature needs no list here)."""
+    from grpo_lab.after_run.doctor import signatures
     from grpo_lab.after_run.doctor.signatures import SIGNATURES, matchers
 
-    assert [m.__name__ for m in matchers()] == [
-        "_cuda_oom", "_kv_cache", "_flashinfer", "_lora_no_shard", "_lora_empty_adapter", "_raylet", "_illegal_access",
-        "_nccl", "_triton", "_flash_attn", "_ray_env", "_hydra_missing_key", "_reward_fn", "_host_oom"]
+    tree = ast.parse(Path(signatures.__file__).read_text())
+    in_file = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and any(
+        isinstance(d, ast.Call) and getattr(d.func, "id", "") == "signature" for d in f.decorator_list)]
+    assert len(in_file) >= 14 and [m.__name__ for m in matchers()] == in_file
     assert {s.phase for s in SIGNATURES.values()} <= set(PHASES)
 
 
