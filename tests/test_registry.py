@@ -54,6 +54,19 @@ def test_the_memory_rules_are_the_hand_list_fit_had():
     assert len(memory_ids()) == 8 and memory_ids() == ids("memory")
 
 
+def test_the_report_order_is_the_module_list():
+    """The preflight reports its rules in one explicit order (RULE_MODULES, then each module's file order), not in
+    the order its modules happened to be imported: every rule module is in the list, every rule in its place."""
+    from grpo_lab.checks import rules
+
+    in_folder = {f.stem for f in Path(rules.__file__).parent.glob("*.py")} - {"__init__"}
+    assert sorted(rules.RULE_MODULES) == sorted(in_folder)
+    modules = [RULES[r].fn.__module__.rpartition(".")[2] for r in ids()]
+    assert set(modules) <= set(rules.RULE_MODULES) and len(ids()) == len(RULES)
+    assert modules == sorted(modules, key=rules.RULE_MODULES.index)
+    assert ids()[:3] == ["train_batch_vs_mini_batch", "updates_per_step_integer", "batch_divisibility"]
+
+
 def test_a_rules_kind_is_its_own_not_its_modules():
     """Each rule module's rules are of its own kind, except these: the memory plan's fixes clear rollout_parallel and
     gpu_memory_utilization_range (kind memory), the plan's notes on what it planned and a card of no size are kind
