@@ -3,8 +3,8 @@ signatures (grpo_lab/after_run/doctor).
 
 An entry has an id (unique in its registry), a kind (what it is about, from the registry's own short list) and the
 phase of a job it concerns (from PHASES, one list for both registries). The registration order is kept: it is the
-preflight's report order and the doctor's match order. A wrong kind or phase is refused when the entry is
-registered, so a typo fails at import, not later as an entry that no list of its kind finds.
+doctor's match order; the preflight sorts its rules into its report's order (RULE_MODULES). A wrong kind or phase is
+refused when the entry is registered, so a typo fails at import, not later as an entry that no list of its kind finds.
 
     RULES = Registry("rule", {"batch": "...", "memory": "..."}, "RULE_KINDS in grpo_lab/checks/rules/__init__.py")
     RULES.add(Rule("micro_batch", kind="batch", phase="update", fn=micro_batch))
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Generic, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 # the phases of a job, in the order a job passes them
 PHASES: dict[str, str] = {
@@ -74,6 +74,10 @@ class Registry(Mapping[str, E], Generic[E]):
             raise ValueError(f"{self.what} kind {kind!r} is not one of {', '.join(self.kinds)} "
                              f"({self.kinds_listed_in})")
         return [e.id for e in self._entries.values() if kind is None or e.kind == kind]
+
+    def sort(self, key: Callable[[E], Any]) -> None:
+        """Put the entries in the order of key (stable: entries of one key keep their registration order)."""
+        self._entries = dict(sorted(self._entries.items(), key=lambda item: key(item[1])))
 
     def kind_of(self, entry_id: str) -> str | None:
         e = self._entries.get(entry_id)

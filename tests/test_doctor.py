@@ -578,7 +578,7 @@ def test_a_running_status_whose_process_is_gone_is_told_apart():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# only logs it recognises (grpo_lab/after_run/logkind.py)
+# only logs it recognises (grpo_lab/loglines.py)
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "results"
 
@@ -606,16 +606,16 @@ def test_a_file_that_is_no_log_is_said_so_and_nothing_suggested(tmp_path):
 
 
 def test_every_recorded_and_synthetic_log_is_recognised():
-    from grpo_lab.after_run import logkind
+    from grpo_lab import loglines
 
     logs = sorted(FIXTURES.glob("*/*.log")) + sorted(RESULTS.glob("**/train.log"))
     assert len(logs) > 15
     for f in logs:
-        assert logkind.marker(f.read_text(errors="replace")), f
+        assert loglines.marker(f.read_text(errors="replace")), f
     # the recorder's elapsed-time prefix and colour codes do not hide them
     recorder = "   16.13 \x1b[36mray init kwargs: {'num_cpus': 16}\x1b[0m\n"
-    assert logkind.marker(recorder) == "verl's `ray init kwargs` line"
-    assert logkind.marker("Traceback (most recent call last):\nValueError: x\n") is None  # not verl's, not Ray's
+    assert loglines.marker(recorder) == "verl's `ray init kwargs` line"
+    assert loglines.marker("Traceback (most recent call last):\nValueError: x\n") is None  # not verl's, not Ray's
 
 
 def test_a_jobs_empty_train_log_is_still_its_log(tmp_path):

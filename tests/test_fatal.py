@@ -20,6 +20,7 @@ import pytest
 
 from conftest import ROOT, write_rows
 from grpo_lab.after_run import doctor
+from grpo_lab.after_run.doctor.signatures import fatal_line
 from grpo_lab.launch import fatal
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -53,12 +54,12 @@ def _flashinfer_block() -> list[str]:
 # ---- which lines are fatal ---------------------------------------------------------------------------------------
 
 def test_the_recorded_fatal_lines_are_fatal():
-    lora = [ln for ln in _lora_lines() if fatal.fatal(ln)]
+    lora = [ln for ln in _lora_lines() if fatal_line(ln)]
     assert len(lora) == 1 and lora[0].endswith("[multiproc_executor.py:1000] StopIteration")
-    hits = [fatal.fatal(ln)[1] for ln in _flashinfer_block() if fatal.fatal(ln)]
+    hits = [fatal_line(ln)[1] for ln in _flashinfer_block() if fatal_line(ln)]
     assert hits[0] == "a vLLM worker process failed" and "vLLM's engine failed to start" in hits
     driver = next(ln for ln in _lines(FLASHINFER) if ln.startswith("RuntimeError: Engine core initialization"))
-    assert fatal.fatal(driver) == ("vLLM", "vLLM's engine failed to start")
+    assert fatal_line(driver) == ("engine_died", "vLLM's engine failed to start")
     # texts of vLLM 0.24, SGLang and Ray 2.60 in their own log format
     for line in ["(vLLMHttpServer pid=1) (EngineCore pid=2) ERROR 12-03 10:18:02 [core.py:1052] EngineCore encountered "
                  "a fatal error.",
@@ -74,7 +75,7 @@ def test_the_recorded_fatal_lines_are_fatal():
                  "(SGLangHttpServer pid=3) [2026-02-27 15:27:13 TP0] Scheduler hit an exception: Traceback ...",
                  "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
                  "ray::reward_loop_worker_0:RewardLoopWorker.__init__()"]:
-        assert fatal.fatal(line), line
+        assert fatal_line(line), line
 
 
 @pytest.mark.parametrize("line", [
@@ -95,7 +96,7 @@ def test_the_recorded_fatal_lines_are_fatal():
 ], ids=["warning", "worker-hit-alone", "frame", "info", "actor-unavailable", "task-worker-died", "quoted",
         "userwarning", "step"])
 def test_warnings_and_recoverable_lines_are_not_fatal(line):
-    assert fatal.fatal(line) is None
+    assert fatal_line(line) is None
 
 
 def test_no_fatal_line_in_the_recorded_runs_that_ended_by_themselves():
@@ -108,9 +109,9 @@ def test_no_fatal_line_in_the_recorded_runs_that_ended_by_themselves():
     logs = [p for p in logs if p not in died]
     assert len(logs) >= 10 and len(died) == 2
     for log in logs:
-        assert not [ln for ln in _lines(log) if fatal.fatal(ln)], log
+        assert not [ln for ln in _lines(log) if fatal_line(ln)], log
     for log in died:
-        assert [ln for ln in _lines(log) if fatal.fatal(ln)], log
+        assert [ln for ln in _lines(log) if fatal_line(ln)], log
 
 
 def test_the_doctor_reads_the_recorded_lora_failure_as_a_dead_engine():

@@ -152,7 +152,7 @@ def test_nothing_fits_names_a_bigger_card_more_gpus_and_a_smaller_model():
     assert 16 < card <= 32
     # the card found is the smallest: one GB less does not fit, that size does
     s = memplan.settings_from_verl(verl, lab)
-    ctx = F.Ctx(memplan.Arch.from_mapping(lab["model"]), s, lab, mini=64)
+    ctx = F.FitContext(memplan.Arch.from_mapping(lab["model"]), s, lab, mini=64)
     assert fit_search.fits_with(ctx, replace(s, card_gb=card)) is not None
     assert fit_search.fits_with(ctx, replace(s, card_gb=card - 1)) is None
     assert re.search(r"more GPUs: \d+ GPUs of 16 GB", text)

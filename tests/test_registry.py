@@ -6,6 +6,9 @@ tests/test_doctor.py; this file names ids, so it is not counted there.)"""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from grpo_lab.registry import PHASES, Entry, Registry
@@ -51,6 +54,19 @@ def test_the_memory_rules_are_the_hand_list_fit_had():
     assert len(memory_ids()) == 8 and memory_ids() == ids("memory")
 
 
+def test_the_report_order_is_the_module_list():
+    """The preflight reports its rules in one explicit order (RULE_MODULES, then each module's file order), not in
+    the order its modules happened to be imported: every rule module is in the list, every rule in its place."""
+    from grpo_lab.checks import rules
+
+    in_folder = {f.stem for f in Path(rules.__file__).parent.glob("*.py")} - {"__init__"}
+    assert sorted(rules.RULE_MODULES) == sorted(in_folder)
+    modules = [RULES[r].fn.__module__.rpartition(".")[2] for r in ids()]
+    assert set(modules) <= set(rules.RULE_MODULES) and len(ids()) == len(RULES)
+    assert modules == sorted(modules, key=rules.RULE_MODULES.index)
+    assert ids()[:3] == ["train_batch_vs_mini_batch", "updates_per_step_integer", "batch_divisibility"]
+
+
 def test_a_rules_kind_is_its_own_not_its_modules():
     """Each rule module's rules are of its own kind, except these: the memory plan's fixes clear rollout_parallel and
     gpu_memory_utilization_range (kind memory), the plan's notes on what it planned and a card of no size are kind
@@ -66,14 +82,16 @@ def test_a_rules_kind_is_its_own_not_its_modules():
     assert {RULES[r].phase for r in ids()} <= set(PHASES)
 
 
-def test_the_doctors_match_order_is_the_one_before_the_registry():
-    """diagnose() runs the matchers in registration order and keeps it for diagnoses on one line: the order the
-    doctor had as a plain list (_SIGNATURE_ORDER) before its signatures had ids."""
+def test_the_doctors_match_order_is_the_order_of_its_file():
+    """diagnose() runs the matchers in registration order and keeps it for diagnoses on one line: the order of the
+    `@signature` functions in signatures.py (read from its source, so a new signature needs no list here)."""
+    from grpo_lab.after_run.doctor import signatures
     from grpo_lab.after_run.doctor.signatures import SIGNATURES, matchers
 
-    assert [m.__name__ for m in matchers()] == [
-        "_cuda_oom", "_kv_cache", "_flashinfer", "_lora_no_shard", "_lora_empty_adapter", "_raylet", "_illegal_access",
-        "_nccl", "_triton", "_flash_attn", "_ray_env", "_hydra_missing_key", "_reward_fn", "_host_oom"]
+    tree = ast.parse(Path(signatures.__file__).read_text())
+    in_file = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and any(
+        isinstance(d, ast.Call) and getattr(d.func, "id", "") == "signature" for d in f.decorator_list)]
+    assert len(in_file) >= 14 and [m.__name__ for m in matchers()] == in_file
     assert {s.phase for s in SIGNATURES.values()} <= set(PHASES)
 
 

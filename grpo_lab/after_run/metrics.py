@@ -41,8 +41,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "actor/perf/max_memory_reserved_gb": ("actor/perf/max_memory_reserved_gb",),
 }
 
-VAL_PREFIXES = ("val-core/", "val/test_score/")
-
 
 class MetricsReadResult:
     """How reading went: lines read, lines skipped (bad JSON), and whether the last line was partial."""
@@ -157,12 +155,6 @@ def series(df: pd.DataFrame, name: str) -> pd.Series:
 def with_prefix(df: pd.DataFrame, *prefixes: str) -> list[str]:
     """Columns whose name starts with any of the prefixes, in column order."""
     return [c for c in df.columns if any(str(c).startswith(p) for p in prefixes)]
-
-
-def timing_columns(df: pd.DataFrame) -> list[str]:
-    """Phase times in seconds: `timing_s/...` (verl >= 0.4) or `timing/...` (older)."""
-    cols = with_prefix(df, "timing_s/")
-    return cols if cols else with_prefix(df, "timing/")
 
 
 def val_core_columns(df: pd.DataFrame) -> list[str]:

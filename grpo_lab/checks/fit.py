@@ -46,8 +46,8 @@ from grpo_lab.memory import engines, memplan
 from grpo_lab.cli.apply import apply_overrides, groups as _conf_groups
 from grpo_lab.cli.config import get as _get
 from grpo_lab.cli.config import put as _put
-from grpo_lab.checks.fit_moves import (A, CONF, MARGIN, MOVES, PHASES, RANK, REQUIRED, Ctx, move_title,
-                                      one_sequence, tp_ok)
+from grpo_lab.checks.fit_moves import (A, CONF, MARGIN, MOVES, PHASES, RANK, REQUIRED, FitContext,
+                                      move_title, one_sequence, tp_ok)
 from grpo_lab.checks.fit_search import State, lora_start, search, way_out
 from grpo_lab.checks.fit_text import Change, FitResult, cost_words, format_result, override_strs
 from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
@@ -92,7 +92,7 @@ def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
     if s0.card_gb <= 0:
         raise FitError("lab.hardware.gpu_memory_gb is not set: the fit needs the card's size. Pick a hardware option "
                        "(hardware=rtx4080x4) or set it: lab.hardware.gpu_memory_gb=24")
-    ctx = Ctx(arch, s0, lab, mini=int(_get(verl, A + "actor.ppo_mini_batch_size", 0) or 0),
+    ctx = FitContext(arch, s0, lab, mini=int(_get(verl, A + "actor.ppo_mini_batch_size", 0) or 0),
               ref_offload=_get(verl, A + "ref.fsdp_config.param_offload"))
     base_report = run_preflight(copy.deepcopy(dict(verl)), copy.deepcopy(lab), launching=False, environ=environ)
     budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
@@ -159,7 +159,7 @@ def _batch_facts(b: Mapping[str, Any]) -> dict[str, Any]:
     return {k: b.get(k) for k in keys}
 
 
-def _changes(ctx: Ctx, chosen: State, cfg: Any) -> list[Change]:
+def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Change]:
     """Each move of the chosen state in the order applied, with its overrides, its cost and a one-line reason."""
     later: set[str] = set()
     out = []
@@ -177,7 +177,7 @@ def _changes(ctx: Ctx, chosen: State, cfg: Any) -> list[Change]:
     return out[::-1]
 
 
-def _rejected(ctx: Ctx, start: State, chosen: State | None, found: list[State]) -> list[str]:
+def _rejected(ctx: FitContext, start: State, chosen: State | None, found: list[State]) -> list[str]:
     """Why each move the chosen command does not use was left out."""
     out = []
     used = set(chosen.moves) if chosen else set()

@@ -1,6 +1,6 @@
-"""The fit's building blocks: how one setting is judged (`Ctx.eval`: every phase's peak and verdict from the memory
-plan, and by how much it misses its target) and the moves, each a setting a user can change without changing what is
-trained, picking its own value given the settings so far (or saying why it does not apply), in the guide's order of
+"""The fit's building blocks: how one setting is judged (`FitContext.eval`: every phase's peak and verdict from the
+memory plan, and by how much it misses its target) and the moves, each a setting a user can change without changing what
+is trained, picking its own value given the settings so far (or saying why it does not apply), in the guide's order of
 preference (MOVES). The search over them is grpo_lab/checks/fit_search.py; the entry point grpo_lab/checks/fit.py.
 """
 
@@ -46,7 +46,7 @@ class Eval:
         return self.misses, round(self.overflow, 3)
 
 
-class Ctx:
+class FitContext:
     """What the search needs besides the settings: the model, the hardware facts, the batch, a cache of plans."""
 
     def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Mapping[str, Any], *, mini: int = 0,
@@ -117,11 +117,11 @@ class Move:
     id: str
     title: str
     rank: int
-    choose: Callable[[Ctx, memplan.Settings], "Choice | str"]
+    choose: Callable[[FitContext, memplan.Settings], "Choice | str"]
     full_ft: bool = True   # a move for full fine-tuning and LoRA alike (False: LoRA only)
 
 
-def _pick(ctx: Ctx, s: memplan.Settings, options: list[Choice]) -> Choice | str:
+def _pick(ctx: FitContext, s: memplan.Settings, options: list[Choice]) -> Choice | str:
     """The first option (options come in order of least change) after which every phase it moves fits (the others
     are for later moves to fix); else the one that helps most; else why none helps."""
     if not options:
@@ -138,7 +138,7 @@ def _pick(ctx: Ctx, s: memplan.Settings, options: list[Choice]) -> Choice | str:
     return "lowers no phase that does not fit"
 
 
-def _m_max_model_len(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_max_model_len(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     seq = s.seq_len
     mml = memplan.vllm_max_model_len(ctx.arch, s)
     if mml <= seq:
@@ -146,7 +146,7 @@ def _m_max_model_len(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return {A + "rollout.max_model_len": seq}, replace(s, max_model_len=seq)
 
 
-def _m_bucket(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_bucket(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     opts, b = [], s.bucket_mb
     while b > 512:
         b = max(512, b // 2)
@@ -154,9 +154,9 @@ def _m_bucket(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts) if opts else f"already {s.bucket_mb} MiB (512 is the floor here)"
 
 
-def _switch_on(key: str, attr: str) -> Callable[[Ctx, memplan.Settings], Choice | str]:
+def _switch_on(key: str, attr: str) -> Callable[[FitContext, memplan.Settings], Choice | str]:
     """A move that turns one boolean setting on: the verl key, and the planner's Settings field it maps to."""
-    def move(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+    def move(ctx: FitContext, s: memplan.Settings) -> Choice | str:
         if getattr(s, attr):
             return "already on"
         return {key: True}, replace(s, **{attr: True})
@@ -170,7 +170,7 @@ def _with_budget(s: memplan.Settings, t: int) -> memplan.Settings:
                    ref_log_prob_max_token_len_per_gpu=max(seq, min(s.ref_log_prob_max_token_len_per_gpu, 2 * t)))
 
 
-def _m_budget(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_budget(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     if not s.use_dynamic_bsz:
         return "dynamic batch size is off (micro-batch sizes instead)"
     seq, t = s.seq_len, s.ppo_max_token_len_per_gpu
@@ -197,7 +197,7 @@ def one_sequence(s: memplan.Settings) -> dict[str, tuple[str, int]]:
     return {f: (A + pre + f.removeprefix("ref_"), need) for f, pre, on in passes if on and getattr(s, f) < need}
 
 
-def _m_util(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_util(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     u0 = s.gpu_memory_utilization
     valid = 0.0 < u0 < 1.0
     if valid and ctx.eval(s).verdicts["generation"] == "fits" and memplan.kv_cache(ctx.arch, s)["fits_max_model_len"]:
@@ -221,7 +221,7 @@ def tp_ok(arch: memplan.Arch, n_gpus: int, tp: int) -> bool:
     return (n_gpus % tp == 0 and arch.num_attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0))
 
 
-def _m_tp(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_tp(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     opts, tp = [], s.tp * 2
     while tp <= s.n_gpus:
         if tp_ok(ctx.arch, s.n_gpus, tp):
@@ -232,7 +232,7 @@ def _m_tp(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts)
 
 
-def _m_ref_offload(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_ref_offload(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     if not s.ref_used:
         return "no reference model (no KL term)"
     on = ctx.ref_offload
@@ -246,7 +246,7 @@ def _divisors_below(n: int, limit: int) -> list[int]:
     return [d for d in range(min(n, limit) - 1, 0, -1) if n % d == 0]
 
 
-def _m_micro(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_micro(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     if s.use_dynamic_bsz and s.log_prob_use_dynamic_bsz:
         return "dynamic batch size is on (token budgets instead)"
     per_mini = ctx.tokens_per_gpu_per_update(s) // max(1, s.seq_len)
@@ -267,7 +267,7 @@ def _m_micro(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts) if opts else "micro-batches are already 1"
 
 
-def _m_entropy_ckpt(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_entropy_ckpt(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     if not s.entropy_in_update:
         return "no entropy in the loss (entropy_coeff 0)"
     if s.entropy_checkpointing:
@@ -275,7 +275,7 @@ def _m_entropy_ckpt(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return {A + "actor.entropy_checkpointing": True}, replace(s, entropy_checkpointing=True)
 
 
-def _m_entropy_chunk(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_entropy_chunk(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     if not s.entropy_in_update and s.use_torch_compile:
         return "the log-prob pass's entropy is torch.compile'd (fused, no vocabulary-sized copy)"
     if s.actor_entropy_chunking:
@@ -283,7 +283,7 @@ def _m_entropy_chunk(ctx: Ctx, s: memplan.Settings) -> Choice | str:
     return {A + "actor.entropy_from_logits_with_chunking": True}, replace(s, actor_entropy_chunking=True)
 
 
-def _m_layered(ctx: Ctx, s: memplan.Settings) -> Choice | str:
+def _m_layered(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     if s.lora_rank <= 0:
         return "only with LoRA"
     if s.layered_summon:

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from grpo_lab.checks.fit_moves import A, BY_ID, CONF, MOVES, RANK, REQUIRED, Ctx, Move
+from grpo_lab.checks.fit_moves import A, BY_ID, CONF, MOVES, RANK, REQUIRED, FitContext, Move
 from grpo_lab.checks.fit_text import override_strs
 from grpo_lab.cli.config import get as _get
 from grpo_lab.memory import memplan
@@ -41,7 +41,7 @@ class State:
         return (self.lora, tuple(ranks), len(self.values))
 
 
-def _step(ctx: Ctx, st: State, move: Move) -> State | None:
+def _step(ctx: FitContext, st: State, move: Move) -> State | None:
     r = move.choose(ctx, st.s)
     if isinstance(r, str):
         return None
@@ -50,7 +50,7 @@ def _step(ctx: Ctx, st: State, move: Move) -> State | None:
     return State(s2, {**st.values, **vals}, moves, st.lora, st.history + ((move.id, vals, st.s, s2),))
 
 
-def _apply_combo(ctx: Ctx, start: State, combo: Iterable[Move]) -> State | None:
+def _apply_combo(ctx: FitContext, start: State, combo: Iterable[Move]) -> State | None:
     st = start
     for m in sorted(combo, key=lambda m: m.rank):
         st = _step(ctx, st, m)
@@ -59,7 +59,7 @@ def _apply_combo(ctx: Ctx, start: State, combo: Iterable[Move]) -> State | None:
     return st
 
 
-def _greedy(ctx: Ctx, start: State, moves: list[Move]) -> State:
+def _greedy(ctx: FitContext, start: State, moves: list[Move]) -> State:
     """Every move in order that lowers the overflow, up to three passes; then drop the moves it did not need."""
     st = start
     for _ in range(3):
@@ -86,7 +86,7 @@ def _greedy(ctx: Ctx, start: State, moves: list[Move]) -> State:
     return st
 
 
-def search(ctx: Ctx, start: State, *, combos: bool = True) -> tuple[State | None, list[State]]:
+def search(ctx: FitContext, start: State, *, combos: bool = True) -> tuple[State | None, list[State]]:
     """(cheapest fitting state or None, every fitting state seen): combinations up to MAX_COMBO plus greedy."""
     moves = [m for m in MOVES if m.full_ft or start.s.lora_rank > 0]
     if ctx.eval(start.s).fits:
@@ -117,13 +117,13 @@ def lora_start(st: State) -> State:
 # when nothing fits: what would
 # ---------------------------------------------------------------------------------------------------------------
 
-def fits_with(ctx: Ctx, s: memplan.Settings, arch: memplan.Arch | None = None) -> State | None:
-    c = ctx if arch is None else Ctx(arch, s, ctx.lab, mini=ctx.mini, ref_offload=ctx.ref_offload)
+def fits_with(ctx: FitContext, s: memplan.Settings, arch: memplan.Arch | None = None) -> State | None:
+    c = ctx if arch is None else FitContext(arch, s, ctx.lab, mini=ctx.mini, ref_offload=ctx.ref_offload)
     best, _ = search(c, State(s), combos=False)
     return best
 
 
-def _smallest_card(ctx: Ctx, s: memplan.Settings) -> float | None:
+def _smallest_card(ctx: FitContext, s: memplan.Settings) -> float | None:
     lo, hi = math.floor(s.card_gb), 1024  # whole GB: the smallest size that fits, not a real number rounded up
     if fits_with(ctx, replace(s, card_gb=float(hi))) is None:
         return None
@@ -136,7 +136,7 @@ def _smallest_card(ctx: Ctx, s: memplan.Settings) -> float | None:
     return float(hi)
 
 
-def _fewest_gpus(ctx: Ctx, s: memplan.Settings, traj: int, mini_traj: int) -> tuple[int | None, int | None]:
+def _fewest_gpus(ctx: FitContext, s: memplan.Settings, traj: int, mini_traj: int) -> tuple[int | None, int | None]:
     """(fewest GPUs of this card that fit the memory, fewest that fit and split the batch), up to 16x as many."""
     first = None
     for k in range(2, 17):
@@ -176,7 +176,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def way_out(ctx: Ctx, s: memplan.Settings, verl: Mapping[str, Any], *, lora_fits: State | None,
+def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lora_fits: State | None,
             lora_chosen: bool = False) -> list[str]:
     """What would fit, when these cards cannot: a bigger card, more GPUs, LoRA, a smaller model."""
     lines = []

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from grpo_lab.checks.fit_moves import GB, MARGIN, Ctx
+from grpo_lab.checks.fit_moves import GB, MARGIN, FitContext
 from grpo_lab.cli.knobs import KNOBS, short_key_targets
 from grpo_lab.memory import calibration, memplan
 
@@ -17,7 +17,7 @@ from grpo_lab.memory import calibration, memplan
 # what each change costs, in words and numbers
 # ---------------------------------------------------------------------------------------------------------------
 
-def cost_words(ctx: Ctx, move: str, before: memplan.Settings, after: memplan.Settings) -> str:
+def cost_words(ctx: FitContext, move: str, before: memplan.Settings, after: memplan.Settings) -> str:
     arch = ctx.arch
     if move == "max_model_len":
         return (f"free: vLLM's context becomes prompt + response = {after.seq_len} tokens (it was "

@@ -32,9 +32,6 @@ from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 ROOT = facts.ROOT
 MAX_ROUNDS = 3
 GROUPS = frozenset(p.name for p in (ROOT / "conf").iterdir() if p.is_dir()) if (ROOT / "conf").is_dir() else frozenset()
-_TOKEN = re.compile(r"^(~|\+\+|\+)?([A-Za-z_][\w.\-@]*)(?:=(.*))?$", re.S)
-MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
-LENGTHS = ("data.max_prompt_length", "data.max_response_length")
 
 
 def apply(verl: Mapping, lab: Mapping, overrides: list[tuple[str, str, Any]]) -> tuple[dict, dict]:

@@ -37,10 +37,6 @@ class RayTarget:
     looked_at: str  # the places looked at, in Ray's order, in words
     address_file: str  # the `ray start` record looked for ("" when not looked for)
 
-    @property
-    def starts_local(self) -> bool:
-        return self.joins is None and not self.fails
-
 
 def address_file(environ: Mapping[str, str], temp_dir: str | None = None) -> str:
     """Where `ray start` records this node's cluster, as ray.init reads it (ray/_common/utils.py)."""

@@ -16,7 +16,7 @@ doctor's diagnosis and exits non-zero, within 30 s of the line.
 
 Fatal lines, matched at the start of a line once Ray's "(Actor pid=N) " prefixes and the library's own logger prefix
 are stripped, so that a message quoting them is no match (texts from vLLM 0.24 and Ray 2.60; SGLang's from its
-engine and scheduler):
+engine and scheduler; the doctor's signatures marked fatal, grpo_lab/after_run/doctor/stops.py):
 
   vLLM     "EngineCore failed to start."  "EngineCore encountered a fatal error."  (v1/engine/core.py)
            "RuntimeError: Engine core initialization failed. ..."                (v1/engine/utils.py)
@@ -36,7 +36,6 @@ job ends on its own within the grace time).
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 import threading
@@ -46,79 +45,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo_lab.launch.logtail import LogTail
+from grpo_lab.loglines import strip
+from grpo_lab.after_run.doctor.signatures import fatal_line
 
 GRACE_S = 5.0        # after a fatal line, verl's own error may still end the job: wait this long before stopping it
 INTERVAL_S = 1.0     # how often the log is read
 KILL_WAIT_S = 10.0   # after the TaskRunner is killed, how long verl's driver may take to return before SIGINT
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_PREFIX = re.compile(r"^(?:\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\) ?)+")
-_ELAPSED = re.compile(r"^\s*\d+\.\d+ (?=\()")  # a recorder's elapsed seconds before Ray's prefix ("  198.98 (A pid=")
-# vLLM's logger ("ERROR 12-03 16:45:35 [multiproc_executor.py:1000] "), SGLang's ("[2026-02-27 15:27:13] ")
-_VLLM_PREFIX = re.compile(r"^(?:ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[([\w.:\-]+)\] ")
-_SGLANG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [^\]]*)?\] ")
-EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception|Exit)|StopIteration|StopAsyncIteration|"
-                  r"KeyboardInterrupt)(?:\(\w+\))?(?::|$)")
-
-VLLM, SGLANG, RAY = "vLLM", "SGLang", "Ray"
-FATAL: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (re.compile(r"^EngineCore failed to start\."), VLLM, "vLLM's engine failed to start"),
-    (re.compile(r"^RuntimeError: Engine core initialization failed\b"), VLLM, "vLLM's engine failed to start"),
-    (re.compile(r"^EngineCore encountered a fatal error\."), VLLM, "vLLM's engine died"),
-    (re.compile(r"^(?:[\w.]+\.)?(?:RayTaskError\()?EngineDeadError\b"), VLLM, "vLLM's engine is dead"),
-    (re.compile(r"^RuntimeError: Worker failed with error '"), VLLM, "a vLLM worker failed its engine's call"),
-    (re.compile(r"^Worker proc \S+ died unexpectedly"), VLLM, "a vLLM worker process died"),
-    (re.compile(r"^WorkerProc failed(?: to start)?\.$"), VLLM, "a vLLM worker process failed"),
-    (re.compile(r"^Scheduler hit an exception"), SGLANG, "SGLang's scheduler died"),
-    (re.compile(r"^Received sigquit from a child process"), SGLANG, "an SGLang process died"),
-    (re.compile(r"^(?:ray\.exceptions\.)?(?:RayTaskError\()?(?:ActorDiedError|RayActorError)\)?: The actor died"),
-     RAY, "a Ray actor of verl's died"),
-)
-_WORKER_CALL = (VLLM, "a vLLM worker's call raised")
-# exception lines that only say that something else failed: the cause is another line
-_WRAPPERS = re.compile(r"Engine core initialization failed|Worker failed with error|EngineDeadError|ActorDiedError|"
-                       r"RayActorError|RayTaskError|WorkerProc initialization failed|EngineGenerateError|"
-                       r"^KeyboardInterrupt|^SystemExit")
-FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
-
-
-def strip(line: str) -> tuple[str, str]:
-    """(the line without colour codes, Ray's prefixes and a logger's prefix, the vLLM logger's source file or "")."""
-    s = _RAY_PREFIX.sub("", _ELAPSED.sub("", _ANSI.sub("", line).rstrip("\r\n")))
-    m = _VLLM_PREFIX.match(s)
-    if m:
-        return s[m.end():], m.group(1).split(":")[0]
-    return _SGLANG_PREFIX.sub("", s), ""
-
-
-def fatal(line: str) -> tuple[str, str] | None:
-    """(engine, label) when this log line says an engine or an actor is dead for good, else None."""
-    text, source = strip(line)
-    text = text.strip()
-    for pattern, engine, label in FATAL:
-        if pattern.match(text):
-            return engine, label
-    if source == "multiproc_executor.py" and EXCEPTION_LINE.match(text):
-        return _WORKER_CALL
-    return None
-
-
-def root_cause(clean: list[str], i: int) -> tuple[str, str]:
-    """(the exception that caused the fatal line at i, its innermost frame "file:line in fn" or "")."""
-    order = list(range(i, min(len(clean), i + 80))) + list(range(i - 1, max(-1, i - 150), -1))
-    for r in order:
-        s = clean[r].strip()
-        if EXCEPTION_LINE.match(s) and not _WRAPPERS.search(s):
-            frame = ""
-            for j in range(r - 1, max(-1, r - 40), -1):
-                fm = FRAME.match(clean[j])
-                if fm:
-                    path = fm.group(1)
-                    short = path[path.find("/vllm/") + 1:] if "/vllm/" in path else path
-                    frame = f"{short}:{fm.group(2)} in {fm.group(3)}"
-                    break
-            return (s if len(s) <= 200 else s[:197] + "..."), frame
-    return "", ""
 
 
 class EngineDied(RuntimeError):
@@ -206,7 +138,7 @@ class FatalWatch:
         """Read what the log gained; the first fatal line in it, if any (the thread calls this every interval)."""
         lines = self._tail.new_lines()
         for k, line in enumerate(lines):
-            hit = fatal(line)
+            hit = fatal_line(line)
             if hit:
                 return Fired(hit[1], strip(line)[0].strip()[:300], self._lines + k + 1, time.time())
         self._lines += len(lines)

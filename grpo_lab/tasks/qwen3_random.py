@@ -69,18 +69,18 @@ REGULAR_TOKENS = 151643  # Qwen3's: <|endoftext|> is the first added token, at 1
 LETTERS = "etaoinshrdlcumwfgypbvkjxqz"  # by English frequency: the first merges are the likeliest
 
 
-def arch_for(size: str, **reduced: int | None) -> tiny.Arch:
+def arch_for(size: str, **reduced: int | None) -> tiny.Qwen3Arch:
     """The architecture of conf/model/<group>.yaml for this size; reduced: num_hidden_layers=..., hidden_size=..."""
     import yaml
 
     group = SIZES[size][0]
     doc = yaml.safe_load((facts.ROOT / "conf" / "model" / f"{group}.yaml").read_text())
     m = doc["lab"]["model"]
-    arch = tiny.Arch(**{k: m[k] for k in tiny.Arch.__dataclass_fields__})
+    arch = tiny.Qwen3Arch(**{k: m[k] for k in tiny.Qwen3Arch.__dataclass_fields__})
     return replace(arch, **{k: v for k, v in reduced.items() if v is not None})
 
 
-def param_count(arch: tiny.Arch) -> tuple[int, int]:
+def param_count(arch: tiny.Qwen3Arch) -> tuple[int, int]:
     """(all parameters, non-embedding parameters) of a Qwen3ForCausalLM of this architecture."""
     h, d = arch.hidden_size, arch.head_dim
     q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d

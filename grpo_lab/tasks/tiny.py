@@ -44,7 +44,7 @@ STAMP = "grpo_lab_tiny.json"
 # ------------------------------------------------------------------------------------------------------ the model
 
 @dataclass(frozen=True)
-class Arch:
+class Qwen3Arch:
     num_hidden_layers: int
     hidden_size: int
     num_attention_heads: int
@@ -57,11 +57,11 @@ class Arch:
 
 
 # "tiny" must match conf/model/tiny_qwen3.yaml (lab.model.*); a test checks it.
-VARIANTS: dict[str, tuple[str, Arch]] = {
-    "tiny": ("tiny-qwen3", Arch(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                head_dim=16, intermediate_size=128)),
-    "learn": ("tiny-qwen3-learn", Arch(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=64, intermediate_size=768)),
+VARIANTS: dict[str, tuple[str, Qwen3Arch]] = {
+    "tiny": ("tiny-qwen3", Qwen3Arch(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                     head_dim=16, intermediate_size=128)),
+    "learn": ("tiny-qwen3-learn", Qwen3Arch(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                                            num_key_value_heads=2, head_dim=64, intermediate_size=768)),
 }
 
 # ------------------------------------------------------------------------------------------------------ tokenizer
@@ -303,7 +303,7 @@ def save_tokenizer(tokenizer, path: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
-def build_model(arch: Arch, tokenizer, seed: int, path: Path, *, device: str = "cpu", max_shard_size: str = "5GB",
+def build_model(arch: Qwen3Arch, tokenizer, seed: int, path: Path, *, device: str = "cpu", max_shard_size: str = "5GB",
                 config_extra: dict | None = None) -> int:
     """Random-weight Qwen3ForCausalLM saved (bf16 safetensors + generation_config.json) to path; returns #params.
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import facts
+from grpo_lab import facts, loglines
 from grpo_lab.cli.config import get as _get
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -43,21 +43,10 @@ class Diagnosis:
 # ---------------------------------------------------------------------------------------------------------------------
 # reading a log
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# Ray's forwarded-output prefix, nested for vLLM's processes: "(vLLMHttpServer pid=8211) (Worker pid=8548) "
-_RAY_PREFIX = re.compile(r"^(?:\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\) ?)+")
-# vLLM's logger prefix: "ERROR 12-02 11:26:30 [multiproc_executor.py:898] "
-_VLLM_PREFIX = re.compile(r"^(?:ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.:\-]+\] ")
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
 _STEP = re.compile(r"(?:^|\s)step:(\d+) - ")
 
 # a run that finished: its last lines
 END_MARKERS = re.compile(r"Final validation metrics|Training Progress: 100%")
-
-
-def without_prefixes(line: str) -> str:
-    """A raw line without colour codes and Ray's forwarded-output prefix."""
-    return _RAY_PREFIX.sub("", _ANSI.sub("", line))
 
 
 @dataclass
@@ -68,14 +57,14 @@ class Log:
 
     @classmethod
     def of(cls, text: str) -> "Log":
-        raw = _ANSI.sub("", text).replace("\r\n", "\n").split("\n")
+        raw = loglines.split(text)
         clean, procs = [], []
         for line in raw:
-            m = _RAY_PREFIX.match(line)
+            m = loglines.RAY_PREFIX.match(line)
             proc = m.group(0) if m else ""
             rest = line[len(proc):]
-            rest = _VLLM_PREFIX.sub("", rest)
-            rest = _RANK_PREFIX.sub("", rest)
+            rest = loglines.VLLM_PREFIX.sub("", rest)
+            rest = loglines.RANK_PREFIX.sub("", rest)
             clean.append(rest)
             procs.append(proc)
         return cls(raw, clean, procs)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from grpo_lab.cli.config import get as _get
+from grpo_lab.loglines import FRAME, strip
 from grpo_lab.registry import Entry, Registry
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
 
@@ -45,35 +46,58 @@ SIGNATURE_KINDS = {
 }
 
 
+class FatalLine(NamedTuple):
+    """A line after which verl waits for ever (grpo_lab/launch/fatal.py stops the job), matched at the start of what
+    loglines.strip() leaves of a line; source: only in the vLLM logger's lines from that file."""
+
+    pattern: re.Pattern[str]
+    label: str
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class Signature(Entry):
-    """A diagnosis the doctor can give, and the matcher that finds it in a log (None: known())."""
+    """A diagnosis the doctor can give, the matcher that finds it in a log (None: known()), its fatal lines if any."""
 
     matcher: Matcher | None = None
+    fatal: tuple[FatalLine, ...] = ()
 
 
 SIGNATURES: Registry[Signature] = Registry("doctor signature", SIGNATURE_KINDS,
                                            "SIGNATURE_KINDS in grpo_lab/after_run/doctor/signatures.py")
 
 
-def signature(sid: str, *, kind: str, phase: str) -> Callable[[Matcher], Matcher]:
+def signature(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] = ()) -> Callable[[Matcher], Matcher]:
     """Register a matcher under an id it gives (a matcher that gives several has one decorator per id)."""
 
     def deco(fn: Matcher) -> Matcher:
-        SIGNATURES.add(Signature(sid, kind, phase, fn))
+        SIGNATURES.add(Signature(sid, kind, phase, fn, fatal))
         return fn
 
     return deco
 
 
-def known(sid: str, *, kind: str, phase: str) -> str:
+def known(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] = ()) -> str:
     """Register a diagnosis that no matcher gives (it comes from where the log stopped, a job's files); its id."""
-    return SIGNATURES.add(Signature(sid, kind, phase)).id
+    return SIGNATURES.add(Signature(sid, kind, phase, None, fatal)).id
 
 
 def matchers() -> list[Matcher]:
     """The matchers in match order: diagnose() runs each on the log (diagnoses on one line keep this order)."""
     return list(dict.fromkeys(s.matcher for s in SIGNATURES.values() if s.matcher is not None))
+
+
+_FATAL: dict[int, list[tuple[str, FatalLine]]] = {}  # the fatal lines by the registry's size (complete after import)
+
+
+def fatal_line(line: str) -> tuple[str, str] | None:
+    """(the signature id, what died) when this log line says an engine or an actor is dead for good, else None: the
+    fatal lines in registration order, those of one source file last."""
+    text, source = strip(line)
+    text = text.strip()
+    lines = _FATAL.get(len(SIGNATURES)) or _FATAL.setdefault(len(SIGNATURES), sorted(
+        ((s.id, f) for s in SIGNATURES.values() for f in s.fatal), key=lambda hit: bool(hit[1].source)))
+    return next(((sid, f.label) for sid, f in lines if f.pattern.match(text) and f.source in ("", source)), None)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -447,7 +471,6 @@ def _hydra_missing_key(log: Log, v: Values) -> list[Diagnosis]:
 _REWARD_LOAD = re.compile(r"Custom module file not found: module_path=|Error loading module from module_path=|"
                           r"Object not found in module: object_name=")
 _REWARD_CALL = re.compile(r'reward_loop/reward_manager/\w+\.py", line \d+, in (?:<lambda>|run_single)')
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 _EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)")
 
 
@@ -466,7 +489,7 @@ def _reward_fn(log: Log, v: Values) -> list[Diagnosis]:
         window = range(max(0, i - 60), i)
         cause = next((log.evidence(j) for j in reversed(window) if _EXC_LINE.search(log.clean[j].strip())
                       and not log.clean[j].strip().startswith("ray.")), "")
-        at = next((f"{fm.group(1)}:{fm.group(2)}" for j in reversed(window) if (fm := _FRAME.match(log.clean[j]))
+        at = next((f"{fm.group(1)}:{fm.group(2)}" for j in reversed(window) if (fm := FRAME.match(log.clean[j]))
                    and m and fm.group(1) == m.group(1)), "")
         cause = f"{cause}, at {at}" if cause and at else cause
         what = ("does not exist" if "not found: module_path" in log.clean[i] else
@@ -484,7 +507,7 @@ def _reward_fn(log: Log, v: Values) -> list[Diagnosis]:
     user, exc = None, None
     for j in range(i + 1, min(len(log.clean), i + 80)):
         line = log.clean[j].strip()
-        fm = _FRAME.match(log.clean[j])
+        fm = FRAME.match(log.clean[j])
         if fm and user is None and not re.search(r"/(?:verl|ray|site-packages|asyncio|concurrent)/|/python3\.\d+/",
                                                  fm.group(1)):
             user = f"{fm.group(1)}:{fm.group(2)} in {fm.group(3)}"

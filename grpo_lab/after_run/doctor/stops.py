@@ -11,18 +11,31 @@ import socket
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.launch.fatal import EXCEPTION_LINE, FRAME, RAY, root_cause, strip
-from grpo_lab.launch.fatal import fatal as fatal_line
+from grpo_lab.loglines import EXCEPTION_LINE, FRAME, strip
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
-from grpo_lab.after_run.doctor.signatures import known, nccl_diagnosis
+from grpo_lab.after_run.doctor.signatures import FatalLine, fatal_line, known, nccl_diagnosis
 
 # the diagnoses of this module: no matcher finds them, they come from where the log stops or from a dead engine
 # (a stop at NCCL initialisation is the nccl_hang signature's)
 known("ray_cpu_budget_hang", kind="ray", phase="start-up")
 known("stopped_without_error", kind="stop", phase="any")
 known("job_raised", kind="crash", phase="any")
-known("engine_died", kind="engine", phase="rollout")
-known("ray_actor_died", kind="ray", phase="any")
+# marked fatal: the lines of vLLM 0.24, SGLang and Ray 2.60 after which verl 0.9.1 waits for ever (launch/fatal.py)
+ENGINE_DIED = known("engine_died", kind="engine", phase="rollout", fatal=(
+    FatalLine(re.compile(r"^EngineCore failed to start\."), "vLLM's engine failed to start"),
+    FatalLine(re.compile(r"^RuntimeError: Engine core initialization failed\b"), "vLLM's engine failed to start"),
+    FatalLine(re.compile(r"^EngineCore encountered a fatal error\."), "vLLM's engine died"),
+    FatalLine(re.compile(r"^(?:[\w.]+\.)?(?:RayTaskError\()?EngineDeadError\b"), "vLLM's engine is dead"),
+    FatalLine(re.compile(r"^RuntimeError: Worker failed with error '"), "a vLLM worker failed its engine's call"),
+    FatalLine(re.compile(r"^Worker proc \S+ died unexpectedly"), "a vLLM worker process died"),
+    FatalLine(re.compile(r"^WorkerProc failed(?: to start)?\.$"), "a vLLM worker process failed"),
+    FatalLine(re.compile(r"^Scheduler hit an exception"), "SGLang's scheduler died"),
+    FatalLine(re.compile(r"^Received sigquit from a child process"), "an SGLang process died"),
+    # the end of the traceback vLLM logs when a call to a worker raised ("WorkerProc hit an exception.")
+    FatalLine(EXCEPTION_LINE, "a vLLM worker's call raised", source="multiproc_executor.py")))
+RAY_ACTOR_DIED = known("ray_actor_died", kind="ray", phase="any", fatal=(
+    FatalLine(re.compile(r"^(?:ray\.exceptions\.)?(?:RayTaskError\()?(?:ActorDiedError|RayActorError)\)?: The actor "
+                         r"died"), "a Ray actor of verl's died"),))
 
 # ---------------------------------------------------------------------------------------------------------------------
 # silent stops: where did the log stop?
@@ -39,7 +52,6 @@ _AFTER_CONFIG = re.compile(r"Using dataset class|dataset len|Total training step
 _WORKERS = re.compile(r"Before FSDP|NCCL version|init_process_group|\[c10d\]|Loading weights|contains [\d.]+[MBK]? ?"
                       r"parameters")
 _WORKERS_DONE = re.compile(r"After FSDP|engine initialized|init_model|LLMServerManager|vLLMHttpServer")
-_FIT = re.compile(r"ready to fit|Training Progress:|Creating file logger")
 _UNSCHEDULABLE = re.compile(r"resource request cannot be scheduled right now")
 
 
@@ -167,6 +179,29 @@ def stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Dia
 # ---------------------------------------------------------------------------------------------------------------------
 # an engine or actor that died, a process that is gone
 
+# exception lines that only say that something else failed: the cause is another line
+_WRAPPERS = re.compile(r"Engine core initialization failed|Worker failed with error|EngineDeadError|ActorDiedError|"
+                       r"RayActorError|RayTaskError|WorkerProc initialization failed|EngineGenerateError|"
+                       r"^KeyboardInterrupt|^SystemExit")
+
+
+def root_cause(clean: list[str], i: int) -> tuple[str, str]:
+    """(the exception that caused the fatal line at i, its innermost frame "file:line in fn" or "")."""
+    order = list(range(i, min(len(clean), i + 80))) + list(range(i - 1, max(-1, i - 150), -1))
+    for r in order:
+        s = clean[r].strip()
+        if EXCEPTION_LINE.match(s) and not _WRAPPERS.search(s):
+            frame = ""
+            for j in range(r - 1, max(-1, r - 40), -1):
+                fm = FRAME.match(clean[j])
+                if fm:
+                    path = fm.group(1)
+                    short = path[path.find("/vllm/") + 1:] if "/vllm/" in path else path
+                    frame = f"{short}:{fm.group(2)} in {fm.group(3)}"
+                    break
+            return (s if len(s) <= 200 else s[:197] + "..."), frame
+    return "", ""
+
 
 def engine_died(log: Log) -> list[Diagnosis]:
     """A log with a fatal line (grpo_lab/launch/fatal.py) that no signature explains: which engine or actor died, the first
@@ -175,7 +210,7 @@ def engine_died(log: Log) -> list[Diagnosis]:
         hit = fatal_line(raw)
         if hit is None:
             continue
-        engine, label = hit
+        sid, label = hit
         clean = [strip(x)[0] for x in log.raw]
         root, frame = root_cause(clean, i)
         cause = f"{root} at {frame}" if root and frame else root
@@ -188,10 +223,10 @@ def engine_died(log: Log) -> list[Diagnosis]:
             remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
                        "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
                        "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
-        return [Diagnosis(id="ray_actor_died" if engine == RAY else "engine_died",
+        return [Diagnosis(id=RAY_ACTOR_DIED if sid == RAY_ACTOR_DIED else ENGINE_DIED,
                           title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
                           evidence=clean[i].strip()[:300], line=i + 1,
-                          phase=None if engine == RAY else "generation", remedy=remedy, overrides=[])]
+                          phase=None if sid == RAY_ACTOR_DIED else "generation", remedy=remedy, overrides=[])]
     return []
 
 

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from grpo_lab import facts
-from grpo_lab.after_run import logkind
+from grpo_lab import facts, loglines
 from grpo_lab.after_run.doctor.logread import (Diagnosis, Log, Values, load_yaml, printed_config, ray_init_kwargs,
                                                read_json, read_log)
 from grpo_lab.after_run.doctor.signatures import SIGNATURES, known, matchers
@@ -110,7 +109,7 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
     text = read_log(log_path)
     config = in_users_terms(load_yaml(job_dir / "verl_config.yaml"), read_json(job_dir / "plan.json"))
     status = read_json(job_dir / "status.json")
-    if not logkind.marker(text) and not (log_path.name == "train.log" and status.get("status")):
+    if not loglines.marker(text) and not (log_path.name == "train.log" and status.get("status")):
         return log_path, [not_a_log(log_path, text)]  # a grpo-lab job's train.log may be empty while it starts
     if status.get("status") in ("failed", "ok") or status.get("ended"):
         idle = None  # the job is over: the log is complete
@@ -142,13 +141,13 @@ NOT_A_LOG = known("not_a_log", kind="input", phase="any")
 
 
 def not_a_log(path: Path, text: str) -> Diagnosis:
-    """What the doctor says of a file that is no verl or grpo-lab log (grpo_lab/after_run/logkind.py): that, nothing to try."""
-    first = logkind.first_line(text)
+    """What the doctor says of a file that is no verl or grpo-lab log (grpo_lab/loglines.py): that, nothing to try."""
+    first = loglines.first_line(text)
     return Diagnosis(
         id=NOT_A_LOG, title=f"{path} is not a verl or grpo-lab log" + ("" if first else " (it is empty)"),
         evidence=f"first line: {first}" if first else "(empty file)",
         remedy=("None of the lines that verl 0.9.1, Ray or run.py always print in a job is in it ("
-                + logkind.described() + "), so there is nothing to diagnose and nothing is suggested. Give the "
+                + loglines.described() + "), so there is nothing to diagnose and nothing is suggested. Give the "
                 "doctor a job's log: make doctor LOG=outputs/runs/<job>/train.log (or the job's folder), or the "
                 "console output of a verl run."))
 

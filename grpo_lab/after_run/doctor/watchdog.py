@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Callable
 
 from grpo_lab.launch.logtail import LogTail
-from grpo_lab.after_run.doctor.logread import Log, read_log, without_prefixes
+from grpo_lab.loglines import without_prefixes
+from grpo_lab.after_run.doctor.logread import Log, read_log
 from grpo_lab.after_run.doctor.stops import NOISE
 from grpo_lab.after_run.doctor.verdict import diagnose
 

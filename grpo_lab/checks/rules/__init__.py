@@ -26,7 +26,8 @@ custom reward file: imported and called as verl will, in a child process: grpo_l
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import importlib
+from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
@@ -105,8 +106,7 @@ RULES: Registry[Rule] = Registry("rule", RULE_KINDS, "RULE_KINDS in grpo_lab/che
 
 
 def rule(rule_id: str, *, kind: str, phase: str, launching_only: bool = False) -> Callable[[RuleFn], RuleFn]:
-    """Register a rule function under its id, kind and phase (ids are unique; the registration order is the report's
-    order)."""
+    """Register a rule function under its id, kind and phase (ids are unique; the report's order: RULE_MODULES)."""
 
     def deco(fn: RuleFn) -> RuleFn:
         RULES.add(Rule(rule_id, kind, phase, fn, launching_only))
@@ -175,13 +175,15 @@ class Ctx:
         return plan_memory(self)
 
 
+# the rule modules in the preflight's report order (a module's rules in the order of its file)
+RULE_MODULES = ("batch", "setup", "values", "memory", "unread", "emulation", "reward", "verl_issues")
+
+
 def _load() -> None:
-    # the rule modules register themselves; imported here so that RULES is complete whoever imports the package
-    from grpo_lab.checks.rules import batch, values, setup, memory  # noqa: F401
-    from grpo_lab.checks.rules import unread  # noqa: F401  (keys verl 0.9.1 takes and never reads)
-    from grpo_lab.checks.rules import emulation  # noqa: F401  (grpo_lab/checks/emulate.py: a smaller card on a bigger one)
-    from grpo_lab.checks.rules import reward  # noqa: F401  (the custom reward file, imported and called in a child process)
-    from grpo_lab.checks.rules import verl_issues  # noqa: F401  (configurations verl's issue tracker reported failing late)
+    # the rule modules register themselves when imported, whoever imports one first: RULES complete, in report order
+    for name in RULE_MODULES:
+        importlib.import_module(f"{__name__}.{name}")
+    RULES.sort(lambda r: RULE_MODULES.index(r.fn.__module__.rpartition(".")[2]))
 
 
 def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
@@ -223,7 +225,3 @@ def launching_only_ids() -> list[str]:
     """The environment rules: run only where Ray is about to start (the plan's readiness check runs them too)."""
     _load()
     return [r.id for r in RULES.values() if r.launching_only]
-
-
-def as_dict(p: Problem) -> dict[str, Any]:
-    return asdict(p)

@@ -1,4 +1,5 @@
-"""Is this text a verl or grpo-lab log? The doctor diagnoses only logs it recognises.
+"""The one log vocabulary: a log line cleaned, and the lines every reader knows; the doctor (grpo_lab/after_run/doctor)
+and the dead-engine watcher (grpo_lab/launch/fatal.py) read logs through it. Is this text a verl or grpo-lab log?
 
     marker(text)        # what marks it as one ("verl's config print", ...), or None
     first_line(text)    # its first non-empty line, for saying what it is instead
@@ -17,15 +18,28 @@ benchmarks/gpu/results/):
               ray.exceptions.*, "Started a local Ray instance"
 
 Lines may carry a recorder's elapsed-time prefix ("   16.10 ray init kwargs: ...") and colour codes; both are
-ignored. Standard library only.
+ignored here (the doctor's reading keeps the seconds: split(); the watcher drops them only before Ray's prefix:
+strip()). Standard library only.
 """
 
 from __future__ import annotations
 
 import re
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_ELAPSED = re.compile(r"^\s*\d+(?:\.\d+)? ")  # "   16.10 " (the GPU test machine's recorder)
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Ray's forwarded-output prefix, nested for vLLM's processes: "(vLLMHttpServer pid=8211) (Worker pid=8548) "
+RAY_PREFIX = re.compile(r"^(?:\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\) ?)+")
+# vLLM's logger ("ERROR 12-03 16:45:35 [multiproc_executor.py:1000] "), SGLang's ("[2026-02-27 15:27:13] "), torch's
+VLLM_PREFIX = re.compile(r"^(?:ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[([\w.:\-]+)\] ")
+SGLANG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [^\]]*)?\] ")
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
+# a recorder's elapsed seconds ("   16.10 ", the GPU test machine's), and only before Ray's prefix
+ELAPSED = re.compile(r"^\s*\d+(?:\.\d+)? ")
+ELAPSED_BEFORE_RAY = re.compile(r"^\s*\d+\.\d+ (?=\()")
+
+EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception|Exit)|StopIteration|StopAsyncIteration|"
+                            r"KeyboardInterrupt)(?:\(\w+\))?(?::|$)")
+FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 
 MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^grpo-lab preflight\b"), "run.py's preflight report"),
@@ -40,13 +54,29 @@ MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
-def _lines(text: str) -> list[str]:
-    return [_ELAPSED.sub("", line) for line in _ANSI.sub("", text).replace("\r\n", "\n").split("\n")]
+def split(text: str, *, elapsed: bool = False) -> list[str]:
+    """The text's lines without colour codes; elapsed=True: also without a recorder's elapsed seconds."""
+    lines = ANSI.sub("", text).replace("\r\n", "\n").split("\n")
+    return [ELAPSED.sub("", line) for line in lines] if elapsed else lines
+
+
+def without_prefixes(line: str) -> str:
+    """A raw line without colour codes and Ray's forwarded-output prefix."""
+    return RAY_PREFIX.sub("", ANSI.sub("", line))
+
+
+def strip(line: str) -> tuple[str, str]:
+    """(the line without colour codes, Ray's prefixes and a logger's prefix, the vLLM logger's source file or "")."""
+    s = RAY_PREFIX.sub("", ELAPSED_BEFORE_RAY.sub("", ANSI.sub("", line).rstrip("\r\n")))
+    m = VLLM_PREFIX.match(s)
+    if m:
+        return s[m.end():], m.group(1).split(":")[0]
+    return SGLANG_PREFIX.sub("", s), ""
 
 
 def marker(text: str) -> str | None:
     """The first kind of verl / Ray / grpo-lab line found in the text, or None when it has none."""
-    lines = _lines(text)
+    lines = split(text, elapsed=True)
     for pattern, what in MARKERS:
         if any(pattern.search(line) for line in lines):
             return what
@@ -54,7 +84,7 @@ def marker(text: str) -> str | None:
 
 
 def first_line(text: str) -> str:
-    line = next((ln.strip() for ln in _lines(text) if ln.strip()), "")
+    line = next((ln.strip() for ln in split(text, elapsed=True) if ln.strip()), "")
     return line if len(line) <= 120 else line[:117] + "..."
 
 
