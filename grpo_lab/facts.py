@@ -11,7 +11,6 @@ atomic file writes, and what the machine, the files and the config folder say (c
     random_weights_mark(config)                              a random-weight model's mark (grpo_lab.tasks.qwen3_random)
     (verl's own keys, rollout engines and scorer's data sources: grpo_lab.verl_schema's schema())
 
-
     preset_learning_rates()                                  the actor learning rates conf/ sets, with their files
 """
 

@@ -4,22 +4,7 @@ and the dead-engine watcher (grpo_lab/launch/fatal.py) read logs through it. Is 
     marker(text)        # what marks it as one ("verl's config print", ...), or None
     first_line(text)    # its first non-empty line, for saying what it is instead
 
-The doctor reads where a log stops and suggests what to change (Ray CPUs, NCCL_P2P_DISABLE): read into any other
-file (`make doctor LOG=/etc/hostname`) that reading is a made-up hang. A log is recognised by lines that verl 0.9.1,
-Ray or run.py always print in a job (seen in every recorded log of tests/fixtures/recorded/ and
-benchmarks/gpu/results/):
-
-  run.py      its preflight report's first line ("grpo-lab preflight: <model> on <hardware>, ..."), the launcher's
-              "grpo-lab: ..." lines, the watchdog's "grpo-lab watchdog: ..."
-  verl        "[validate_config] All configuration checks passed successfully!" and "ray init kwargs: {...}"
-              (main_ppo, before ray.init), the TaskRunner's config print ("{'actor_rollout_ref': ..."), the console
-              logger's "step:N - name:value" lines, a traceback through verl's files (.../verl/...)
-  Ray         a worker's forwarded output ("(TaskRunnerV1 pid=10090) ..."), a remote traceback ("ray::Actor.method()"),
-              ray.exceptions.*, "Started a local Ray instance"
-
-Lines may carry a recorder's elapsed-time prefix ("   16.10 ray init kwargs: ...") and colour codes; both are
-ignored here (the doctor's reading keeps the seconds: split(); the watcher drops them only before Ray's prefix:
-strip()). Standard library only.
+Why, and the lines that mark a log: docs/after_run.md.
 """
 
 from __future__ import annotations

@@ -310,3 +310,19 @@ def test_model_files_state_the_architecture():
     for model in MODELS:
         _, lab = compose_split(f"model={model}")
         assert keys <= set(lab["model"]), model
+
+
+def test_an_inherited_option_is_one_layer_for_provenance():
+    # smoke_smollm2 takes smoke_tiny's start-up block through its defaults list (issue 29 item 6): the layer of the
+    # option chosen carries what it inherits, so set_by names the option, as when the file repeated the block
+    from grpo_lab.cli.provenance import Layers
+
+    layers = Layers({"experiment": "smoke_smollm2"}, [])
+    assert layers.set_by("ray_kwargs.ray_init.include_dashboard")[1] == "conf/experiment/smoke_smollm2.yaml"
+    assert layers.set_by("data.train_batch_size")[1] == "conf/experiment/smoke_smollm2.yaml (train_batch_size)"
+    assert layers.set_by("max_response_length")[1] == "conf/experiment/smoke_smollm2.yaml"  # its own, over smoke_tiny's
+    assert lookup_layer(layers, "conf/experiment/smoke_smollm2.yaml")["max_response_length"] == 256
+
+
+def lookup_layer(layers, name):
+    return dict(layers.layers)[name]

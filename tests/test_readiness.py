@@ -194,7 +194,7 @@ def _preset_rates() -> list[tuple[float, str]]:
     """The actor learning rates the files under conf/ set, read here on their own (top-level actor_lr)."""
     out = []
     for f in sorted(CONF.rglob("*.yaml")):
-        for m in re.finditer(r"^actor_lr: *([0-9.e+-]+)\s*$", f.read_text(), re.M):
+        for m in re.finditer(r"^actor_lr: *([0-9.e+-]+)\s*(?:#.*)?$", f.read_text(), re.M):
             out.append((float(m.group(1)), str(f.relative_to(ROOT))))
     return sorted(out)
 

@@ -6,30 +6,10 @@ to `lab.hardware.gpu_memory_gb` (the card it stands in for; the preflight, the p
     python run.py hardware=h200x4_as_rtx4080x4                               # the course machine on 4 H200
     python run.py hardware=a100_80gbx8 lab.hardware.gpu_memory_gb=32 lab.hardware.emulate.real_gpu_memory_gb=80
 
-What changes, all in one transform, `emulate(config, lab, environ)` (the launcher's emulate stage, grpo_lab/launch/
-job.py; raw verl's command, grpo_lab/cli/rawcmd.py; the preflight's rule `emulation` says what it does):
-
-* every numeric `gpu_memory_utilization` verl hands to an inference engine (the rollout's, a reward model's, a
-  teacher's) is scaled by small/real, so `rollout_gpu_mem_util=0.5` still means "0.5 of the small card": vLLM
-  takes util x card TOTAL (grpo_lab/memory/engines.py), and 0.5 x 139.8 GB would be a budget no 32 GB card has.
-  The preflight plans with the value as typed (0.5 of 32 GB); verl gets the scaled one (verl_config.yaml).
-* `PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:<small/real>` for verl's Ray workers, merged into the
-  user's own value (no other key is touched). torch applies the fraction when its caching allocator is created
-  (DeviceCachingAllocator's constructor: setMemoryFraction) and refuses any new segment that would take this
-  process's reserved memory past fraction x the device's total memory (alloc_block), whatever pool or mode
-  (expandable segments, a MemPool) the block is for. What it does not see: the CUDA context, NCCL's and cuBLAS's
-  buffers (about 1-2 GB per process outside the cap), so a run that fits under the cap is strong evidence, not
-  proof, that the small card fits it. The cap is per process, not per card: vLLM's engine runs in processes of
-  its own (verl 0.9.1 starts it with vLLM's "mp" executor from the vLLMHttpServer actor), which inherit the same
-  variable (Ray merges the job's env_vars into every actor's) and are capped at the same 32 GB; their own budget
-  (util x card) stays far below it, so the cap never binds there and vLLM's sleep mode (cumem, which allocates
-  through a torch MemPool and so counts against the cap while asleep) keeps working. Keeping the cap away from
-  vLLM would need code inside verl's workers; it is not needed. What the per-process cap does NOT check is the
-  SUM on one card (trainer + vLLM): the planner does (its per-phase peaks), and on the GPU the runs record
-  nvidia-smi's used memory per card next to the 32 GB.
-
 Pure on plain dicts (the input is left as it is); raises EmulationError with the fix for bad input (the launcher
 turns it into its refusal).
+
+What the transform changes and what the per-process cap does and does not see: docs/emulation.md.
 """
 
 from __future__ import annotations

@@ -3,30 +3,12 @@
     python run.py preflight.fit=true model=qwen3_4b hardware=rtx4080_16gbx4       # = make fit ARGS="..."
     python run.py preflight.fit_write=my_4b model=qwen3_4b hardware=...           # also saves conf/experiment/my_4b.yaml
 
-One job: search. The memory model is grpo_lab/memory/memplan.py (how close it is, per regime: grpo_lab/memory/calibration.py);
-this module only moves the settings a user can change without changing what is trained, in the guide's order of
-preference, and keeps the batch arithmetic (prompts per step, answers per prompt, updates per step, prompt and
-response lengths) as asked:
-
-  free first:   vLLM's max_model_len = prompt + response, free_cache_engine, a smaller weight-sync bucket
-  the guide's:  gradient checkpointing, token budgets (update and log-prob passes), optimizer offload, parameter
-                offload, rollout gpu_memory_utilization, rollout TP, reference offload, micro-batch sizes (when
-                dynamic batch size is off), entropy checkpointing / chunking where entropy is computed
-  last, loudly: LoRA (it changes what is trained), only when no full fine-tuning setting fits
-
-"Fits" means memplan's verdict: every phase below TIGHT_FRACTION (80%) of the card and of host RAM.
-
-The search is small and bounded: every single move and every combination of up to three (applied in the order
-above, each move picking its own value given the moves before it), plus a greedy path through all of them with the
-moves it did not need pruned afterwards: about 300 evaluations of the plan (~0.2 ms each). The cheapest fitting
-combination wins: the one whose most expensive move comes earliest in the order, then the fewest moves. The result
-is then re-checked: the overrides are applied to the verl config (`apply_overrides`) and the preflight
-(`grpo_lab.checks.preflight.run_preflight`) must pass on it with no error.
-
 Where it lives: this module is the entry point (`fit`, `fit_job`: the search, its re-check by the preflight, the
 command line and the saved experiment); the moves and how a setting is judged are grpo_lab/checks/fit_moves.py, the
 search and what would fit when nothing does grpo_lab/checks/fit_search.py, the costs in words and the printed result
 grpo_lab/checks/fit_text.py.
+
+The moves in the guide's order, what "fits" means and the search: docs/memory_plan.md.
 """
 
 from __future__ import annotations

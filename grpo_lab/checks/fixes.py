@@ -4,17 +4,7 @@
     checker.check(problem)      # rewrites problem.fix to the alternatives that pass; problem.checked says how
     checker.fix_all(errors)     # the overrides that clear every error together (re-checked), or None
 
-A fix is one or more alternatives ("a=1 b=2  or  c=3"), each overrides as typed after `python run.py`. Applying one:
-a short key (grpo_lab/cli/knobs.py) sets every verl key that conf/config.yaml builds from it (`${ppo_mini_batch_size}`
-...), `~key` deletes, `+key`/`++key` add; vLLM's max_model_len, derived from prompt + response, follows them unless it
-was set apart. An alternative passes when its problem goes and no error appears that was not there. When it makes
-new errors, their own fixes are added (at most 3 rounds, each re-checked); when nothing passes, the fix says so.
-A config-group choice (model=..., hardware=...) or advice in words cannot be applied to a resolved config: it is
-printed as it is and marked as not re-checked.
-
-A fix is printed in the spelling that wins when appended to the user's command as typed: where the config sets a verl
-key on its own (`trainer.total_epochs=two` typed, or in a config file: lab["set_apart"], grpo_lab/cli/apply.py), a short
-key would no longer reach it, so `total_epochs=1` is re-checked and printed as `trainer.total_epochs=1` (`respell`).
+How a fix is applied, re-checked and spelled: docs/preflight.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """A user's micro-batch size wins over grpo-lab's dynamic batching default, or the plan says loudly that it is ignored.
 
-conf/config.yaml turns verl's dynamic batching on for the actor update and both log-prob passes (the official script
-does), and then verl packs micro-batches by tokens (ppo_max_token_len_per_gpu, log_prob_max_token_len_per_gpu): a
-micro-batch size has no effect. A script written for verl's own default (dynamic batching off) that sets
-`actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2` would silently get token budgets instead. So:
-
-  - a micro-batch size the user gave (command line, environment, or a file of theirs under conf/ other than
-    conf/config.yaml; for the actor update, the rollout's or the reference's log-prob pass) turns grpo-lab's dynamic
-    batching default off, and the plan's notes say so (rule micro_batch_explicit). All three passes go together:
-    verl 0.9.1's engine worker asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz
-    (workers/engine_workers.py), and the preflight refuses a reference pass that batches differently
-    (rule dynamic_bsz_mismatch);
-  - when the user also set a use_dynamic_bsz=true themselves, nothing is changed and the plan warns that their
-    micro-batch is ignored, and why.
-
 Who set a value is grpo_lab/cli/provenance.py's answer (the same as plan.json's changed_defaults "set_by").
 
     info = settle(verl, layers)      # changes verl in place; lab["micro_batch"] = info for the rule
+
+Why, and what happens to each pass: docs/preflight.md.
 """
 
 from __future__ import annotations

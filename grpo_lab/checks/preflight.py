@@ -5,17 +5,7 @@
     print(report.format()); json.dump(report.to_json(), f)      # plan.json
     if not report.ok: sys.exit(1)
 
-`verl_cfg` is the resolved config verl will receive (plain dict), `lab_cfg` grpo-lab's own `lab` section. The checks
-are rules, one function per rule id (grpo_lab/checks/rules/: batch, values, setup, memory); every rule runs and every problem
-is collected. Each printed fix is re-checked first (grpo_lab/checks/fixes.py): applied to a copy of the config, the rules
-run again, and only what passes is printed (or the report says that no single fix is known). With more than one
-error, `fix all` is the set of overrides that clears them together, re-checked.
-
-Fast on purpose (the whole `python run.py <bad config>` must refuse within ~2 s): this module imports neither verl,
-torch, ray nor vllm. It reads verl's keys from its cached schema (grpo_lab/verl_schema), a parquet footer for the row
-count, and /proc or `nvidia-smi -L` for the GPUs (grpo_lab/facts.py). The memory model is
-grpo_lab/memory/memplan.py. A custom reward file is imported and called in a child process
-(grpo_lab/checks/reward_probe.py: 0.1-0.4 s, once per file version).
+The rules, the fix re-check and why it is fast: docs/preflight.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Where `ray.init()` connects, found the way Ray 2.60 finds it, without importing Ray.
 
-verl calls `ray.init(**ray_kwargs.ray_init)`. Ray's own lookup (ray/_private/worker.py `init`, then
-ray/_private/services.py `canonicalize_bootstrap_address` and `get_ray_address_from_environment`,
-ray/_common/utils.py `get_ray_address_file` and `get_default_system_temp_dir`):
-
-1. `address` given and neither "auto" nor "local": that cluster. "local": a new Ray of this machine alone.
-2. `address` null or "auto": RAY_ADDRESS when it is set and not empty ("local" there: a new Ray).
-3. Then the cluster the latest `ray start` on this node recorded: `<_temp_dir>/ray_current_cluster` when
-   ray_init._temp_dir is given, else `<RAY_TMPDIR, else TMPDIR, else /tmp>/ray/ray_current_cluster`
-   (`ray stop` removes the file).
-4. Nothing found: with `address` null ray.init starts a Ray of this machine alone; with "auto" it raises
-   ConnectionError("Could not find any running Ray instance. ...").
-
-Steps 2 and 3 read this machine: `ray_target(..., read_file=False)` leaves step 3 out (planning on one machine for
-another says nothing about the other's `ray start`); "auto" then counts as joining (it never starts a Ray).
-
     t = ray_target(address, environ, temp_dir=None, read_file=True)
     t.joins        # what ray.init connects to, in words ("RAY_ADDRESS=10.0.0.1:6379"), or None
     t.fails        # ray.init raises (address "auto", nothing found): why, in words; else ""
     t.looked_at    # what was looked at, in words (for messages)
+
+Ray's lookup, step by step: docs/preflight.md.
 """
 
 from __future__ import annotations

@@ -2,37 +2,7 @@
 
     result = probe(path, name, reward_kwargs, train_files)     # a dict: "stage" says how far it got
 
-verl loads `reward.custom_reward_function.path` only inside its reward-loop workers (Ray actors, created after the
-actor's model is built: trainer_base.init_workers step 7), and calls the function only when the first answers are
-scored, after the first generation. Nothing in verl checks the file at config time. This does, in the driver:
-
-  - import: verl.utils.import_utils.load_module: `spec_from_file_location("custom_module_<hash>", path)`,
-    `module_from_spec`, `exec_module`, not added to sys.modules (a `pkg://a.b` path: importlib.import_module("a.b"));
-  - the function: `getattr(module, name)`;
-  - the call: verl.trainer.ppo.reward.get_custom_reward_fn binds reward_kwargs with partial(_call_with_kwargs), so
-    the reward managers (naive, dapo, gdpo, limited) call
-    fn(data_source=, solution_str=, ground_truth=, extra_info=, **reward_kwargs) (reward_kwargs win on a clash);
-    extra_info is the row's extra_info plus num_turns and rollout_reward_scores; an `async def` is awaited;
-  - the result: the naive manager takes `result["score"]` of a dict (the other keys are logged), else the result
-    itself, and verl writes it into a float32 tensor (rm_scores).
-
-The row is the first one of the training parquet (data_source, reward_model.ground_truth, extra_info), else a
-synthetic GSM8K-like one. The answers tried are plausible model outputs, shaped to the task:
-
-  - the reward file's own, when it defines `probe_answers(ground_truth, extra_info)` at module level: a list of
-    answer texts for that row (a right one, a wrong one, a malformed one: e.g. grpo_lab/tasks/rewards/countdown.py); an
-    empty list (a row that is not its task's, such as the synthetic one) falls back to the answers below. verl
-    never calls it; the probe calls it in the same child process, after the import;
-  - else built from the row: the ground truth as it is, "#### gt" (GSM8K), "\\boxed{gt}" (MATH), the row's reference
-    answer (extra_info.answer, which verl's GSM8K preprocessing and grpo-lab's generators write), a wrong number
-    ("#### gt+1", for a numeric ground truth) and an empty answer (a cut or blank generation).
-
-A function that fails on one of them fails inside verl too, at the first such answer.
-
-The child process keeps the launcher safe from what the file does at import (sys.exit, changes to sys.path or
-sys.modules, prints) and bounds the time: after TIMEOUT_S seconds it is killed (its process group) and the result
-says so; a file whose import or call hangs is reported, never waited on forever. This module imports only the
-standard library at the top: the child reads the parquet row with pyarrow.
+What verl does with the file, the row and answers tried, the child process: docs/preflight.md.
 """
 
 from __future__ import annotations

@@ -3,19 +3,7 @@ fix re-check (grpo_lab/checks/fixes.py) and the fit's search (grpo_lab/checks/fi
 
     verl2, lab2 = apply_overrides(verl, lab, ["rollout_n=8", "actor_rollout_ref.actor.use_dynamic_bsz=false"])
 
-What composing does that a plain dict update does not, and what this does instead:
-  - a short key (grpo_lab/cli/knobs.py) is not in the resolved config: it sets every key that conf/config.yaml
-    interpolates from it (`${rollout_n}`);
-  - a key that others interpolate (`${actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu}` in our
-    conf/config.yaml, `${data.max_response_length}` in verl's own config) carries them along while they still hold its
-    old value, i.e. while they still followed it;
-  - vLLM's max_model_len (conf/config.yaml: prompt + response) follows the two lengths unless it is set too;
-  - a verl key the config sets on its own (`trainer.total_epochs=two` typed, or in a config file) no longer follows
-    its short key: lab["set_apart"] (grpo_lab/cli/config.py's split, from `set_apart`) lists them, and they are skipped;
-  - `lab.*` and `preflight.*` go to the lab dict; `~key` deletes; `+key`/`++key` add;
-  - `hydra.launcher.n_jobs` (hydra/launcher=side_by_side) sets lab's side_by_side_jobs; other `hydra.*` are Hydra's.
-Overrides are parsed with Hydra's own override parser. A config-group choice (`model=qwen3_4b`) needs a compose and
-cannot be applied to a resolved config: `parse` returns None for it (and for advice in words).
+What composing does that a plain dict update does not, and what this does instead: docs/cli.md.
 """
 
 from __future__ import annotations

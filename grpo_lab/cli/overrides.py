@@ -1,44 +1,6 @@
 """The command line, parsed once: Hydra's own flag parser and override grammar, checked against the config groups and keys.
 
-run.py, `python -m grpo_lab.cli.rawcmd`, tree_if_needed (below) and the tests' compose helper all go through
-`parse()` and `check()`; nothing here or there rewrites argv with regular expressions. What it knows, without
-importing verl (that takes seconds) and without composing:
-
-    groups     ours: the folders of conf/ and their option files; verl's: the folders of verl/trainer/config
-               (verl's `model/hf_model.yaml` and `rollout/rollout.yaml` show up in our `model` and `rollout` groups
-               through the searchpath: `model=` without a package is always ours); Hydra's: `hydra/...`
-    keys       verl's composed ppo_trainer (grpo_lab.verl_schema's schema(), one cached file), merged with every
-               file under conf/ (all `# @package _global_`)
-    env knobs  the official script's environment variables (grpo_lab/cli/knobs.py), added as overrides unless the command
-               line sets the knob by its short key or its verl key (then a warning names both); `quote()` is the one
-               place values are quoted. A comma list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4,0.5) sweeps under -m, as the
-               short key would; without -m it is refused with the -m command
-    twice      a key given more than once, a short key and its verl key both given, an environment knob the command
-               line overrides: a warning each (`given_twice`), naming the value that wins (Hydra keeps the last
-               silently; a verl key set on its own wins over its short key whatever the order)
-
-What it refuses, with the closest real name:
-    - a group option that is not one of ours (`model=hf_model`), `null` for a group (Hydra cannot take it), a glob
-      sweep that would pick up verl's options of the same group
-    - a top-level key that is neither a group, nor a short key, nor a key of the composed config; `+key` at the top
-      level only when it is a near miss of one (a new top-level key is legal: verl hands its config to custom code)
-    - under verl's sections (item 9 of issue 10), for `a.b.c`: walking the known keys to the first name that is not
-      there, with P its parent node,
-        * `a.b.c=...` (change) and `~a.b.c` (delete) need the key to exist: always refused
-        * `+a.b.c` / `++a.b.c` (add) is refused when P's keys are fixed, or when the name is a near miss of one of
-          P's keys (difflib ratio >= 0.8: ppo_mini_batch vs ppo_mini_batch_size)
-      P's keys are fixed when P carries a `_target_`: verl 0.9.1 builds such a node into its dataclass
-      (omega_conf_to_dataclass), and a key that is neither in verl's YAML nor a field of that dataclass (verl's schema:
-      dataclasses.fields of the class, read once per verl version in a child process) makes it raise inside a worker. Every other node (override_config,
-      engine_kwargs, runtime_env.env_vars, reward_kwargs, data, trainer, lab, ...) is free-form: verl reads it with
-      .get() or passes it on, so `+` may add to it.
-      A command line that picks an option of one of verl's groups (model_engine=megatron, actor@...=...) changes
-      verl's tree: keys under verl's sections are then not checked (Hydra still refuses what does not exist).
-
-verl's own tree: Hydra gets verl's ppo_trainer composed from the schema cache (hydra_plugins/grpo_lab_searchpath),
-which has no defaults list left. tree_needed() names the first argument that needs verl's own defaults tree (an option
-of one of verl's config groups, --info, --cfg hydra|all, --config-dir, hydra.searchpath); tree_if_needed() turns the
-cache off (GRPO_LAB_VERL_CACHE=0) for such a command line (run.py, rawcmd).
+What it knows, what it refuses (and why), and verl's own tree: docs/cli.md.
 """
 
 from __future__ import annotations

@@ -3,14 +3,15 @@ value, ours, and what set it (a file under conf/, the command line, or an enviro
 
     plan.json -> "changed_defaults": [{"key", "verl", "ours", "set_by"}, ...]   (grpo_lab/launch/job.py writes it)
 
-verl's default is verl's composed ppo_trainer before any file of ours, resolved (grpo_lab.verl_schema's schema().defaults).
-What set a value is found by walking the layers Hydra merged, highest first: the command line, the environment's
-knobs (grpo_lab/cli/overrides.py recorded which overrides came from there), the chosen group option files in the order
-of the defaults list (hydra.runtime.choices), conf/config.yaml. When the layer that sets a key sets it to an
-interpolation (`data.train_batch_size: ${train_batch_size}`), the value comes from whatever set what it reads, and
-set_by says so: "conf/experiment/smoke.yaml (train_batch_size)". A value no layer sets follows one of verl's own
-interpolations ("verl (follows ...)"); launch.py's own per-job values (the metrics file, a sweep job's checkpoint
-folder) say "grpo_lab/launch/job.py".
+verl's default is verl's composed ppo_trainer before any file of ours, resolved (grpo_lab.verl_schema's
+schema().defaults). What set a value is found by walking the layers Hydra merged, highest first: the command line, the
+environment's knobs (grpo_lab/cli/overrides.py recorded which overrides came from there), the chosen group option
+files in the order of the defaults list (hydra.runtime.choices; each with the files its own defaults list names:
+`option_data`), conf/config.yaml. When the layer that sets a key sets it to an interpolation (`data.train_batch_size:
+${train_batch_size}`), the value comes from whatever set what it reads, and set_by says so:
+"conf/experiment/smoke.yaml (train_batch_size)". A value no layer sets follows one of verl's own interpolations ("verl
+(follows ...)"); launch.py's own per-job values (the metrics file, a sweep job's checkpoint folder) say
+"grpo_lab/launch/job.py".
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Layers:
             if group in ours and choice:
                 path = conf_dir / group / f"{choice}.yaml"
                 if path.is_file():
-                    self._add(f"conf/{group}/{choice}.yaml", yaml_load(path))
+                    self._add(f"conf/{group}/{choice}.yaml", option_data(path, conf_dir))
         env_overrides = env_overrides or {}
         # by key too: a sweep job's override is one value of the environment's list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4 -m)
         env_keys = {t.split("=", 1)[0]: name for t, name in env_overrides.items()}
@@ -118,6 +119,37 @@ class Layers:
         # overrides as layers whose leaves are (what set it, value); name "" marks them
         return [*self.layers, ("", self.env), ("", self.cli)]
 
+
+def option_data(path: Path, conf_dir: Path, depth: int = 0) -> Any:
+    """An option file's data over what its own defaults list pulls in, as Hydra merges them (`- smoke_tiny` in
+    conf/experiment/smoke_smollm2.yaml: conf/experiment/smoke_tiny.yaml first; `_self_` where it is listed, else
+    last); one layer named after the option chosen. `override` entries are choices: hydra.runtime.choices has them."""
+    from grpo_lab.cli.overrides import yaml_load
+
+    data = yaml_load(path)
+    if not isinstance(data, dict) or depth > 8:
+        return data
+    names = [e for e in data.get("defaults") or [] if isinstance(e, str)]
+    out: dict = {}
+    for name in names if "_self_" in names else [*names, "_self_"]:
+        if name == "_self_":
+            _merge(out, {k: v for k, v in data.items() if k != "defaults"})
+            continue
+        sub = (conf_dir / name.lstrip("/") if name.startswith("/") else path.parent / name).with_name(
+            f"{Path(name).name}.yaml")
+        if sub.is_file():
+            _merge(out, option_data(sub, conf_dir, depth + 1))
+    return out
+
+
+def _merge(into: dict, data: Mapping) -> None:
+    for k, v in data.items():
+        if isinstance(v, Mapping):
+            if not isinstance(into.get(k), dict):
+                into[k] = {}
+            _merge(into[k], v)
+        else:
+            into[k] = v
 
 def _put(d: dict, dotted: str, value: Any) -> None:
     parts = dotted.split(".")

@@ -5,33 +5,7 @@
     watch.start(); ...; watch.job_done(); watch.stop()
     watch.fired                                                  # None, or what was seen (label, line, diagnosis)
 
-verl 0.9.1 does not restart a dead rollout engine or a dead Ray actor (no max_restarts on its actors) and does not
-time out waiting for one: on the GPU test machine a LoRA job's vLLM worker failed in add_lora (StopIteration in
-vllm/lora/model_manager.py, recorded in benchmarks/gpu/results/2026-12-03-smollm2-recheck/) and verl waited,
-printing nothing, until the job was killed 200 s later, status.json still "running". The watcher reads the job's
-train.log as it grows (once a second) and, on a fatal line, gives verl GRACE_S seconds to fail by itself; if it
-has not, it kills verl's TaskRunner actor (the actors it created die with it, their owner), verl's driver returns
-from its ray.get with an error, run_verl shuts Ray down, and the launcher writes status.json "failed" with the
-doctor's diagnosis and exits non-zero, within 30 s of the line.
-
-Fatal lines, matched at the start of a line once Ray's "(Actor pid=N) " prefixes and the library's own logger prefix
-are stripped, so that a message quoting them is no match (texts from vLLM 0.24 and Ray 2.60; SGLang's from its
-engine and scheduler; the doctor's signatures marked fatal, grpo_lab/after_run/doctor/stops.py):
-
-  vLLM     "EngineCore failed to start."  "EngineCore encountered a fatal error."  (v1/engine/core.py)
-           "RuntimeError: Engine core initialization failed. ..."                (v1/engine/utils.py)
-           "...EngineDeadError..." as an exception line                          (v1/engine/exceptions.py)
-           "RuntimeError: Worker failed with error '...'"                        (the engine's call to a worker)
-           "Worker proc <name> died unexpectedly, shutting down executor."        (multiproc_executor.py)
-           "WorkerProc failed to start." / "WorkerProc failed."                  (a worker process ends)
-           an exception line logged at ERROR by multiproc_executor.py: the end of the traceback vLLM logs when a call
-           to a worker raised ("WorkerProc hit an exception."); the recorded LoRA failure ends in "StopIteration"
-  SGLang   "Scheduler hit an exception"  "Received sigquit from a child process"
-  Ray      "ActorDiedError: The actor died ..." / "RayActorError: The actor died ..." as an exception line
-
-Not fatal: warnings (vLLM's WARNING lines, Ray's "ActorUnavailableError", which Ray retries), "WorkerProc hit an
-exception." alone (its traceback's last line decides), a worker or task error that verl's driver raises itself (the
-job ends on its own within the grace time).
+Why verl needs it, what the watcher does, and every fatal line with its source: docs/launch.md.
 """
 
 from __future__ import annotations

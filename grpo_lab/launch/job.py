@@ -1,22 +1,14 @@
 """One job as a pipeline of stages, each a small function of what the one before gave:
 
-    prepare(cfg, job) -> Prepared     verl's and lab's dicts (resolved, split) with the job's own values: a sweep
-                                      point's checkpoint folder, jobs side by side, the micro-batch settled, the SLURM
-                                      job's Ray cluster
-      fit(cfg, prepared, job)         preflight.fit (make fit): search settings that fit every phase, print one
-                                      command, never launch (grpo_lab/checks/fit.py runs the preflight itself)
-    emulate(prepared, job) -> Emulated   the workers' environment, then the one transform for an emulated smaller card
-                                      (grpo_lab/checks/emulate.py): the config as planned and as verl gets it (without
-                                      emulation both are the same dict)
-    check(emulated, prepared, job) -> Checked   side by side, verl's KV cache pinned to the plan's; verl_config.yaml;
-                                      the preflight on the config as planned; plan.json; a refusal raises GrpoLabError
-      plan(checked, job)              preflight.only: what was planned, nothing started
-      train(checked, prepared)        verl's PPO entrypoint, in the SLURM job's Ray cluster if there is one
+    prepare(cfg, job) -> Prepared                 verl's and lab's dicts (resolved, split) with the job's own values
+      fit(cfg, prepared, job)                     preflight.fit (make fit): search, print one command, never launch
+    emulate(prepared, job) -> Emulated            the workers' environment; the config as planned and as verl gets it
+    check(emulated, prepared, job) -> Checked     verl_config.yaml, the preflight, plan.json; a refusal raises
+      plan(checked, job)                          preflight.only: what was planned, nothing started
+      train(checked, prepared)                    verl's PPO entrypoint
 
-run.py's Hydra task function calls `launch_job(cfg, cli)` once per Hydra job (one for a run, one per sweep point in
-multirun) with the command line it parsed. What a job leaves in its output dir: verl_config.yaml (what verl got),
-plan.json (preflight, and the values that differ from verl's defaults), train.log (everything printed), metrics.jsonl
-(verl's file logger), status.json (what the sweep's exit code is read from: grpo_lab/launch/outcome.py).
+run.py's Hydra task function calls `launch_job(cfg, cli)` once per Hydra job (one per sweep point in multirun).
+Each stage in full, and what a job leaves in its output dir: docs/launch.md.
 """
 
 from __future__ import annotations

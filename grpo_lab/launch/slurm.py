@@ -4,31 +4,7 @@ job of several nodes, the Ray cluster that spans them.
     python run.py -m hydra/launcher=slurm hydra.launcher.partition=gpu experiment=smoke rollout_gpu_mem_util=0.3,0.4,0.5
     python run.py -m hydra/launcher=slurm hardware=ray_cluster experiment=smoke actor_lr=1e-6,3e-6   # 2 nodes each
 
-conf/hydra/launcher/slurm.yaml sizes each job from the hardware option (nodes, GPUs per node, CPUs, memory). Its
-launcher, hydra_plugins/grpo_lab_slurm (Hydra takes launcher classes only from the hydra_plugins package), is
-hydra-submitit-launcher's SlurmLauncher plus these checks, in the submitting process and before any sbatch:
-
-* one task per node, and the job's nodes are trainer.nnodes: the first node's task is verl's driver, each other
-  node's task a Ray worker node. Other shapes are refused with the override that fixes them.
-* the resources are set once per sweep (Hydra builds the launcher from the sweep's base config), so a sweep over
-  nnodes, ngpus_per_node or hardware is refused: run one sweep per hardware option.
-* no `sbatch` on this machine (not a SLURM login node): refused, with the sbatch header that would have been sent.
-
-`sbatch_preview(n_jobs)` renders that header with submitit's own sbatch writer (submitit.slurm.slurm's
-_make_sbatch_string), from the parameters exactly as the plugin's launch() hands them to submitit.
-
-A job of N > 1 nodes (one task per node; hydra-submitit-launcher runs run.py's job function on every task):
-
-* the task on the first node of SLURM_JOB_NODELIST (the head) runs `ray start --head --port=P --num-cpus=C
-  --num-gpus=G`, waits until N nodes are in the cluster (or fails after lab.slurm.ray_wait_s naming the missing
-  nodes), runs the job with ray_kwargs.ray_init.address=<head>:P (joining: no num_cpus), and ends with `ray stop`.
-  launch.py calls `cluster_for_job` (the address, before the preflight) and `RayNodes.running` (around verl).
-* every other task (`serve_ray_worker`, from run.py) waits for the head's port and runs `ray start
-  --address=<head>:P --num-cpus=C --num-gpus=G --block`, which returns once the head's Ray has stopped.
-* C is ray_kwargs.ray_init.num_cpus when the hardware option sets it, else lab.hardware.cpu_cores; G is
-  trainer.n_gpus_per_node; P is lab.slurm.ray_port. The preflight checks C per node (rules/setup.py, ray_cpus).
-* with preflight.only=true (or a fit) nothing starts: the head plans with the cluster's address, the others return.
-Outside such a job (no SLURM, one node, or not started by submitit) none of this runs.
+The checks, the sbatch preview and a job of several nodes: docs/launch.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """How close the memory plan is, per regime, from the recorded GPU runs: what the plan's verdicts and texts quote.
 
-The numbers come from `benchmarks/gpu/memplan_calibration.json`, which `python benchmarks/calibrate_memplan.py
---write` (`make calibrate`) writes by replaying every recorded end-to-end job under benchmarks/gpu/results/ (its
-verl_config.yaml) through grpo_lab/memory/memplan.py and comparing with what the job measured:
-
-* training: the trainer process's torch-allocator peak, all its phases (update, log-prob passes, weight sync), which
-  verl logs as `actor/perf/max_memory_reserved_gb` (and `..._allocated_gb`), against the plan's `trainer_allocator`;
-* kv_cache: vLLM's `Available KV cache memory` (its start-up log) against the plan's `kv_cache`.
-
-A regime is what the plan's error depends on and the recorded runs can vouch for: one GPU or several, the model's
-size class, the rollout engine, and whether LoRA, a mixture of experts or FSDP2 is in play. A regime with no
-recorded run is "not measured".
-
-Verdicts follow the table (grpo_lab/memory/memplan_phases.py, `verdict_of`): a phase is refused (`oom`) only when its predicted
-peak is above the card by more than the regime's measured error in the plan's unsafe direction (how far the plan
-has been above what the runs measured), or by UNMEASURED_MARGIN where no run measured the regime; closer than that it
-is `tight`, a warning that says how close.
+What is measured, the regimes and how verdicts use them: docs/memory_plan.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """What `actor_rollout_ref.rollout.gpu_memory_utilization` means to each rollout engine: the static memory budget.
 
-verl passes the same key to both engines, but they read it differently (the guide's warning: a value that works for
-one engine can OOM the other):
-
-* vLLM (>= 0.7): a fraction of the card's TOTAL memory. Its weights, its profiled activations, its CUDA graphs and
-  the KV cache all live inside `util x card`; whatever else is on the card (the FSDP actor) is outside it.
-* SGLang: `mem_fraction_static`, a fraction of the memory that is FREE when the engine starts, for its weights and
-  KV cache only; the rest of that free memory is left for its activations and CUDA graphs during inference. verl
-  0.9.1 hands the key over in verl/workers/rollout/sglang_rollout/async_sglang_server.py (launch_server:
-  `"mem_fraction_static": self.config.gpu_memory_utilization`). SGLang measures the free memory before loading the
-  model (torch.cuda.mem_get_info, minimum over its TP ranks) and sizes the KV pool as
-  `free_after_load - free_before_load x (1 - mem_fraction_static)`, i.e. static = util x free_before_load.
-
-"Free when the engine starts": verl starts the engine after the FSDP actor is built, so the actor's parameters
-(unless param_offload) and the trainer's CUDA context are already on the card; AdamW's moments are not (torch
-creates them at the first optimizer step), so they grow later beside an SGLang pool sized without them.
-
 Pure functions on numbers (GB = 1e9 bytes, as in grpo_lab/memory/memplan.py); memplan calls them through one marked hook.
+
+How vLLM and SGLang each read the key, and what is on the card when SGLang starts: docs/sglang.md.
 """
 
 from __future__ import annotations

@@ -3,18 +3,7 @@
     python -m grpo_lab.tasks.arith --out data/arith_oneshot                     # make arith-oneshot: the learn preset's data
     python -m grpo_lab.tasks.arith --out DIR --task chain --style gsm8k         # another task / prompt phrasing
 
-Tasks (each problem has an expression and its value):
-  sums    a + b, a and b in 0..99
-  mixed   grpo_lab.tasks.tiny's arith_tiny problems: +, -, x, 60% bare expressions and 40% short word problems
-  chain   a + b - c or a x b + c, two-digit numbers: three operands, harder for a 135M model
-Prompt styles (the user message; the chat template adds the rest):
-  gsm8k   the question + verl's GSM8K instruction ('Let's think step by step and output the final answer after "####".')
-  oneshot the question + one worked example of the expected format ("12 + 7 = 19\\n#### 19")
-
-Rows are verl's GSM8K row format (grpo_lab.tasks.data.gsm8k_row) with data_source "arith_<task>_<style>" (the name verl's
-validation metrics carry: val-core/arith_mixed_oneshot/acc/mean@1), reference answers "23 + 48 = 71\\n#### 71" in
-extra_info.answer, train and test disjoint. benchmarks/smollm2_probe.md measured which task and style give GRPO a
-signal on SmolLM2-135M-Instruct; conf/dataset/arith_oneshot.yaml is the winner.
+The tasks, the prompt styles and the rows: docs/tasks.md.
 """
 
 from __future__ import annotations

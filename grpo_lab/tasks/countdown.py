@@ -4,22 +4,7 @@ its own reward (grpo_lab/tasks/rewards/countdown.py), for SmolLM2-135M-Instruct 
     python -m grpo_lab.tasks.countdown --out data/countdown                     # make countdown: the countdown preset's data
     python -m grpo_lab.tasks.countdown --out DIR --train 512 --test 64 --seed 1
 
-Each problem is made from a random expression over 3 or 4 numbers from 1..99 (each step's value a whole number from
-1 to 999: divisions exact, none by 1; the target is never one of the numbers), so a solution always exists: the
-target is the expression's value, and the numbers are listed shuffled. The prompt (user message; the chat template
-adds the rest) asks for the expression in <answer></answer> tags, after one worked example:
-
-    Use the numbers to make the target with +, -, * and /; use each number at most once. ... Example:
-    Numbers: 2, 7, 5. Target: 19.
-    <answer>2 * 7 + 5</answer>
-
-    Numbers: 41, 63, 88, 10. Target: 182.
-
-Rows are verl's row layout (grpo_lab.tasks.data.gsm8k_row) with data_source "countdown", reward_model.ground_truth
-{"target": 182, "numbers": [41, 63, 88, 10]} (what the reward reads; verl hands it to the reward as this dict) and
-the generating expression as extra_info.answer ("<answer>63 - 10 + 88 + 41</answer>": a reference answer that scores
-1.0); train and test share no problem (the same numbers in any order with the same target). About 70% of the problems
-have 3 numbers (a 4-number expression more often leaves 1..999 and is drawn again).
+How problems are made, the prompt and the rows: docs/tasks.md.
 """
 
 from __future__ import annotations

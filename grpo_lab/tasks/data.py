@@ -4,19 +4,7 @@
     python -m grpo_lab.tasks.data gsm8k --out data/gsm8k --local-dir DIR      # offline, from files you already have
     python -m grpo_lab.tasks.data own --input my_qa.jsonl --out data/own_qa   # your own pairs: see grpo_lab/tasks/own_data.py
 
---local-dir reads either the hub's parquet files (train-*.parquet and test-*.parquet, also under a `main/` folder as
-in the hub repository) or the jsonl files of the GSM8K GitHub release (train.jsonl, test.jsonl), each record having
-`question` and `answer`. The output is data/gsm8k/{train,test}.parquet, one row per problem:
-
-    data_source   "openai/gsm8k"                       (selects verl's gsm8k scorer in default_compute_score)
-    prompt        [{"role": "user", "content": question + ' Let\'s think step by step and output the final answer
-                   after "####".'}]
-    ability       "math"
-    reward_model  {"style": "rule", "ground_truth": the number after "####", commas removed}
-    extra_info    {"split", "index", "answer" (the full reference solution), "question" (without the instruction)}
-
-Files are written to a temporary name and renamed, so a failed run never leaves a half-written parquet. Existing
-outputs are kept unless --force is given. grpo_lab.tasks.tiny writes its synthetic data through the same functions.
+What --local-dir reads and the rows written: docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -199,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_lab.tasks import own_data
 
     o = sub.add_parser("own", help="your own question/answer pairs (.jsonl or .csv) -> OUT/{train,test}.parquet",
-                       description=own_data.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=own_data.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     own_data.add_arguments(o)
     args = parser.parse_args(argv)
     if args.dataset == "own":

@@ -1,5 +1,23 @@
 """Your own question/answer pairs (JSONL, CSV or parquet) to verl's parquet rows, the same row shape as the GSM8K prep.
 
+`python -m grpo_lab.tasks.data own --help` prints HELP below: the input, the rows written, the split, duplicates.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_lab.tasks.splits import DataError, write_splits
+
+# the description `python -m grpo_lab.tasks.data own --help` prints
+HELP = """Your own question/answer pairs (JSONL, CSV or parquet) to verl's parquet rows, the same row shape as the GSM8K prep.
+
     python -m grpo_lab.tasks.data own --input my_qa.jsonl --out data/own_qa                    # 10% held out as test
     python -m grpo_lab.tasks.data own --input train.csv --test-input test.csv --out data/own_qa
     python -m grpo_lab.tasks.data own --input my_qa.jsonl --question-field problem --answer-field solution \\
@@ -24,18 +42,6 @@ dropped with a warning (--keep-duplicates keeps them); a question that appears w
 train and test, is warned about. Both files are written to temporary names and renamed only when both are complete,
 so a bad input never leaves half-written or mixed outputs; existing outputs are kept unless --force is given.
 """
-
-from __future__ import annotations
-
-import csv
-import json
-import os
-import random
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-from grpo_lab.tasks.splits import DataError, write_splits
 
 DEFAULT_SOURCE = "own_qa"
 DEFAULT_ABILITY = "qa"

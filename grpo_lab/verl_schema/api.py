@@ -2,27 +2,12 @@
 
     from grpo_lab.verl_schema import schema
 
-    s = schema()                      # the installed verl's (schema(config_dir) for another copy of its config folder)
-    s.tree                            verl's ppo_trainer as Hydra composes it, not resolved (plain data; read-only)
-    s.defaults                        the same, resolved: what verl runs with given nothing (read-only)
-    s.composed()                      a fresh DictConfig of s.tree for Hydra, or None where it must not stand in for
-                                      verl's files (hydra_plugins/grpo_lab_searchpath)
-    s.fields(target)                  the field names of the dataclass behind a `_target_` value (inherited ones
-                                      included), or None when verl has no such dataclass
-    s.model_keys, s.model_keys_from   the keys verl takes under actor_rollout_ref.model, and where they come from
-    s.rollout_engines                 the (name, mode) pairs verl's rollout worker registry starts
-    s.rollout_servers                 the names its server registry starts; s.rollout_from: where from
-    s.data_sources                    the data_source names verl's default_compute_score knows (None: not known)
-    s.data_source_prefixes            the prefixes it knows (data_source.startswith(...))
-    s.knows_data_source(name)         True/False, or None when not known
-    s.problems                        {part: why it could not be read}; a part not read is empty or None, never a guess
-    s.version, s.origin               verl's version; "file" (the cache), "built" (just now), "fallback" (the child
-                                      failed: tree and defaults only), "none" (verl is not installed), "error"
-
 Read from the cache file (grpo_lab/verl_schema/verl_cache.py), which a child process builds from verl's own objects
 when it is missing or stale (grpo_lab/verl_schema/build.py): this process never imports verl and never parses its
 source. One object per process and config folder (cache_clear() drops it: a new process, as far as this module
 knows).
+
+Every attribute of the schema object: docs/verl_schema.md.
 """
 
 from __future__ import annotations

@@ -2,28 +2,7 @@
 
     python -m grpo_lab.verl_schema.build CONFIG_DIR OUT VERSION_BASE
 
-grpo_lab/verl_schema/verl_cache.py starts it when the cache has no valid file (importing verl takes seconds: that cost
-is paid here, once, and never in the process that checks a config). It writes one JSON document to OUT:
-
-    tree                 verl's ppo_trainer as Hydra composes it from CONFIG_DIR (grpo_lab/verl_schema/hydra_internals.py),
-                         not resolved, without Hydra's own node; null when JSON does not carry it exactly
-    serves_hydra         false when one of verl's files sets Hydra's own node: only the real defaults tree places it,
-                         so the cached tree must not stand in for verl's files
-    defaults             the tree resolved (what verl runs with given nothing); resolved before verl is imported, so
-                         only OmegaConf's own resolvers take part
-    fields               {`_target_` value: the names of that dataclass's fields (dataclasses.fields, inherited ones
-                         included) or null (not importable, not a dataclass)}, for every `_target_` in the tree and in
-                         every YAML file of CONFIG_DIR
-    model_keys           the keys of model/hf_model.yaml and the fields of the dataclass it names (HFModelConfig)
-    rollout_engines      verl's worker registry of (name, mode) pairs and its server registry's names
-    data_sources         the data_source names and prefixes verl's default_compute_score dispatches on, found by
-                         calling it with a probe string that records each comparison and answers no to all of them,
-                         so that no scorer runs and the call ends in its NotImplementedError
-    sources              {file: [mtime_ns, size]} of the Python files whose objects were read: an edit to one (an
-                         editable install) makes the cached document stale although verl's version is the same
-    problems             {part: why it could not be read}; such a document is used but not kept on disk
-
-Nothing here parses verl's source text. The tree part and the resolving run before verl is imported.
+When it runs and each part of the document it writes: docs/verl_schema.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,8 @@
 """The on-disk cache of verl's schema: one JSON file per verl version, built by a child process that imports verl.
 
-What is kept (grpo_lab/verl_schema/build.py says how each part is read): verl's ppo_trainer as Hydra composes it, its
-resolved defaults, the fields of the dataclass behind each `_target_`, the keys verl takes under
-actor_rollout_ref.model, its rollout engines, and the data sources its default scorer knows. Importing verl takes
-seconds (torch), and composing its ~40 config files ~1 s on a small CPU; both change only when verl does, so they are
-paid once, by `python -m grpo_lab.verl_schema.build` in a child process, and every later process reads one file
-(~5 ms). grpo_lab/verl_schema/api.py is the API over it; nothing else reads these files.
-
-    file name:  a key of this format, verl's version (its verl/version/version file, read without importing verl),
-                Hydra's and OmegaConf's versions, the version_base the tree is composed with (Hydra's own, what
-                version_base=None selects, as every grpo-lab entry point asks), verl's config folder and every YAML
-                file in it (path, mtime, size): a changed verl gets a new file (old ones stay until deleted)
-    inside:     the key again, and the Python files whose objects were read (path, mtime, size): an edited verl
-                (an editable install, same version) makes the file stale. A file that does not parse, lacks a part, or
-                is stale is built again, never an error
-    where:      $GRPO_LAB_CACHE_DIR, else $XDG_CACHE_HOME/grpo-lab, else ~/.cache/grpo-lab; written as a temp file
-                and renamed. Where it cannot be written, the schema serves this process only (and the next process
-                builds it again). A document whose build could not read a part (verl not importable) is not kept
-    the child:  fails or runs past BUILD_TIMEOUT_S: this process composes the tree itself (Hydra only, as the child
-                would) and the parts read from verl's objects stay unknown (the rules that need them say so)
-
-The Hydra searchpath plugin (hydra_plugins/grpo_lab_searchpath) serves ppo_trainer from here unless
-GRPO_LAB_VERL_CACHE=0 (`enabled()`, `off()`): then Hydra walks verl's defaults tree itself. Set it by hand when a config
-file of yours picks an option of a verl group, or a config folder of yours replaces one of verl's files: the cached
-ppo_trainer has no defaults list left to override (Hydra: "Could not override 'model_engine'. No match in the defaults
-list"). grpo_lab/cli/overrides.py's tree_if_needed turns it off for a command line that needs verl's own tree.
-
 Never imports verl in this process.
+
+What is kept, the file's name and place, the child, GRPO_LAB_VERL_CACHE=0: docs/verl_schema.md.
 """
 
 from __future__ import annotations

@@ -5,23 +5,13 @@ read-only context.
     def batch_divisibility(c: Ctx) -> Iterable[Problem]:
         if ...: yield error("what is wrong, with the numbers", "the_override=that_fixes_it")
 
-A rule reads `c.verl` and `c.lab` (the resolved config and grpo-lab's facts, frozen: mappings cannot be changed,
-lists are tuples), `c.environ` / `c.launching` (the environment) and what the context derives once for every rule
-(`c.batch`: the batch arithmetic, `c.model`: the model planned, `c.plan`: the memory plan). It yields problems:
-error (refuses the launch), warn, oom (a predicted out-of-memory: an error under preflight.strict, else a warning)
-or note. A fix is one or more alternatives separated by "  or  ", each a list of overrides as typed after
-`python run.py`; grpo_lab.checks.fixes applies them to a copy of the config and runs the rules again before they are printed.
-
-A rule is an entry of grpo_lab/registry.py, the shape the doctor's signatures share: an id, a kind (RULE_KINDS:
-what it is about; `ids(kind="memory")` / `memory_ids()` list the rules of one) and the phase of a job it concerns
-(registry.PHASES). The kind is given with each rule, not taken from its module: a rule moved to another module keeps
-it.
-
 The rule modules: rules.batch (arithmetic of batches, tokens, data), rules.values (values verl takes but cannot
 use), rules.setup (Ray, keys, recipes, the model, the machine), rules.unread (keys verl takes and never reads:
 docs/verl_unread_keys.md), rules.memory (the memory plan's verdicts), rules.reward (the
 custom reward file: imported and called as verl will, in a child process: grpo_lab/checks/reward_probe.py), rules.verl_issues
 (configurations verl's issue tracker reported failing late: docs/verl_issues.md).
+
+What a rule reads and yields, fixes, kinds and phases: docs/preflight.md.
 """
 
 from __future__ import annotations

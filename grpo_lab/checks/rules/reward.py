@@ -1,20 +1,10 @@
 """Rules on the custom reward file (reward.custom_reward_function.{path,name,reward_kwargs}, conf/reward_fn/).
 
-verl 0.9.1 does not look at the file before Ray: its reward-loop workers import it when they start (after the actor's
-model is built) and call the function when the first answers are scored (after the first generation). A missing
-file or an import error then fails a Ray actor ("Custom module file not found", "Error loading module from ..."), a
-function that raises or returns something else than a number fails the first step. These rules import the file and
-call the function in a child process first (grpo_lab/checks/reward_probe.py: the same import and the same keyword
-arguments as verl, on the first training row), and refuse the launch with the file, the line and what to change.
-
     reward_fn_file    the file exists, imports, and defines the function `name` (callable)
     reward_fn_result  the function, called as verl calls it, returns a number or a dict with a numeric "score"
     reward_fn_data_source  without a file: verl's own scorer knows every data_source of the data files
 
-A score of 0 for the ground truth is not refused (a reward may want a format the probe answers lack); a function that
-gives every probe answer the same score is a warning (GRPO learns nothing from a group of equal rewards). The sample
-answers are the reward file's own when it defines probe_answers(ground_truth, extra_info), else built from the row
-(grpo_lab/checks/reward_probe.py).
+Why verl's own checks come too late, and what is not refused: docs/preflight.md.
 """
 
 from __future__ import annotations

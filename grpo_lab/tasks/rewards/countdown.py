@@ -3,25 +3,7 @@
     reward.custom_reward_function.path=<this file>  reward.custom_reward_function.name=compute_score
     (conf/reward_fn/countdown.yaml sets both, and the amounts below through reward_kwargs)
 
-An example of a reward of your own: verl imports this file by path and calls compute_score(data_source, solution_str,
-ground_truth, extra_info, **reward_kwargs) once per answer. The rows come from grpo_lab/tasks/countdown.py (make countdown):
-their reward_model.ground_truth is {"target": 16, "numbers": [3, 5, 2]} (verl hands it over as the row holds it; a
-JSON string of the same is accepted too).
-
-Per answer, with E = the text inside the LAST <answer>...</answer> in the answer's last 300 characters:
-    E uses only given numbers, each at most once, and equals the target     score = correct_score     (1.0)   acc 1
-    E is such an expression but its value is not the target (or 1/0)       score = format_score      (0.1)   acc 0
-    E is not one: not +, -, *, /, parentheses and whole numbers; a number
-      not given, or used more often than given; longer than 200 characters  score = invalid_score     (0.0)   acc 0
-    no <answer>...</answer> at all                                          score = -missing_penalty  (-0.1)  acc 0
-
-E is never run: it may hold only digits, spaces, + - * / and parentheses, and its ast (Python's ast module) only
-whole-number literals and + - * / (no powers, no unary signs); the value is computed here with exact fractions. Returns
-{"score", "acc", "formatted", "valid"} for every answer (verl logs each key; "acc" becomes validation's
-val-core/countdown/acc/mean@1). Standard library only.
-
-probe_answers(ground_truth, extra_info) gives grpo-lab's preflight (grpo_lab/checks/reward_probe.py) sample answers in this
-task's shape: GSM8K-shaped ones ("#### 182") all lack the tag and score alike. verl never calls it.
+The score of each kind of answer, and probe_answers: docs/tasks.md.
 """
 
 import ast

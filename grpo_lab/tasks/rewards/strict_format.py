@@ -10,9 +10,7 @@ Per answer, with n = the number after the LAST "#### " (commas dropped; verl's g
     "#### n" present, n wrong          score = format_score            (0.1)   acc 0
     no "#### n" at all                 score = -missing_penalty        (-0.1)  acc 0
 
-Returns {"score", "acc", "formatted"}: verl uses "score" as the reward and logs the other keys; "acc" (strict
-correctness, 0/1) is what verl 0.9's validation reports as val-core/<data_source>/acc/mean@1, and what DAPO's
-group filter (algorithm.filter_groups.metric=acc) compares. Standard library only: verl imports this file by path.
+Standard library only: verl imports this file by path. What it returns, and what verl does with each key: docs/tasks.md.
 """
 
 import re
