@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from conftest import planned, run_py
 from grpo_lab.checks import emulate
-from grpo_lab.cli.config import get
+from grpo_lab.verl_keys import get
 
 H200 = 139.8
 FRACTION = 32 / H200  # 0.228898...
@@ -121,13 +121,20 @@ def test_the_users_allocator_settings_are_merged_not_overwritten(tmp_path):
 @pytest.mark.parametrize("args,env,words", [
     ([], {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "Expandable segments are not compatible"),
     (["lab.hardware.emulate.real_gpu_memory_gb=16"], {}, "cannot emulate a 32 GB card on 16 GB cards"),
-    (["lab.hardware.emulate.real_gpu_memory_gb=lots"], {}, "is not a size in GB"),
     (["actor_rollout_ref.rollout.name=sglang"], {}, "actor_rollout_ref.rollout.name=vllm"),
 ])
 def test_bad_emulation_input_is_refused_before_anything_is_written(tmp_path, args, env, words):
     p, out = _plan(tmp_path, EMU, *args, env=env)
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
     assert words in p.stderr and "Traceback" not in p.stderr
+    assert not (out / "verl_config.yaml").exists() and not (out / "plan.json").exists()
+
+
+def test_no_number_for_the_real_card_fails_at_compose(tmp_path):
+    """lab.hardware.emulate.real_gpu_memory_gb is typed (grpo_lab/labconf.py): Hydra's own error names the key."""
+    p, out = _plan(tmp_path, EMU, "lab.hardware.emulate.real_gpu_memory_gb=lots")
+    assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stderr[-2000:]
+    assert "full_key: lab.hardware.emulate.real_gpu_memory_gb" in p.stderr and "converted to Float" in p.stderr
     assert not (out / "verl_config.yaml").exists() and not (out / "plan.json").exists()
 
 
@@ -243,6 +250,6 @@ def test_one_transform_gives_the_planned_and_the_handed_config_and_leaves_its_in
     again = emulate.emulate(freeze(done.planned), lab, {})
     assert again.info == done.info and emulate.describe(again) == emulate.describe(done)
     # without emulation: the input itself, twice
-    lab["hardware"]["emulate"]["real_gpu_memory_gb"] = None
+    lab.hardware.emulate.real_gpu_memory_gb = None
     plain = emulate.emulate(verl, lab, {})
     assert plain.planned is verl and plain.verl is verl and plain.info is None and emulate.describe(plain) == ""

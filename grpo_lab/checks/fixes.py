@@ -13,7 +13,7 @@ A config-group choice (model=..., hardware=...) or advice in words cannot be app
 printed as it is and marked as not re-checked.
 
 A fix is printed in the spelling that wins when appended to the user's command as typed: where the config sets a verl
-key on its own (`trainer.total_epochs=two` typed, or in a config file: lab["set_apart"], grpo_lab/cli/apply.py), a short
+key on its own (`trainer.total_epochs=two` typed, or in a config file: lab.set_apart, grpo_lab/cli/apply.py), a short
 key would no longer reach it, so `total_epochs=1` is re-checked and printed as `trainer.total_epochs=1` (`respell`).
 """
 
@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping
 
 from grpo_lab import facts
 from grpo_lab.cli.apply import apply_overrides, parse, respell
-from grpo_lab.cli.config import get
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 
 ROOT = facts.ROOT
@@ -37,7 +38,7 @@ MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
 LENGTHS = ("data.max_prompt_length", "data.max_response_length")
 
 
-def apply(verl: Mapping, lab: Mapping, overrides: list[tuple[str, str, Any]]) -> tuple[dict, dict]:
+def apply(verl: Mapping, lab: Lab, overrides: list[tuple[str, str, Any]]) -> tuple[dict, Lab]:
     """Copies of (verl, lab) with the overrides applied and derived values derived again (grpo_lab/cli/apply.py)."""
     return apply_overrides(verl, lab, overrides)
 
@@ -98,11 +99,11 @@ def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[t
 
 
 class FixChecker:
-    def __init__(self, verl: Mapping, lab: Mapping, *, launching: bool, environ: Mapping[str, str],
+    def __init__(self, verl: Mapping, lab: Lab, *, launching: bool, environ: Mapping[str, str],
                  problems: list[Problem]) -> None:
         self.verl, self.lab, self.launching, self.environ = verl, lab, launching, environ
         self.before = Counter(p.rule for p in problems if p.level == "error")
-        self.apart = lab.get("set_apart") or {}
+        self.apart = lab.set_apart
         self._memo: dict[tuple, list[Problem]] = {}
         self.runs = 0
 

@@ -16,15 +16,15 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
-from grpo_lab.cli.config import get, put
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get, put
 
 KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
 OVERRIDE = "+" + KEY
 SET_BY = "hydra/launcher=side_by_side: the memory plan's KV cache (grpo_lab/checks/kv_pin.py)"
-LAB_KEY = "side_by_side_kv_pin"  # lab's record of the pin: {"bytes", "by": "launcher" | "user"}
 
 
-def planned_kv_bytes(verl: Mapping[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str]) -> int | None:
+def planned_kv_bytes(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str]) -> int | None:
     """The memory plan's vLLM KV cache per GPU in bytes, or None (no plan, not vLLM, no room for a cache)."""
     from grpo_lab.checks.rules import Ctx
 
@@ -36,13 +36,13 @@ def planned_kv_bytes(verl: Mapping[str, Any], lab: Mapping[str, Any], environ: M
     return int(gb * 1e9)
 
 
-def pin_side_by_side(planned: dict[str, Any], verl: dict[str, Any], lab: dict[str, Any],
+def pin_side_by_side(planned: dict[str, Any], verl: dict[str, Any], lab: Lab,
                      environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Under side by side (lab["side_by_side_jobs"] > 1): (the config verl gets, the pin). The user's own pin is
+    """Under side by side (lab.side_by_side_jobs > 1): (the config verl gets, the pin). The user's own pin is
     kept; else the plan's KV cache goes into verl's config only (a copy when it is the planned one): the preflight
     plans the config as the user wrote it, so a fix that changes vLLM's share is re-checked with the cache it
-    sizes. The pin is recorded in lab[LAB_KEY] for the rule side_by_side_jobs."""
-    if int(lab.get("side_by_side_jobs") or 1) <= 1:
+    sizes. The pin is recorded in lab.side_by_side_kv_pin for the rule side_by_side_jobs."""
+    if lab.side_by_side_jobs <= 1:
         return verl, None
     own = get(planned, KEY)
     if own is not None:
@@ -55,7 +55,7 @@ def pin_side_by_side(planned: dict[str, Any], verl: dict[str, Any], lab: dict[st
             verl = copy.deepcopy(planned)
         put(verl, KEY, n)
         pin = {"bytes": n, "by": "launcher"}
-    lab[LAB_KEY] = pin
+    lab.side_by_side_kv_pin = pin
     return verl, pin
 
 

@@ -16,19 +16,18 @@ micro-batch size has no effect. A script written for verl's own default (dynamic
 
 Who set a value is grpo_lab/cli/provenance.py's answer (the same as plan.json's changed_defaults "set_by").
 
-    info = settle(verl, layers)      # changes verl in place; lab["micro_batch"] = info for the rule
+    info = settle(verl, layers)      # changes verl in place; lab.micro_batch = info for the rule
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
-from grpo_lab.cli.config import get, put
+from grpo_lab.verl_keys import A, get, put
 
 if TYPE_CHECKING:
     from grpo_lab.cli.provenance import Layers
 
-A = "actor_rollout_ref."
 # (pass, its micro-batch keys (per GPU, and verl's deprecated global form), its dynamic batching switch, token budget)
 PASSES: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
     ("actor update", (A + "actor.ppo_micro_batch_size_per_gpu", A + "actor.ppo_micro_batch_size"),

@@ -40,11 +40,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from grpo_lab.cli.config import checkpoint_key, get, put, split, with_value
+from grpo_lab.cli.config import checkpoint_key, split
 from grpo_lab.errors import GrpoLabError
 from grpo_lab import facts
 from grpo_lab.facts import atomic_write, write_json
+from grpo_lab.labconf import Lab
 from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
+from grpo_lab.verl_keys import get, put, with_value
 
 if TYPE_CHECKING:
     from grpo_lab.checks.emulate import Emulated
@@ -76,17 +78,17 @@ class Prepared:
     """prepare's output: the composed config as plain dicts, with the job's own values."""
 
     verl: dict[str, Any]
-    lab: dict[str, Any]
+    lab: Lab
     layers: Layers  # what set each value (plan.json's changed_defaults)
     cluster: RayNodes | None = None  # the Ray cluster of a SLURM job of several nodes (its first node only)
 
     @property
     def fitting(self) -> bool:
-        return bool(self.lab["preflight"].get("fit") or self.lab["preflight"].get("fit_write"))
+        return bool(self.lab.preflight.fit or self.lab.preflight.fit_write)
 
     @property
     def plan_only(self) -> bool:
-        return bool(self.lab["preflight"].get("only"))
+        return self.lab.preflight.only
 
 
 @dataclass
@@ -167,11 +169,11 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
         ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(job.override_dirname))
         put(verl, "trainer.default_local_dir", ckpt)
         # hydra/launcher=side_by_side: up to n_jobs jobs share the GPUs and the host (rule side_by_side_jobs)
-        lab["side_by_side_jobs"] = side_by_side_jobs(HydraConfig.get().launcher)
+        lab.side_by_side_jobs = side_by_side_jobs(HydraConfig.get().launcher)
     layers = job_layers(job.cli.env_names if job.cli is not None else None)
     # the user's micro-batch size wins over our dynamic batching default (grpo_lab/checks/microbatch.py; rule
     # micro_batch_explicit reports it)
-    lab["micro_batch"] = settle(verl, layers)
+    lab.micro_batch = settle(verl, layers)
     # the first node of a SLURM job of several nodes starts a Ray cluster across them (train runs verl inside it) and
     # the job joins it by address (grpo_lab/launch/slurm.py); None everywhere else
     cluster = cluster_for_job(verl, lab)
@@ -266,8 +268,8 @@ def _plan_record(report: Report, verl: dict[str, Any], emulated: Emulated, kv_pi
     twice = job.cli.warnings if job.cli is not None else []
     plan_json["warnings"] = list(plan_json.get("warnings", [])) + [
         {"rule": "key_given_twice", "message": w, "fix": ""} for w in twice]
-    if prepared.lab["micro_batch"]:
-        plan_json["micro_batch"] = prepared.lab["micro_batch"]
+    if prepared.lab.micro_batch:
+        plan_json["micro_batch"] = prepared.lab.micro_batch
     if emulated.info:  # what vLLM and torch really get, and which values emulation scaled
         plan_json["emulation"] = emulated.info
         mark_scaled(changed, emulated.info)
@@ -314,14 +316,14 @@ def own_args(multirun: bool, cli: CommandLine | None) -> list[str]:
             and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
 
 
-def worker_env(verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) -> dict[str, Any]:
+def worker_env(verl: dict[str, Any], lab: Lab, job_dir: Path) -> dict[str, Any]:
     """The environment of verl's Ray workers (Ray wants string values): the job's own, with ours added where the
     user set nothing."""
     env = dict(get(verl, WORKER_ENV) or {})
     ours = {"VERL_FILE_LOGGER_PATH": str(job_dir.resolve() / "metrics.jsonl")}
     if "wandb" in (get(verl, "trainer.logger") or []):
         ours["WANDB_DIR"] = str(job_dir.resolve())
-        ours["WANDB_MODE"] = os.environ.get("WANDB_MODE") or str(get(lab, "wandb.mode", "offline"))
+        ours["WANDB_MODE"] = os.environ.get("WANDB_MODE") or str(lab.wandb.mode or "offline")
     if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
         # vLLM's sampler imports flashinfer unless told not to: "No module named 'flashinfer'" at engine start
         ours["VLLM_USE_FLASHINFER_SAMPLER"] = "0"

@@ -48,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import GrpoLabError
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get
 
 # overrides that change the resources a job needs: the launcher's resources are fixed for the whole sweep
 RESOURCE_KEYS = ("hardware", "nnodes", "trainer.nnodes", "ngpus_per_node", "trainer.n_gpus_per_node")
@@ -401,10 +403,8 @@ def _say(text: str) -> str:
     return text
 
 
-def ray_nodes(verl: Mapping[str, Any], lab: Mapping[str, Any], alloc: Allocation, **inject: Any) -> RayNodes:
+def ray_nodes(verl: Mapping[str, Any], lab: Lab, alloc: Allocation, **inject: Any) -> RayNodes:
     """The job's RayNodes from its config: checked against the allocation (the same checks on every task)."""
-    from grpo_lab.cli.config import get
-
     nnodes = int(get(verl, "trainer.nnodes", 1) or 1)
     if nnodes != len(alloc.hosts):
         raise ClusterError(f"SLURM gave this job {len(alloc.hosts)} nodes ({','.join(alloc.hosts)}) but "
@@ -416,23 +416,21 @@ def ray_nodes(verl: Mapping[str, Any], lab: Mapping[str, Any], alloc: Allocation
                            f"hydra.launcher.tasks_per_node=1")
     num_cpus = get(verl, "ray_kwargs.ray_init.num_cpus")
     if num_cpus is None:
-        num_cpus = get(lab, "hardware.cpu_cores")
-    slurm = dict(lab.get("slurm") or {})
+        num_cpus = lab.hardware.cpu_cores
     inject.setdefault("ray", ray_executable())
-    return RayNodes(alloc=alloc, port=int(slurm.get("ray_port") or 6379), num_cpus=int(num_cpus),
-                    num_gpus=int(get(verl, "trainer.n_gpus_per_node")), wait_s=float(slurm.get("ray_wait_s") or 300),
+    return RayNodes(alloc=alloc, port=int(lab.slurm.ray_port), num_cpus=int(num_cpus),
+                    num_gpus=int(get(verl, "trainer.n_gpus_per_node")), wait_s=float(lab.slurm.ray_wait_s),
                     **inject)
 
 
-def _plan_only(lab: Mapping[str, Any]) -> bool:
-    pre = lab.get("preflight") or {}
-    return bool(pre.get("only") or pre.get("fit") or pre.get("fit_write"))
+def _plan_only(lab: Lab) -> bool:
+    return bool(lab.preflight.only or lab.preflight.fit or lab.preflight.fit_write)
 
 
-def cluster_for_job(verl: dict[str, Any], lab: dict[str, Any], environ: Mapping[str, str] = os.environ,
+def cluster_for_job(verl: dict[str, Any], lab: Lab, environ: Mapping[str, str] = os.environ,
                     **inject: Any) -> RayNodes | None:
     """launch.py, on every job: None unless this is the head of a SLURM job of several nodes. There: the job joins
-    the cluster the head starts (ray_kwargs.ray_init.address=<head>:<port>, no num_cpus), lab["ray_cluster"] tells
+    the cluster the head starts (ray_kwargs.ray_init.address=<head>:<port>, no num_cpus), lab.ray_cluster tells
     the preflight each node's CPUs, and the RayNodes are returned (launch.py runs verl inside `.running()`)."""
     alloc = allocation(environ)
     if alloc is None or not alloc.is_head:
@@ -441,7 +439,7 @@ def cluster_for_job(verl: dict[str, Any], lab: dict[str, Any], environ: Mapping[
     init = verl.setdefault("ray_kwargs", {}).setdefault("ray_init", {})
     init["address"] = nodes.address
     init["num_cpus"] = None  # Ray refuses num_cpus when connecting: each node declared its own with ray start
-    lab["ray_cluster"] = {"address": nodes.address, "hosts": list(alloc.hosts), "num_cpus_per_node": nodes.num_cpus,
+    lab.ray_cluster = {"address": nodes.address, "hosts": list(alloc.hosts), "num_cpus_per_node": nodes.num_cpus,
                           "num_gpus_per_node": nodes.num_gpus, "source": f"SLURM job {alloc.job_id}"}
     return nodes
 
