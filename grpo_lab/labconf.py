@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional, get_type_hints
 
 @dataclass
 class Emulate:
-    """A smaller card rehearsed on a bigger one (grpo_lab/checks/emulate.py)."""
+    """A smaller card rehearsed on a bigger one (grpo_lab/memory/emulate.py)."""
 
     real_gpu_memory_gb: Optional[float] = None  # GiB of the cards the job really runs on; None: no emulation
     real_gpu_name: Optional[str] = None

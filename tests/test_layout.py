@@ -118,6 +118,21 @@ def _aliases(tree: ast.AST, mods: dict[str, Path]) -> dict[str, str]:
     return out
 
 
+# the stages a job passes, in order; memory/, tasks/, verl_schema/ and the top-level modules are libraries (no stage)
+STAGES = {"cli": 1, "checks": 2, "launch": 3, "after_run": 4}
+
+
+def stage(name: str) -> int | None:
+    parts = name.split(".")
+    return STAGES.get(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in STAGES) else None
+
+
+def imports_of_later_stages(graph) -> list[str]:
+    """`a imports b` where b's stage comes after a's: an arrow running back up the pipeline."""
+    return sorted(f"{m} imports {t}" for m, es in graph.items() for t in es
+                  if stage(m) and stage(t) and stage(t) > stage(m))
+
+
 MUTATORS = {"append", "extend", "insert", "update", "add", "pop", "clear", "remove", "setdefault", "discard"}
 
 
@@ -171,6 +186,10 @@ USERS = {"run": ROOT / "run.py", **{f"hydra_plugins.{f.parent.name}.{f.stem}": f
 
 def test_no_import_circles():
     assert circles(GRAPH) == [], "import circles inside grpo_lab (module-level or function-level imports)"
+
+
+def test_no_stage_imports_a_later_stage():
+    assert imports_of_later_stages(GRAPH) == []
 
 
 def test_no_module_over_700_lines():
@@ -249,6 +268,17 @@ def test_planted_private_imports_and_foreign_globals_are_found(tmp_path):
     user = tmp_path / "run.py"
     user.write_text("from pkg import a\na.LAST = 1\n")
     assert foreign_globals(mods, {"run": user})[-1] == "run:2 sets pkg.a.LAST"
+
+
+def test_a_planted_import_of_a_later_stage_is_found(tmp_path):
+    mods = plant(tmp_path, {
+        "__init__.py": "", "facts.py": "",
+        "cli/__init__.py": "", "cli/one.py": "def f():\n    from pkg.launch import two\n",
+        "checks/__init__.py": "from pkg import facts\nfrom pkg.cli import one\n",
+        "launch/__init__.py": "", "launch/two.py": "from pkg.checks import x\n",
+        "checks/x.py": "from pkg.memory import m\n", "memory/__init__.py": "", "memory/m.py": "from pkg.launch import two\n",
+    })
+    assert imports_of_later_stages(imports(mods)) == ["pkg.cli.one imports pkg.launch.two"]
 
 
 @pytest.mark.parametrize("module", sorted(MODS))

@@ -4,7 +4,7 @@ tests/test_emulate.py."""
 from __future__ import annotations
 
 from conftest import composed
-from grpo_lab.checks import emulate
+from grpo_lab.memory import emulate
 from grpo_lab.checks.preflight import run_preflight
 
 EMU = "hardware=h200x4_as_rtx4080x4"

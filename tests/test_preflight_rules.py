@@ -442,7 +442,7 @@ def test_side_by_side_jobs_keep_the_users_own_kv_pin(tmp_path):
 
 
 def test_side_by_side_jobs_counts_only_the_joblib_launcher():
-    from grpo_lab.launch.job import side_by_side_jobs
+    from grpo_lab.launch.prepare import side_by_side_jobs
 
     joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
     assert side_by_side_jobs({"_target_": joblib, "n_jobs": 4}) == 4
@@ -480,8 +480,8 @@ def test_learning_rate_high_from_1e_3():
 
 
 def _settled(*task_overrides):
-    """(verl, lab) with grpo_lab.checks.microbatch's settlement for these command-line overrides, as launch.py makes it."""
-    from grpo_lab.checks.microbatch import settle
+    """(verl, lab) with grpo_lab.launch.prepare.settle for these command-line overrides, as launch.py makes it."""
+    from grpo_lab.launch.prepare import settle
     from grpo_lab.cli.provenance import Layers
 
     verl, lab = composed(*task_overrides)

@@ -1,43 +1,14 @@
-"""From the composed Hydra config to what verl receives: resolve in the driver, split off grpo-lab's own keys.
-
-verl must get a plain, fully resolved config: `${hydra:...}` interpolations fail inside Ray actors, and our own
-namespace (`lab`) and the short knob keys (grpo_lab/cli/knobs.py) mean nothing to verl.
+"""A run's folders and name: hydra.run.dir's resolver (one folder per run) and the safe folder name a run name must
+be. (Resolving the composed config and splitting off grpo-lab's own keys: grpo_lab/launch/prepare.py.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
-
-from grpo_lab.cli.knobs import SHORT_KEYS, set_apart
-from grpo_lab.labconf import Lab
-
-OUR_KEYS = frozenset({"lab", "preflight"}) | SHORT_KEYS
-
-
-def split(cfg: DictConfig) -> tuple[dict[str, Any], Lab]:
-    """(verl config as a plain resolved dict, the job's typed view of grpo-lab's own sections)."""
-    if "hydra" in cfg:  # present when composed with return_hydra_config (tests); never verl's
-        cfg = cfg.copy()
-        with open_dict(cfg):
-            del cfg["hydra"]
-    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    assert isinstance(resolved, dict)
-    # verl keys set on their own, which their short key no longer reaches: fixes name them (grpo_lab/checks/fixes.py)
-    lab = Lab.of(resolved.get("lab"), preflight=resolved.get("preflight") or {}, set_apart=set_apart(cfg))
-    return {k: v for k, v in resolved.items() if k not in OUR_KEYS}, lab
-
-
-def checkpoint_key(override_dirname: str) -> str:
-    """A folder name for one sweep job's checkpoints, made from its overrides (same overrides, same folder)."""
-    key = re.sub(r"[^\w.=,+-]", "_", override_dirname) or "defaults"
-    if len(key) > 100:
-        key = key[:80] + "-" + hashlib.sha1(override_dirname.encode()).hexdigest()[:12]
-    return key
+from omegaconf import OmegaConf
 
 
 def safe_name(name: str) -> str:

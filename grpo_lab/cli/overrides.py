@@ -1,6 +1,6 @@
 """The command line, parsed once: Hydra's own flag parser and override grammar, checked against the config groups and keys.
 
-run.py, `python -m grpo_lab.cli.rawcmd`, tree_if_needed (below) and the tests' compose helper all go through
+run.py, `python -m grpo_lab.launch.rawcmd`, tree_if_needed (below) and the tests' compose helper all go through
 `parse()` and `check()`; nothing here or there rewrites argv with regular expressions. What it knows, without
 importing verl (that takes seconds) and without composing:
 

@@ -450,10 +450,11 @@ def serve_ray_worker(cfg: Any, environ: Mapping[str, str] = os.environ, **inject
     alloc = allocation(environ)
     if alloc is None or alloc.is_head:
         return None
-    from grpo_lab.cli.config import split
+    from omegaconf import OmegaConf
 
     head_done = inject.pop("head_done", None) or _head_status_done()
-    verl, lab = split(cfg)
+    verl = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("trainer", "ray_kwargs") if k in cfg}
+    lab = Lab.of(OmegaConf.to_container(cfg.lab, resolve=True), preflight=OmegaConf.to_container(cfg.preflight))
     me = alloc.node or f"task {alloc.rank}"
     if _plan_only(lab):
         return _say(f"{me}: planning only (preflight.only / fit): the head plans, no Ray starts here")

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from grpo_lab.labconf import Lab
 from grpo_lab.registry import Entry, Registry
-from grpo_lab.verl_keys import A, get as _get
+from grpo_lab.verl_keys import A, get as _get  # noqa: F401 (A: for the rule modules)
 
 ALT = "  or  "  # between the alternatives of one fix
 
@@ -179,7 +179,7 @@ def _load() -> None:
     # the rule modules register themselves; imported here so that RULES is complete whoever imports the package
     from grpo_lab.checks.rules import batch, values, setup, memory  # noqa: F401
     from grpo_lab.checks.rules import unread  # noqa: F401  (keys verl 0.9.1 takes and never reads)
-    from grpo_lab.checks.rules import emulation  # noqa: F401  (grpo_lab/checks/emulate.py: a smaller card on a bigger one)
+    from grpo_lab.checks.rules import emulation  # noqa: F401  (grpo_lab/memory/emulate.py: a smaller card on a bigger one)
     from grpo_lab.checks.rules import reward  # noqa: F401  (the custom reward file, imported and called in a child process)
     from grpo_lab.checks.rules import verl_issues  # noqa: F401  (configurations verl's issue tracker reported failing late)
 

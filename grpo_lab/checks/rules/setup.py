@@ -382,7 +382,7 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
                     f"hydra.launcher.n_jobs={fewer}")
     kv = plan.get("kv_cache") or {}
     pin = c.lab.side_by_side_kv_pin or {}
-    if pin.get("by") == "launcher":  # grpo_lab/checks/kv_pin.py put the plan's KV cache into the config verl gets
+    if pin.get("by") == "launcher":  # grpo_lab/launch/prepare.py put the plan's KV cache into the config verl gets
         yield note(f"hydra/launcher=side_by_side: each job's vLLM KV cache is pinned to the plan's "
                    f"{float(pin['bytes']) / 1e9:.2f} GB ({OVERRIDE_KV}={pin['bytes']} in verl_config.yaml, set by "
                    f"the launcher), so a job starting beside it cannot take from it; a value of your own for "

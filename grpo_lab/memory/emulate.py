@@ -7,7 +7,7 @@ to `lab.hardware.gpu_memory_gb` (the card it stands in for; the preflight, the p
     python run.py hardware=a100_80gbx8 lab.hardware.gpu_memory_gb=32 lab.hardware.emulate.real_gpu_memory_gb=80
 
 What changes, all in one transform, `emulate(config, lab, environ)` (the launcher's emulate stage, grpo_lab/launch/
-job.py; raw verl's command, grpo_lab/cli/rawcmd.py; the preflight's rule `emulation` says what it does):
+job.py; raw verl's command, grpo_lab/launch/rawcmd.py; the preflight's rule `emulation` says what it does):
 
 * every numeric `gpu_memory_utilization` verl hands to an inference engine (the rollout's, a reward model's, a
   teacher's) is scaled by small/real, so `rollout_gpu_mem_util=0.5` still means "0.5 of the small card": vLLM
@@ -245,18 +245,6 @@ def emulate(config: dict[str, Any], lab: Lab, environ: Mapping[str, str]) -> Emu
     return Emulated(with_value(config, ENV_VARS, env), info, emu)
 
 
-def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
-    """plan.json's changed_defaults (what verl got) says which values emulation scaled, from what."""
-    for item in changed:
-        if item.get("key") in {f"{ENV_VARS}.{v}" for v in ALLOC_VARS}:
-            item["set_by"] = "emulation (grpo_lab/checks/emulate.py): the torch cap, merged into your own setting if any"
-        u = info["gpu_memory_utilization"].get(item.get("key"))
-        if u is not None:
-            item["set_by"] = (f"{item.get('set_by') or 'verl'}; emulation (grpo_lab/checks/emulate.py) scaled "
-                              f"{u['planned']:g} of a {info['card_gb']:g} GB card to {u['handed_to_engine']:g} of "
-                              f"{info['real_gpu_memory_gb']:g} GB")
-
-
 def describe(done: Emulated) -> str:
     """One paragraph for the preflight's notes: the run is emulated, and the real values vLLM and torch get; "" without
     emulation."""
@@ -277,7 +265,7 @@ def describe(done: Emulated) -> str:
     names = [f" ({n})" if n else "" for n in (emu.name, emu.real_name)]
     return (f"EMULATED: planned for {emu.card_gb:g} GB cards{names[0]}, running on {emu.real_gb:g} GB cards{names[1]}. "
             f"Handed to vLLM: {utils}. Handed to torch in every Ray worker: "
-            f"PYTORCH_CUDA_ALLOC_CONF={conf}{own} = {cap * emu.real_gb:.2f} GB per process (grpo_lab/checks/emulate.py)")
+            f"PYTORCH_CUDA_ALLOC_CONF={conf}{own} = {cap * emu.real_gb:.2f} GB per process (grpo_lab/memory/emulate.py)")
 
 
 # ---- does this machine's torch know the key? (an unknown key is an error at the first CUDA allocation) ----
