@@ -13,17 +13,13 @@ from typing import Any, Dict, Mapping, Optional, get_type_hints
 
 
 @dataclass
-class Emulate:
-    """A smaller card rehearsed on a bigger one (grpo_lab/memory/emulate.py)."""
-
+class Emulate:  # a smaller card rehearsed on a bigger one (grpo_lab/memory/emulate.py)
     real_gpu_memory_gb: Optional[float] = None  # GiB of the cards the job really runs on; None: no emulation
     real_gpu_name: Optional[str] = None
 
 
 @dataclass
-class Hardware:
-    """One conf/hardware option: one node's cards and host (ray_cluster: each node's)."""
-
+class Hardware:  # a conf/hardware option: one node's cards and host (ray_cluster: each node's)
     name: Optional[str] = None
     gpu_name: Optional[str] = None
     gpu_memory_gb: Optional[float] = None  # one card, GiB as CUDA reports it; 0, negative or None: unknown
@@ -37,9 +33,7 @@ class Hardware:
 
 
 @dataclass
-class ModelFacts:
-    """A conf/model option's facts: names, and the architecture the memory plan uses when no config.json is found."""
-
+class ModelFacts:  # a conf/model option: names, and the architecture planned when no config.json is found
     name: Optional[str] = None
     hub_id: Optional[str] = None
     thinking: Optional[bool] = None  # a chat model that thinks by default (Qwen3)
@@ -61,9 +55,7 @@ class Dataset:
 
 
 @dataclass
-class Slurm:
-    """A SLURM job of several nodes: the Ray cluster its first node starts (grpo_lab/launch/slurm.py)."""
-
+class Slurm:  # a SLURM job of several nodes: the Ray cluster its first node starts (grpo_lab/launch/slurm.py)
     ray_port: int = 6379
     ray_wait_s: int = 300  # seconds for every node to join
 
@@ -74,9 +66,7 @@ class Wandb:
 
 
 @dataclass
-class LabConf:
-    """conf's `lab` section."""
-
+class LabConf:  # conf's `lab`
     hardware: Hardware = field(default_factory=Hardware)
     model: ModelFacts = field(default_factory=ModelFacts)
     dataset: Dataset = field(default_factory=Dataset)
@@ -88,9 +78,7 @@ class LabConf:
 
 
 @dataclass
-class Preflight:
-    """conf's `preflight` section (grpo_lab/checks/preflight.py, make plan / make fit)."""
-
+class Preflight:  # conf's `preflight` (grpo_lab/checks/preflight.py, make plan / make fit)
     only: bool = False
     strict: bool = True
     fit: bool = False

@@ -95,10 +95,10 @@ def launch_job(cfg: DictConfig, cli: CommandLine | None = None, doctor: Any = No
 def run_stages(cfg: DictConfig, job: Job) -> tuple[str, bool]:
     """(what the job did, whether it was ready here: False only for a plan of a run that cannot start here)."""
     prepared = prepare(cfg, job)
-    if prepared.fitting:
+    if prepared.lab.preflight.fit or prepared.lab.preflight.fit_write:
         return fit(cfg, prepared, job), True
     checked = check(emulate(prepared, job), prepared, job)
-    if prepared.plan_only:
+    if prepared.lab.preflight.only:
         return plan(checked, job), checked.report.ready
     return train(checked, prepared, job), True
 
@@ -126,7 +126,7 @@ def check(emulated: Emulated, prepared: Prepared, job: Job) -> Checked:
     # pin's memory plan imports the memory rules (side by side their problems and notes come first)
     from grpo_lab.checks.preflight import run_preflight
 
-    only = prepared.plan_only
+    only = prepared.lab.preflight.only
     report = run_preflight(planned, lab, launching=not only)
     # what this machine lacks: refused when launching; a plan that holds gets "not ready to launch here"
     report.not_ready = not_ready_here(planned, lab, os.environ, plan_only=only)

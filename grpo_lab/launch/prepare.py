@@ -1,12 +1,7 @@
-"""The launch's prepare stage: the composed config made into what verl gets, every transform of it in one place.
-
-    split(cfg) -> (verl dict, Lab)    resolved in the driver; grpo-lab's own sections as one typed view (labconf.py)
-    prepare(cfg, job) -> Prepared     a sweep point's checkpoint folder, jobs side by side, the user's micro-batch
-                                      settled (`settle`), the SLURM job's Ray cluster
-    emulate(prepared, job)            the workers' environment, then an emulated smaller card (grpo_lab/memory/emulate.py)
-    pin_side_by_side(...)             side by side: each job's vLLM KV cache pinned to the plan's size
-
-The rules (grpo_lab/checks/) read what these did from the typed view (lab.micro_batch, lab.side_by_side_kv_pin, ...).
+"""The launch's prepare stage, every change to the config in one place: `split` (resolved in the driver, grpo-lab's
+sections as one typed view), `prepare` (checkpoint folder, jobs side by side, the micro-batch `settle`d, the SLURM
+job's cluster), `emulate` (workers' environment, a smaller card), `pin_side_by_side` (vLLM's KV cache). The rules
+(grpo_lab/checks/) read what they did from the typed view (lab.micro_batch, lab.side_by_side_kv_pin, ...).
 """
 
 from __future__ import annotations
@@ -90,14 +85,6 @@ class Prepared:
     lab: Lab
     layers: Layers  # what set each value (plan.json's changed_defaults)
     cluster: RayNodes | None = None  # the Ray cluster of a SLURM job of several nodes (its first node only)
-
-    @property
-    def fitting(self) -> bool:
-        return bool(self.lab.preflight.fit or self.lab.preflight.fit_write)
-
-    @property
-    def plan_only(self) -> bool:
-        return self.lab.preflight.only
 
 
 def prepare(cfg: DictConfig, job: Job) -> Prepared:

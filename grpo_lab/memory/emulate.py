@@ -82,13 +82,12 @@ def _number(v: Any) -> float | None:
 
 def settings(lab: Lab) -> Emulation | None:
     """The emulation the `lab` facts ask for, checked; None when lab.hardware.emulate.real_gpu_memory_gb is unset."""
-    hw = lab.hardware
-    raw = hw.emulate.real_gpu_memory_gb
-    if raw is None:
+    hw = lab.hardware  # typed (grpo_lab/labconf.py): numbers or None
+    real, card = hw.emulate.real_gpu_memory_gb, hw.gpu_memory_gb
+    if real is None:
         return None
-    real, card = _number(raw), _number(hw.gpu_memory_gb)
-    if real is None or real <= 0:
-        raise EmulationError(f"lab.hardware.emulate.real_gpu_memory_gb={raw!r} is not a size in GB: set it to the "
+    if real <= 0:
+        raise EmulationError(f"lab.hardware.emulate.real_gpu_memory_gb={real:g} is not a size in GB: set it to the "
                              f"memory of the cards the job runs on, e.g. lab.hardware.emulate.real_gpu_memory_gb=139.8 "
                              f"(H200) or =80 (A100 80GB), or drop it to run without emulation")
     if card is None or card <= 0:
@@ -99,7 +98,7 @@ def settings(lab: Lab) -> Emulation | None:
                              f"{card / real:.3f} of the card, over 1): emulation only rehearses a smaller card. Set "
                              f"lab.hardware.gpu_memory_gb={real:g} (no emulation) or "
                              f"lab.hardware.emulate.real_gpu_memory_gb to the real card's size")
-    return Emulation(card, real, str(hw.gpu_name or ""), str(hw.emulate.real_gpu_name or ""))
+    return Emulation(float(card), float(real), str(hw.gpu_name or ""), str(hw.emulate.real_gpu_name or ""))
 
 
 # ---- the allocator string: "key:value,key:value" (roundup_power2_divisions takes a [..] list with commas) ----
