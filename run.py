@@ -31,12 +31,13 @@ def main(cli: CommandLine) -> None:
 
     @hydra.main(config_path="conf", config_name="config", version_base=None)
     def job(cfg: DictConfig) -> str:
+        from grpo_lab.after_run import doctor
         from grpo_lab.launch.job import launch_job
         from grpo_lab.launch.slurm import serve_ray_worker
 
         # a SLURM job of several nodes runs this on each node: all but the first are Ray worker nodes
         # (grpo_lab/launch/slurm.py)
-        return serve_ray_worker(cfg) or launch_job(cfg, cli)
+        return serve_ray_worker(cfg) or launch_job(cfg, cli, doctor)
 
     sys.argv = [sys.argv[0], *cli.argv]  # the command line, then the environment's knobs
     job()

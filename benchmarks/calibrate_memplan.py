@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 
 import yaml  # noqa: E402
 
+from grpo_lab.labconf import Lab  # noqa: E402
 from grpo_lab.memory import calibration, memplan  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
@@ -148,8 +149,8 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     model_path = str(verl["actor_rollout_ref"]["model"]["path"]).rstrip("/")
     info = facts.get(model_path.rsplit("/", 1)[-1]) or job_model_facts(job)
     arch = memplan.Arch.from_mapping(info, source=f"conf/model ({info['name']})")
-    lab = {"hardware": {"gpu_memory_gb": mem.get("card_gb") or 139.8,
-                        "host_ram_gb": (mem.get("host_ram") or {}).get("capacity_gb")}}
+    lab = Lab.of({"hardware": {"gpu_memory_gb": mem.get("card_gb") or 139.8,
+                               "host_ram_gb": (mem.get("host_ram") or {}).get("capacity_gb")}})
     s = memplan.settings_from_verl(verl, lab)
     plan = memplan.memory_plan(arch, s, remedies=False)
     alloc = plan.get("trainer_allocator")

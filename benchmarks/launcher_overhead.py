@@ -3,7 +3,7 @@
     python benchmarks/launcher_overhead.py [--repeat 3]
 
 Both run the same job (experiment=smoke_tiny hardware=h200x1 on files made by grpo_lab.tasks.tiny; raw verl gets the
-overrides grpo_lab.cli.rawcmd derives from the composed config, computed before the clock starts). Everything after
+overrides grpo_lab.launch.rawcmd derives from the composed config, computed before the clock starts). Everything after
 that line is verl's own code in both, so the difference is the launcher's cost: composing with our groups, the
 preflight, writing the job folder, tee-ing the output. Runs on a CPU machine: CUDA_VISIBLE_DEVICES=0 lets the
 preflight's GPU check pass (with a stand-in `nvidia-smi -L` that lists one GPU), and each process is stopped at that
@@ -53,7 +53,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    from grpo_lab.cli.rawcmd import raw_overrides
+    from grpo_lab.launch.rawcmd import raw_overrides
 
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "grpo_lab.tasks.tiny", "--out", tmp], cwd=ROOT, check=True,

@@ -10,7 +10,7 @@ composing the config, twice in run mode, the preflight itself), and checks that 
 Ray never started. The runs share a cache folder of their own (grpo_lab/verl_schema/verl_cache.py): the first one reads
 verl's schema (a child process imports verl and Hydra composes its ~40 config files) and stores it, and is reported on
 its own line (what the first command after installing or changing verl costs); the median is of the runs after it. --no-verl-cache measures with the cache off.
-Then it runs raw verl with the same settings and the same mistake (the overrides grpo_lab.cli.rawcmd derives from the
+Then it runs raw verl with the same settings and the same mistake (the overrides grpo_lab.launch.rawcmd derives from the
 composed config) until its first error or --raw-timeout seconds, and prints the same columns. Both get the same
 GSM8K-sized train/test parquet files (made in a temporary folder) and HF_HUB_OFFLINE=1, so neither waits on a
 download. The target (issue 5): at most 2 s for grpo-lab on a CPU machine, and Ray never started.
@@ -163,7 +163,7 @@ import json, sys, time
 t0 = time.time()
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from grpo_lab.cli.config import split
+from grpo_lab.launch.prepare import split
 t1 = time.time()
 with initialize_config_dir(config_dir={str(ROOT / 'conf')!r}, version_base=None):
     overrides = {[args.mistake, f'train_file={train}', f'test_file={test}']!r}
@@ -199,7 +199,7 @@ def rule_for(mistake: str) -> str | None:
 
 
 def raw_overrides(args, train: Path, test: Path) -> list[str]:
-    from grpo_lab.cli.rawcmd import raw_overrides as derive
+    from grpo_lab.launch.rawcmd import raw_overrides as derive
 
     over = derive([args.mistake, f"train_file={train}", f"test_file={test}"], str(ROOT / "conf"))
     out = []

@@ -51,7 +51,7 @@ def compose_cfg(*overrides: str, environ: dict[str, str] | None = None, conf: Pa
 
 def compose_split(*overrides: str, environ: dict[str, str] | None = None, conf: Path = CONF):
     """(verl dict, lab dict) as the launcher hands them on."""
-    from grpo_lab.cli.config import split
+    from grpo_lab.launch.prepare import split
 
     return split(compose_cfg(*overrides, environ=environ, conf=conf))
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT, compose_split, run_module
 from grpo_lab.tasks import arith
-from grpo_lab.cli.config import get
+from grpo_lab.verl_keys import get
 from grpo_lab.tasks.rewards.strict_format import compute_score
 
 
@@ -78,4 +78,4 @@ def test_bad_request_writes_nothing(tmp_path):
 def test_dataset_option_points_at_the_made_files():
     verl, lab = compose_split("dataset=arith_oneshot")
     assert get(verl, "data.train_files") == str(ROOT / "data" / "arith_oneshot" / "train.parquet")
-    assert lab["dataset"]["make"] == "make arith-oneshot"
+    assert lab.dataset.make == "make arith-oneshot"

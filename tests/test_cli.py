@@ -288,13 +288,13 @@ def test_mistakes_are_refused_before_composing(args, says, tmp_path):
 
 
 def test_rawcmd_refuses_the_same_way(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.cli.rawcmd", "rollout_gpu_mem_utils=0.5"], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", "rollout_gpu_mem_utils=0.5"], cwd=ROOT, text=True,
                           capture_output=True, timeout=60)
     assert proc.returncode == 2 and "did you mean 'rollout_gpu_mem_util'" in proc.stderr
     assert run_py("rollout_gpu_mem_utils=0.5").stderr.strip() == proc.stderr.strip()
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.cli.rawcmd", "--help"], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", "--help"], cwd=ROOT, text=True,
                           capture_output=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m grpo_lab.cli.rawcmd")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m grpo_lab.launch.rawcmd")
 
 
 @pytest.mark.parametrize("args", [

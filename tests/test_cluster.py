@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose_cfg, compose_split, composed, planned, run_py
 from grpo_lab.launch import slurm
-from grpo_lab.cli.config import get
+from grpo_lab.verl_keys import get
 from grpo_lab.errors import GrpoLabError
 
 
@@ -39,7 +39,7 @@ def test_verl_validates_the_cluster_config():
     from verl.utils.config import validate_config
 
     verl, lab = compose_split("hardware=ray_cluster")
-    assert lab["hardware"]["gpu_memory_gb"] == 32 and lab["hardware"]["cpu_cores"] == 16  # per node
+    assert lab.hardware.gpu_memory_gb == 32 and lab.hardware.cpu_cores == 16  # per node
     cfg = OmegaConf.create(verl)
     OmegaConf.set_struct(cfg, True)
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
@@ -225,7 +225,7 @@ def test_the_head_starts_ray_waits_for_every_node_runs_the_job_joined_and_stops_
     # the job joins <first node>:<port> and passes no num_cpus; the preflight learns each node's CPUs
     assert get(verl, "ray_kwargs.ray_init.address") == "gpu07:6379"
     assert get(verl, "ray_kwargs.ray_init.num_cpus") is None
-    assert lab["ray_cluster"]["num_cpus_per_node"] == 16 and lab["ray_cluster"]["hosts"] == ["gpu07", "gpu08"]
+    assert lab.ray_cluster["num_cpus_per_node"] == 16 and lab.ray_cluster["hosts"] == ["gpu07", "gpu08"]
     assert fake.calls == []  # nothing starts before the preflight has passed
     ran = []
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import asdict
 
 import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose_split, options, run_py
-from grpo_lab.cli.config import get
+from grpo_lab import facts
+from grpo_lab.verl_keys import get
 
 GROUPS = ["hardware", "model", "rollout", "variant", "dataset", "logger", "experiment"]
 # vLLM's allowed LoRA ranks (vllm.config.lora.MaxLoRARanks; verl checks a LoRA rank against them when vLLM is there)
@@ -55,12 +57,12 @@ def test_every_option_composes(group, option):
     verl, lab = compose_split(f"{group}={option}")
     assert verl["actor_rollout_ref"]["model"]["path"]
     assert "lab" not in verl and "rollout_gpu_mem_util" not in verl and "preflight" not in verl
-    assert lab["hardware"]["gpu_memory_gb"] > 0
+    assert lab.hardware.gpu_memory_gb > 0
 
 
 def test_defaults_are_the_guides_real_run():
     verl, lab = compose_split()
-    assert lab["hardware"]["name"] == "rtx4080x4" and lab["model"]["name"] == "qwen3_1_7b"
+    assert lab.hardware.name == "rtx4080x4" and lab.model.name == "qwen3_1_7b"
     assert get(verl, "actor_rollout_ref.model.path") == "Qwen/Qwen3-1.7B"
     assert get(verl, "trainer.n_gpus_per_node") == 4
     assert get(verl, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 1
@@ -96,13 +98,12 @@ def test_hardware_sizes_ray_for_the_v1_trainer():
         verl, lab = compose_split(f"hardware={hw}")
         if get(verl, "ray_kwargs.ray_init.address"):
             continue  # joins a running cluster: no num_cpus (tests/test_cluster.py)
-        gpus = verl["trainer"]["n_gpus_per_node"] * verl["trainer"]["nnodes"]
         units = get(verl, "transfer_queue.backend.SimpleStorage.num_data_storage_units")
-        need = 3 * gpus + 1 + 1 + units
+        need = facts.ray_cpus_needed(verl["trainer"]["n_gpus_per_node"], get(verl, "trainer.use_v1", True), units)
         cpus = get(verl, "ray_kwargs.ray_init.num_cpus")
-        assert need <= cpus <= lab["hardware"]["cpu_cores"], (hw, need, cpus)
+        assert need <= cpus <= lab.hardware.cpu_cores, (hw, need, cpus)
         for key in ("gpu_memory_gb", "cpu_cores", "host_ram_gb", "interconnect"):
-            assert key in lab["hardware"], (hw, key)
+            assert getattr(lab.hardware, key) is not None, (hw, key)
         env = get(verl, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
         assert all(isinstance(v, str) for v in env.values()), env
     verl, _ = compose_split("hardware=rtx4080x4")
@@ -128,7 +129,7 @@ def test_command_line_reaches_verl_unchanged():
 
 def test_smoke_preset_is_the_guides_smoke_test():
     verl, lab = compose_split("experiment=smoke")
-    assert lab["model"]["name"] == "qwen3_0_6b"
+    assert lab.model.name == "qwen3_0_6b"
     assert get(verl, "actor_rollout_ref.model.path") == "Qwen/Qwen3-0.6B"
     assert get(verl, "trainer.n_gpus_per_node") == 4
     assert get(verl, "data.train_batch_size") == 32
@@ -151,7 +152,7 @@ def test_every_experiments_run_name_follows_the_model_chosen():
     for experiment in options("experiment"):
         for model in (None, "qwen3_4b"):
             verl, lab = compose_split(f"experiment={experiment}", *([f"model={model}"] if model else []))
-            name, chosen = get(verl, "trainer.experiment_name"), lab["model"]["name"]
+            name, chosen = get(verl, "trainer.experiment_name"), lab.model.name
             assert chosen in name and not {n for n in names - {chosen} if n in name and n not in chosen}, \
                 (experiment, model, name)
             assert get(verl, "trainer.default_local_dir").endswith(f"/{name}")
@@ -301,7 +302,7 @@ def test_lora_model_has_what_makes_it_fit():
     assert get(verl, "actor_rollout_ref.rollout.load_format") == "safetensors"
     assert get(verl, "actor_rollout_ref.rollout.layered_summon") is True
     assert get(verl, "actor_rollout_ref.actor.fsdp_config.param_offload") is True
-    assert lab["model"]["tie_word_embeddings"] is False
+    assert lab.model.tie_word_embeddings is False
 
 
 def test_model_files_state_the_architecture():
@@ -309,7 +310,7 @@ def test_model_files_state_the_architecture():
             "intermediate_size", "vocab_size", "tie_word_embeddings"}
     for model in MODELS:
         _, lab = compose_split(f"model={model}")
-        assert keys <= set(lab["model"]), model
+        assert keys <= {k for k, v in asdict(lab.model).items() if v is not None}, model
 
 
 def test_an_inherited_option_is_one_layer_for_provenance():

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, compose_split, planned, run_module, run_py
 from grpo_lab.tasks import countdown
-from grpo_lab.cli.config import get
+from grpo_lab.verl_keys import get
 from grpo_lab.tasks.rewards import countdown as reward
 from grpo_lab.tasks.rewards.countdown import compute_score
 
@@ -199,7 +199,7 @@ def test_the_preset_selects_the_file_and_verl_loads_it():
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
     verl, lab = compose_split(*PRESET)
-    assert lab["reward_fn"] == "countdown" and lab["dataset"]["name"] == "countdown"
+    assert lab.reward_fn == "countdown" and lab.dataset.name == "countdown"
     assert get(verl, "data.train_files") == str(ROOT / "data" / "countdown" / "train.parquet")
     crf = get(verl, "reward.custom_reward_function")
     assert crf["path"] == str(ROOT / "grpo_lab" / "tasks" / "rewards" / "countdown.py") and crf["name"] == "compute_score"

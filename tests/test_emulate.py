@@ -1,4 +1,4 @@
-"""Emulation (grpo_lab/checks/emulate.py): the course machine's 32 GB cards rehearsed on bigger ones, through run.py.
+"""Emulation (grpo_lab/memory/emulate.py): the course machine's 32 GB cards rehearsed on bigger ones, through run.py.
 
 What a user types (`python run.py hardware=h200x4_as_rtx4080x4 ...`) in a subprocess; what verl would get is read
 back from the job's verl_config.yaml, what the preflight planned from its plan.json.
@@ -14,8 +14,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from conftest import planned, run_py
-from grpo_lab.checks import emulate
-from grpo_lab.cli.config import get
+from grpo_lab.memory import emulate
+from grpo_lab.verl_keys import get
 
 H200 = 139.8
 FRACTION = 32 / H200  # 0.228898...
@@ -52,7 +52,7 @@ def test_the_plan_is_for_32_gb_cards_and_says_emulated(tmp_path):
     assert emu["gpu_memory_utilization"][UTIL] == {"planned": 0.4, "handed_to_engine": 0.091559, "budget_gb": 13.74}
     assert any(n.startswith("EMULATED") for n in plan["notes"])
     cap = next(i for i in plan["changed_defaults"] if i["key"] == f"{ENV}.PYTORCH_CUDA_ALLOC_CONF")
-    assert cap["set_by"].startswith("emulation (grpo_lab/checks/emulate.py)")
+    assert cap["set_by"].startswith("emulation (grpo_lab/memory/emulate.py)")
     # what verl gets: vLLM's budget of a 32 GB card out of the H200's total, the cap, the GeForce NCCL setting
     assert get(verl, UTIL) == pytest.approx(0.4 * FRACTION, abs=1e-6)
     assert get(verl, UTIL) * H200 == pytest.approx(12.8, abs=1e-3)
@@ -79,7 +79,7 @@ def test_a_utilization_on_the_command_line_means_the_small_card(tmp_path, overri
     # the values that differ from verl's defaults are what verl gets, and say that emulation scaled them
     item = next(i for i in plan["changed_defaults"] if i["key"] == UTIL)
     assert item["verl"] == 0.5 and item["ours"] == pytest.approx(0.5 * FRACTION, abs=1e-6)
-    assert "emulation (grpo_lab/checks/emulate.py) scaled 0.5 of a 32 GB card to 0.114449 of 139.8 GB" in item["set_by"]
+    assert "emulation (grpo_lab/memory/emulate.py) scaled 0.5 of a 32 GB card to 0.114449 of 139.8 GB" in item["set_by"]
 
 
 def test_a_sweep_scales_every_job(tmp_path):
@@ -121,13 +121,20 @@ def test_the_users_allocator_settings_are_merged_not_overwritten(tmp_path):
 @pytest.mark.parametrize("args,env,words", [
     ([], {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "Expandable segments are not compatible"),
     (["lab.hardware.emulate.real_gpu_memory_gb=16"], {}, "cannot emulate a 32 GB card on 16 GB cards"),
-    (["lab.hardware.emulate.real_gpu_memory_gb=lots"], {}, "is not a size in GB"),
     (["actor_rollout_ref.rollout.name=sglang"], {}, "actor_rollout_ref.rollout.name=vllm"),
 ])
 def test_bad_emulation_input_is_refused_before_anything_is_written(tmp_path, args, env, words):
     p, out = _plan(tmp_path, EMU, *args, env=env)
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
     assert words in p.stderr and "Traceback" not in p.stderr
+    assert not (out / "verl_config.yaml").exists() and not (out / "plan.json").exists()
+
+
+def test_no_number_for_the_real_card_fails_at_compose(tmp_path):
+    """lab.hardware.emulate.real_gpu_memory_gb is typed (grpo_lab/labconf.py): Hydra's own error names the key."""
+    p, out = _plan(tmp_path, EMU, "lab.hardware.emulate.real_gpu_memory_gb=lots")
+    assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stderr[-2000:]
+    assert "full_key: lab.hardware.emulate.real_gpu_memory_gb" in p.stderr and "converted to Float" in p.stderr
     assert not (out / "verl_config.yaml").exists() and not (out / "plan.json").exists()
 
 
@@ -194,7 +201,7 @@ def test_allocator_strings_keep_bracketed_lists():
 
 
 def test_raw_verl_gets_the_same_emulated_values(tmp_path):
-    # benchmarks/gpu/README.md compares run.py with raw verl under emulation: python -m grpo_lab.cli.rawcmd hardware=...
+    # benchmarks/gpu/README.md compares run.py with raw verl under emulation: python -m grpo_lab.launch.rawcmd hardware=...
     import subprocess
     import sys
 
@@ -202,10 +209,10 @@ def test_raw_verl_gets_the_same_emulated_values(tmp_path):
     from hydra.core.global_hydra import GlobalHydra
 
     from conftest import ROOT
-    from grpo_lab.cli.config import split
+    from grpo_lab.launch.prepare import split
     from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
-    raw = subprocess.run([sys.executable, "-m", "grpo_lab.cli.rawcmd", "--list", EMU, "rollout_gpu_mem_util=0.5"],
+    raw = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", "--list", EMU, "rollout_gpu_mem_util=0.5"],
                          cwd=ROOT, text=True, capture_output=True, timeout=120)
     assert raw.returncode == 0, raw.stderr
     GlobalHydra.instance().clear()
@@ -219,7 +226,7 @@ def test_raw_verl_gets_the_same_emulated_values(tmp_path):
         assert get(raw_verl, ENV)[var] == get(ours, ENV)[var]
     assert raw_verl["ray_kwargs"]["ray_init"]["num_cpus"] == 16
     # a refusal is a message there too
-    bad = subprocess.run([sys.executable, "-m", "grpo_lab.cli.rawcmd", EMU, "lab.hardware.emulate.real_gpu_memory_gb=16"],
+    bad = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", EMU, "lab.hardware.emulate.real_gpu_memory_gb=16"],
                          cwd=ROOT, text=True, capture_output=True, timeout=120)
     assert bad.returncode == 2 and "cannot emulate a 32 GB card on 16 GB cards" in bad.stderr
 
@@ -243,6 +250,6 @@ def test_one_transform_gives_the_planned_and_the_handed_config_and_leaves_its_in
     again = emulate.emulate(freeze(done.planned), lab, {})
     assert again.info == done.info and emulate.describe(again) == emulate.describe(done)
     # without emulation: the input itself, twice
-    lab["hardware"]["emulate"]["real_gpu_memory_gb"] = None
+    lab.hardware.emulate.real_gpu_memory_gb = None
     plain = emulate.emulate(verl, lab, {})
     assert plain.planned is verl and plain.verl is verl and plain.info is None and emulate.describe(plain) == ""

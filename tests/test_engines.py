@@ -3,6 +3,8 @@ gpu_memory_utilization the way SGLang does (a fraction of the memory free at eng
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import json
 from dataclasses import replace
 
@@ -12,7 +14,7 @@ from omegaconf import OmegaConf
 
 from conftest import composed, options, planned, run_py
 from grpo_lab.memory import engines, memplan
-from grpo_lab.cli.config import get
+from grpo_lab.verl_keys import get
 from grpo_lab.memory.memplan import Arch, memory_plan, settings_from_verl
 
 SGLANG = ["sglang_tp1_mem04", "sglang_tp2_mem04"]
@@ -20,7 +22,7 @@ SGLANG = ["sglang_tp1_mem04", "sglang_tp2_mem04"]
 
 def _plan(*overrides):
     verl, lab = composed(*overrides)
-    arch, s = Arch.from_mapping(lab["model"], "lab.model"), settings_from_verl(verl, lab)
+    arch, s = Arch.from_mapping(asdict(lab.model), "lab.model"), settings_from_verl(verl, lab)
     return arch, s, memory_plan(arch, s, remedies=False)
 
 

@@ -3,6 +3,8 @@ preflight with the batch arithmetic unchanged, or a message naming what would fi
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import json
 import os
 import re
@@ -73,7 +75,7 @@ def test_every_model_on_every_hardware_fits_or_says_what_would(model, hardware):
     assert {k: after.batch[k] for k in BATCH} == {k: before.batch[k] for k in BATCH}
     assert after.memory["verdict"]["overall"] == "fits"
     for ph in ("generation", "training", "weight_sync"):
-        assert after.memory["phases"][ph]["peak_gb_per_gpu"] <= memplan.TIGHT_FRACTION * lab["hardware"]["gpu_memory_gb"]
+        assert after.memory["phases"][ph]["peak_gb_per_gpu"] <= memplan.TIGHT_FRACTION * lab.hardware.gpu_memory_gb
     # only settings that keep what is trained, unless LoRA, which is then said loudly
     extra = _keys(res.overrides) - ALLOWED
     if res.lora:
@@ -95,7 +97,7 @@ def test_the_course_machine_4b_gets_the_guides_optimizer_offload():
     assert res.overrides == ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]
     (change,) = res.changes
     # the cost in numbers: Adam's 8 B/param over FSDP 4, there and back, at the PCIe 4 assumption
-    adam_gb = 8 * memplan.Arch.from_mapping(lab["model"]).params() / 4 / 1e9
+    adam_gb = 8 * memplan.Arch.from_mapping(asdict(lab.model)).params() / 4 / 1e9
     assert f"{adam_gb:.2f} GB per card" in change.cost and "25 GB/s" in change.cost
     assert f"about {2 * adam_gb / 25:.1f} s more per step" in change.cost
 
@@ -138,7 +140,9 @@ def test_apply_overrides_matches_compose():
     assert mine["actor_rollout_ref"]["rollout"]["max_model_len"] == 512 + 2048
     assert verl["actor_rollout_ref"]["rollout"]["max_model_len"] == 512 + 1024  # the input is untouched
     _, lab2 = F.apply_overrides(verl, lab, ["preflight.strict=false", "lab.hardware.gpu_memory_gb=24"])
-    assert lab2["preflight"]["strict"] is False and lab2["hardware"]["gpu_memory_gb"] == 24
+    assert lab2.preflight.strict is False and lab2.hardware.gpu_memory_gb == 24 and lab.preflight.strict is True
+    with pytest.raises(ValueError, match="no such key"):
+        F.apply_overrides(verl, lab, ["lab.hardware.gpu_memory=24"])
     with pytest.raises(ValueError, match="config group"):
         F.apply_overrides(verl, lab, ["model=qwen3_4b"])
 
@@ -152,7 +156,7 @@ def test_nothing_fits_names_a_bigger_card_more_gpus_and_a_smaller_model():
     assert 16 < card <= 32
     # the card found is the smallest: one GB less does not fit, that size does
     s = memplan.settings_from_verl(verl, lab)
-    ctx = F.FitContext(memplan.Arch.from_mapping(lab["model"]), s, lab, mini=64)
+    ctx = F.FitContext(memplan.Arch.from_mapping(asdict(lab.model)), s, lab, mini=64)
     assert fit_search.fits_with(ctx, replace(s, card_gb=card)) is not None
     assert fit_search.fits_with(ctx, replace(s, card_gb=card - 1)) is None
     assert re.search(r"more GPUs: \d+ GPUs of 16 GB", text)

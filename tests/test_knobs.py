@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import compose_split, planned, run_py
-from grpo_lab.cli.config import get
+from grpo_lab.verl_keys import get
 from grpo_lab.cli.knobs import KNOBS, misspelt_env
 from grpo_lab.cli.overrides import parse, prepare
 

@@ -6,6 +6,7 @@ import ast
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,6 +119,21 @@ def _aliases(tree: ast.AST, mods: dict[str, Path]) -> dict[str, str]:
     return out
 
 
+# the stages a job passes, in order; memory/, tasks/, verl_schema/ and the top-level modules are libraries (no stage)
+STAGES = {"cli": 1, "checks": 2, "launch": 3, "after_run": 4}
+
+
+def stage(name: str) -> int | None:
+    parts = name.split(".")
+    return STAGES.get(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in STAGES) else None
+
+
+def imports_of_later_stages(graph) -> list[str]:
+    """`a imports b` where b's stage comes after a's: an arrow running back up the pipeline."""
+    return sorted(f"{m} imports {t}" for m, es in graph.items() for t in es
+                  if stage(m) and stage(t) and stage(t) > stage(m))
+
+
 MUTATORS = {"append", "extend", "insert", "update", "add", "pop", "clear", "remove", "setdefault", "discard"}
 
 
@@ -171,6 +187,10 @@ USERS = {"run": ROOT / "run.py", **{f"hydra_plugins.{f.parent.name}.{f.stem}": f
 
 def test_no_import_circles():
     assert circles(GRAPH) == [], "import circles inside grpo_lab (module-level or function-level imports)"
+
+
+def test_no_stage_imports_a_later_stage():
+    assert imports_of_later_stages(GRAPH) == []
 
 
 def test_no_module_over_700_lines():
@@ -251,6 +271,123 @@ def test_planted_private_imports_and_foreign_globals_are_found(tmp_path):
     assert foreign_globals(mods, {"run": user})[-1] == "run:2 sets pkg.a.LAST"
 
 
+def test_a_planted_import_of_a_later_stage_is_found(tmp_path):
+    mods = plant(tmp_path, {
+        "__init__.py": "", "facts.py": "",
+        "cli/__init__.py": "", "cli/one.py": "def f():\n    from pkg.launch import two\n",
+        "checks/__init__.py": "from pkg import facts\nfrom pkg.cli import one\n",
+        "launch/__init__.py": "", "launch/two.py": "from pkg.checks import x\n",
+        "checks/x.py": "from pkg.memory import m\n", "memory/__init__.py": "", "memory/m.py": "from pkg.launch import two\n",
+    })
+    assert imports_of_later_stages(imports(mods)) == ["pkg.cli.one imports pkg.launch.two"]
+
+
 @pytest.mark.parametrize("module", sorted(MODS))
 def test_every_module_says_what_it_is_for(module):
     assert ast.get_docstring(ast.parse(MODS[module].read_text())), f"{module} has a docstring"
+
+
+# ------------------------------------------------------------------------------------------------ the config's path
+
+MAX_CONFIG_MODULES = 12  # grpo_lab modules the composed config enters, from launch_job on (issue 29 item 8: was 26)
+MAX_CALLS_BACK_UP = 8  # calls carrying it from a later stage into an earlier one (was 20)
+
+
+def follow_the_config(tmp_path: Path, *overrides: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """A plan-only job through launch_job under sys.setprofile: (the grpo_lab modules entered by a call that receives
+    the config, {(caller, callee)} of such calls from a later stage into an earlier one).
+
+    The config is followed by identity: the DictConfig handed to launch_job, then whatever a call that received it
+    returns that carries it: a whole verl dict (a mapping with `trainer` or `actor_rollout_ref`), grpo-lab's typed
+    view, a DictConfig, or an object (tuple, dataclass, one level down) holding one of them (Prepared, Ctx, ...)."""
+    import dataclasses
+    import sys as _sys
+    from collections.abc import Mapping
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig, OmegaConf, open_dict
+
+    from conftest import compose_cfg
+    from grpo_lab.launch import job as launch
+
+    labconf = _sys.modules.get("grpo_lab.labconf")
+    cfg = compose_cfg("preflight.only=true", f"hydra.run.dir={tmp_path}", *overrides)
+    OmegaConf.set_readonly(cfg.hydra, False)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig.instance().set_config(cfg)
+    kept, tracked = [cfg], {id(cfg)}
+    entered: set[str] = set()
+    back: set[tuple[str, str]] = set()
+    carrying: set[int] = set()
+
+    def whole(x: Any) -> bool:
+        return isinstance(x, DictConfig) or (labconf is not None and isinstance(x, labconf.Lab)) or (
+            isinstance(x, Mapping) and ("trainer" in x or "actor_rollout_ref" in x))
+
+    def carriers(x: Any, top: bool = True) -> list[Any]:
+        if whole(x):
+            return [x]
+        if not top:
+            return []
+        inner = list(x) if isinstance(x, (tuple, list)) else (
+            [getattr(x, f.name) for f in dataclasses.fields(x)] if dataclasses.is_dataclass(x) and not
+            isinstance(x, type) else [])
+        found = [c for v in inner for c in carriers(v, False)]
+        return found + ([x] if found and not isinstance(x, (tuple, list)) else [])
+
+    def name(frame) -> str:
+        return f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name}"
+
+    def profile(frame, event, arg):
+        mod = frame.f_globals.get("__name__", "")
+        if not mod.startswith("grpo_lab"):
+            return
+        if event == "call":
+            code = frame.f_code
+            n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
+            args = [frame.f_locals.get(v) for v in code.co_varnames[:n]]
+            args += [a for v in args if isinstance(v, (tuple, dict)) for a in (v.values() if isinstance(v, dict)
+                                                                               else v)]
+            if any(id(a) in tracked for a in args):
+                carrying.add(id(frame))
+                entered.add(mod)
+                caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
+                if stage(caller) and stage(mod) and stage(caller) > stage(mod):
+                    back.add((name(frame.f_back), name(frame)))
+        elif event == "return" and id(frame) in carrying:
+            carrying.discard(id(frame))
+            for c in carriers(arg):
+                kept.append(c)
+                tracked.add(id(c))
+
+    _sys.setprofile(profile)
+    try:
+        launch.launch_job(cfg)
+    except SystemExit:
+        pass  # a plan not ready on this machine exits 3
+    finally:
+        _sys.setprofile(None)
+    return entered, back
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory):
+    entered, back = follow_the_config(tmp_path_factory.mktemp("plan"))
+    print(f"\nthe composed config, followed from launch_job: {len(entered)} modules entered, {len(back)} calls "
+          f"back up into an earlier stage\n  " + "\n  ".join(sorted(entered)) + "\n  "
+          + "\n  ".join(f"{a} -> {b}" for a, b in sorted(back)))
+    return entered, back
+
+
+@pytest.mark.slow
+def test_the_config_rarely_runs_back_up_a_stage(config_path):
+    """815bb8c, measured with this tool: 14 (launch -> checks' transforms, everything -> cli.config's get/split)."""
+    assert len(config_path[1]) <= MAX_CALLS_BACK_UP
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="open (issue 29 item 8): 815bb8c 22 modules, now 21; the preflight's nine "
+                                       "rule modules each receive the config")
+def test_the_config_enters_few_modules(config_path):
+    assert len(config_path[0]) <= MAX_CONFIG_MODULES

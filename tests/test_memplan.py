@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import json
 from dataclasses import replace
 
@@ -16,7 +18,7 @@ from grpo_lab.memory.memplan import Arch, Settings, memory_plan, settings_from_v
 
 def plan_for(*overrides: str) -> dict:
     verl, lab = composed(*overrides)
-    return memory_plan(Arch.from_mapping(lab["model"], "lab.model"), settings_from_verl(verl, lab))
+    return memory_plan(Arch.from_mapping(asdict(lab.model), "lab.model"), settings_from_verl(verl, lab))
 
 
 QWEN3_1_7B = Arch(num_hidden_layers=28, hidden_size=2048, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -37,7 +39,7 @@ def test_parameter_counts_come_from_the_architecture():
     # Qwen3's published sizes: 0.6B (596M with tied embeddings), 1.7B (1.72B), 4B (4.02B), 8B (8.19B)
     assert QWEN3_1_7B.params() == pytest.approx(1.7205e9, rel=2e-3)
     v, lab = composed("model=qwen3_8b_lora")
-    assert Arch.from_mapping(lab["model"]).params() == pytest.approx(8.19e9, rel=5e-3)
+    assert Arch.from_mapping(asdict(lab.model)).params() == pytest.approx(8.19e9, rel=5e-3)
     untied = replace(QWEN3_1_7B, tie_word_embeddings=False)
     assert untied.params() - QWEN3_1_7B.params() == 151936 * 2048
 
@@ -125,7 +127,7 @@ def test_update_peak_matches_the_h200_measurements():
     }
     for (model, gc), (update, opt) in measured.items():
         _, lab = composed(f"model={model}")
-        a = Arch.from_mapping(lab["model"])
+        a = Arch.from_mapping(asdict(lab.model))
         s = Settings(n_gpus=1, card_gb=150, gradient_checkpointing=gc, attn_implementation="sdpa",
                      ppo_max_token_len_per_gpu=3000, max_prompt_length=512, max_response_length=1024, ref_used=False)
         pred_update = sum(memplan.update_breakdown(a, s).values()) / 2**30
@@ -163,7 +165,7 @@ def test_more_tokens_more_training_memory():
 
 def test_bigger_model_more_memory():
     s = base_settings()
-    archs = [Arch.from_mapping(composed(f"model={m}")[1]["model"]) for m in ("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b")]
+    archs = [Arch.from_mapping(asdict(composed(f"model={m}")[1].model)) for m in ("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b")]
     for small, big in zip(archs, archs[1:]):
         ps, pb = peaks(small, s), peaks(big, s)
         assert all(pb[k] > ps[k] for k in ps), (ps, pb)

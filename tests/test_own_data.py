@@ -195,7 +195,7 @@ def test_dataset_option_reads_the_made_files_through_run_py(tmp_path):
     verl, lab = compose_split("dataset=own_qa")
     assert verl["data"]["train_files"].endswith("/data/own_qa/train.parquet")
     assert verl["data"]["val_files"].endswith("/data/own_qa/test.parquet")
-    assert lab["dataset"]["make"].startswith("python -m grpo_lab.tasks.data own")
+    assert lab.dataset.make.startswith("python -m grpo_lab.tasks.data own")
     # before the files exist, the plan says how to make them
     p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
     assert planned(p), p.stdout + p.stderr

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -282,7 +283,7 @@ def test_ray_cpu_budget_from_the_hardware_file_or_the_machine(monkeypatch):
     assert "needs 22 CPUs" in only(check(verl, lab).errors, "ray_cpus").message
     put(verl, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 2)
     put(verl, "ray_kwargs.ray_init.num_cpus", None)  # Ray takes the machine's cores: the hardware file's 8
-    lab["hardware"]["cpu_cores"] = 8
+    lab.hardware.cpu_cores = 8
     assert "lab.hardware.cpu_cores=8" in only(check(verl, lab).errors, "ray_cpus").message
     monkeypatch.setattr(facts, "machine_cpus", lambda: 64)  # launching: the real machine counts
     monkeypatch.setattr(facts, "module_available", lambda name: True)
@@ -416,7 +417,7 @@ def test_full_finetune_of_8b_refused_with_a_pointer_to_lora():
     # the fix is the LoRA recipe as overrides (re-checkable), not a group choice
     assert p.fix == (memplan.LORA_OVERRIDES + " " + memplan.OFFLOAD_OVERRIDES) and p.checked.startswith("re-checked")
     # strict=false: the predicted OOMs become warnings, nothing else blocks
-    lab["preflight"]["strict"] = False
+    lab.preflight.strict = False
     r = check(verl, lab)
     assert r.ok, [(e.rule, e.message) for e in r.errors]
     assert "full_finetune_too_big" in rules(r.warnings)
@@ -430,7 +431,7 @@ def test_4b_at_util_085_refused_before_launch():
     fix_util = float(p.fix.split("=")[1])
     assert p.fix.startswith("rollout_gpu_mem_util=") and fix_util < 0.85
     assert r.memory["verdict"]["generation"] == "oom"
-    lab["preflight"]["strict"] = False
+    lab.preflight.strict = False
     r = check(verl, lab)
     assert "memory_generation" in rules(r.warnings) and "memory_generation" not in rules(r.errors)
 
@@ -519,11 +520,12 @@ def test_no_heavy_imports_and_fast():
         "import json, sys, time\n"
         "t = time.time()\n"
         "from grpo_lab.checks.preflight import run_preflight\n"
+        "from grpo_lab.labconf import Lab\n"
         "verl, lab = json.load(sys.stdin)\n"
-        "r = run_preflight(verl, lab, launching=False, environ={})\n"
+        "r = run_preflight(verl, Lab.of(lab), launching=False, environ={})\n"
         "heavy = [m for m in ('verl', 'torch', 'ray', 'vllm', 'pyarrow', 'transformers') if m in sys.modules]\n"
         "print(json.dumps({'heavy': heavy, 'seconds': time.time() - t, 'batch': r.batch['trajectories_per_step']}))\n")
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps([verl, lab]), capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps([verl, asdict(lab)]), capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])

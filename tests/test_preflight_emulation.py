@@ -4,7 +4,7 @@ tests/test_emulate.py."""
 from __future__ import annotations
 
 from conftest import composed
-from grpo_lab.checks import emulate
+from grpo_lab.memory import emulate
 from grpo_lab.checks.preflight import run_preflight
 
 EMU = "hardware=h200x4_as_rtx4080x4"
@@ -27,7 +27,7 @@ def test_emulation_says_what_vllm_and_torch_get():
 
 def test_emulation_refuses_a_bigger_card_than_the_real_one():
     verl, lab = composed(EMU)
-    lab["hardware"]["emulate"]["real_gpu_memory_gb"] = 24
+    lab.hardware.emulate.real_gpu_memory_gb = 24
     r = run_preflight(verl, lab, launching=False, environ={}, check_fixes=False)
     (e,) = _rules(r, "emulation")
     assert "cannot emulate a 32 GB card on 24 GB cards" in e.message

@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, composed, planned, run_py
 from grpo_lab import facts
 from grpo_lab.checks import fixes
-from grpo_lab.cli.config import get
+from grpo_lab.verl_keys import get
 from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.checks.preflight import run_preflight
 
@@ -158,10 +158,10 @@ def test_apply_follows_derived_values():
 def test_a_verl_key_set_on_its_own_gets_its_fix_by_that_name():
     """trainer.total_epochs=two typed: the short key no longer reaches it, so the fix names the verl key."""
     verl, lab = composed("trainer.total_epochs=two")
-    assert lab["set_apart"] == {"total_epochs": ["trainer.total_epochs"]}
+    assert lab.set_apart == {"total_epochs": ["trainer.total_epochs"]}
     (p,) = [p for p in check(verl, lab).errors if p.rule == "value_types"]
     assert p.fix == "trainer.total_epochs=1" and p.checked.startswith("re-checked: the preflight passes")
-    assert "set_apart" not in composed("total_epochs=two")[1]  # the short key typed: nothing set apart
+    assert composed("total_epochs=two")[1].set_apart == {}  # the short key typed: nothing set apart
 
 
 def test_apply_and_respell_follow_what_composing_does_with_keys_set_apart():
@@ -170,15 +170,15 @@ def test_apply_and_respell_follow_what_composing_does_with_keys_set_apart():
     ref = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
     roll = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
     verl, lab = composed(*STATIC, f"{ref}=3")
-    assert lab["set_apart"] == {"log_prob_micro_batch_size_per_gpu": [ref]}
+    assert lab.set_apart == {"log_prob_micro_batch_size_per_gpu": [ref]}
     applied, _ = fixes.apply(verl, lab, fixes.parse("log_prob_micro_batch_size_per_gpu=4"))
     by_compose, _ = composed(*STATIC, f"{ref}=3", "log_prob_micro_batch_size_per_gpu=4")
     assert applied == by_compose and get(applied, ref) == 3 and get(applied, roll) == 4
-    assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab["set_apart"]) == [
+    assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab.set_apart) == [
         ("", "log_prob_micro_batch_size_per_gpu", 4), ("", ref, 4)]
     # the rollout's key typed: the ref's still follows it, so the fix names the rollout's key alone
     verl, lab = composed(*STATIC, f"{roll}=3")
-    assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab["set_apart"]) == [("", roll, 4)]
+    assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab.set_apart) == [("", roll, 4)]
     applied, _ = fixes.apply(verl, lab, [("", roll, 4)])
     assert applied == composed(*STATIC, f"{roll}=3", f"{roll}=4")[0]
 

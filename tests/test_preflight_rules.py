@@ -442,7 +442,7 @@ def test_side_by_side_jobs_keep_the_users_own_kv_pin(tmp_path):
 
 
 def test_side_by_side_jobs_counts_only_the_joblib_launcher():
-    from grpo_lab.launch.job import side_by_side_jobs
+    from grpo_lab.launch.prepare import side_by_side_jobs
 
     joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
     assert side_by_side_jobs({"_target_": joblib, "n_jobs": 4}) == 4
@@ -451,12 +451,12 @@ def test_side_by_side_jobs_counts_only_the_joblib_launcher():
     assert side_by_side_jobs(None) == 1
     verl, lab = composed("experiment=learn_smollm2", "hardware=h200x1")
     assert "side_by_side_jobs" not in rules(check(verl, lab).errors)
-    lab["side_by_side_jobs"] = 2
+    lab.side_by_side_jobs = 2
     assert "side_by_side_jobs" not in rules(check(verl, lab).errors)  # 2 x 58.8 GB fits the 139.8 GB card
-    lab["side_by_side_jobs"] = 3
+    lab.side_by_side_jobs = 3
     assert "side_by_side_jobs" in rules(check(verl, lab).errors)
     # a pinned KV cache takes away the warning, and sizes the plan's generation phase
-    lab["side_by_side_jobs"] = 2
+    lab.side_by_side_jobs = 2
     verl["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] = 0.2
     assert "side_by_side_jobs" in rules(check(verl, lab).warnings)
     verl["actor_rollout_ref"]["rollout"].setdefault("engine_kwargs", {}).setdefault("vllm", {})[
@@ -480,12 +480,12 @@ def test_learning_rate_high_from_1e_3():
 
 
 def _settled(*task_overrides):
-    """(verl, lab) with grpo_lab.checks.microbatch's settlement for these command-line overrides, as launch.py makes it."""
-    from grpo_lab.checks.microbatch import settle
+    """(verl, lab) with grpo_lab.launch.prepare.settle for these command-line overrides, as launch.py makes it."""
+    from grpo_lab.launch.prepare import settle
     from grpo_lab.cli.provenance import Layers
 
     verl, lab = composed(*task_overrides)
-    lab["micro_batch"] = settle(verl, Layers({}, list(task_overrides)))
+    lab.micro_batch = settle(verl, Layers({}, list(task_overrides)))
     return verl, lab
 
 
@@ -497,11 +497,11 @@ def test_micro_batch_explicit_turns_the_default_off_or_warns():
     r = check(verl, lab)
     assert r.ok and any(n.startswith("your micro-batch size wins") for n in r.notes)
     verl, lab = _settled(A + "actor.ppo_micro_batch_size_per_gpu=2", A + "actor.use_dynamic_bsz=true")
-    assert verl["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is True and lab["micro_batch"]["turned_off"] == []
+    assert verl["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is True and lab.micro_batch["turned_off"] == []
     (w,) = [w for w in check(verl, lab).warnings if w.rule == "micro_batch_explicit"]
     assert "is IGNORED" in w.message and w.checked.startswith("re-checked")
     verl, lab = _settled()  # no micro-batch of the user's: nothing to say, dynamic batching stays on
-    assert lab["micro_batch"] == {} and verl["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is True
+    assert lab.micro_batch == {} and verl["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is True
 
 
 def test_experiment_name_folder():

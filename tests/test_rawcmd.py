@@ -1,4 +1,4 @@
-"""grpo_lab.cli.rawcmd: the raw verl command it prints gives verl exactly the config run.py gives it."""
+"""grpo_lab.launch.rawcmd: the raw verl command it prints gives verl exactly the config run.py gives it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from conftest import CONF, compose_split
-from grpo_lab.cli.config import split
-from grpo_lab.cli.rawcmd import raw_overrides
+from grpo_lab.launch.prepare import split
+from grpo_lab.launch.rawcmd import raw_overrides
 from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
 
@@ -39,17 +39,17 @@ def test_string_env_vars_stay_strings():
 
 
 def test_help_and_mistakes_get_messages_not_tracebacks(capsys):
-    from grpo_lab.cli.rawcmd import main
+    from grpo_lab.launch.rawcmd import main
 
     assert main(["--help"]) == 0
-    assert capsys.readouterr().out.startswith("usage: python -m grpo_lab.cli.rawcmd")
+    assert capsys.readouterr().out.startswith("usage: python -m grpo_lab.launch.rawcmd")
     assert main(["rollout_gpu_mem_utils=0.5"], environ={}) == 2
     err = capsys.readouterr().err
     assert "did you mean 'rollout_gpu_mem_util'" in err and "Traceback" not in err
 
 
 def test_environment_knobs_reach_the_raw_command():
-    from grpo_lab.cli.rawcmd import main
+    from grpo_lab.launch.rawcmd import main
     import contextlib
     import io
 

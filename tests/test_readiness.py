@@ -245,7 +245,7 @@ DYN = (f"{A}actor.use_dynamic_bsz", f"{A}rollout.log_prob_use_dynamic_bsz", f"{A
 
 
 def _dyn(job: Path) -> tuple[bool, ...]:
-    from grpo_lab.cli.config import get
+    from grpo_lab.verl_keys import get
 
     cfg = yaml.safe_load((job / "verl_config.yaml").read_text())
     return tuple(get(cfg, k) for k in DYN)

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, compose_split
-from grpo_lab.cli.config import get
+from grpo_lab.verl_keys import get
 from grpo_lab.tasks.rewards.strict_format import compute_score, extract_answer
 
 SRC = "arith_mixed_oneshot"
@@ -80,7 +80,7 @@ def test_verl_default_option_switches_the_custom_reward_off():
 
 def test_presets_without_the_group_keep_verls_scorer():
     verl, lab = compose_split("experiment=smoke_tiny", "hardware=h200x1")
-    assert get(verl, "reward.custom_reward_function.path") is None and lab["reward_fn"] == "verl_default"
+    assert get(verl, "reward.custom_reward_function.path") is None and lab.reward_fn == "verl_default"
 
 
 def test_acc_is_what_validation_reports_as_core():

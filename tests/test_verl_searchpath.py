@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from conftest import CONF, run_py
-from grpo_lab.cli.config import split
+from grpo_lab.launch.prepare import split
 from grpo_lab.verl_schema.verl_cache import ENV
 
 # what the cache must not change: the defaults, a preset on other hardware, a variant, a model that picks its rollout

@@ -25,7 +25,7 @@ VERL_STARTUP_DEFAULTS=(data.dataloader_num_workers=8 reward.num_workers=8 actor_
 export RAW_ARGS_FILE=$OUT/raw_args.txt
 raw_run() {  # raw_run NAME LIMIT_S [override ...]: the preset through raw verl, timed, metrics into $LOGS/NAME.metrics.jsonl
   local name=$1 limit=$2; shift 2
-  [ -s "$RAW_ARGS_FILE" ] || python3 -m grpo_lab.cli.rawcmd --list "${PRESET[@]}" > "$RAW_ARGS_FILE"
+  [ -s "$RAW_ARGS_FILE" ] || python3 -m grpo_lab.launch.rawcmd --list "${PRESET[@]}" > "$RAW_ARGS_FILE"
   VERL_FILE_LOGGER_PATH=$LOGS/$name.metrics.jsonl timed "$name" "$limit" bash benchmarks/gpu/raw_verl.sh "$@"
 }
 

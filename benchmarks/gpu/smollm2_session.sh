@@ -78,10 +78,10 @@ case "${1:-}" in
     ;;
   lora_dummy)
     # the preflight refuses LoRA with load_format=dummy (rule lora_load_format, an error no override waives), so
-    # this job goes through raw verl: the same overrides (grpo_lab.cli.rawcmd composes them without the preflight;
+    # this job goes through raw verl: the same overrides (grpo_lab.launch.rawcmd composes them without the preflight;
     # `dummy` is verl's default load_format, named again last), metrics through verl's file logger
     # layered_summon=false: verl's base-weight sync (dummy) refuses layered_summon
-    python3 -m grpo_lab.cli.rawcmd --list experiment=smoke_smollm2 "${HW[@]}" "${LORA[@]}" \
+    python3 -m grpo_lab.launch.rawcmd --list experiment=smoke_smollm2 "${HW[@]}" "${LORA[@]}" \
       actor_rollout_ref.rollout.layered_summon=false experiment_name=smoke_smollm2_lora_dummy > "$LOGS/dummy_args.txt"
     RAW_ARGS_FILE=$LOGS/dummy_args.txt VERL_FILE_LOGGER_PATH=$LOGS/lora_dummy.metrics.jsonl \
       timed lora_dummy 400 bash benchmarks/gpu/raw_verl.sh actor_rollout_ref.rollout.load_format=dummy

@@ -96,7 +96,7 @@ case "${1:-}" in
   lora_fsdp1)
     # examples/tuning/lora/run_qwen3_8b_fsdp.sh's LoRA on the smoke: whether verl's own settings run with peft >= 0.21
     # (the recorded failure behind lora_fsdp1_adapter had layered_summon=false: benchmarks/gpu/README.md)
-    python3 -m grpo_lab.cli.rawcmd --list "${QS[@]}" actor_rollout_ref.model.lora_rank=64 \
+    python3 -m grpo_lab.launch.rawcmd --list "${QS[@]}" actor_rollout_ref.model.lora_rank=64 \
       actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.model.target_modules=all-linear \
       actor_rollout_ref.actor.strategy=fsdp actor_rollout_ref.rollout.layered_summon=true \
       actor_rollout_ref.rollout.load_format=safetensors experiment_name=lora_fsdp1 > "$LOGS/lora_fsdp1_args.txt"

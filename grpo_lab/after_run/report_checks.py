@@ -18,7 +18,7 @@ from grpo_lab import facts
 from grpo_lab.after_run import doctor
 from grpo_lab.after_run import metrics as M
 from grpo_lab.after_run.run_info import RunInfo, int_or_none
-from grpo_lab.cli.config import get as _get
+from grpo_lab.verl_keys import get as _get
 
 OK, WARN, BAD = "ok", "warn", "bad"
 

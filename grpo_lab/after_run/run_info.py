@@ -14,7 +14,8 @@ import pandas as pd
 
 from grpo_lab.after_run import doctor
 from grpo_lab.after_run import metrics as M
-from grpo_lab.cli.config import get as _get
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get as _get
 
 
 @dataclass
@@ -30,6 +31,10 @@ class RunInfo:
     log_text: str = ""
     partial_last_line: bool = False
 
+    @property
+    def lab(self) -> Lab:
+        return Lab.of(self.hydra.get("lab"))
+
     def verl_value(self, path: str, default: Any = None) -> Any:
         return _get(self.verl, path, default)
 
@@ -44,7 +49,7 @@ class RunInfo:
 
     @property
     def gpu_memory_gb(self) -> float | None:
-        v = M.finite_float(_get(self.hydra, "lab.hardware.gpu_memory_gb")) or M.finite_float(
+        v = M.finite_float(self.lab.hardware.gpu_memory_gb) or M.finite_float(
             _get(self.plan, "memory.card_gb"))  # the plan's card where the job folder kept no .hydra/
         if v:
             return v
@@ -54,7 +59,7 @@ class RunInfo:
 
     @property
     def model_name(self) -> str | None:
-        name = _get(self.hydra, "lab.model.name")
+        name = self.lab.model.name
         if name:
             return str(name)
         path = self.verl_value("actor_rollout_ref.model.path")
@@ -62,7 +67,7 @@ class RunInfo:
 
     @property
     def thinking(self) -> bool | None:
-        v = _get(self.hydra, "lab.model.thinking")
+        v = self.lab.model.thinking
         if isinstance(v, bool):
             return v
         name = (self.model_name or "").lower()

@@ -26,8 +26,8 @@ import yaml
 
 from grpo_lab.memory import engines, memplan
 from grpo_lab.cli.apply import apply_overrides, groups as _conf_groups
-from grpo_lab.cli.config import get as _get
-from grpo_lab.cli.config import put as _put
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get as _get, put as _put
 from grpo_lab.checks.fit_moves import (A, CONF, MARGIN, MOVES, PHASES, RANK, REQUIRED, FitContext,
                                       move_title, one_sequence, tp_ok)
 from grpo_lab.checks.fit_search import State, lora_start, search, way_out
@@ -55,15 +55,15 @@ def unmeasured_engine(name: Any) -> str:
             f"one it knows: actor_rollout_ref.rollout.name=vllm (or rollout=sglang_tp1_mem04)")
 
 
-def fit(verl: Mapping[str, Any], lab: Mapping[str, Any], *, cfg: Any = None,
+def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
         environ: Mapping[str, str] | None = None) -> FitResult:
     """Search the settings that make every phase fit; verify the result with the preflight."""
     from grpo_lab.checks.preflight import run_preflight
     from grpo_lab.checks.rules import Ctx as RuleCtx
 
     environ = os.environ if environ is None else environ
-    lab = copy.deepcopy(dict(lab))
-    lab["preflight"] = {**(lab.get("preflight") or {}), "strict": True}
+    lab = copy.deepcopy(lab)
+    lab.preflight.strict = True
     arch = RuleCtx.of(verl, lab, launching=False, environ=environ).model.arch  # the model the preflight plans
     if arch is None:
         raise FitError("no architecture facts for this model (no local config.json, no lab.model): nothing to plan. "
@@ -304,7 +304,7 @@ def write_experiment(name: str, text: str, *, overwrite: bool) -> Path:
     return path
 
 
-def fit_job(cfg: Any, verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) -> str:
+def fit_job(cfg: Any, verl: dict[str, Any], lab: Lab, job_dir: Path) -> str:
     """The `preflight.fit=true` branch of a job (grpo_lab/launch/job.py): search, print, maybe save; never launches."""
     from hydra.core.hydra_config import HydraConfig
 
@@ -312,11 +312,10 @@ def fit_job(cfg: Any, verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) 
     from grpo_lab.facts import write_json
 
     args = list(HydraConfig.get().overrides.task)
-    pf = lab.get("preflight") or {}
-    name = pf.get("fit_write")
+    name = lab.preflight.fit_write
     if name:  # a bad name or an existing file: refuse before searching, nothing written
         try:
-            experiment_path(name, overwrite=bool(pf.get("fit_overwrite")))
+            experiment_path(name, overwrite=lab.preflight.fit_overwrite)
         except (ValueError, FileExistsError) as e:
             raise GrpoLabError(f"fit: {e}") from None
     try:
@@ -341,7 +340,7 @@ def fit_job(cfg: Any, verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) 
         made_by = command_line([a for a in args])
         try:
             text = experiment_yaml(str(name), args, res, made_by=made_by)
-            path = write_experiment(str(name), text, overwrite=bool(pf.get("fit_overwrite")))
+            path = write_experiment(str(name), text, overwrite=lab.preflight.fit_overwrite)
         except (ValueError, FileExistsError) as e:
             raise GrpoLabError(f"fit: not saved: {e}") from None
         print(f"\nsaved: {path.relative_to(CONF.parent)}; run it with: python run.py experiment={name}")

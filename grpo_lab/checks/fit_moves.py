@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from grpo_lab import facts
-from grpo_lab.cli.config import get as _get
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import A
 from grpo_lab.memory import memplan
 
-A = "actor_rollout_ref."
 CONF = facts.ROOT / "conf"
 GB = memplan.GB
 MARGIN = memplan.TIGHT_FRACTION
@@ -49,7 +49,7 @@ class Eval:
 class FitContext:
     """What the search needs besides the settings: the model, the hardware facts, the batch, a cache of plans."""
 
-    def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Mapping[str, Any], *, mini: int = 0,
+    def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Lab, *, mini: int = 0,
                  ref_offload: Any = None):
         self.arch = arch
         self.base = base
@@ -58,17 +58,17 @@ class FitContext:
         self.ref_offload = ref_offload  # ref.fsdp_config.param_offload as configured
         self._cache: dict[Any, Eval] = {}
         self.evaluations = 0
-        hw = _get(lab, "hardware", {}) or {}
-        link = str(hw.get("interconnect") or "")
-        if hw.get("pcie_gb_s"):
-            self.bw, self.bw_note = float(hw["pcie_gb_s"]), f"lab.hardware.pcie_gb_s={hw['pcie_gb_s']}"
+        hw = lab.hardware
+        link = str(hw.interconnect or "")
+        if hw.pcie_gb_s:
+            self.bw, self.bw_note = float(hw.pcie_gb_s), f"lab.hardware.pcie_gb_s={hw.pcie_gb_s:g}"
         elif link in PCIE_GB_S:
             self.bw = PCIE_GB_S[link]
             self.bw_note = f"assumed for {link.upper()} x16 with pinned memory; set lab.hardware.pcie_gb_s to yours"
         else:
             self.bw = PCIE_DEFAULT[1]
             self.bw_note = "assumed (PCIe 4.0 x16, pinned memory); set lab.hardware.pcie_gb_s to yours"
-        self.nvlink = bool(hw.get("nvlink"))
+        self.nvlink = bool(hw.nvlink)
 
     def eval(self, s: memplan.Settings) -> Eval:
         try:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 import yaml
 
 from grpo_lab.checks.fit_moves import A, BY_ID, CONF, MOVES, RANK, REQUIRED, FitContext, Move
 from grpo_lab.checks.fit_text import override_strs
-from grpo_lab.cli.config import get as _get
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get as _get
 from grpo_lab.memory import memplan
 
 # LoRA as conf/model/qwen3_8b_lora.yaml sets it; FSDP2: with FSDP1 verl 0.9.1 sends vLLM an empty adapter (peft >= 0.21)
@@ -212,8 +213,8 @@ def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lo
     cur = ctx.arch.params()
     smaller = []
     for name, m in _model_options():
-        mm = (m.get("lab") or {}).get("model") or {}
-        if not mm.get("hub_id") or any(mm.get(k) is None for k in memplan.Arch.FIELDS):
+        mm = asdict(Lab.of(m.get("lab")).model)
+        if not mm["hub_id"] or any(mm[k] is None for k in memplan.Arch.FIELDS):
             continue
         arch = memplan.Arch.from_mapping(mm, source=name)
         if arch.params() >= cur:
@@ -226,7 +227,7 @@ def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lo
     if smaller:
         smaller.sort(key=lambda x: (-x[0], x[1]))
         p, name, best = smaller[0]
-        hw = _get(ctx.lab, "hardware.name")
+        hw = ctx.lab.hardware.name
         lines.append(f"a smaller model: model={name} ({p / 1e9:.1f}B) fits these cards"
                      + (f" (also: {', '.join('model=' + n for _, n, _ in smaller[1:])})" if len(smaller) > 1 else "")
                      + f"; its own command: make fit ARGS=\"model={name}" + (f" hardware={hw}" if hw else "") + '"')

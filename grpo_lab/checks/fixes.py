@@ -16,7 +16,8 @@ from typing import Any, Iterable, Mapping
 
 from grpo_lab import facts
 from grpo_lab.cli.apply import apply_overrides, parse, respell
-from grpo_lab.cli.config import get
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 
 ROOT = facts.ROOT
@@ -24,7 +25,7 @@ MAX_ROUNDS = 3
 GROUPS = frozenset(p.name for p in (ROOT / "conf").iterdir() if p.is_dir()) if (ROOT / "conf").is_dir() else frozenset()
 
 
-def apply(verl: Mapping, lab: Mapping, overrides: list[tuple[str, str, Any]]) -> tuple[dict, dict]:
+def apply(verl: Mapping, lab: Lab, overrides: list[tuple[str, str, Any]]) -> tuple[dict, Lab]:
     """Copies of (verl, lab) with the overrides applied and derived values derived again (grpo_lab/cli/apply.py)."""
     return apply_overrides(verl, lab, overrides)
 
@@ -85,11 +86,11 @@ def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[t
 
 
 class FixChecker:
-    def __init__(self, verl: Mapping, lab: Mapping, *, launching: bool, environ: Mapping[str, str],
+    def __init__(self, verl: Mapping, lab: Lab, *, launching: bool, environ: Mapping[str, str],
                  problems: list[Problem]) -> None:
         self.verl, self.lab, self.launching, self.environ = verl, lab, launching, environ
         self.before = Counter(p.rule for p in problems if p.level == "error")
-        self.apart = lab.get("set_apart") or {}
+        self.apart = lab.set_apart
         self._memo: dict[tuple, list[Problem]] = {}
         self.runs = 0
 

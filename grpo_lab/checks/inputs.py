@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.cli.config import get
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get
 from grpo_lab.facts import hf_cached_config, hf_model_cache_dir
 
 ROOT = facts.ROOT
@@ -182,12 +183,12 @@ def offline(environ: Mapping[str, str]) -> str:
     return ""
 
 
-def missing_inputs(verl: Mapping[str, Any], lab: Mapping[str, Any],
+def missing_inputs(verl: Mapping[str, Any], lab: Lab,
                    environ: Mapping[str, str] | None = None) -> list[Missing]:
     """The job's input files that are not here, each with the command that makes it; [] when all are there."""
     environ = os.environ if environ is None else environ
     out: list[Missing] = []
-    dataset = get(lab, "dataset.name")
+    dataset = lab.dataset.name
     for key in ("data.train_files", "data.val_files"):
         value = get(verl, key)
         items = value if isinstance(value, (list, tuple)) else [value]
@@ -209,7 +210,7 @@ def missing_inputs(verl: Mapping[str, Any], lab: Mapping[str, Any],
             return out
         what = ("does not exist" if not folder.exists() else
                 "is empty" if folder.is_dir() and not any(folder.iterdir()) else "holds no model (no config.json)")
-        name, hub = get(lab, "model.name"), get(lab, "model.hub_id")
+        name, hub = lab.model.name, lab.model.hub_id
         cmd = maker_for(model, name)
         if cmd:
             how = f"`{cmd}` makes it"

@@ -19,6 +19,7 @@ from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
 from grpo_lab.checks.rules import A, Ctx, Problem, ids, run_rules
 from grpo_lab.checks.rules.batch import num as _num
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
+from grpo_lab.labconf import Lab
 
 __all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
            "machine_cpus"]
@@ -84,9 +85,10 @@ class PreflightReport:
         return _format(self)
 
 
-def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[str, str] | None = None,
+def run_preflight(verl: dict, lab: Lab | None, *, launching: bool, environ: Mapping[str, str] | None = None,
                   check_fixes: bool = True) -> PreflightReport:
-    """Check a resolved verl config (plain dict) and grpo-lab's `lab` dict; collect every problem.
+    """Check a resolved verl config (plain dict) and grpo-lab's typed `lab` view (grpo_lab/labconf.py); collect every
+    problem.
 
     launching=True: Ray is about to start here, so the environment checks run too (flash-attn importable, visible
     GPUs, the machine's CPUs when ray num_cpus is null); launching=False (preflight.only on any machine) skips
@@ -95,13 +97,13 @@ def run_preflight(verl: dict, lab: dict, *, launching: bool, environ: Mapping[st
     import os
 
     environ = os.environ if environ is None else environ
-    verl, lab = verl or {}, lab or {}
+    verl, lab = verl or {}, lab or Lab()
     c = Ctx.of(verl, lab, launching=launching, environ=environ)
     problems = run_rules(c)
     report = PreflightReport(launching=launching)
     name = (c.model.info or {}).get("name") if c.model else None
     report.title = (f"{name or c.get(A + 'model.path', '?')} on "
-                    f"{(lab.get('hardware') or {}).get('name', '?')}, variant {lab.get('variant', '?')}")
+                    f"{lab.hardware.name or '?'}, variant {lab.variant or '?'}")
     report.random_weights = c.model.random_weights if c.model else ""
     report.batch = c.batch
     report.memory = {k: v for k, v in c.plan.items() if not k.startswith("_")}

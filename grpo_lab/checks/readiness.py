@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from grpo_lab.checks.inputs import missing_inputs
+from grpo_lab.labconf import Lab
 
 
 @dataclass
@@ -37,7 +38,7 @@ class NotReady:
         return out
 
 
-def not_ready_here(verl: Mapping[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str], *,
+def not_ready_here(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str], *,
                    plan_only: bool) -> list[NotReady]:
     """What this machine lacks to launch the job: missing inputs; with plan_only, the environment rules too."""
     out = [NotReady("input_missing", m.message, m.command, short=m.short()) for m in missing_inputs(verl, lab, environ)]
@@ -46,7 +47,7 @@ def not_ready_here(verl: Mapping[str, Any], lab: Mapping[str, Any], environ: Map
     return out
 
 
-def _environment(verl: Mapping[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str]) -> list[NotReady]:
+def _environment(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str]) -> list[NotReady]:
     from grpo_lab.checks.fixes import FixChecker
     from grpo_lab.checks.rules import ALT, Ctx, launching_only_ids, run_rules
 

@@ -15,7 +15,8 @@ import shlex
 from typing import Any, Iterable, Mapping
 
 from grpo_lab import facts
-from grpo_lab.cli.config import get
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get
 from grpo_lab.cli.knobs import SHORT_KEYS, followers, short_key_targets
 
 CONF = facts.ROOT / "conf"
@@ -124,15 +125,14 @@ def jobs_at_once(n_jobs: Any) -> int:
     return (os.cpu_count() or 1) if n < 0 else max(1, n)
 
 
-def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
-                    overrides: Iterable[str] | Iterable[Override] | Mapping[str, Any]
-                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+def apply_overrides(verl: Mapping[str, Any], lab: Lab, overrides: Iterable[str] | Iterable[Override] | Mapping[str, Any]
+                    ) -> tuple[dict[str, Any], Lab]:
     """Copies of (verl, lab) with the overrides applied as composing them would (module docstring); inputs untouched.
     `overrides`: Hydra override strings, (op, key, value) triples from `parse`, or a {key: value} mapping."""
     items = _as_overrides(overrides)
-    v, lb = copy.deepcopy(dict(verl)), copy.deepcopy(dict(lab))
+    v, lb = copy.deepcopy(dict(verl)), copy.deepcopy(lab)
     # keys the config sets on their own (set_apart) follow neither their short key nor a key they once read
-    apart = {k for keys in (lab.get("set_apart") or {}).values() for k in keys}
+    apart = {k for keys in lab.set_apart.values() for k in keys}
     touched: set[str] = set(apart)
     old_lengths = [get(v, k) for k in LENGTHS]
     for op, key, value in items:
@@ -141,13 +141,15 @@ def apply_overrides(verl: Mapping[str, Any], lab: Mapping[str, Any],
             raise ValueError(f"{key}={value} picks a config group option: compose it (python run.py {key}={value}) "
                              f"instead of applying it to a resolved config")
         if key == "hydra.launcher.n_jobs":  # hydra/launcher=side_by_side: jobs at once (launch.side_by_side_jobs)
-            lb["side_by_side_jobs"] = 1 if delete else jobs_at_once(value)
+            lb.side_by_side_jobs = 1 if delete else jobs_at_once(value)
         elif key.startswith("hydra."):
             continue  # Hydra's own settings (run dirs, ...): nothing the preflight reads
-        elif key.startswith("lab."):
-            _set(lb, key[4:], value, delete)
-        elif key.startswith("preflight."):
-            _set(lb.setdefault("preflight", {}), key[len("preflight."):], value, delete)
+        elif key.startswith(("lab.", "preflight.")):  # a field of the typed view (~: back to "not known")
+            *path, leaf = key.removeprefix("lab.").split(".")
+            node = functools.reduce(getattr, path, lb)
+            if not hasattr(node, leaf):
+                raise ValueError(f"{key}: grpo-lab's config has no such key (grpo_lab/labconf.py)")
+            setattr(node, leaf, None if delete else copy.deepcopy(value))
         elif key in SHORT_KEYS:
             for t in short_key_targets(key):
                 if t not in apart:

@@ -1,48 +1,14 @@
-"""From the composed Hydra config to what verl receives: resolve in the driver, split off grpo-lab's own keys.
-
-verl must get a plain, fully resolved config: `${hydra:...}` interpolations fail inside Ray actors, and our own
-namespace (`lab`) and the short knob keys (grpo_lab/cli/knobs.py) mean nothing to verl.
+"""A run's folders and name: hydra.run.dir's resolver (one folder per run) and the safe folder name a run name must
+be. (Resolving the composed config and splitting off grpo-lab's own keys: grpo_lab/launch/prepare.py.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
-
-from grpo_lab.cli.knobs import SHORT_KEYS, set_apart
-
-OUR_KEYS = frozenset({"lab", "preflight"}) | SHORT_KEYS
-
-
-def split(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(verl config, lab config) as plain resolved dicts."""
-    if "hydra" in cfg:  # present when composed with return_hydra_config (tests); never verl's
-        cfg = cfg.copy()
-        with open_dict(cfg):
-            del cfg["hydra"]
-    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    assert isinstance(resolved, dict)
-    lab = dict(resolved.get("lab") or {})
-    lab["preflight"] = resolved.get("preflight") or {}
-
-    apart = set_apart(cfg)
-    if apart:  # verl keys set on their own, which their short key no longer reaches: fixes name them (grpo_lab/fixes)
-        lab["set_apart"] = apart
-    verl = {k: v for k, v in resolved.items() if k not in OUR_KEYS}
-    return verl, lab
-
-
-def checkpoint_key(override_dirname: str) -> str:
-    """A folder name for one sweep job's checkpoints, made from its overrides (same overrides, same folder)."""
-    key = re.sub(r"[^\w.=,+-]", "_", override_dirname) or "defaults"
-    if len(key) > 100:
-        key = key[:80] + "-" + hashlib.sha1(override_dirname.encode()).hexdigest()[:12]
-    return key
+from omegaconf import OmegaConf
 
 
 def safe_name(name: str) -> str:
@@ -63,42 +29,6 @@ def unsafe_name(key: str, name: Any, fix_key: str) -> str:
             f"`make report RUN=<folder>`)" if odd else "a folder name cannot start or end with '.' or '-'")
     return (f"{key}={name!r} names the run's folders (outputs/runs/<time>_<name>, outputs/checkpoints/<project>/<name>),"
             f" and {what}. Write {fix_key}={safe_name(name)} instead")
-
-
-def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
-    """d['a']['b'] for 'a.b', or default when any part is missing or the value is None."""
-    cur: Any = d
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return default
-        cur = cur[part]
-    return default if cur is None else cur
-
-
-def put(d: dict[str, Any], dotted: str, value: Any) -> None:
-    """d['a']['b'] = value for 'a.b', making the dicts on the way."""
-    parts = dotted.split(".")
-    cur = d
-    for part in parts[:-1]:
-        nxt = cur.get(part)
-        if not isinstance(nxt, dict):
-            nxt = cur[part] = {}
-        cur = nxt
-    cur[parts[-1]] = value
-
-
-def with_value(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
-    """A copy of d with d['a']['b'] = value for 'a.b': the dicts on the way are new (read-only mappings too),
-    everything else is shared."""
-    out = dict(d)
-    cur = out
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        nxt = cur.get(part)
-        cur[part] = nxt = dict(nxt) if isinstance(nxt, Mapping) else {}
-        cur = nxt
-    cur[parts[-1]] = value
-    return out
 
 
 def use_run_dirs(create: bool = True) -> None:

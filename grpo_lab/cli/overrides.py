@@ -252,6 +252,11 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
             continue
         if isinstance(data, dict):
             _merge(tree, {k: v for k, v in data.items() if k not in ("defaults", "hydra")})
+    from dataclasses import asdict
+
+    from grpo_lab.labconf import LabConf, Preflight
+
+    _merge(tree, {"lab": asdict(LabConf()), "preflight": asdict(Preflight())})  # every typed key (grpo_lab/labconf.py)
     return tree
 
 

@@ -3,7 +3,7 @@
     prepare(cfg, job) -> Prepared                 verl's and lab's dicts (resolved, split) with the job's own values
       fit(cfg, prepared, job)                     preflight.fit (make fit): search, print one command, never launch
     emulate(prepared, job) -> Emulated            the workers' environment; the config as planned and as verl gets it
-    check(emulated, prepared, job) -> Checked     verl_config.yaml, the preflight, plan.json; a refusal raises
+    check(emulated, prepared, job) -> Checked     KV cache pinned; verl_config.yaml, the preflight, plan.json; a refusal raises
       plan(checked, job)                          preflight.only: what was planned, nothing started
       train(checked, prepared)                    verl's PPO entrypoint
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import importlib.util
 import os
 import socket
 import subprocess
@@ -28,57 +27,17 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from grpo_lab.cli.config import checkpoint_key, get, put, split, with_value
 from grpo_lab.errors import GrpoLabError
-from grpo_lab import facts
 from grpo_lab.facts import atomic_write, write_json
 from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
+from grpo_lab.launch.prepare import Job, Prepared, emulate, mark_changed, mark_scaled, pin_side_by_side, prepare
 
 if TYPE_CHECKING:
-    from grpo_lab.checks.emulate import Emulated
     from grpo_lab.checks.preflight import PreflightReport as Report
     from grpo_lab.cli.overrides import CommandLine
-    from grpo_lab.cli.provenance import Layers
-    from grpo_lab.launch.slurm import RayNodes
-
-WORKER_ENV = facts.RAY_ENV_VARS  # what verl hands its Ray workers
-
-
-@dataclass(frozen=True)
-class Job:
-    """One Hydra job, as the stages see it."""
-
-    dir: Path  # its output folder
-    multirun: bool  # a sweep point
-    override_dirname: str  # its overrides as one name (a sweep point's checkpoint folder)
-    cli: CommandLine | None = None  # the command line run.py parsed; None: composed without it (a test)
-
-    @classmethod
-    def current(cls, cli: CommandLine | None = None) -> Job:
-        hc = HydraConfig.get()
-        return cls(Path(hc.runtime.output_dir), hc.mode == RunMode.MULTIRUN, hc.job.override_dirname, cli)
-
-
-@dataclass
-class Prepared:
-    """prepare's output: the composed config as plain dicts, with the job's own values."""
-
-    verl: dict[str, Any]
-    lab: dict[str, Any]
-    layers: Layers  # what set each value (plan.json's changed_defaults)
-    cluster: RayNodes | None = None  # the Ray cluster of a SLURM job of several nodes (its first node only)
-
-    @property
-    def fitting(self) -> bool:
-        return bool(self.lab["preflight"].get("fit") or self.lab["preflight"].get("fit_write"))
-
-    @property
-    def plan_only(self) -> bool:
-        return bool(self.lab["preflight"].get("only"))
+    from grpo_lab.memory.emulate import Emulated
 
 
 @dataclass
@@ -89,10 +48,11 @@ class Checked:
     verl: dict[str, Any]
 
 
-def launch_job(cfg: DictConfig, cli: CommandLine | None = None) -> str:
+def launch_job(cfg: DictConfig, cli: CommandLine | None = None, doctor: Any = None) -> str:
     """One Hydra job through the stages, with its status.json and train.log whatever happens; `cli` is the command
-    line run.py parsed. A refusal exits 2 and a plan not ready here 3; a sweep point returns and the sweep goes on."""
-    job = Job.current(cli)
+    line run.py parsed, `doctor` what reads a failed job's log (Job.doctor). A refusal exits 2 and a plan not ready
+    here 3; a sweep point returns and the sweep goes on."""
+    job = Job.current(cli, doctor)
     status = JobStatus(job.dir / "status.json")
     try:
         with tee_output(job.dir / "train.log"):
@@ -114,7 +74,7 @@ def launch_job(cfg: DictConfig, cli: CommandLine | None = None) -> str:
         # the exception reaches this process after the tee has ended: put it in the log the doctor reads (a Ray task's
         # error, e.g. verl's weight sync raising, was otherwise only on the console and in status.json)
         _append(job.dir / "train.log", "grpo-lab: the job raised:\n" + traceback.format_exc())
-        found = _diagnose(job.dir / "train.log")
+        found = _diagnose(job.dir / "train.log", job.doctor)
         if found:
             status.write("failed", error=error, exit=1, diagnosis=[d.to_dict() for d in found])
         raise
@@ -127,47 +87,15 @@ def launch_job(cfg: DictConfig, cli: CommandLine | None = None) -> str:
 def run_stages(cfg: DictConfig, job: Job) -> tuple[str, bool]:
     """(what the job did, whether it was ready here: False only for a plan of a run that cannot start here)."""
     prepared = prepare(cfg, job)
-    if prepared.fitting:
+    if prepared.lab.preflight.fit or prepared.lab.preflight.fit_write:
         return fit(cfg, prepared, job), True
     checked = check(emulate(prepared, job), prepared, job)
-    if prepared.plan_only:
+    if prepared.lab.preflight.only:
         return plan(checked, job), checked.report.ready
-    return train(checked, prepared), True
+    return train(checked, prepared, job), True
 
 
 # ------------------------------------------------------------------------------------------------------ the stages
-
-
-def prepare(cfg: DictConfig, job: Job) -> Prepared:
-    """The composed config as verl's and lab's plain dicts, with what this job adds: a sweep point's own checkpoint
-    folder, how many jobs run side by side, the micro-batch settled, the SLURM job's Ray cluster."""
-    from grpo_lab.checks.microbatch import settle
-    from grpo_lab.cli.provenance import job_layers
-    from grpo_lab.launch.slurm import cluster_for_job
-
-    try:
-        verl, lab = split(cfg)
-    except MissingMandatoryValue as e:
-        raise GrpoLabError(f"a required value is missing: {e.full_key}. Set it on the command line, "
-                           f"e.g. python run.py {e.full_key}=...") from None
-    except OmegaConfBaseException as e:  # an interpolation that cannot be worked out from the values given
-        raise GrpoLabError(f"{e.full_key} cannot be worked out from the values it is made of "
-                           f"({str(e).splitlines()[0]}): check those values, or set it on the command line, "
-                           f"e.g. python run.py {e.full_key}=...") from None
-    if job.multirun:
-        # each sweep job its own checkpoints, so that none resumes from a sibling's
-        ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(job.override_dirname))
-        put(verl, "trainer.default_local_dir", ckpt)
-        # hydra/launcher=side_by_side: up to n_jobs jobs share the GPUs and the host (rule side_by_side_jobs)
-        lab["side_by_side_jobs"] = side_by_side_jobs(HydraConfig.get().launcher)
-    layers = job_layers(job.cli.env_names if job.cli is not None else None)
-    # the user's micro-batch size wins over our dynamic batching default (grpo_lab/checks/microbatch.py; rule
-    # micro_batch_explicit reports it)
-    lab["micro_batch"] = settle(verl, layers)
-    # the first node of a SLURM job of several nodes starts a Ray cluster across them (train runs verl inside it) and
-    # the job joins it by address (grpo_lab/launch/slurm.py); None everywhere else
-    cluster = cluster_for_job(verl, lab)
-    return Prepared(verl, lab, layers, cluster)
 
 
 def fit(cfg: DictConfig, prepared: Prepared, job: Job) -> str:
@@ -177,35 +105,20 @@ def fit(cfg: DictConfig, prepared: Prepared, job: Job) -> str:
     return fit_job(cfg, prepared.verl, prepared.lab, job.dir)
 
 
-def emulate(prepared: Prepared, job: Job) -> Emulated:
-    """The config as the preflight plans it and as verl gets it: the workers' environment added, then the one
-    transform for an emulated smaller card (grpo_lab/checks/emulate.py; without emulation both are the same dict).
-    Input emulation cannot take is refused here, before anything is written."""
-    from grpo_lab.checks.emulate import EmulationError
-    from grpo_lab.checks.emulate import emulate as for_card
-
-    config = with_value(prepared.verl, WORKER_ENV, worker_env(prepared.verl, prepared.lab, job.dir))
-    try:
-        return for_card(config, prepared.lab, os.environ)
-    except EmulationError as e:
-        raise GrpoLabError(str(e)) from None
-
-
 def check(emulated: Emulated, prepared: Prepared, job: Job) -> Checked:
     """The preflight on the config as planned; verl_config.yaml (what verl gets) and plan.json (what was checked, and
     the values that differ from verl's defaults) on record, the report printed. Refused: GrpoLabError."""
-    from grpo_lab.checks.kv_pin import pin_side_by_side
     from grpo_lab.checks.readiness import not_ready_here
 
     planned, lab = emulated.planned, prepared.lab
-    # side by side (grpo_lab/checks/kv_pin.py): each job's vLLM KV cache pinned to the plan's (the user's pin wins)
+    # side by side (grpo_lab/launch/prepare.py): each job's vLLM KV cache pinned to the plan's (the user's pin wins)
     verl, kv_pin = pin_side_by_side(planned, emulated.verl, lab, os.environ)
     _write_yaml(job.dir / "verl_config.yaml", verl)
     # imported after the pin, as it always was: the rules run in the order their modules were first imported, and the
     # pin's memory plan imports the memory rules (side by side their problems and notes come first)
     from grpo_lab.checks.preflight import run_preflight
 
-    only = prepared.plan_only
+    only = prepared.lab.preflight.only
     report = run_preflight(planned, lab, launching=not only)
     # what this machine lacks: refused when launching; a plan that holds gets "not ready to launch here"
     report.not_ready = not_ready_here(planned, lab, os.environ, plan_only=only)
@@ -233,10 +146,10 @@ def plan(checked: Checked, job: Job) -> str:
     return "planned"
 
 
-def train(checked: Checked, prepared: Prepared) -> str:
+def train(checked: Checked, prepared: Prepared, job: Job) -> str:
     """verl's PPO entrypoint with the checked config (inside the SLURM job's Ray cluster, when there is one)."""
     with prepared.cluster.running() if prepared.cluster else contextlib.nullcontext():
-        run_verl(checked.verl)
+        run_verl(checked.verl, job.doctor)
     return "trained"
 
 
@@ -247,8 +160,6 @@ def _plan_record(report: Report, verl: dict[str, Any], emulated: Emulated, kv_pi
                  prepared: Prepared, job: Job) -> dict[str, Any]:
     """plan.json: the preflight's report, the values that differ from verl's defaults (of what verl gets, with what
     set them), the values given twice, the micro-batch settled, the emulation."""
-    from grpo_lab.checks.emulate import mark_scaled
-    from grpo_lab.checks.kv_pin import mark_changed
     from grpo_lab.cli.provenance import for_job
 
     plan_json = report.to_json()
@@ -258,25 +169,12 @@ def _plan_record(report: Report, verl: dict[str, Any], emulated: Emulated, kv_pi
     twice = job.cli.warnings if job.cli is not None else []
     plan_json["warnings"] = list(plan_json.get("warnings", [])) + [
         {"rule": "key_given_twice", "message": w, "fix": ""} for w in twice]
-    if prepared.lab["micro_batch"]:
-        plan_json["micro_batch"] = prepared.lab["micro_batch"]
+    if prepared.lab.micro_batch:
+        plan_json["micro_batch"] = prepared.lab.micro_batch
     if emulated.info:  # what vLLM and torch really get, and which values emulation scaled
         plan_json["emulation"] = emulated.info
         mark_scaled(changed, emulated.info)
     return plan_json
-
-
-def side_by_side_jobs(launcher: Any) -> int:
-    """How many jobs of this sweep may run at once: Hydra's joblib launcher's n_jobs (conf/hydra/launcher/side_by_side.yaml;
-    joblib's -1 = one a CPU core), 1 for a launcher that runs one job after another or each on its own machines."""
-    from grpo_lab.cli.apply import jobs_at_once
-
-    try:
-        if "JoblibLauncher" not in str(launcher.get("_target_", "")):
-            return 1
-        return jobs_at_once(launcher.get("n_jobs") or 1)
-    except (AttributeError, TypeError, ValueError):
-        return 1
 
 
 def _append(path: Path, text: str) -> None:
@@ -306,24 +204,9 @@ def own_args(multirun: bool, cli: CommandLine | None) -> list[str]:
             and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
 
 
-def worker_env(verl: dict[str, Any], lab: dict[str, Any], job_dir: Path) -> dict[str, Any]:
-    """The environment of verl's Ray workers (Ray wants string values): the job's own, with ours added where the
-    user set nothing."""
-    env = dict(get(verl, WORKER_ENV) or {})
-    ours = {"VERL_FILE_LOGGER_PATH": str(job_dir.resolve() / "metrics.jsonl")}
-    if "wandb" in (get(verl, "trainer.logger") or []):
-        ours["WANDB_DIR"] = str(job_dir.resolve())
-        ours["WANDB_MODE"] = os.environ.get("WANDB_MODE") or str(get(lab, "wandb.mode", "offline"))
-    if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
-        # vLLM's sampler imports flashinfer unless told not to: "No module named 'flashinfer'" at engine start
-        ours["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
-    for k, v in ours.items():
-        env.setdefault(k, v)
-    return env
-
-
-def run_verl(verl: dict[str, Any]) -> None:
-    """verl's own main_ppo.main, minus Hydra: validate, then run_ppo with the V1 (or legacy) task runner."""
+def run_verl(verl: dict[str, Any], doctor: Any = None) -> None:
+    """verl's own main_ppo.main, minus Hydra: validate, then run_ppo with the V1 (or legacy) task runner; `doctor`
+    (Job.doctor) watches the log for progress and fatal lines."""
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -338,14 +221,13 @@ def run_verl(verl: dict[str, Any]) -> None:
         runner = TaskRunnerV1
     else:
         from verl.trainer.main_ppo_v0 import TaskRunner as runner
-    from grpo_lab.after_run.doctor import ProgressWatchdog, errors_in
     from grpo_lab.launch.fatal import EngineDied, FatalWatch, TrackedRunner
 
     log = Path(os.environ["GRPO_LAB_LOG"]) if os.environ.get("GRPO_LAB_LOG") else None
-    watchdog = ProgressWatchdog(log) if log else None
+    watchdog = doctor.ProgressWatchdog(log) if log and doctor else None
     # a fatal engine / actor line in the log: verl would wait for ever; kill its TaskRunner (grpo_lab/launch/fatal.py)
     tracked = TrackedRunner(runner)
-    fatal = FatalWatch(log, stop=tracked.kill, diagnose=errors_in) if log else None
+    fatal = FatalWatch(log, stop=tracked.kill, diagnose=doctor and doctor.errors_in) if log else None
     try:
         if watchdog:
             watchdog.start()
@@ -365,13 +247,13 @@ def run_verl(verl: dict[str, Any]) -> None:
             ray.shutdown()
 
 
-def _diagnose(log: Path) -> list[Any]:
+def _diagnose(log: Path, doctor: Any) -> list[Any]:
     """Print the doctor's diagnosis of a failed job's log; the diagnoses (for status.json)."""
     try:
-        from grpo_lab.after_run.doctor import diagnose_path, format_diagnoses
-
-        log_path, found = diagnose_path(log)
-        print(format_diagnoses(found, str(log_path)), file=sys.stderr)
+        if doctor is None:
+            return []
+        log_path, found = doctor.diagnose_path(log)
+        print(doctor.format_diagnoses(found, str(log_path)), file=sys.stderr)
         return found
     except Exception as e:  # a diagnosis must never hide the real error
         print(f"grpo-lab: (no diagnosis: {e})", file=sys.stderr)

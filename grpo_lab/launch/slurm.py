@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import GrpoLabError
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get
 
 # overrides that change the resources a job needs: the launcher's resources are fixed for the whole sweep
 RESOURCE_KEYS = ("hardware", "nnodes", "trainer.nnodes", "ngpus_per_node", "trainer.n_gpus_per_node")
@@ -377,10 +379,8 @@ def _say(text: str) -> str:
     return text
 
 
-def ray_nodes(verl: Mapping[str, Any], lab: Mapping[str, Any], alloc: Allocation, **inject: Any) -> RayNodes:
+def ray_nodes(verl: Mapping[str, Any], lab: Lab, alloc: Allocation, **inject: Any) -> RayNodes:
     """The job's RayNodes from its config: checked against the allocation (the same checks on every task)."""
-    from grpo_lab.cli.config import get
-
     nnodes = int(get(verl, "trainer.nnodes", 1) or 1)
     if nnodes != len(alloc.hosts):
         raise ClusterError(f"SLURM gave this job {len(alloc.hosts)} nodes ({','.join(alloc.hosts)}) but "
@@ -392,23 +392,21 @@ def ray_nodes(verl: Mapping[str, Any], lab: Mapping[str, Any], alloc: Allocation
                            f"hydra.launcher.tasks_per_node=1")
     num_cpus = get(verl, "ray_kwargs.ray_init.num_cpus")
     if num_cpus is None:
-        num_cpus = get(lab, "hardware.cpu_cores")
-    slurm = dict(lab.get("slurm") or {})
+        num_cpus = lab.hardware.cpu_cores
     inject.setdefault("ray", ray_executable())
-    return RayNodes(alloc=alloc, port=int(slurm.get("ray_port") or 6379), num_cpus=int(num_cpus),
-                    num_gpus=int(get(verl, "trainer.n_gpus_per_node")), wait_s=float(slurm.get("ray_wait_s") or 300),
+    return RayNodes(alloc=alloc, port=int(lab.slurm.ray_port), num_cpus=int(num_cpus),
+                    num_gpus=int(get(verl, "trainer.n_gpus_per_node")), wait_s=float(lab.slurm.ray_wait_s),
                     **inject)
 
 
-def _plan_only(lab: Mapping[str, Any]) -> bool:
-    pre = lab.get("preflight") or {}
-    return bool(pre.get("only") or pre.get("fit") or pre.get("fit_write"))
+def _plan_only(lab: Lab) -> bool:
+    return bool(lab.preflight.only or lab.preflight.fit or lab.preflight.fit_write)
 
 
-def cluster_for_job(verl: dict[str, Any], lab: dict[str, Any], environ: Mapping[str, str] = os.environ,
+def cluster_for_job(verl: dict[str, Any], lab: Lab, environ: Mapping[str, str] = os.environ,
                     **inject: Any) -> RayNodes | None:
     """launch.py, on every job: None unless this is the head of a SLURM job of several nodes. There: the job joins
-    the cluster the head starts (ray_kwargs.ray_init.address=<head>:<port>, no num_cpus), lab["ray_cluster"] tells
+    the cluster the head starts (ray_kwargs.ray_init.address=<head>:<port>, no num_cpus), lab.ray_cluster tells
     the preflight each node's CPUs, and the RayNodes are returned (launch.py runs verl inside `.running()`)."""
     alloc = allocation(environ)
     if alloc is None or not alloc.is_head:
@@ -417,7 +415,7 @@ def cluster_for_job(verl: dict[str, Any], lab: dict[str, Any], environ: Mapping[
     init = verl.setdefault("ray_kwargs", {}).setdefault("ray_init", {})
     init["address"] = nodes.address
     init["num_cpus"] = None  # Ray refuses num_cpus when connecting: each node declared its own with ray start
-    lab["ray_cluster"] = {"address": nodes.address, "hosts": list(alloc.hosts), "num_cpus_per_node": nodes.num_cpus,
+    lab.ray_cluster = {"address": nodes.address, "hosts": list(alloc.hosts), "num_cpus_per_node": nodes.num_cpus,
                           "num_gpus_per_node": nodes.num_gpus, "source": f"SLURM job {alloc.job_id}"}
     return nodes
 
@@ -428,10 +426,11 @@ def serve_ray_worker(cfg: Any, environ: Mapping[str, str] = os.environ, **inject
     alloc = allocation(environ)
     if alloc is None or alloc.is_head:
         return None
-    from grpo_lab.cli.config import split
+    from omegaconf import OmegaConf
 
     head_done = inject.pop("head_done", None) or _head_status_done()
-    verl, lab = split(cfg)
+    verl = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("trainer", "ray_kwargs") if k in cfg}
+    lab = Lab.of(OmegaConf.to_container(cfg.lab, resolve=True), preflight=OmegaConf.to_container(cfg.preflight))
     me = alloc.node or f"task {alloc.rank}"
     if _plan_only(lab):
         return _say(f"{me}: planning only (preflight.only / fit): the head plans, no Ray starts here")

@@ -20,7 +20,10 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class VerlSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        from grpo_lab.labconf import store
         from grpo_lab.verl_schema import verl_cache
+
+        store()  # grpo-lab's typed sections (conf/config.yaml's lab_schema, preflight_schema)
         from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
         path = verl_config_dir()

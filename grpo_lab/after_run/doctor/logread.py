@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts, loglines
-from grpo_lab.cli.config import get as _get
+from grpo_lab.verl_keys import get as _get
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the result

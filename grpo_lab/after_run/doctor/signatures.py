@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from grpo_lab.cli.config import get as _get
 from grpo_lab.loglines import FRAME, strip
+from grpo_lab.verl_keys import get as _get
 from grpo_lab.registry import Entry, Registry
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
 

@@ -22,10 +22,10 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
 
-from grpo_lab.cli.config import get as _get
+from grpo_lab.labconf import Lab
 from grpo_lab.registry import Entry, Registry
+from grpo_lab.verl_keys import A, get as _get  # noqa: F401 (A: for the rule modules)
 
-A = "actor_rollout_ref."
 ALT = "  or  "  # between the alternatives of one fix
 
 
@@ -128,23 +128,23 @@ class Ctx:
     """What every rule reads. `quick`: a re-check of a fix (the memory plan without its remedies)."""
 
     verl: Mapping[str, Any]
-    lab: Mapping[str, Any]
+    lab: Lab
     launching: bool
     environ: Mapping[str, str]
     quick: bool = False
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, verl: Mapping[str, Any], lab: Mapping[str, Any], *, launching: bool, environ: Mapping[str, str],
+    def of(cls, verl: Mapping[str, Any], lab: Lab | None, *, launching: bool, environ: Mapping[str, str],
            quick: bool = False) -> "Ctx":
-        return cls(freeze(verl or {}), freeze(lab or {}), launching, environ, quick)
+        return cls(freeze(verl or {}), lab or Lab(), launching, environ, quick)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         return _get(self.verl, dotted, default)
 
     @property
     def strict(self) -> bool:
-        return bool(_get(self.lab, "preflight.strict", True))
+        return bool(self.lab.preflight.strict)
 
     @cached_property
     def batch(self) -> dict[str, Any]:

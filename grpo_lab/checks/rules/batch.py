@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from grpo_lab import facts
-from grpo_lab.cli.config import get as _get
 from grpo_lab.checks.inputs import data_command, has_column, local_files, maker_for, parquet_columns
 from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, rule, warn
 
@@ -400,7 +399,7 @@ def data_files(c: Ctx) -> Iterable[Problem]:
         return
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:  # a missing file is grpo_lab.checks.inputs' to report (with the command that makes it)
-        cmds = [m for m in dict.fromkeys(maker_for(f, _get(c.lab, "dataset.name")) for f in missing) if m]
+        cmds = [m for m in dict.fromkeys(maker_for(f, c.lab.dataset.name) for f in missing) if m]
         yield note(f"train file not there yet ({', '.join(missing)}): steps_per_epoch unknown"
                    + (f"; `{'`, `'.join(cmds)}` writes it" if cmds else ""))
         return
@@ -432,7 +431,7 @@ def _columns_read(c: Ctx) -> list[tuple[str, str]]:
             key == "data_source" else f"the reward key: verl 0.9.1's reward loop reads data_source whatever "
                                       f"data.reward_fn_key={key} says")]
     if not c.get("reward.reward_model.enable", False):
-        out.append(("reward_model.ground_truth", f"what reward_fn={_get(c.lab, 'reward_fn', 'verl_default')} scores "
+        out.append(("reward_model.ground_truth", f"what reward_fn={c.lab.reward_fn or 'verl_default'} scores "
                                                  f"each answer against"))
     return out
 
@@ -451,7 +450,7 @@ def data_columns(c: Ctx) -> Iterable[Problem]:
                 continue
             top = sorted(x for x in cols if "." not in x)
             fixes = ["data.prompt_key=prompt" for col, _ in missing[:1] if col == need[0][0] and "prompt" in cols]
-            cmd, then = data_command(f, _get(c.lab, "dataset.name"), cols)
+            cmd, then = data_command(f, c.lab.dataset.name, cols)
             lacks = " (this file has no answer column: the reward needs each row's answer)" if "question" in cols \
                 and "answer" not in cols else ""
             fixes.append(f"`{cmd}` writes files with these columns{lacks}" + (f", then: {then}" if then else ""))

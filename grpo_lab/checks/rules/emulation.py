@@ -1,4 +1,4 @@
-"""Rules on emulation (a smaller card rehearsed on a bigger one, grpo_lab/checks/emulate.py): say plainly that the run is
+"""Rules on emulation (a smaller card rehearsed on a bigger one, grpo_lab/memory/emulate.py): say plainly that the run is
 emulated and what vLLM and torch really get; refuse what emulation cannot do.
 
 The rule `emulation` asks the one transform (emulate.emulate) what it makes of the checked config, so the note is
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from grpo_lab.checks import emulate
+from grpo_lab.memory import emulate
 from grpo_lab.checks.rules import Ctx, Problem, error, note, rule
 
 

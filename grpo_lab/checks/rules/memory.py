@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from grpo_lab.memory import calibration, engines, memplan
 
 from grpo_lab import facts
-from grpo_lab.cli.config import get as _get
+from grpo_lab.labconf import Lab
 from grpo_lab.checks.rules import A, Ctx, Problem, error, note, oom, rule, warn
 
 
@@ -28,10 +28,6 @@ class ModelFacts:
     notes: list[str] = field(default_factory=list)
     random_weights: str = ""  # the folder's mark: random weights, for memory and speed only (grpo_lab.tasks.qwen3_random)
     file_positions: int | None = None  # max_position_embeddings of the model's own config, when override_config raised it
-
-
-def _thaw(m: Any) -> dict[str, Any]:
-    return {k: v for k, v in m.items()} if isinstance(m, Mapping) else {}
 
 
 def _from_config_json(path: Path, source: str) -> memplan.Arch:
@@ -63,7 +59,7 @@ def resolve_model(c: Ctx) -> ModelFacts:
 
 def _model_files(c: Ctx) -> ModelFacts:
     path = str(c.get(A + "model.hf_config_path") or c.get(A + "model.path") or "")
-    group = _thaw(_get(c.lab, "model", {}))
+    group = asdict(c.lab.model)
     groups = facts.model_groups()
     known = groups.get(path)
     info = dict(known) if known else group
@@ -157,14 +153,10 @@ def _alternatives(plan: dict[str, Any], phase: str) -> str:
         f"{r['override']} -> {r['peak_gb_per_gpu']} GB {r['verdict']}" for r in opts) + "."
 
 
-def card_gb(lab: Mapping[str, Any]) -> float | None:
+def card_gb(lab: Lab) -> float | None:
     """One card's memory from lab.hardware.gpu_memory_gb when it is a positive number; else None."""
-    v = _get(lab, "hardware.gpu_memory_gb")
-    try:
-        gb = float(v) if not isinstance(v, bool) else 0.0
-    except (TypeError, ValueError):
-        return None
-    return gb if gb > 0 else None
+    v = lab.hardware.gpu_memory_gb  # typed: a number or None (grpo_lab/labconf.py)
+    return float(v) if v is not None and v > 0 else None
 
 
 @rule("card_memory_unknown", kind="plan", phase="preflight")
@@ -173,11 +165,10 @@ def card_memory_unknown(c: Ctx) -> Iterable[Problem]:
     so it refuses instead of passing as "OK" (the fix: the hardware option's own size)."""
     if card_gb(c.lab) is not None:
         return
-    raw = (c.lab.get("hardware") or {}).get("gpu_memory_gb")
-    name = str(_get(c.lab, "hardware.name", "") or "")
+    raw, name = c.lab.hardware.gpu_memory_gb, str(c.lab.hardware.name or "")
     size = facts.hardware_card_gb(name) if name else None
     what = f"{c.model.info.get('name') or 'the model'}" if c.model else "the model"
-    yield error(f"lab.hardware.gpu_memory_gb={'null' if raw is None else repr(raw)} is no card size: it must be one "
+    yield error(f"lab.hardware.gpu_memory_gb={'null' if raw is None else f'{raw:g}'} is no card size: it must be one "
                 f"card's memory in GB as CUDA reports it (32 for the guide's RTX 4080 32 GB, 139.8 for an H200). "
                 f"Without it the memory plan gives no phase a verdict, so nothing says whether {what} fits the cards"
                 + (f"; the hardware option {name} says {size:g}" if size else ""),

@@ -16,7 +16,6 @@ from typing import Any, Iterable, Mapping
 
 from grpo_lab import facts
 from grpo_lab.checks import reward_probe
-from grpo_lab.cli.config import get as _get
 from grpo_lab.checks.rules import ALT, Ctx, Problem, error, rule, thaw, warn
 from grpo_lab.verl_schema import schema
 
@@ -97,7 +96,7 @@ def reward_fn_file(c: Ctx) -> Iterable[Problem]:
         what = "is a folder, not a file" if os.path.isdir(f) else "does not exist"
         # back to verl's scorer: the preset, when another one set the path; `path=null` also when the path was
         # typed on the command line (it wins over any preset)
-        back = ([BACK] if _get(c.lab, "reward_fn") not in (None, "verl_default") else []) + [f"{KEY}.path=null"]
+        back = ([BACK] if c.lab.reward_fn not in (None, "verl_default") else []) + [f"{KEY}.path=null"]
         yield error(f"the reward file {shown} {what}: verl's reward workers would fail with 'Custom module file not "
                     f"found' after Ray and the model have started.{hint} Point {KEY}.path at your file "
                     f"(python run.py {KEY}.path=/abs/path/to/reward.py), or go back to verl's own scorer by "

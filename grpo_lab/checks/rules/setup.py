@@ -9,7 +9,6 @@ from typing import Any, Iterable, Mapping
 from grpo_lab import facts
 
 from grpo_lab.memory import memplan
-from grpo_lab.cli.config import get as _get
 from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, rule, warn
 from grpo_lab.checks.rules.batch import as_int, ref_used
 from grpo_lab.verl_schema import schema
@@ -96,7 +95,7 @@ def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
     """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
     where = joins_cluster(c)
     num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
-    if where and num_cpus is not None and not c.lab.get("ray_cluster"):  # a cluster of ours: its ray start gets it
+    if where and num_cpus is not None and not c.lab.ray_cluster:  # a cluster of ours: its ray start gets it
         yield error(f"ray.init connects to an existing Ray cluster ({where}) and ray_kwargs.ray_init.num_cpus="
                     f"{num_cpus} is set (the hardware file sets it for a Ray started here): Ray raises 'When "
                     f"connecting to an existing cluster, num_cpus and num_gpus must not be provided'. The cluster's "
@@ -114,7 +113,7 @@ def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
     this machine alone, where verl's resource pool waits for GPUs that never come. That last lookup reads this
     machine, so the check is an environment check: not launching (preflight.only, make plan, make fit), a note."""
     nnodes, gpus = c.batch["nnodes"], c.batch["n_gpus_per_node"]
-    if nnodes <= 1 or c.lab.get("ray_cluster"):  # a cluster grpo-lab starts itself (a SLURM job): it joins that
+    if nnodes <= 1 or c.lab.ray_cluster:  # a cluster grpo-lab starts itself (a SLURM job): it joins that
         return
     t = ray_target(c)
     if t.joins:
@@ -135,7 +134,7 @@ def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
 @rule("ray_no_cluster_to_join", kind="setup", phase="start-up", launching_only=True)
 def ray_no_cluster_to_join(c: Ctx) -> Iterable[Problem]:
     """ray_kwargs.ray_init.address=auto (hardware=ray_cluster) with nothing to join: ray.init raises at once."""
-    if c.lab.get("ray_cluster"):
+    if c.lab.ray_cluster:
         return
     t = ray_target(c)
     if t.fails:
@@ -159,7 +158,7 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
         facts.CPUS_PER_GPU * per_node + math.ceil(once / nnodes)
     where = joins_cluster(c)
     num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
-    started = c.lab.get("ray_cluster") or {}  # a cluster grpo-lab starts itself (a SLURM job of several nodes)
+    started = c.lab.ray_cluster or {}  # a cluster grpo-lab starts itself (a SLURM job of several nodes)
     if where and not started.get("num_cpus_per_node"):
         b["ray_cpus"] = {"needed": need_node, "available": None, "source": f"the cluster's nodes ({where})",
                          "use_v1": v1, "per_node": nnodes > 1}
@@ -172,7 +171,7 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
     elif c.launching:
         have, source = facts.machine_cpus(), "this node's CPUs (ray_kwargs.ray_init.num_cpus is null)"
     else:
-        have = as_int(_get(c.lab, "hardware.cpu_cores", 0))
+        have = as_int(c.lab.hardware.cpu_cores or 0)
         source = f"lab.hardware.cpu_cores={have} (ray_kwargs.ray_init.num_cpus is null: Ray takes the node's cores)"
     b["ray_cpus"] = {"needed": need_node, "available": have, "source": source, "use_v1": v1, "per_node": nnodes > 1}
     if not have or need_node <= have:
@@ -270,7 +269,7 @@ def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
     before the preflight and leaves what it did in lab.micro_batch)."""
     from grpo_lab.checks.microbatch import PASSES, ignored
 
-    info = c.lab.get("micro_batch") or {}
+    info = c.lab.micro_batch
     if not info:
         return
     yours = ", ".join(f"{m['key']}={m['value']} ({m['set_by']})" for m in info["micro"])
@@ -345,7 +344,7 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     vLLM. Any of them can be at its largest phase (vLLM's whole budget while generating) at the same time. The fixes:
     the vLLM share that lets k generations fit, or fewer jobs at once (hydra.launcher.n_jobs, re-checked through
     grpo_lab/cli/apply.py like any override)."""
-    k = as_int(c.lab.get("side_by_side_jobs", 1)) or 1
+    k = as_int(c.lab.side_by_side_jobs) or 1
     plan = c.plan or {}
     phases = plan.get("phases") or {}
     if k <= 1 or not phases:
@@ -382,8 +381,8 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
                     f"host RAM each = {k * total:.1f} GB > {cap:.0f} GB: {fewer} job(s) at once fit",
                     f"hydra.launcher.n_jobs={fewer}")
     kv = plan.get("kv_cache") or {}
-    pin = c.lab.get("side_by_side_kv_pin") or {}
-    if pin.get("by") == "launcher":  # grpo_lab/checks/kv_pin.py put the plan's KV cache into the config verl gets
+    pin = c.lab.side_by_side_kv_pin or {}
+    if pin.get("by") == "launcher":  # grpo_lab/launch/prepare.py put the plan's KV cache into the config verl gets
         yield note(f"hydra/launcher=side_by_side: each job's vLLM KV cache is pinned to the plan's "
                    f"{float(pin['bytes']) / 1e9:.2f} GB ({OVERRIDE_KV}={pin['bytes']} in verl_config.yaml, set by "
                    f"the launcher), so a job starting beside it cannot take from it; a value of your own for "
@@ -546,10 +545,10 @@ def thinking_response_length(c: Ctx) -> Iterable[Problem]:
 @rule("nccl_p2p", kind="setup", phase="start-up")
 def nccl_p2p(c: Ctx) -> Iterable[Problem]:
     env_vars = c.get(ENV_VARS, {}) or {}
-    if _get(c.lab, "hardware.p2p", True) is False and c.batch["n_gpus"] > 1:
+    if c.lab.hardware.p2p is False and c.batch["n_gpus"] > 1:
         set_in = (isinstance(env_vars, Mapping) and "NCCL_P2P_DISABLE" in env_vars) or "NCCL_P2P_DISABLE" in c.environ
         if not set_in:
-            yield warn(f"{_get(c.lab, 'hardware.name', 'this hardware')} has no GPU peer-to-peer "
+            yield warn(f"{c.lab.hardware.name or 'this hardware'} has no GPU peer-to-peer "
                        f"(lab.hardware.p2p=false): NCCL can hang at initialisation unless NCCL_P2P_DISABLE=1 reaches "
                        f"the Ray workers", f"'+{ENV_VARS}.NCCL_P2P_DISABLE=\"1\"'")
 

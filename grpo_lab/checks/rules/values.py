@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from grpo_lab.cli.config import get as _get
+from grpo_lab.verl_keys import get as _get
 from grpo_lab.facts import preset_learning_rates
 from grpo_lab.cli.config import safe_name, unsafe_name
 from grpo_lab.cli.knobs import KNOBS

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from grpo_lab import facts
-from grpo_lab.cli.config import get, put, with_value
+from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import A, get, put, with_value
 
 ENV_VARS = facts.RAY_ENV_VARS  # what verl hands its Ray workers
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the name torch 2.11 reads first, then the new one
@@ -59,14 +60,14 @@ def _number(v: Any) -> float | None:
         return None
 
 
-def settings(lab: Mapping[str, Any]) -> Emulation | None:
+def settings(lab: Lab) -> Emulation | None:
     """The emulation the `lab` facts ask for, checked; None when lab.hardware.emulate.real_gpu_memory_gb is unset."""
-    raw = get(lab, "hardware.emulate.real_gpu_memory_gb")
-    if raw is None:
+    hw = lab.hardware  # typed (grpo_lab/labconf.py): numbers or None
+    real, card = hw.emulate.real_gpu_memory_gb, hw.gpu_memory_gb
+    if real is None:
         return None
-    real, card = _number(raw), _number(get(lab, "hardware.gpu_memory_gb"))
-    if real is None or real <= 0:
-        raise EmulationError(f"lab.hardware.emulate.real_gpu_memory_gb={raw!r} is not a size in GB: set it to the "
+    if real <= 0:
+        raise EmulationError(f"lab.hardware.emulate.real_gpu_memory_gb={real:g} is not a size in GB: set it to the "
                              f"memory of the cards the job runs on, e.g. lab.hardware.emulate.real_gpu_memory_gb=139.8 "
                              f"(H200) or =80 (A100 80GB), or drop it to run without emulation")
     if card is None or card <= 0:
@@ -77,8 +78,7 @@ def settings(lab: Mapping[str, Any]) -> Emulation | None:
                              f"{card / real:.3f} of the card, over 1): emulation only rehearses a smaller card. Set "
                              f"lab.hardware.gpu_memory_gb={real:g} (no emulation) or "
                              f"lab.hardware.emulate.real_gpu_memory_gb to the real card's size")
-    return Emulation(card, real, str(get(lab, "hardware.gpu_name", "") or ""),
-                     str(get(lab, "hardware.emulate.real_gpu_name", "") or ""))
+    return Emulation(float(card), float(real), str(hw.gpu_name or ""), str(hw.emulate.real_gpu_name or ""))
 
 
 # ---- the allocator string: "key:value,key:value" (roundup_power2_divisions takes a [..] list with commas) ----
@@ -136,7 +136,7 @@ def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str
     same value, so that whichever name a torch reads first carries the cap."""
     user, _ = _user_alloc(env, environ)
     merged, _ = merge_alloc_conf(user, emu.fraction)
-    sleep = get(verl, "actor_rollout_ref.rollout.enable_sleep_mode", True)
+    sleep = get(verl, A + "rollout.enable_sleep_mode", True)
     if sleep and any(k == "expandable_segments" and v == "True" for k, v in parse_alloc_conf(merged)):
         raise EmulationError(f"your allocator setting {user!r} turns expandable_segments on; emulation hands it to "
                              f"vLLM's processes in PYTORCH_CUDA_ALLOC_CONF, and vLLM's sleep mode refuses that "
@@ -170,7 +170,7 @@ def _plain(x: Any) -> Any:
 
 
 def check_engine(verl: Mapping[str, Any]) -> None:
-    engine = str(get(verl, "actor_rollout_ref.rollout.name", "vllm") or "vllm").lower()
+    engine = str(get(verl, A + "rollout.name", "vllm") or "vllm").lower()
     if engine != "vllm":
         raise EmulationError(f"emulation scales vLLM's gpu_memory_utilization (a fraction of the card's total); "
                              f"{engine} reads it as a fraction of the memory free at start, which emulation cannot "
@@ -197,7 +197,7 @@ class Emulated:
         return out
 
 
-def emulate(config: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str, str]) -> Emulated:
+def emulate(config: dict[str, Any], lab: Lab, environ: Mapping[str, str]) -> Emulated:
     """The config for an emulated smaller card, as planned and as verl gets it (see the module doc), and the plan's
     record of it. Raises EmulationError for input emulation cannot take; `config` is left as it is."""
     emu = settings(lab)
@@ -224,18 +224,6 @@ def emulate(config: dict[str, Any], lab: Mapping[str, Any], environ: Mapping[str
     return Emulated(with_value(config, ENV_VARS, env), info, emu)
 
 
-def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
-    """plan.json's changed_defaults (what verl got) says which values emulation scaled, from what."""
-    for item in changed:
-        if item.get("key") in {f"{ENV_VARS}.{v}" for v in ALLOC_VARS}:
-            item["set_by"] = "emulation (grpo_lab/checks/emulate.py): the torch cap, merged into your own setting if any"
-        u = info["gpu_memory_utilization"].get(item.get("key"))
-        if u is not None:
-            item["set_by"] = (f"{item.get('set_by') or 'verl'}; emulation (grpo_lab/checks/emulate.py) scaled "
-                              f"{u['planned']:g} of a {info['card_gb']:g} GB card to {u['handed_to_engine']:g} of "
-                              f"{info['real_gpu_memory_gb']:g} GB")
-
-
 def describe(done: Emulated) -> str:
     """One paragraph for the preflight's notes: the run is emulated, and the real values vLLM and torch get; "" without
     emulation."""
@@ -248,7 +236,7 @@ def describe(done: Emulated) -> str:
            if abs(cap - emu.fraction) > 1e-6 else "")
     said = []
     for path, scaled in info["gpu_memory_utilization"].items():
-        if path.startswith("actor_rollout_ref."):
+        if path.startswith(A):
             u = scaled["planned"]
             said.append(f"{path.split('.')[-2]}.{UTIL_KEY} {u:g} of {emu.card_gb:g} GB = {u * emu.card_gb:.2f} GB -> "
                         f"{scaled['handed_to_engine']:g} of {emu.real_gb:g} GB")
@@ -256,7 +244,7 @@ def describe(done: Emulated) -> str:
     names = [f" ({n})" if n else "" for n in (emu.name, emu.real_name)]
     return (f"EMULATED: planned for {emu.card_gb:g} GB cards{names[0]}, running on {emu.real_gb:g} GB cards{names[1]}. "
             f"Handed to vLLM: {utils}. Handed to torch in every Ray worker: "
-            f"PYTORCH_CUDA_ALLOC_CONF={conf}{own} = {cap * emu.real_gb:.2f} GB per process (grpo_lab/checks/emulate.py)")
+            f"PYTORCH_CUDA_ALLOC_CONF={conf}{own} = {cap * emu.real_gb:.2f} GB per process (grpo_lab/memory/emulate.py)")
 
 
 # ---- does this machine's torch know the key? (an unknown key is an error at the first CUDA allocation) ----

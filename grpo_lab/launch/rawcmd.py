@@ -1,8 +1,8 @@
 """The raw verl command that a grpo-lab config amounts to: `python3 -m verl.trainer.main_ppo key=value ...`.
 
-    python -m grpo_lab.cli.rawcmd experiment=smoke_tiny hardware=h200x1
-    python -m grpo_lab.cli.rawcmd --list experiment=smoke     (one override a line)
-    python -m grpo_lab.cli.rawcmd --help
+    python -m grpo_lab.launch.rawcmd experiment=smoke_tiny hardware=h200x1
+    python -m grpo_lab.launch.rawcmd --list experiment=smoke     (one override a line)
+    python -m grpo_lab.launch.rawcmd --help
 
 The overrides are read as run.py reads them (grpo_lab/cli/overrides.py: the same checks, the environment's knobs added).
 
@@ -23,7 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
 from grpo_lab import facts
-from grpo_lab.cli.config import split
+from grpo_lab.launch.prepare import split
 from grpo_lab.cli.overrides import OverrideError, check, parse, quote, tree_if_needed
 from grpo_lab.cli.provenance import flatten
 from grpo_lab.verl_schema import schema
@@ -50,8 +50,8 @@ def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
         ours_cfg = compose("config", overrides=overrides, return_hydra_config=True)
         HydraConfig.instance().set_config(ours_cfg)
         ours, lab = split(ours_cfg)
-    # emulation (grpo_lab/checks/emulate.py): raw verl gets the scaled utilizations and the torch cap run.py hands it
-    from grpo_lab.checks.emulate import emulate
+    # emulation (grpo_lab/memory/emulate.py): raw verl gets the scaled utilizations and the torch cap run.py hands it
+    from grpo_lab.memory.emulate import emulate
 
     ours = emulate(ours, lab, os.environ).verl
     base = schema().defaults  # verl's ppo_trainer resolved: what raw verl runs with given nothing
@@ -67,7 +67,7 @@ def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
     return out
 
 
-USAGE = """usage: python -m grpo_lab.cli.rawcmd [--list] [OVERRIDE ...]
+USAGE = """usage: python -m grpo_lab.launch.rawcmd [--list] [OVERRIDE ...]
 
 Prints the raw `python3 -m verl.trainer.main_ppo ...` command that gives verl the config `python run.py OVERRIDE ...`
 gives it: every value that differs from verl's default. --list: one override a line. The overrides (and the
@@ -80,9 +80,9 @@ def main(argv: list[str], environ: dict[str, str] | None = None) -> int:
         print(USAGE, end="")
         return 0
     conf_dir = str(facts.ROOT / "conf")
-    from grpo_lab.checks.emulate import EmulationError
+    from grpo_lab.memory.emulate import EmulationError
 
-    as_list = "--list" in argv  # one argument a line, for `mapfile -t args < <(python -m grpo_lab.cli.rawcmd --list ...)`
+    as_list = "--list" in argv  # one argument a line, for `mapfile -t args < <(python -m grpo_lab.launch.rawcmd --list ...)`
     try:
         cli = parse([a for a in argv if a != "--list"], os.environ if environ is None else environ, flags=False)
         check(cli, conf_dir)

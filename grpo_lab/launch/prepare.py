@@ -1,0 +1,265 @@
+"""The launch's prepare stage, every change to the config in one place: `split` (resolved in the driver, grpo-lab's
+sections as one typed view), `prepare` (checkpoint folder, jobs side by side, the micro-batch `settle`d, the SLURM
+job's cluster), `emulate` (workers' environment, a smaller card), `pin_side_by_side` (vLLM's KV cache). The rules
+(grpo_lab/checks/) read what they did from the typed view (lab.micro_batch, lab.side_by_side_kv_pin, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from grpo_lab import facts
+from grpo_lab.checks.microbatch import PASSES
+from grpo_lab.cli.knobs import SHORT_KEYS, set_apart
+from grpo_lab.errors import GrpoLabError
+from grpo_lab.labconf import Lab
+from grpo_lab.memory.emulate import ALLOC_VARS, ENV_VARS
+from grpo_lab.verl_keys import get, put, with_value
+
+if TYPE_CHECKING:
+    from grpo_lab.cli.provenance import Layers
+    from grpo_lab.cli.overrides import CommandLine
+    from grpo_lab.launch.slurm import RayNodes
+    from grpo_lab.memory.emulate import Emulated
+
+OUR_KEYS = frozenset({"lab", "preflight"}) | SHORT_KEYS
+WORKER_ENV = facts.RAY_ENV_VARS  # what verl hands its Ray workers
+
+
+def split(cfg: DictConfig) -> tuple[dict[str, Any], Lab]:
+    """(verl config as a plain resolved dict, the job's typed view of grpo-lab's own sections)."""
+    if "hydra" in cfg:  # present when composed with return_hydra_config (tests); never verl's
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    assert isinstance(resolved, dict)
+    # verl keys set on their own, which their short key no longer reaches: fixes name them (grpo_lab/checks/fixes.py)
+    lab = Lab.of(resolved.get("lab"), preflight=resolved.get("preflight") or {}, set_apart=set_apart(cfg))
+    return {k: v for k, v in resolved.items() if k not in OUR_KEYS}, lab
+
+
+def checkpoint_key(override_dirname: str) -> str:
+    """A folder name for one sweep job's checkpoints, made from its overrides (same overrides, same folder)."""
+    key = re.sub(r"[^\w.=,+-]", "_", override_dirname) or "defaults"
+    if len(key) > 100:
+        key = key[:80] + "-" + hashlib.sha1(override_dirname.encode()).hexdigest()[:12]
+    return key
+
+
+@dataclass(frozen=True)
+class Job:
+    """One Hydra job, as the stages see it."""
+
+    dir: Path  # its output folder
+    multirun: bool  # a sweep point
+    override_dirname: str  # its overrides as one name (a sweep point's checkpoint folder)
+    cli: CommandLine | None = None  # the command line run.py parsed; None: composed without it (a test)
+    # what reads a failed job's log (run.py hands grpo_lab.after_run.doctor: diagnose_path, format_diagnoses,
+    # errors_in, ProgressWatchdog); None: no diagnosis, no watchdog
+    doctor: Any = None
+
+    @classmethod
+    def current(cls, cli: CommandLine | None = None, doctor: Any = None) -> Job:
+        hc = HydraConfig.get()
+        return cls(Path(hc.runtime.output_dir), hc.mode == RunMode.MULTIRUN, hc.job.override_dirname, cli, doctor)
+
+
+@dataclass
+class Prepared:
+    """prepare's output: the composed config as plain dicts, with the job's own values."""
+
+    verl: dict[str, Any]
+    lab: Lab
+    layers: Layers  # what set each value (plan.json's changed_defaults)
+    cluster: RayNodes | None = None  # the Ray cluster of a SLURM job of several nodes (its first node only)
+
+
+def prepare(cfg: DictConfig, job: Job) -> Prepared:
+    """The composed config as verl's and lab's plain dicts, with what this job adds: a sweep point's own checkpoint
+    folder, how many jobs run side by side, the micro-batch settled, the SLURM job's Ray cluster."""
+    from grpo_lab.cli.provenance import job_layers
+    from grpo_lab.launch.slurm import cluster_for_job
+
+    try:
+        verl, lab = split(cfg)
+    except MissingMandatoryValue as e:
+        raise GrpoLabError(f"a required value is missing: {e.full_key}. Set it on the command line, "
+                           f"e.g. python run.py {e.full_key}=...") from None
+    except OmegaConfBaseException as e:  # an interpolation that cannot be worked out from the values given
+        raise GrpoLabError(f"{e.full_key} cannot be worked out from the values it is made of "
+                           f"({str(e).splitlines()[0]}): check those values, or set it on the command line, "
+                           f"e.g. python run.py {e.full_key}=...") from None
+    if job.multirun:
+        # each sweep job its own checkpoints, so that none resumes from a sibling's
+        ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(job.override_dirname))
+        put(verl, "trainer.default_local_dir", ckpt)
+        # hydra/launcher=side_by_side: up to n_jobs jobs share the GPUs and the host (rule side_by_side_jobs)
+        lab.side_by_side_jobs = side_by_side_jobs(HydraConfig.get().launcher)
+    layers = job_layers(job.cli.env_names if job.cli is not None else None)
+    # the user's micro-batch size wins over our dynamic batching default (`settle` below; rule
+    # micro_batch_explicit reports it)
+    lab.micro_batch = settle(verl, layers)
+    # the first node of a SLURM job of several nodes starts a Ray cluster across them (train runs verl inside it) and
+    # the job joins it by address (grpo_lab/launch/slurm.py); None everywhere else
+    cluster = cluster_for_job(verl, lab)
+    return Prepared(verl, lab, layers, cluster)
+
+
+def emulate(prepared: Prepared, job: Job) -> Emulated:
+    """The config as the preflight plans it and as verl gets it: the workers' environment added, then the one
+    transform for an emulated smaller card (grpo_lab/memory/emulate.py; without emulation both are the same dict).
+    Input emulation cannot take is refused here, before anything is written."""
+    from grpo_lab.memory.emulate import EmulationError
+    from grpo_lab.memory.emulate import emulate as for_card
+
+    config = with_value(prepared.verl, WORKER_ENV, worker_env(prepared.verl, prepared.lab, job.dir))
+    try:
+        return for_card(config, prepared.lab, os.environ)
+    except EmulationError as e:
+        raise GrpoLabError(str(e)) from None
+
+
+def side_by_side_jobs(launcher: Any) -> int:
+    """How many jobs of this sweep may run at once: Hydra's joblib launcher's n_jobs (conf/hydra/launcher/side_by_side.yaml;
+    joblib's -1 = one a CPU core), 1 for a launcher that runs one job after another or each on its own machines."""
+    from grpo_lab.cli.apply import jobs_at_once
+
+    try:
+        if "JoblibLauncher" not in str(launcher.get("_target_", "")):
+            return 1
+        return jobs_at_once(launcher.get("n_jobs") or 1)
+    except (AttributeError, TypeError, ValueError):
+        return 1
+
+
+def worker_env(verl: dict[str, Any], lab: Lab, job_dir: Path) -> dict[str, Any]:
+    """The environment of verl's Ray workers (Ray wants string values): the job's own, with ours added where the
+    user set nothing."""
+    env = dict(get(verl, WORKER_ENV) or {})
+    ours = {"VERL_FILE_LOGGER_PATH": str(job_dir.resolve() / "metrics.jsonl")}
+    if "wandb" in (get(verl, "trainer.logger") or []):
+        ours["WANDB_DIR"] = str(job_dir.resolve())
+        ours["WANDB_MODE"] = os.environ.get("WANDB_MODE") or str(lab.wandb.mode or "offline")
+    if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
+        # vLLM's sampler imports flashinfer unless told not to: "No module named 'flashinfer'" at engine start
+        ours["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    for k, v in ours.items():
+        env.setdefault(k, v)
+    return env
+
+
+def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
+    """plan.json's changed_defaults (what verl got) says which values emulation (grpo_lab/memory/emulate.py) scaled,
+    from what."""
+    for item in changed:
+        if item.get("key") in {f"{ENV_VARS}.{v}" for v in ALLOC_VARS}:
+            item["set_by"] = "emulation (grpo_lab/memory/emulate.py): the torch cap, merged into your own setting if any"
+        u = info["gpu_memory_utilization"].get(item.get("key"))
+        if u is not None:
+            item["set_by"] = (f"{item.get('set_by') or 'verl'}; emulation (grpo_lab/memory/emulate.py) scaled "
+                              f"{u['planned']:g} of a {info['card_gb']:g} GB card to {u['handed_to_engine']:g} of "
+                              f"{info['real_gpu_memory_gb']:g} GB")
+
+
+# ---- the user's micro-batch (grpo_lab/checks/microbatch.py: the passes, and what the rule reports) ----
+
+DEFAULTS_FILE = "conf/config.yaml"  # grpo-lab's own defaults; every other layer is the user's choice
+
+
+def _users(set_by: str | None) -> bool:
+    """Whether a layer of the user's set it: the command line, the environment, a conf/ file other than the
+    defaults (an experiment file of theirs); not conf/config.yaml, not verl."""
+    return bool(set_by) and not set_by.startswith((DEFAULTS_FILE, "verl", "grpo_lab/"))
+
+
+def _set_by(layers: "Layers", key: str) -> str | None:
+    found = layers.set_by(key)
+    return found[1] if found else None
+
+
+def settle(verl: dict[str, Any], layers: "Layers") -> dict[str, Any]:
+    """Turn grpo-lab's dynamic batching default off where the user's micro-batch would be ignored (in place).
+
+    Returns what the rule micro_batch_explicit reports: {"micro": [{pass, key, value, set_by}], "turned_off": [{key,
+    set_by}], "kept_on": [{key, set_by}]} ({} when the user gave no micro-batch size)."""
+    micro = []
+    for name, keys, _, _ in PASSES:
+        for key in keys:
+            value, by = get(verl, key), _set_by(layers, key)
+            if value is not None and _users(by):
+                micro.append({"pass": name, "key": key, "value": value, "set_by": by})
+    if not micro:
+        return {}
+    switches = [(dyn, bool(get(verl, dyn, False)), _set_by(layers, dyn)) for _, _, dyn, _ in PASSES]
+    kept = [{"key": dyn, "set_by": by} for dyn, on, by in switches if on and _users(by)]
+    off = []
+    if not kept:  # no use_dynamic_bsz=true of the user's: their micro-batch wins over our default
+        for dyn, on, by in switches:
+            if on:
+                put(verl, dyn, False)
+                off.append({"key": dyn, "set_by": by})
+    return {"micro": micro, "turned_off": off, "kept_on": kept}
+
+
+
+# ---- side by side: vLLM's KV cache pinned to the plan's ----
+
+KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+OVERRIDE = "+" + KEY
+SET_BY = "hydra/launcher=side_by_side: the memory plan's KV cache (grpo_lab/launch/prepare.py)"
+
+
+def planned_kv_bytes(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str]) -> int | None:
+    """The memory plan's vLLM KV cache per GPU in bytes, or None (no plan, not vLLM, no room for a cache)."""
+    from grpo_lab.checks.rules import Ctx
+
+    plan = Ctx.of(verl, lab, launching=False, environ=environ, quick=True).plan or {}
+    kv = plan.get("kv_cache") or {}
+    gb = float(kv.get("kv_cache_gb") or 0)
+    if kv.get("engine") != "vllm" or gb <= 0 or int(kv.get("tokens") or 0) <= 0:
+        return None
+    return int(gb * 1e9)
+
+
+def pin_side_by_side(planned: dict[str, Any], verl: dict[str, Any], lab: Lab,
+                     environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Under side by side (lab.side_by_side_jobs > 1): (the config verl gets, the pin). The user's own pin is
+    kept; else the plan's KV cache goes into verl's config only (a copy when it is the planned one): the preflight
+    plans the config as the user wrote it, so a fix that changes vLLM's share is re-checked with the cache it
+    sizes. The pin is recorded in lab.side_by_side_kv_pin for the rule side_by_side_jobs."""
+    if lab.side_by_side_jobs <= 1:
+        return verl, None
+    own = get(planned, KEY)
+    if own is not None:
+        pin = {"bytes": own, "by": "user"}
+    else:
+        n = planned_kv_bytes(planned, lab, environ)
+        if n is None:
+            return verl, None
+        if verl is planned:
+            verl = copy.deepcopy(planned)
+        put(verl, KEY, n)
+        pin = {"bytes": n, "by": "launcher"}
+    lab.side_by_side_kv_pin = pin
+    return verl, pin
+
+
+def mark_changed(changed: list[dict[str, Any]], pin: dict[str, Any] | None) -> None:
+    """plan.json's changed_defaults: the launcher's pin says what set it."""
+    if pin and pin["by"] == "launcher":
+        for item in changed:
+            if item["key"] == KEY:
+                item["set_by"] = SET_BY

@@ -1,0 +1,47 @@
+"""verl's keys read and written by dotted path on the plain, resolved config verl gets (`get(verl, A + "rollout.n")`).
+
+grpo-lab's own keys are typed (grpo_lab/labconf.py); verl's config stays a plain dict, as verl receives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+A = "actor_rollout_ref."
+
+
+def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
+    """d['a']['b'] for 'a.b', or default when any part is missing or the value is None."""
+    cur: Any = d
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return default
+        cur = cur[part]
+    return default if cur is None else cur
+
+
+def put(d: dict[str, Any], dotted: str, value: Any) -> None:
+    """d['a']['b'] = value for 'a.b', making the dicts on the way."""
+    parts = dotted.split(".")
+    cur = d
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = cur[part] = {}
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def with_value(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of d with d['a']['b'] = value for 'a.b': the dicts on the way are new (read-only mappings too),
+    everything else is shared."""
+    out = dict(d)
+    cur = out
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        cur[part] = nxt = dict(nxt) if isinstance(nxt, Mapping) else {}
+        cur = nxt
+    cur[parts[-1]] = value
+    return out
