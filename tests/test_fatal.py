@@ -157,7 +157,7 @@ def _watch(tmp_path, **kw):
     stopped: list[float] = []
     out: list[str] = []
     w = fatal.FatalWatch(log, stop=lambda: stopped.append(time.time()), interval_s=0.1, out=out.append,
-                         diagnose=doctor.errors_in, **kw)
+                         doctor=doctor, **kw)
     return log, w, stopped, out
 
 

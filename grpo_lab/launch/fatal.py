@@ -1,7 +1,7 @@
 """A run whose engine died ends: the fatal lines of vLLM, SGLang and Ray, and a watcher that stops verl's job on them
 (the doctor reads the same lines: grpo_lab/after_run/doctor/stops.py's engine_died diagnosis).
 
-    watch = FatalWatch(log_path, stop=lambda: ray.kill(runner), diagnose=doctor.errors_in)   # launch.run_verl
+    watch = FatalWatch(log_path, stop=lambda: ray.kill(runner), doctor=doctor)   # launch.run_verl (run.py's doctor)
     watch.start(); ...; watch.job_done(); watch.stop()
     watch.fired                                                  # None, or what was seen (label, line, diagnosis)
 
@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from grpo_lab.launch.logtail import LogTail
 from grpo_lab.loglines import strip
-from grpo_lab.after_run.doctor.signatures import fatal_line
 
 GRACE_S = 5.0        # after a fatal line, verl's own error may still end the job: wait this long before stopping it
 INTERVAL_S = 1.0     # how often the log is read
@@ -72,10 +71,10 @@ class FatalWatch:
     def __init__(self, log_path: str | Path, stop: Callable[[], None], *, grace_s: float = GRACE_S,
                  interval_s: float = INTERVAL_S, kill_wait_s: float = KILL_WAIT_S,
                  out: Callable[[str], None] | None = None,
-                 diagnose: Callable[[Path], list[Any]] | None = None) -> None:
+                 doctor: Any) -> None:
         self.log_path = Path(log_path)
         self.stop_job = stop
-        self.diagnose = diagnose  # the log's findings so far, for the message (the launcher gives doctor.errors_in)
+        self.doctor = doctor  # fatal_line(line), and errors_in(log) for the message: handed down by run.py
         self.grace_s, self.interval_s, self.kill_wait_s = grace_s, interval_s, kill_wait_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.fired: Fired | None = None
@@ -112,7 +111,7 @@ class FatalWatch:
         """Read what the log gained; the first fatal line in it, if any (the thread calls this every interval)."""
         lines = self._tail.new_lines()
         for k, line in enumerate(lines):
-            hit = fatal_line(line)
+            hit = self.doctor.fatal_line(line)
             if hit:
                 return Fired(hit[1], strip(line)[0].strip()[:300], self._lines + k + 1, time.time())
         self._lines += len(lines)
@@ -147,7 +146,7 @@ class FatalWatch:
 
     def _diagnosis(self, fired: Fired) -> str:
         """What grpo-lab tells about the stop: the fatal line and the doctor's first finding on the log so far."""
-        ds = self.diagnose(self.log_path) if self.diagnose else []
+        ds = self.doctor.errors_in(self.log_path)
         head = (f"{fired.label} at train.log line {fired.line_no} ({fired.line}); verl had not stopped on it "
                 f"{time.time() - fired.seen_at:.0f} s later, so grpo-lab stopped the job")
         if not ds:

@@ -227,7 +227,7 @@ def run_verl(verl: dict[str, Any], doctor: Any = None) -> None:
     watchdog = doctor.ProgressWatchdog(log) if log and doctor else None
     # a fatal engine / actor line in the log: verl would wait for ever; kill its TaskRunner (grpo_lab/launch/fatal.py)
     tracked = TrackedRunner(runner)
-    fatal = FatalWatch(log, stop=tracked.kill, diagnose=doctor and doctor.errors_in) if log else None
+    fatal = FatalWatch(log, stop=tracked.kill, doctor=doctor) if log and doctor else None
     try:
         if watchdog:
             watchdog.start()
