@@ -26,7 +26,7 @@ PY := $(shell if [ -x $(GPU_PY) ]; then echo $(GPU_PY); elif [ -x $(TEST_PY) ]; 
 ATTN = $(shell $(GPU_PY) -c "import flash_attn" >/dev/null 2>&1 || echo ++actor_rollout_ref.model.override_config.attn_implementation=sdpa)
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-fast setup data own-data tiny smoke smoke-tiny train train-4b sweep plan report doctor gpu-check clean
+.PHONY: help lint test test-fast setup data own-data tiny smoke smoke-tiny train train-4b sweep plan report doctor gpu-check clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -43,6 +43,9 @@ $(VENV)/.installed: requirements-test.txt
 # one module-scoped fixture share a worker (--dist loadgroup, tests/conftest.py)
 TEST_JOBS ?= auto
 PYTEST = $(TEST_PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
+
+lint: $(VENV)/.installed ## ruff on every Python file (its settings: pyproject.toml), as CI runs it
+	$(VENV)/bin/ruff check .
 
 test: $(VENV)/.installed ## the whole CPU test suite, as CI runs it (makes .venv on first use; ~8 min on 2 cores)
 	$(PYTEST)
