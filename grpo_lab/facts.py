@@ -1,18 +1,7 @@
 """Facts grpo-lab reads in more than one place, written once: the Ray CPU formula, the Hugging Face cache path,
 atomic file writes, and what the machine, the files and the config folder say (cheaply: no torch, verl, ray).
 
-    ray_cpus_needed(gpus_per_node, use_v1, storage_units)   the CPUs verl's Ray placement groups ask for
-    hf_hub_cache(environ), hf_model_cache_dir(repo, environ) where huggingface_hub keeps (and verl finds) models
-    atomic_write(path, text)                                 temp file + rename: no half-written file
-    visible_gpus(environ), machine_cpus(), module_available(name)
-    parquet_num_rows(path)                                   from the footer, without pyarrow
-    model_groups()                                           conf/model/*.yaml: model_path -> the group's lab.model
-    hardware_card_gb(name)                                   conf/hardware/<name>.yaml's gpu_memory_gb (its defaults too)
-    random_weights_mark(config)                              a random-weight model's mark (grpo_lab.tasks.qwen3_random)
-    (verl's own keys, rollout engines and scorer's data sources: grpo_lab.verl_schema's schema())
-
-    preset_learning_rates()                                  the actor learning rates conf/ sets, with their files
-"""
+What each function gives: docs/cli.md."""
 
 from __future__ import annotations
 

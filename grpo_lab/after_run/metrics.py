@@ -1,13 +1,6 @@
 """Read verl's `file` logger output (metrics.jsonl) into a pandas DataFrame indexed by step.
 
-verl's FileLogger writes one JSON object per logged step: `{"step": N, "data": {metric: value}}`. A job that is
-still running may have a partial last line; initial validation (trainer.val_before_train) is its own line at step 0;
-a resumed job can log a step twice. All of that is tolerated: lines of the same step are merged (later values win),
-and a line that does not parse is skipped.
-
-Metric names moved between verl versions (`timing_s/gen`, older `timing/gen`; `val-core/<source>/acc/mean@N`,
-older `val/test_score/<source>`): `column()` and the helpers below take either.
-"""
+What the file holds and the metric names of each verl version: docs/after_run.md."""
 
 from __future__ import annotations
 

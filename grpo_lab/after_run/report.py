@@ -2,16 +2,7 @@
 
     python -m grpo_lab.after_run.report RUN_DIR         (make report RUN=outputs/runs/<job>)
 
-prints one verdict per metric the guide names (ok / warn / bad, each with what to do about it), writes report.json
-(`{"checks": [{"metric", "status", "message"}], ...}`) and report.png (the curves) beside metrics.jsonl. A sweep dir
-(multirun.yaml, or job*/ subdirs) gets the sweep summary instead (grpo_lab.after_run.summary). A job that is still running is
-reported as far as it got; a failed one also gets the doctor's diagnosis of its train.log.
-
-Where it lives: this module is the command line (a job dir or a sweep dir?) and where the report's names are imported
-from; a job dir is read by grpo_lab/after_run/run_info.py, checked by grpo_lab/after_run/report_checks.py, plotted by
-grpo_lab/after_run/report_plot.py, and its report.json and text made by grpo_lab/after_run/job_report.py (which the
-sweep summary's callback calls, so that the summary and this command line do not import each other).
-"""
+What it prints and writes, and where each part lives: docs/after_run.md."""
 
 from __future__ import annotations
 

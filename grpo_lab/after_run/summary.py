@@ -2,14 +2,7 @@
 
     python -m grpo_lab.after_run.summary SWEEP_DIR      (make report RUN=outputs/sweeps/<sweep> does the same)
 
-Each row: the job's overrides, its status (ok / refused: <rule> / OOM in generation / OOM in training / other
-failure / unfinished; failed jobs are read by the doctor, refused ones from their plan.json), steps done, time per step, generation time, throughput, peak training memory and
-last score. The swept key is the override whose value differs across the jobs' .hydra/overrides.yaml.
-summary.png plots throughput and step time against it.
-
-`SweepSummaryCallback` (a Hydra callback) re-makes the summary after every job of a multirun and at its end, writes
-a failed job's diagnosis.json, and never raises.
-"""
+Each row, the swept key and the Hydra callback: docs/after_run.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """The official script's knobs: short config keys, their environment variables, and the verl keys they feed.
 
-verl's examples/grpo_trainer/run_qwen3_4b_fsdp.sh is driven by environment variables (MODEL_PATH, ROLLOUT_N, ...).
-grpo-lab keeps one value per knob: a short top-level key in conf/config.yaml that verl's own key interpolates.
-The same name in the environment sets it, with this precedence: command line > environment > config files.
-This module is the table; grpo_lab/cli/overrides.py parses the command line and adds the environment's knobs to it.
-"""
+How a knob is set, and its precedence: docs/cli.md."""
 
 from __future__ import annotations
 

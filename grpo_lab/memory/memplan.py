@@ -1,15 +1,6 @@
 """Memory plan: what one GRPO step of verl 0.9.1 (FSDP actor + colocated vLLM) puts on each GPU and in host RAM.
 
-Pure functions on plain data: no torch, no verl, no I/O. `grpo_lab.checks.preflight` feeds it the composed config;
-`benchmarks/gpu/memplan_bench.py` compares it with torch's allocator on a real GPU.
-
-Where it lives: this module assembles plan.json's `memory` (`memory_plan`) and is where the rest of grpo-lab and the
-benchmarks import the plan's names from; the model's shapes and the run's knobs are grpo_lab/memory/memplan_arch.py,
-the bytes of each phase and its constants grpo_lab/memory/memplan_phases.py, each phase's verdict with its margin
-grpo_lab/memory/memplan_verdicts.py, and what would make a phase fit grpo_lab/memory/memplan_remedies.py.
-
-The model phase by phase (what verl does, what the plan assumes), its units and verdicts: docs/memory_plan.md.
-"""
+Its inputs, where each part lives, and the model phase by phase: docs/memory_plan.md."""
 
 from __future__ import annotations
 

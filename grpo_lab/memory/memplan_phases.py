@@ -1,10 +1,6 @@
 """The memory plan's arithmetic: the bytes each phase of one GRPO step of verl 0.9.1 puts on a GPU and in host RAM.
 
-Generation (the actor's resident state beside the rollout engine's budget), the KV cache that budget leaves, the
-weight sync, the training phase (update, optimizer step, log-prob passes), the trainer's torch-allocator peak and host
-RAM; with the documented constants they rest on and `verdict_of`, how a peak compares with its card. What each phase
-assumes, and why, is the docstring of grpo_lab/memory/memplan.py, which assembles these into plan.json's `memory`.
-"""
+The phases it covers, and what each assumes and why: docs/memory_plan.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """What would make a phase fit: the remedies plan.json lists under `remedies` for a phase that is tight or out of
 memory, each with the phase's peak and verdict after it, and a combination of them when no single one ends an `oom`.
 
-The order: vLLM's max_model_len first (free), then the guide's order: token budget, util, optimizer offload, LoRA;
-then what the guide does not list: rollout TP 2, parameter offload, a smaller weight-sync bucket. (`make fit`,
-grpo_lab/checks/fit.py, searches combinations of such settings for a whole config.)
-"""
+Their order: docs/memory_plan.md."""
 
 from __future__ import annotations
 

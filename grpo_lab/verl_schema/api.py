@@ -2,13 +2,7 @@
 
     from grpo_lab.verl_schema import schema
 
-Read from the cache file (grpo_lab/verl_schema/verl_cache.py), which a child process builds from verl's own objects
-when it is missing or stale (grpo_lab/verl_schema/build.py): this process never imports verl and never parses its
-source. One object per process and config folder (cache_clear() drops it: a new process, as far as this module
-knows).
-
-Every attribute of the schema object: docs/verl_schema.md.
-"""
+Where it is read from, and every attribute of the schema object: docs/verl_schema.md."""
 
 from __future__ import annotations
 
