@@ -160,10 +160,8 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
 
 def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagnosis]] | None = None
                   ) -> tuple[pd.DataFrame, list[str]]:
-    """One row per job (swept keys as their own columns, after `job`), and the swept keys.
-
-    diagnoses: filled with each job's doctor findings, by job name.
-    """
+    """One row per job (swept keys as their own columns, after `job`), and the swept keys; `diagnoses` is filled
+    with each job's doctor findings, by job name."""
     dirs = job_dirs(sweep_dir)
     statuses = [job_status(d) for d in dirs]
     if diagnoses is not None:
@@ -182,11 +180,8 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
 
 
 def val_ranking(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
-    """The jobs ranked by validation at the last step that every validated job reached.
-
-    Jobs that stop at different steps (a sweep cut short, a failure) are not compared by their last values: a job
-    validated at step 15 would beat one last validated at step 10 for no reason but time.
-    """
+    """The jobs ranked by validation at the last step that every validated job reached (not by their last values:
+    jobs that stop at different steps would be ranked by time)."""
     validated = [r for r in rows if r.get("_val")]
     if len(validated) < 2:
         return None
@@ -336,14 +331,8 @@ def _sweep_dir_of(job_dir: Path) -> Path | None:
 
 
 class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
-    """Hydra callback: a failed job's diagnosis.json, each job's report.json, and the sweep summary.
-
-    Register in conf/config.yaml:
-        hydra:
-          callbacks:
-            sweep_summary:
-              _target_: grpo_lab.after_run.summary.SweepSummaryCallback
-    """
+    """Hydra callback: a failed job's diagnosis.json, each job's report.json, and the sweep summary (registered in
+    conf/config.yaml as hydra.callbacks.sweep_summary)."""
 
     def __init__(self, job_reports: bool = True, plots: bool = True) -> None:
         self.job_reports = job_reports

@@ -39,7 +39,6 @@ HOST_BASE_GB = 6.0               # Ray, TaskRunner, reward workers, data loaders
 
 # ---------------------------------------------------------------------------------------------------------------
 # components (bytes)
-# ---------------------------------------------------------------------------------------------------------------
 
 @dataclass
 class ActorState:
@@ -185,7 +184,6 @@ def vllm_activation(arch: Arch, s: Settings) -> float:
 
 # ---------------------------------------------------------------------------------------------------------------
 # verdict of a peak, rounding
-# ---------------------------------------------------------------------------------------------------------------
 
 def verdict_of(peak_gb: float, capacity_gb: float, margin: float = 0.0, exact_gb: float = 0.0) -> str:
     """`oom` when even the plan's largest measured overshoot (`margin`, grpo_lab/memory/calibration.py) leaves the peak
