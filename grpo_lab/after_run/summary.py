@@ -74,24 +74,9 @@ def _split_override(o: str) -> tuple[str, str] | None:
 
 def swept_keys(overrides: list[list[str]]) -> list[str]:
     """Override keys whose value differs across the jobs (in first-seen order)."""
-    values: dict[str, set[str]] = {}
-    order: list[str] = []
-    for ovs in overrides:
-        seen = {}
-        for o in ovs:
-            kv = _split_override(o)
-            if kv:
-                seen[kv[0]] = kv[1]
-        for k in seen:
-            if k not in values:
-                values[k] = set()
-                order.append(k)
-    for ovs in overrides:
-        d = dict(kv for kv in (_split_override(o) for o in ovs) if kv)
-        for k in order:
-            values[k].add(d.get(k, "<unset>"))
-    return [k for k in order if len(values[k]) > 1]
-
+    jobs = [dict(kv for kv in (_split_override(o) for o in ovs) if kv) for ovs in overrides]
+    order = dict.fromkeys(k for job in jobs for k in job)
+    return [k for k in order if len({job.get(k, "<unset>") for job in jobs}) > 1]
 
 
 def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
