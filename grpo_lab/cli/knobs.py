@@ -134,11 +134,8 @@ def knob_keys(key: str) -> tuple[str, ...]:
 
 
 def set_apart(cfg: Any) -> dict[str, list[str]]:
-    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}.
-
-    A verl key given on the command line (`trainer.total_epochs=two`) or in a config file replaces conf/config.yaml's
-    `${total_epochs}` with a value: the short key no longer reaches it, so a fix must name the verl key (`respell`).
-    The environment's knobs set the short key (grpo_lab/cli/overrides.py) and set nothing apart."""
+    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}:
+    the short key no longer reaches them, so a fix must name the verl key (docs/cli.md)."""
     from omegaconf import DictConfig, OmegaConf
 
     out: dict[str, list[str]] = {}

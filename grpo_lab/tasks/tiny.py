@@ -202,9 +202,7 @@ def save_tokenizer(tokenizer, path: Path) -> None:
 def build_model(arch: Qwen3Arch, tokenizer, seed: int, path: Path, *, device: str = "cpu", max_shard_size: str = "5GB",
                 config_extra: dict | None = None) -> int:
     """Random-weight Qwen3ForCausalLM saved (bf16 safetensors + generation_config.json) to path; returns #params.
-
-    Initialised in bf16 on `device` (transformers' init: normal(0, 0.02), norms 1), seeded: no fp32 copy anywhere.
-    config_extra: more keys for config.json."""
+    Seeded, initialised in bf16 on `device` (transformers' init): no fp32 copy. config_extra: more config.json keys."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
 
