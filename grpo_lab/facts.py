@@ -1,18 +1,7 @@
 """Facts grpo-lab reads in more than one place, written once: the Ray CPU formula, the Hugging Face cache path,
 atomic file writes, and what the machine, the files and the config folder say (cheaply: no torch, verl, ray).
 
-    ray_cpus_needed(gpus_per_node, use_v1, storage_units)   the CPUs verl's Ray placement groups ask for
-    hf_hub_cache(environ), hf_model_cache_dir(repo, environ) where huggingface_hub keeps (and verl finds) models
-    atomic_write(path, text)                                 temp file + rename: no half-written file
-    visible_gpus(environ), machine_cpus(), module_available(name)
-    parquet_num_rows(path)                                   from the footer, without pyarrow
-    model_groups()                                           conf/model/*.yaml: model_path -> the group's lab.model
-    hardware_card_gb(name)                                   conf/hardware/<name>.yaml's gpu_memory_gb (its defaults too)
-    random_weights_mark(config)                              a random-weight model's mark (grpo_lab.tasks.qwen3_random)
-    (verl's own keys, rollout engines and scorer's data sources: grpo_lab.verl_schema's schema())
-
-    preset_learning_rates()                                  the actor learning rates conf/ sets, with their files
-"""
+What each function gives: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -31,10 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RAY_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 # ---------------------------------------------------------------------------------------------------------------
-# Ray's CPUs. verl 0.9.1 asks, per GPU, for 3 CPUs in its worker placement groups (actor/rollout/ref colocated);
-# once per job 1 for the TaskRunner; the V1 trainer adds 1 TransferQueue controller and one CPU per SimpleStorage
-# storage unit (verl's default 8). Seen on the H200: num_cpus=8 with 1 GPU and 8 units hung silently, 16 ran.
-# ---------------------------------------------------------------------------------------------------------------
+# Ray's CPUs, as verl 0.9.1 asks for them (docs/cli.md)
 
 CPUS_PER_GPU = 3
 TASK_RUNNER_CPUS = 1
@@ -60,7 +46,6 @@ def ray_cpus_formula(gpus_per_node: int, use_v1: bool, storage_units: int) -> st
 
 # ---------------------------------------------------------------------------------------------------------------
 # the Hugging Face cache (huggingface_hub's rule: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)
-# ---------------------------------------------------------------------------------------------------------------
 
 def hf_hub_cache(environ: Mapping[str, str]) -> str:
     if environ.get("HF_HUB_CACHE"):
@@ -75,7 +60,6 @@ def hf_model_cache_dir(repo_id: str, environ: Mapping[str, str]) -> Path:
 
 # ---------------------------------------------------------------------------------------------------------------
 # atomic writes
-# ---------------------------------------------------------------------------------------------------------------
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -111,7 +95,6 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 # ---------------------------------------------------------------------------------------------------------------
 # the model groups: conf/model/*.yaml, read as files (no Hydra): which model_path each one plans
-# ---------------------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
 def model_groups() -> dict[str, dict[str, Any]]:
@@ -200,7 +183,6 @@ def preset_learning_rates() -> tuple[tuple[float, str], ...]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # files and the machine, cheaply
-# ---------------------------------------------------------------------------------------------------------------
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     shift = result = 0
@@ -274,10 +256,8 @@ def _field_header(buf: bytes, pos: int, fid: int) -> tuple[int, int, int]:
 
 
 def parquet_num_rows(path: str | os.PathLike) -> int:
-    """Row count from a parquet file's footer (FileMetaData.num_rows), without pyarrow: reads only the footer.
-
-    Falls back to pyarrow's metadata when the footer is not the plain thrift-compact kind (e.g. encrypted).
-    """
+    """Row count from a parquet file's footer (FileMetaData.num_rows), without pyarrow: reads only the footer (else,
+    when it is not the plain thrift-compact kind, e.g. encrypted, from pyarrow's metadata)."""
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
         size = f.tell()

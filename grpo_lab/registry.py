@@ -1,15 +1,7 @@
 """One shape for the project's registries: the preflight's rules (grpo_lab/checks/rules) and the doctor's failure
 signatures (grpo_lab/after_run/doctor).
 
-An entry has an id (unique in its registry), a kind (what it is about, from the registry's own short list) and the
-phase of a job it concerns (from PHASES, one list for both registries). The registration order is kept: it is the
-doctor's match order; the preflight sorts its rules into its report's order (RULE_MODULES). A wrong kind or phase is
-refused when the entry is registered, so a typo fails at import, not later as an entry that no list of its kind finds.
-
-    RULES = Registry("rule", {"batch": "...", "memory": "..."}, "RULE_KINDS in grpo_lab/checks/rules/__init__.py")
-    RULES.add(Rule("micro_batch", kind="batch", phase="update", fn=micro_batch))
-    RULES.ids(kind="memory")          # the ids of one kind, in registration order
-"""
+An entry's fields, the registration order and an example: docs/preflight.md."""
 
 from __future__ import annotations
 

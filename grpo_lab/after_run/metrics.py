@@ -1,13 +1,6 @@
 """Read verl's `file` logger output (metrics.jsonl) into a pandas DataFrame indexed by step.
 
-verl's FileLogger writes one JSON object per logged step: `{"step": N, "data": {metric: value}}`. A job that is
-still running may have a partial last line; initial validation (trainer.val_before_train) is its own line at step 0;
-a resumed job can log a step twice. All of that is tolerated: lines of the same step are merged (later values win),
-and a line that does not parse is skipped.
-
-Metric names moved between verl versions (`timing_s/gen`, older `timing/gen`; `val-core/<source>/acc/mean@N`,
-older `val/test_score/<source>`): `column()` and the helpers below take either.
-"""
+What the file holds and the metric names of each verl version: docs/after_run.md."""
 
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ if TYPE_CHECKING:  # pandas is imported where used: the Hydra callback loads thi
 
 METRICS_FILE = "metrics.jsonl"
 
-# the name verl 0.9.1 writes first, then older spellings
+# the name verl 0.9.1 writes first, then older spellings (a metric not listed has one name: column())
 ALIASES: dict[str, tuple[str, ...]] = {
     "timing_s/gen": ("timing_s/gen", "timing/gen"),
     "timing_s/update_actor": ("timing_s/update_actor", "timing/update_actor"),
@@ -29,16 +22,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "timing_s/old_log_prob": ("timing_s/old_log_prob", "timing/old_log_prob"),
     "timing_s/ref": ("timing_s/ref", "timing/ref"),
     "timing_s/update_weights": ("timing_s/update_weights", "timing/update_weights"),
-    "critic/score/mean": ("critic/score/mean",),
-    "perf/throughput": ("perf/throughput",),
-    "actor/entropy": ("actor/entropy",),
-    "actor/pg_clipfrac": ("actor/pg_clipfrac",),
-    "actor/ppo_kl": ("actor/ppo_kl",),
-    "response_length/mean": ("response_length/mean",),
-    "response_length/max": ("response_length/max",),
-    "response_length/clip_ratio": ("response_length/clip_ratio",),
-    "actor/perf/max_memory_allocated_gb": ("actor/perf/max_memory_allocated_gb",),
-    "actor/perf/max_memory_reserved_gb": ("actor/perf/max_memory_reserved_gb",),
 }
 
 

@@ -2,16 +2,7 @@
 
     python -m grpo_lab.after_run.report RUN_DIR         (make report RUN=outputs/runs/<job>)
 
-prints one verdict per metric the guide names (ok / warn / bad, each with what to do about it), writes report.json
-(`{"checks": [{"metric", "status", "message"}], ...}`) and report.png (the curves) beside metrics.jsonl. A sweep dir
-(multirun.yaml, or job*/ subdirs) gets the sweep summary instead (grpo_lab.after_run.summary). A job that is still running is
-reported as far as it got; a failed one also gets the doctor's diagnosis of its train.log.
-
-Where it lives: this module is the command line (a job dir or a sweep dir?) and where the report's names are imported
-from; a job dir is read by grpo_lab/after_run/run_info.py, checked by grpo_lab/after_run/report_checks.py, plotted by
-grpo_lab/after_run/report_plot.py, and its report.json and text made by grpo_lab/after_run/job_report.py (which the
-sweep summary's callback calls, so that the summary and this command line do not import each other).
-"""
+What it prints and writes, and where each part lives: docs/after_run.md."""
 
 from __future__ import annotations
 
@@ -21,25 +12,13 @@ from pathlib import Path
 
 from grpo_lab import facts
 from grpo_lab.after_run.job_report import format_report, make_report
-from grpo_lab.after_run.report_checks import (
-    BAD, CLIP_BAD, CLIP_WARN, ENTROPY_FLOOR, ENTROPY_RATIO_BAD, ENTROPY_RATIO_WARN, GIB_GB, KV_SHORT, MEM_BAD, MEM_WARN,
-    OK, PG_CLIPFRAC_BAD, PG_CLIPFRAC_WARN, PLAN_OFF, PPO_KL_BAD, PPO_KL_WARN, PROBS_DIFF_BAD, PROBS_DIFF_WARN, WARN, Check,
-    Trend, check_clip_ratio, check_entropy, check_kv_cache, check_memory, check_pg_clipfrac, check_ppo_kl,
-    check_random_weights, check_response_max, check_reward, check_rollout_precision, check_status, check_throughput,
-    check_timing, check_validation, run_checks, t_critical, trend)
+from grpo_lab.after_run.report_checks import GIB_GB, PLAN_OFF, check_reward, trend
 from grpo_lab.after_run.report_plot import plot_run
 from grpo_lab.after_run.run_info import RunInfo, load_run
 
-# the report's names, for `from grpo_lab.after_run import report` users (tests, scripts)
-__all__ = [
-    "OK", "WARN", "BAD", "CLIP_WARN", "CLIP_BAD", "PG_CLIPFRAC_WARN", "PG_CLIPFRAC_BAD", "PPO_KL_WARN", "PPO_KL_BAD",
-    "ENTROPY_FLOOR", "ENTROPY_RATIO_WARN", "ENTROPY_RATIO_BAD", "MEM_WARN", "MEM_BAD", "PROBS_DIFF_WARN",
-    "PROBS_DIFF_BAD", "KV_SHORT", "PLAN_OFF", "GIB_GB", "t_critical", "Check", "Trend", "trend", "RunInfo", "load_run",
-    "check_reward", "check_validation", "check_clip_ratio", "check_response_max", "check_entropy", "check_pg_clipfrac",
-    "check_ppo_kl", "check_timing", "check_throughput", "check_memory", "check_rollout_precision", "check_kv_cache",
-    "check_random_weights", "check_status", "run_checks", "plot_run", "make_report", "format_report",
-    "is_sweep_dir", "writes_allowed", "main",
-]
+# the names `from grpo_lab.after_run import report` users take (tests, scripts); the rest from the report_* modules
+__all__ = ["GIB_GB", "PLAN_OFF", "check_reward", "trend", "RunInfo", "load_run", "plot_run", "make_report",
+           "format_report", "is_sweep_dir", "writes_allowed", "main"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,5 @@
 """The report's checks: one verdict per metric the guide names (ok / warn / bad, each with what to do about it), read
-from a job's `RunInfo` (grpo_lab/after_run/run_info.py): reward and validation trends (a noise-aware `trend`), clipped
-answers, entropy, pg_clipfrac and ppo_kl, phase times, throughput, training memory and vLLM's KV cache against the
-plan, the run's status (with the doctor's diagnosis of a failed one). `run_checks` runs them all.
-"""
+from a job's `RunInfo` (grpo_lab/after_run/run_info.py); `run_checks` runs them all. The list: docs/after_run.md."""
 
 from __future__ import annotations
 
@@ -453,13 +450,8 @@ _KV_TOKENS = re.compile(r"GPU KV cache size: ([0-9,]+) tokens")
 
 
 def check_kv_cache(run: RunInfo) -> Check | None:
-    """vLLM's KV cache as its start-up log measured it, against the plan's (plan.json memory.kv_cache).
-
-    vLLM sizes the cache from what is free on the card while it profiles, so memory another process takes at that
-    moment comes out of it: on the GPU test machine, of three jobs started side by side one got 1.09 GiB instead
-    of ~26 (benchmarks/gpu/README.md, 2026-12-03). None when the log has no such line (vLLM logs at INFO only when
-    VLLM_LOGGING_LEVEL says so) or there is no plan.
-    """
+    """vLLM's KV cache as its start-up log measured it, against the plan's (plan.json memory.kv_cache); None without
+    such a line or a plan. Why it can fall short: docs/after_run.md."""
     got = [float(x) * 2**30 / 1e9 for x in _KV_AVAILABLE.findall(run.log_text)]  # GiB -> GB, the plan's unit
     kv = _get(run.plan, "memory.kv_cache") or {}
     planned = M.finite_float(kv.get("kv_cache_gb"))

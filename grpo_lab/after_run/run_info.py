@@ -14,6 +14,7 @@ import pandas as pd
 
 from grpo_lab.after_run import doctor
 from grpo_lab.after_run import metrics as M
+from grpo_lab.after_run.doctor.logread import load_yaml
 from grpo_lab.labconf import Lab
 from grpo_lab.verl_keys import get as _get
 
@@ -83,24 +84,14 @@ def int_or_none(v: Any) -> int | None:
         return None
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        import yaml
-
-        data = yaml.safe_load(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except Exception:
-        return {}
-
-
 def load_run(run_dir: str | Path) -> RunInfo:
     run_dir = Path(run_dir)
     info = M.MetricsReadResult()
     df = M.read_metrics(run_dir, info)
     log_text = doctor.read_log(run_dir / "train.log")
-    verl = _read_yaml(run_dir / "verl_config.yaml")
+    verl = load_yaml(run_dir / "verl_config.yaml") or {}
     if not verl and log_text:
         verl = doctor.printed_config(doctor.Log.of(log_text[: 8 << 20]))
-    return RunInfo(run_dir=run_dir, df=df, verl=verl, hydra=_read_yaml(run_dir / ".hydra" / "config.yaml"),
+    return RunInfo(run_dir=run_dir, df=df, verl=verl, hydra=load_yaml(run_dir / ".hydra" / "config.yaml") or {},
                    status=doctor.read_json(run_dir / "status.json"), plan=doctor.read_json(run_dir / "plan.json"),
                    log_text=log_text, partial_last_line=info.partial_last_line)

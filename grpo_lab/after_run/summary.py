@@ -2,14 +2,7 @@
 
     python -m grpo_lab.after_run.summary SWEEP_DIR      (make report RUN=outputs/sweeps/<sweep> does the same)
 
-Each row: the job's overrides, its status (ok / refused: <rule> / OOM in generation / OOM in training / other
-failure / unfinished; failed jobs are read by the doctor, refused ones from their plan.json), steps done, time per step, generation time, throughput, peak training memory and
-last score. The swept key is the override whose value differs across the jobs' .hydra/overrides.yaml.
-summary.png plots throughput and step time against it.
-
-`SweepSummaryCallback` (a Hydra callback) re-makes the summary after every job of a multirun and at its end, writes
-a failed job's diagnosis.json, and never raises.
-"""
+Each row, the swept key and the Hydra callback: docs/after_run.md."""
 
 from __future__ import annotations
 
@@ -81,24 +74,9 @@ def _split_override(o: str) -> tuple[str, str] | None:
 
 def swept_keys(overrides: list[list[str]]) -> list[str]:
     """Override keys whose value differs across the jobs (in first-seen order)."""
-    values: dict[str, set[str]] = {}
-    order: list[str] = []
-    for ovs in overrides:
-        seen = {}
-        for o in ovs:
-            kv = _split_override(o)
-            if kv:
-                seen[kv[0]] = kv[1]
-        for k in seen:
-            if k not in values:
-                values[k] = set()
-                order.append(k)
-    for ovs in overrides:
-        d = dict(kv for kv in (_split_override(o) for o in ovs) if kv)
-        for k in order:
-            values[k].add(d.get(k, "<unset>"))
-    return [k for k in order if len(values[k]) > 1]
-
+    jobs = [dict(kv for kv in (_split_override(o) for o in ovs) if kv) for ovs in overrides]
+    order = dict.fromkeys(k for job in jobs for k in job)
+    return [k for k in order if len({job.get(k, "<unset>") for job in jobs}) > 1]
 
 
 def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
@@ -167,10 +145,8 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
 
 def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagnosis]] | None = None
                   ) -> tuple[pd.DataFrame, list[str]]:
-    """One row per job (swept keys as their own columns, after `job`), and the swept keys.
-
-    diagnoses: filled with each job's doctor findings, by job name.
-    """
+    """One row per job (swept keys as their own columns, after `job`), and the swept keys; `diagnoses` is filled
+    with each job's doctor findings, by job name."""
     dirs = job_dirs(sweep_dir)
     statuses = [job_status(d) for d in dirs]
     if diagnoses is not None:
@@ -189,11 +165,8 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
 
 
 def val_ranking(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
-    """The jobs ranked by validation at the last step that every validated job reached.
-
-    Jobs that stop at different steps (a sweep cut short, a failure) are not compared by their last values: a job
-    validated at step 15 would beat one last validated at step 10 for no reason but time.
-    """
+    """The jobs ranked by validation at the last step that every validated job reached (not by their last values:
+    jobs that stop at different steps would be ranked by time)."""
     validated = [r for r in rows if r.get("_val")]
     if len(validated) < 2:
         return None
@@ -343,14 +316,8 @@ def _sweep_dir_of(job_dir: Path) -> Path | None:
 
 
 class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
-    """Hydra callback: a failed job's diagnosis.json, each job's report.json, and the sweep summary.
-
-    Register in conf/config.yaml:
-        hydra:
-          callbacks:
-            sweep_summary:
-              _target_: grpo_lab.after_run.summary.SweepSummaryCallback
-    """
+    """Hydra callback: a failed job's diagnosis.json, each job's report.json, and the sweep summary (registered in
+    conf/config.yaml as hydra.callbacks.sweep_summary)."""
 
     def __init__(self, job_reports: bool = True, plots: bool = True) -> None:
         self.job_reports = job_reports

@@ -34,9 +34,7 @@ def unsafe_name(key: str, name: Any, fix_key: str) -> str:
 def use_run_dirs(create: bool = True) -> None:
     """Register `lab_unique_dir`, the resolver of hydra.run.dir / hydra.sweep.dir (conf/config.yaml), replacing any
     earlier one: create=False when Hydra will only print (--cfg, --info, --help), so that no run folder is made.
-
-    Registered with use_cache: a job resolves its folder once, and a sweep's jobs get the sweep's folder (Hydra copies
-    the resolver cache into each job's config)."""
+    use_cache: a job resolves its folder once, and a sweep's jobs get the sweep's (Hydra copies the cache)."""
     OmegaConf.register_new_resolver("lab_unique_dir", lambda path: unique_dir(path, create=create), use_cache=True,
                                     replace=True)
 

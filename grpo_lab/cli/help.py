@@ -1,11 +1,6 @@
 """`python run.py --help`: grpo-lab's own page, Hydra's help template (conf/hydra/help/grpo_lab.yaml). Its lists come
-from here through the `${lab_help:...}` resolver (grpo_lab/__init__.py), so they follow conf/ and the knob table:
-
-    ${lab_help:groups,${hydra.runtime.choices}}     conf/'s config groups and their options, the chosen one marked
-    ${lab_help:short_keys}                          the short keys, each with the verl key it feeds
-
-Hydra's own group listing ($APP_CONFIG_GROUPS) would list verl's groups too (actor, critic, ...): not ours to pick.
-"""
+from here through the `${lab_help:...}` resolver (grpo_lab/__init__.py), so they follow conf/ and the knob table
+(docs/cli.md)."""
 
 from __future__ import annotations
 

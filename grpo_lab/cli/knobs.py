@@ -1,10 +1,6 @@
 """The official script's knobs: short config keys, their environment variables, and the verl keys they feed.
 
-verl's examples/grpo_trainer/run_qwen3_4b_fsdp.sh is driven by environment variables (MODEL_PATH, ROLLOUT_N, ...).
-grpo-lab keeps one value per knob: a short top-level key in conf/config.yaml that verl's own key interpolates.
-The same name in the environment sets it, with this precedence: command line > environment > config files.
-This module is the table; grpo_lab/cli/overrides.py parses the command line and adds the environment's knobs to it.
-"""
+How a knob is set, and its precedence: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -138,11 +134,8 @@ def knob_keys(key: str) -> tuple[str, ...]:
 
 
 def set_apart(cfg: Any) -> dict[str, list[str]]:
-    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}.
-
-    A verl key given on the command line (`trainer.total_epochs=two`) or in a config file replaces conf/config.yaml's
-    `${total_epochs}` with a value: the short key no longer reaches it, so a fix must name the verl key (`respell`).
-    The environment's knobs set the short key (grpo_lab/cli/overrides.py) and set nothing apart."""
+    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}:
+    the short key no longer reaches them, so a fix must name the verl key (docs/cli.md)."""
     from omegaconf import DictConfig, OmegaConf
 
     out: dict[str, list[str]] = {}

@@ -463,11 +463,8 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
 
 
 def tree_needed(args: "Sequence[str] | CommandLine", conf_dir: str | os.PathLike = CONF_DIR) -> str | None:
-    """The first command-line argument that needs verl's own defaults tree; None when the composed cache serves.
-
-    args: the command line (flags and overrides), or the CommandLine run.py parsed. conf_dir: the primary config
-    folder; its groups (model, rollout) share names with verl's, and `model=...` without a package is ours.
-    """
+    """The first command-line argument (of args, or the CommandLine run.py parsed) that needs verl's own defaults
+    tree; None when the composed cache serves. conf_dir's groups share names with verl's: `model=...` is ours."""
     from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
     if verl_config_dir() is None:

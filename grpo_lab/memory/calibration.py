@@ -18,16 +18,10 @@ TABLE = ROOT / "benchmarks" / "gpu" / "memplan_calibration.json"
 TABLE_MD = "benchmarks/gpu/memplan_calibration.md"
 COMMAND = "python benchmarks/calibrate_memplan.py --write"
 
-# The plan's accuracy target against the recorded runs (the calibration fails a job outside it): training against
-# verl's allocated peak (an out-of-memory error depends on it: torch's caching allocator frees its cache and retries
-# before it raises; what it reserves above, up to 24% on the 1.7B preset, is shown, not held to it), the KV cache
-# against vLLM's own report.
+# the plan's accuracy target against the recorded runs (the calibration fails a job outside it): docs/memory_plan.md
 STATED = {"training": 0.15, "kv_cache": 0.10}
 
-# Where no recorded run measured a regime, a predicted peak up to this far above the card is a warning, not a
-# refusal: larger than any error the plan showed when it first met a regime (memplan_bench's first run: up to 18%
-# off on the update peak; the end-to-end runs before their calibration: the plan 15% above verl's reserved peak on
-# learn_smollm2), so that what may well run is not refused on the plan's word alone.
+# where no recorded run measured a regime, a predicted peak up to this far above the card is a warning, not a refusal
 UNMEASURED_MARGIN = 0.25
 
 # the verdict phases and the calibrated quantity that vouches for each (generation and weight sync are the trainer's
@@ -78,8 +72,7 @@ def entry(regime: str, quantity: str, path: Path | None = None) -> dict[str, Any
 
 def margin_of(row: dict[str, Any] | None) -> float:
     """How far above the card a predicted peak may be and still run: the plan's largest measured overshoot of the
-    allocated peak (plan / measured - 1, never below 0: torch empties its cache and retries before it raises an
-    out-of-memory error, so the allocated peak is what must fit), or UNMEASURED_MARGIN without a recorded run."""
+    allocated peak (plan / measured - 1, never below 0), or UNMEASURED_MARGIN without a recorded run."""
     if row is None:
         return UNMEASURED_MARGIN
     worst = float(row.get("allocated_ratio_max", row["ratio_max"]))

@@ -2,8 +2,7 @@
 
 Pure functions on numbers (GB = 1e9 bytes, as in grpo_lab/memory/memplan.py); memplan calls them through one marked hook.
 
-How vLLM and SGLang each read the key, and what is on the card when SGLang starts: docs/sglang.md.
-"""
+How vLLM and SGLang each read the key, and what is on the card when SGLang starts: docs/sglang.md."""
 
 from __future__ import annotations
 
@@ -18,11 +17,8 @@ def _check(engine: str) -> str:
 
 
 def static_budget_gb(engine: str, util: float, card_gb: float, resident_gb: float) -> float:
-    """GB per GPU the engine takes for its static memory at start-up.
-
-    vllm: util x card_gb (resident_gb does not matter: vLLM measures against the total).
-    sglang: util x (card_gb - resident_gb), resident_gb being what is on the card when the engine starts.
-    """
+    """GB per GPU the engine takes for its static memory at start-up: vllm util x card_gb (against the total),
+    sglang util x (card_gb - resident_gb), resident_gb being what is on the card when the engine starts."""
     e = _check(engine)
     if e == "vllm":
         return util * card_gb

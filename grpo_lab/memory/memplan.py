@@ -1,48 +1,33 @@
 """Memory plan: what one GRPO step of verl 0.9.1 (FSDP actor + colocated vLLM) puts on each GPU and in host RAM.
 
-Pure functions on plain data: no torch, no verl, no I/O. `grpo_lab.checks.preflight` feeds it the composed config;
-`benchmarks/gpu/memplan_bench.py` compares it with torch's allocator on a real GPU.
-
-Where it lives: this module assembles plan.json's `memory` (`memory_plan`) and is where the rest of grpo-lab and the
-benchmarks import the plan's names from; the model's shapes and the run's knobs are grpo_lab/memory/memplan_arch.py,
-the bytes of each phase and its constants grpo_lab/memory/memplan_phases.py, each phase's verdict with its margin
-grpo_lab/memory/memplan_verdicts.py, and what would make a phase fit grpo_lab/memory/memplan_remedies.py.
-
-The model phase by phase (what verl does, what the plan assumes), its units and verdicts: docs/memory_plan.md.
-"""
+Its inputs, where each part lives, and the model phase by phase: docs/memory_plan.md."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from grpo_lab.memory.memplan_arch import LINEAR_NAMES, Arch, Settings, settings_from_verl
+from grpo_lab.memory.memplan_arch import Arch, Settings, settings_from_verl
 from grpo_lab.memory.memplan_phases import (
     CARD_UNIT_BYTES, CUBLAS_WORKSPACE_GB, ENTROPY_BYTES, ENTROPY_EAGER_BYTES, GB, HOST_BASE_GB, HOST_PER_GPU_WORKER_GB,
-    HOST_PER_VLLM_WORKER_GB, LOGITS_FORWARD_BYTES, LOGITS_UPDATE_BYTES, MiB, TIGHT_FRACTION, TRAINER_CUDA_CONTEXT_GB,
-    VLLM_CUDA_CONTEXT_GB, VLLM_CUDAGRAPH_GB, ActorState, activations, actor_state, actor_state_gb_per_gpu,
-    attention_extra, card_bytes, engine_budget, fsdp_gathered, generation_phase, host_ram, kv_cache, logits_peak,
-    optimizer_step_bytes, param_bytes, reference_on_card_at_start, resident_at_generation, resident_between_phases,
-    round_gb, sync_copies, sync_trainer_side, trainer_allocator, training_phase, training_subphases, update_breakdown,
-    update_peak_at, update_peaks, verdict_of, vllm_activation, vllm_batched_tokens, vllm_max_model_len, vllm_weights,
-    weight_sync_phase)
-from grpo_lab.memory.memplan_remedies import LORA_OVERRIDES, OFFLOAD_OVERRIDES, candidates, find_remedies
-from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, calibration_of, generation_verdict, phase_result, worst
+    HOST_PER_VLLM_WORKER_GB, LOGITS_FORWARD_BYTES, LOGITS_UPDATE_BYTES, TIGHT_FRACTION, TRAINER_CUDA_CONTEXT_GB,
+    VLLM_CUDA_CONTEXT_GB, VLLM_CUDAGRAPH_GB, activations, actor_state, actor_state_gb_per_gpu, card_bytes,
+    generation_phase, host_ram, kv_cache, optimizer_step_bytes, resident_between_phases, round_gb, trainer_allocator,
+    training_phase, training_subphases, update_breakdown, update_peak_at, verdict_of, vllm_activation,
+    vllm_max_model_len, vllm_weights, weight_sync_phase)
+from grpo_lab.memory.memplan_remedies import LORA_OVERRIDES, OFFLOAD_OVERRIDES, find_remedies
+from grpo_lab.memory.memplan_verdicts import calibration_of, generation_verdict, phase_result, worst
 
-# the plan's names, for `from grpo_lab.memory import memplan` users (preflight rules, fit, benchmarks, tests)
+# the plan's names that its users take from `from grpo_lab.memory import memplan` (preflight rules, fit, benchmarks,
+# tests; the benchmark records every upper-case number); the rest from the memplan_* modules themselves
 __all__ = [
-    "Arch", "Settings", "settings_from_verl", "LINEAR_NAMES",
-    "GB", "MiB", "CARD_UNIT_BYTES", "CUBLAS_WORKSPACE_GB", "ENTROPY_BYTES", "ENTROPY_EAGER_BYTES", "HOST_BASE_GB",
+    "Arch", "Settings", "settings_from_verl",
+    "GB", "CARD_UNIT_BYTES", "CUBLAS_WORKSPACE_GB", "ENTROPY_BYTES", "ENTROPY_EAGER_BYTES", "HOST_BASE_GB",
     "HOST_PER_GPU_WORKER_GB", "HOST_PER_VLLM_WORKER_GB", "LOGITS_FORWARD_BYTES", "LOGITS_UPDATE_BYTES",
     "TIGHT_FRACTION", "TRAINER_CUDA_CONTEXT_GB", "VLLM_CUDA_CONTEXT_GB", "VLLM_CUDAGRAPH_GB",
-    "ActorState", "activations", "actor_state", "actor_state_gb_per_gpu", "attention_extra", "card_bytes",
-    "engine_budget", "fsdp_gathered", "generation_phase", "host_ram", "kv_cache", "logits_peak", "optimizer_step_bytes",
-    "param_bytes", "reference_on_card_at_start", "resident_at_generation", "resident_between_phases", "round_gb",
-    "sync_copies", "sync_trainer_side", "trainer_allocator", "training_phase", "training_subphases",
-    "update_breakdown", "update_peak_at", "update_peaks", "verdict_of", "vllm_activation", "vllm_batched_tokens",
-    "vllm_max_model_len", "vllm_weights", "weight_sync_phase",
-    "VERDICT_ORDER", "calibration_of", "generation_verdict", "phase_result", "worst",
-    "LORA_OVERRIDES", "OFFLOAD_OVERRIDES", "candidates", "find_remedies",
-    "memory_plan",
+    "activations", "actor_state", "actor_state_gb_per_gpu", "card_bytes", "host_ram", "kv_cache",
+    "optimizer_step_bytes", "resident_between_phases", "training_phase", "training_subphases", "update_breakdown",
+    "update_peak_at", "verdict_of", "vllm_activation", "vllm_max_model_len", "vllm_weights",
+    "LORA_OVERRIDES", "OFFLOAD_OVERRIDES", "phase_result", "memory_plan",
 ]
 
 

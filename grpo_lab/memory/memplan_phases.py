@@ -1,10 +1,6 @@
 """The memory plan's arithmetic: the bytes each phase of one GRPO step of verl 0.9.1 puts on a GPU and in host RAM.
 
-Generation (the actor's resident state beside the rollout engine's budget), the KV cache that budget leaves, the
-weight sync, the training phase (update, optimizer step, log-prob passes), the trainer's torch-allocator peak and host
-RAM; with the documented constants they rest on and `verdict_of`, how a peak compares with its card. What each phase
-assumes, and why, is the docstring of grpo_lab/memory/memplan.py, which assembles these into plan.json's `memory`.
-"""
+The phases it covers, and what each assumes and why: docs/memory_plan.md."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from grpo_lab.memory.memplan_arch import Arch, Settings
 GB = 1e9
 MiB = 1 << 20
 
-# ---- documented constants (see the docstring of grpo_lab/memory/memplan.py) ----
+# ---- documented constants (docs/memory_plan.md) ----
 # measured on the H200 (benchmarks/gpu/memplan_calibration.md): 1.235 GB outside torch's allocator after the first FSDP
 # build (CUDA context 0.51 GiB + NCCL 0.64 GiB); less on cards with smaller contexts, so an upper bound
 TRAINER_CUDA_CONTEXT_GB = 1.25   # the FSDP worker's CUDA context + NCCL buffers (outside torch's allocator)
@@ -43,7 +39,6 @@ HOST_BASE_GB = 6.0               # Ray, TaskRunner, reward workers, data loaders
 
 # ---------------------------------------------------------------------------------------------------------------
 # components (bytes)
-# ---------------------------------------------------------------------------------------------------------------
 
 @dataclass
 class ActorState:
@@ -63,10 +58,8 @@ def param_bytes(s: Settings) -> float:
 
 
 def actor_state(arch: Arch, s: Settings) -> ActorState:
-    """Per-GPU actor state with everything on the card (what the update needs).
-
-    Gradients and AdamW's two moments take the parameters' dtype (fp32: 4 + 4 + 8 = 16 B per trainable parameter).
-    """
+    """Per-GPU actor state with everything on the card (what the update needs): grads and AdamW's moments in the
+    parameters' dtype (fp32: 4 + 4 + 8 = 16 B per trainable parameter)."""
     n_lora = arch.lora_params(s.lora_rank, s.lora_targets)
     trainable = n_lora if s.lora_rank > 0 else arch.params()
     f = s.fsdp
@@ -121,14 +114,7 @@ def attention_extra(arch: Arch, s: Settings, tokens: int, training: bool) -> flo
 
 def logits_peak(arch: Arch, tokens: int, *, update: bool, entropy: bool, chunked: bool, chunk: int,
                 checkpointed: bool = False, compiled: bool = True) -> float:
-    """The vocabulary-sized tensors of one micro-batch (bytes).
-
-    verl computes log-probs and entropy inside the bf16 autocast region: log_softmax and softmax run in fp32 there.
-    The update keeps the bf16 logits and each row's fp32 log-softmax for the backward (6 B x T x V). A forward-only
-    pass keeps the bf16 logits (2 B) while the entropy runs: torch.compile'd (verl's default, use_torch_compile) it
-    fuses into reductions and adds ~nothing; eager it materialises fp32 softmax, product and logsumexp input
-    (12 B); chunked, one chunk of those at a time.
-    """
+    """The vocabulary-sized tensors of one micro-batch (bytes): docs/memory_plan.md, "Logits peak"."""
     v = arch.vocab_size
     base = tokens * v * (LOGITS_UPDATE_BYTES if update else LOGITS_FORWARD_BYTES)
     if not entropy:
@@ -143,25 +129,16 @@ def logits_peak(arch: Arch, tokens: int, *, update: bool, entropy: bool, chunked
 
 
 def fsdp_gathered(arch: Arch, s: Settings, *, backward: bool) -> float:
-    """Unsharded bf16 copies FSDP holds at once: the root unit (+ its bf16 gradient in backward) and two layers.
-
-    The root unit (embeddings, lm_head, final norm) stays unsharded from the forward to the end of the backward; the
-    lm_head's gradient is the first one the backward makes, into the root's unsharded bf16 gradient.
-    """
+    """Unsharded bf16 copies FSDP holds at once: the root unit (embeddings, lm_head, final norm; + its bf16 gradient
+    in backward, the first one the backward makes) and two layers."""
     root = arch.root_params()
     root_grad = 2.0 * root if (backward and s.lora_rank == 0) else 0.0
     return 2.0 * root + root_grad + 2 * 2.0 * arch.layer_params()
 
 
 def update_peaks(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
-    """The two candidate peaks of the update (bytes torch's allocator holds; no CUDA context, no vLLM).
-
-    backward_start: the activations and logits of one micro-batch are all alive, but FSDP has not yet made the
-      sharded gradients (they appear layer by layer as the backward frees activations): params + Adam only.
-    backward_end: every sharded gradient exists; the root unit's gradient is reduced last, its unsharded bf16
-      gradient and the fp32 copy for the reduce-scatter beside its bf16 parameters.
-    (Measured on an H200 with FSDP2 for Qwen3 0.6B-4B, gradient checkpointing on and off: within 2%.)
-    """
+    """The two candidate peaks of the update, at the start and the end of the backward (bytes torch's allocator
+    holds; no CUDA context, no vLLM): docs/memory_plan.md, "Training"."""
     t = s.update_tokens
     st = actor_state(arch, s)
     root = arch.root_params()
@@ -207,7 +184,6 @@ def vllm_activation(arch: Arch, s: Settings) -> float:
 
 # ---------------------------------------------------------------------------------------------------------------
 # verdict of a peak, rounding
-# ---------------------------------------------------------------------------------------------------------------
 
 def verdict_of(peak_gb: float, capacity_gb: float, margin: float = 0.0, exact_gb: float = 0.0) -> str:
     """`oom` when even the plan's largest measured overshoot (`margin`, grpo_lab/memory/calibration.py) leaves the peak
@@ -312,13 +288,8 @@ def generation_phase(arch: Arch, s: Settings) -> dict[str, Any]:
 
 
 def sync_copies(arch: Arch, s: Settings) -> float:
-    """Bytes of the weights the trainer materialises to send them to the rollout (beside the bucket).
-
-    FSDP1 on one GPU: verl exports a FULL_STATE_DICT (engine/fsdp/transformer_impl.py sets it for a world of one),
-    and torch clones every parameter for it, in the parameters' dtype, a tied embedding once per name. Elsewhere the
-    parameters are gathered one full tensor at a time (the largest: the embedding in fp32); LoRA sends the adapters
-    (or, with layered_summon, one layer at a time).
-    """
+    """Bytes of the weights the trainer materialises to send them to the rollout (beside the bucket): with FSDP1 on
+    one GPU a FULL_STATE_DICT, else one full tensor at a time; docs/memory_plan.md, "The trainer's torch allocator"."""
     emb = arch.vocab_size * arch.hidden_size
     if s.lora_rank > 0:
         return 4.0 * arch.layer_params() if s.layered_summon else 4.0 * emb
@@ -328,9 +299,7 @@ def sync_copies(arch: Arch, s: Settings) -> float:
 
 
 def reference_on_card_at_start(arch: Arch, s: Settings) -> float:
-    """The reference's weights still on the card before its first forward: FSDP1 without sharding (one GPU) moves
-    its flat parameters to the CPU but the module's parameter views keep the GPU copy (measured: the first-step peak
-    of the recorded SmolLM2 smoke with a reference is 0.51 GiB, its fp32 weights, above the three without)."""
+    """The reference's weights still on the card before its first forward (FSDP1 on one GPU: docs/memory_plan.md)."""
     if not s.ref_used or s.lora_rank > 0 or s.strategy != "fsdp" or s.fsdp != 1:
         return 0.0
     dtype = 4.0 if s.ref_model_dtype.lower() in ("fp32", "float32", "float") else 2.0

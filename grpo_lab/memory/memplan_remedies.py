@@ -1,10 +1,7 @@
 """What would make a phase fit: the remedies plan.json lists under `remedies` for a phase that is tight or out of
 memory, each with the phase's peak and verdict after it, and a combination of them when no single one ends an `oom`.
 
-The order: vLLM's max_model_len first (free), then the guide's order: token budget, util, optimizer offload, LoRA;
-then what the guide does not list: rollout TP 2, parameter offload, a smaller weight-sync bucket. (`make fit`,
-grpo_lab/checks/fit.py, searches combinations of such settings for a whole config.)
-"""
+Their order: docs/memory_plan.md."""
 
 from __future__ import annotations
 
@@ -23,11 +20,8 @@ OFFLOAD_OVERRIDES = ("actor_rollout_ref.actor.fsdp_config.param_offload=true "
 
 
 def _best_util(arch: Arch, s: Settings) -> float | None:
-    """The highest gpu_memory_utilization (0.05 steps) whose generation phase fits, else the lowest that can start.
-
-    "Can start": vLLM gets a KV cache that holds one max_model_len sequence; higher is more KV (throughput), lower is
-    more headroom, so among the tight ones the lowest is taken.
-    """
+    """The highest gpu_memory_utilization (0.05 steps) whose generation phase fits, else the lowest that can start
+    (vLLM gets a KV cache for one max_model_len sequence): among the tight ones, the most headroom."""
     fits, tight = [], []
     for k in range(19, 1, -1):
         u = round(k * 0.05, 2)
@@ -106,11 +100,8 @@ def _key(override: str) -> str:
 
 
 def find_remedies(arch: Arch, s: Settings, phase: str) -> list[dict[str, Any]]:
-    """Remedies that improve this phase (better verdict, or a lower peak), each with the peak and verdict after it.
-
-    When no single one ends an `oom`, a last entry (combined: true) applies them one after another, in order, each
-    chosen on top of the previous, until the phase no longer runs out of memory.
-    """
+    """Remedies that improve this phase (better verdict, or a lower peak), each with the peak and verdict after it;
+    when no single one ends an `oom`, a last entry (combined: true) applies them in order until one does."""
     before = phase_result(arch, s, phase)
     out = []
     for override, s2 in candidates(arch, s):

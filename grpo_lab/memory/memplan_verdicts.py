@@ -1,8 +1,5 @@
-"""Each phase's verdict with the calibration's margin: `phase_result` (peak GB and verdict of one phase), the
-generation phase's verdict (vLLM must start: a KV cache for one max_model_len sequence), plan.json's `calibration`
-section and `worst` of several verdicts. The margins come from grpo_lab/memory/calibration.py (the recorded runs); the
-peaks from grpo_lab/memory/memplan_phases.py.
-"""
+"""Each phase's verdict with the calibration's margin (grpo_lab/memory/calibration.py, the recorded runs):
+`phase_result`, the generation phase's verdict (vLLM must start), plan.json's `calibration` and `worst`."""
 
 from __future__ import annotations
 
@@ -58,11 +55,8 @@ def phase_result(arch: Arch, s: Settings, phase: str) -> tuple[float, str]:
     """(peak GB, verdict) of one phase ("generation", "training", "weight_sync", "host_ram")."""
     if phase == "generation":
         return generation_phase(arch, s)["peak_gb_per_gpu"], generation_verdict(arch, s)
-    if phase == "training":
-        peak = training_phase(arch, s)["peak_gb_per_gpu"]
-    elif phase == "weight_sync":
-        peak = weight_sync_phase(arch, s)["peak_gb_per_gpu"]
-    else:
+    if phase not in ("training", "weight_sync"):
         h = host_ram(arch, s)
         return h["total_gb"], h["verdict"]
+    peak = (training_phase if phase == "training" else weight_sync_phase)(arch, s)["peak_gb_per_gpu"]
     return peak, verdict_of(peak, s.card_gb, _margin(arch, s, phase))

@@ -79,10 +79,9 @@ def cli_build(build, next_hint: str) -> int:
 
 def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool = False,
                log=print) -> tuple[Path, bool]:
-    """A generated dataset (grpo_lab.tasks.arith, grpo_lab.tasks.countdown): kept when OUT/stamp records the same settings (and not
-    force), else
-    build() -> {split: rows} (before anything is written: a bad request leaves no files), the splits, then the stamp.
-    Returns (out_dir, whether it was written)."""
+    """A generated dataset (tasks.arith, tasks.countdown): kept when OUT/stamp records the same settings (and not
+    force), else build() -> {split: rows} (before anything is written: a bad request leaves no files), the splits,
+    then the stamp. Returns (out_dir, whether it was written)."""
     out_dir = Path(out_dir)
     try:
         if not force and json.loads((out_dir / stamp).read_text()) == settings:

@@ -82,11 +82,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def full_vocab_bpe(n_regular: int = REGULAR_TOKENS):
-    """A tokenizers.Tokenizer with Qwen's pipeline and exactly n_regular regular tokens, each reachable by a merge.
-
-    The 256 byte tokens; the merges of a BPE trained on grpo_lab.tasks.tiny's synthetic arithmetic text (deterministic);
-    then breadth-first: every token of the last level (space- or letter-started words) extended by each letter, a
-    level at a time, until n_regular tokens. Whitespace runs (up to 16 spaces, 4 newlines) come first."""
+    """A tokenizers.Tokenizer with Qwen's pipeline and exactly n_regular regular tokens, each reachable by a merge:
+    byte tokens, tiny's trained merges, whitespace runs, then words extended breadth-first (docs/tasks.md)."""
     from tokenizers import models
 
     b2u = bytes_to_unicode()

@@ -2,13 +2,7 @@
 
     from grpo_lab.verl_schema import schema
 
-Read from the cache file (grpo_lab/verl_schema/verl_cache.py), which a child process builds from verl's own objects
-when it is missing or stale (grpo_lab/verl_schema/build.py): this process never imports verl and never parses its
-source. One object per process and config folder (cache_clear() drops it: a new process, as far as this module
-knows).
-
-Every attribute of the schema object: docs/verl_schema.md.
-"""
+Where it is read from, and every attribute of the schema object: docs/verl_schema.md."""
 
 from __future__ import annotations
 
@@ -60,10 +54,8 @@ class VerlSchema:
         return name in self.data_sources or name.startswith(self.data_source_prefixes)
 
     def composed(self) -> Any:
-        """A fresh DictConfig of the composed ppo_trainer (no defaults list left), or None: then use verl's files.
-        Hydra moves the nodes of what it loads into its result, so each compose gets its own copy; unpickling makes
-        one in ~10 ms (deepcopy ~60 ms, OmegaConf.create ~140 ms on a small CPU). None too in a Hydra app of
-        another version_base than the tree was composed with: Hydra then composes verl's files itself."""
+        """A fresh DictConfig of the composed ppo_trainer (no defaults list left; a copy per compose, unpickled), or
+        None (also in an app of another version_base): then Hydra composes verl's files (docs/verl_schema.md)."""
         from grpo_lab.verl_schema.hydra_internals import version_base
 
         if not self.serves_hydra or self.version_base != version_base():

@@ -1,18 +1,6 @@
 """Hydra's private and internal APIs, in one place: what grpo-lab needs from Hydra 1.3 that it has no public API for.
 
-Everything else in grpo-lab uses Hydra's public API (hydra.compose, hydra.main, HydraConfig, the override parser,
-the plugin base classes). What is here can change with any Hydra release; Hydra's version is part of the schema
-cache's key (grpo_lab/verl_schema/verl_cache.py), and tests/test_verl_searchpath.py compares the results with Hydra's
-own composition.
-
-    compose_folder(config_dir, name)   Hydra's config loader over one folder (ConfigLoaderImpl): a config composed
-                                       through its defaults lists, without an app, a working directory or overrides
-    version_base(), own_version_base(), version_base_as(base)
-                                       the compatibility level composing follows (hydra.version's singleton)
-    args_parser()                      @hydra.main's own argument parser (hydra._internal.utils.get_args_parser)
-    file_source(provider, path)        Hydra's file:// config source (SourcesRegistry)
-    config_header(text)                a config file's `# @package` header, read as Hydra reads it
-"""
+Why these are here, and what each function wraps: docs/verl_schema.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
 """The doctor's signatures: the error texts of verl 0.9.1 + vLLM + Ray on small boxes, each read into a diagnosis
 with the overrides to try. A CUDA out-of-memory is placed in its phase from the traceback frames around it.
 
-Every diagnosis id the doctor can give is an entry of SIGNATURES, the shape the preflight's rules share
-(grpo_lab/registry.py): its id, its kind (SIGNATURE_KINDS: what failed) and the phase of the job it concerns. A
-matcher registers the ids it gives, one `@signature("id", kind=..., phase=...)` each:
-
-    @signature("vllm_no_flashinfer", kind="packages", phase="start-up")
-    def _flashinfer(log: Log, v: Values) -> list[Diagnosis]: ...
-
-The matchers run in the order they are registered (this file's order: matchers()); the ids of one matcher register
-from its innermost decorator out, an order that decides nothing. The ids that no matcher gives (where the log
-stopped, a dead engine, the preflight's refusal, a file that is no log) register with known(). tests/test_doctor.py
-checks that every id is tested and that each matcher is registered under exactly the ids its code builds.
-"""
+How a matcher registers its ids, and the match order: docs/after_run.md."""
 
 from __future__ import annotations
 

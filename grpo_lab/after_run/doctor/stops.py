@@ -231,13 +231,8 @@ def engine_died(log: Log) -> list[Diagnosis]:
 
 
 def gone_running(status: dict[str, Any]) -> str | None:
-    """Why a status.json that says "running" is not true any more, or None when it may be.
-
-    grpo-lab writes "running" when a job starts and "ok"/"failed" when it ends; a process killed with SIGKILL (the
-    kernel's OOM killer, `kill -9`, a machine that went away) never writes the end. status.json names the host and
-    pid: on that host, a pid that no longer exists, or now belongs to a process started after the job, is gone.
-    From another host nothing can be told.
-    """
+    """Why a status.json that says "running" is not true any more (a killed job never writes its end), or None when
+    it may be: docs/after_run.md."""
     if status.get("status") != "running":
         return None
     pid, host = status.get("pid"), status.get("host")

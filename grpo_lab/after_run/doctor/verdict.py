@@ -18,13 +18,9 @@ from grpo_lab.after_run.doctor.stops import engine_died, stall
 
 def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float | None = None,
              stale_minutes: float = 10.0, stalls: bool = True) -> list[Diagnosis]:
-    """What went wrong in this log, in the order of the evidence in the log.
-
-    config: the job's verl config (verl_config.yaml) for exact values in the overrides; else the config verl printed
-    into the log is used. idle_s: seconds since the log last changed; None means the log is complete (its process
-    ended), so a log that stops without error is read as a hang or a kill. stalls=False: error signatures only
-    (for a job known to have finished).
-    """
+    """What went wrong in this log, in the order of the evidence in the log. config: the job's verl config (else the
+    one verl printed into the log); idle_s: seconds since the log last changed, None when it is complete (a stop
+    without error is then a hang or a kill); stalls=False: error signatures only (a job known to have finished)."""
     log = Log.of(text)
     printed = printed_config(log)
     values = Values(config or printed, ray_init_kwargs(log))
@@ -65,11 +61,8 @@ known("preflight_refused", kind="refusal", phase="preflight")
 
 
 def refusal(job_dir: str | Path) -> Diagnosis | None:
-    """The preflight's refusal of a job (status.json failed before anything started, plan.json's errors), or None.
-
-    A refused job never started Ray: its log stops after the preflight report, which is no hang and no crash. What
-    it needs is the rules that refused it and their fixes (plan.json), not a guess from the log.
-    """
+    """The preflight's refusal of a job (status.json failed before anything started, plan.json's errors), or None:
+    its rules and their fixes, not a guess from a log that stops after the preflight report."""
     job_dir = Path(job_dir)
     status, plan = read_json(job_dir / "status.json"), read_json(job_dir / "plan.json")
     errors = [e for e in plan.get("errors") or [] if isinstance(e, dict) and e.get("rule")]
@@ -93,9 +86,8 @@ def refusal(job_dir: str | Path) -> Diagnosis | None:
 
 
 def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Path, list[Diagnosis]]:
-    """Diagnose a log file or a job dir (its train.log, with its verl_config.yaml). Returns (log path, diagnoses).
-
-    A job the preflight refused gets that refusal (its rules and fixes from plan.json), not a reading of its log."""
+    """Diagnose a log file or a job dir (its train.log, with its verl_config.yaml; a refused job: its refusal).
+    Returns (log path, diagnoses)."""
     p = Path(path)
     job_dir = p if p.is_dir() else p.parent
     log_path = p / "train.log" if p.is_dir() else p

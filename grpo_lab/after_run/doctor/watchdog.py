@@ -51,11 +51,8 @@ def _stall_message(text: str, idle_s: float) -> str:
 
 
 class ProgressWatchdog:
-    """Warns once when the log shows no progress for stale_minutes. start() runs a daemon thread, stop() joins it.
-
-    Progress is a new line in the log other than noise (Ray's autoscaler warnings, the watchdog's own output), so
-    repeated "resource request cannot be scheduled" lines do not hide a hang.
-    """
+    """Warns once when the log shows no progress (a new line other than noise: Ray's autoscaler warnings, its own
+    output) for stale_minutes. start() runs a daemon thread, stop() joins it."""
 
     def __init__(self, log_path: str | Path, stale_minutes: float = 10.0, interval_s: float = 30.0,
                  out: Callable[[str], None] | None = None) -> None:

@@ -3,15 +3,10 @@ bonus for the format and a penalty for a missing "####", so that a model that do
 gets a signal from GRPO.
 
     reward.custom_reward_function.path=<this file>  reward.custom_reward_function.name=compute_score
-    (conf/reward_fn/strict_format.yaml sets both, and the amounts below through reward_kwargs)
+    (conf/reward_fn/strict_format.yaml sets both, and the amounts through reward_kwargs)
 
-Per answer, with n = the number after the LAST "#### " (commas dropped; verl's gsm8k scorer takes the last too):
-    n equals the ground truth          score = correct_score           (1.0)   acc 1
-    "#### n" present, n wrong          score = format_score            (0.1)   acc 0
-    no "#### n" at all                 score = -missing_penalty        (-0.1)  acc 0
-
-Standard library only: verl imports this file by path. What it returns, and what verl does with each key: docs/tasks.md.
-"""
+Standard library only: verl imports this file by path. The score of each kind of answer, and the keys it returns:
+docs/tasks.md."""
 
 import re
 
