@@ -12,8 +12,9 @@ import re
 import struct
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # the verl key of the environment verl hands its Ray workers (the rules, the emulation and the launcher read and set it)
@@ -96,7 +97,7 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 # the model groups: conf/model/*.yaml, read as files (no Hydra): which model_path each one plans
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_groups() -> dict[str, dict[str, Any]]:
     """{model_path or hub id: that group's lab.model} for the files in conf/model/ (local paths: their folder name)."""
     import yaml
@@ -155,7 +156,7 @@ def random_weights_mark(config: Mapping[str, Any] | str | os.PathLike | None) ->
     return mark if isinstance(mark, str) and mark else ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def preset_learning_rates() -> tuple[tuple[float, str], ...]:
     """The actor learning rates the files under conf/ set (actor_lr, or verl's actor_rollout_ref.actor.optim.lr):
     ((value, file relative to the repository), ...), lowest first."""

@@ -6,8 +6,9 @@ An entry's fields, the registration order and an example: docs/preflight.md."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 # the phases of a job, in the order a job passes them
 PHASES: dict[str, str] = {

@@ -5,8 +5,9 @@ from here through the `${lab_help:...}` resolver (grpo_lab/__init__.py), so they
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.cli.knobs import KNOBS

@@ -8,8 +8,9 @@ import difflib
 import functools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from grpo_lab import facts
 
@@ -89,7 +90,7 @@ def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str
             out.setdefault(m.group(1), []).append(prefix[:-1])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def our_followers() -> dict[str, tuple[str, ...]]:
     """key -> the keys whose value is exactly `${key}` in conf/config.yaml (short keys included)."""
     import yaml
@@ -103,7 +104,7 @@ def our_followers() -> dict[str, tuple[str, ...]]:
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def followers() -> dict[str, tuple[str, ...]]:
     """key -> the keys whose value is exactly `${key}`: in conf/config.yaml (short keys included) and in verl's
     composed ppo_trainer (grpo_lab.verl_schema's schema().tree; e.g. rollout.response_length follows

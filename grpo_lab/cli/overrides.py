@@ -12,9 +12,10 @@ import fnmatch
 import functools
 import os
 import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS
@@ -216,7 +217,7 @@ def our_groups(conf_dir: str | os.PathLike = CONF_DIR) -> dict[str, set[str]]:
     return _group_dirs(conf_dir)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def verl_groups() -> dict[str, set[str]]:
     from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
@@ -240,7 +241,7 @@ def _merge(into: dict, new: Mapping) -> None:
             into[k] = v
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     """Every key that conf/config.yaml and any group option file sets (all `@package _global_`), merged."""
     tree: dict = {}
@@ -274,7 +275,7 @@ def dataclass_fields(target: str) -> frozenset[str] | None:
     return schema().fields(target)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def known_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     tree: dict = {}
     _merge(tree, verl_tree())
@@ -462,7 +463,7 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
             added.add(o.key_or_group)
 
 
-def tree_needed(args: "Sequence[str] | CommandLine", conf_dir: str | os.PathLike = CONF_DIR) -> str | None:
+def tree_needed(args: Sequence[str] | CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> str | None:
     """The first command-line argument (of args, or the CommandLine run.py parsed) that needs verl's own defaults
     tree; None when the composed cache serves. conf_dir's groups share names with verl's: `model=...` is ours."""
     from grpo_lab.verl_schema.verl_paths import verl_config_dir
@@ -495,7 +496,7 @@ def _typed(args: Sequence[str], names: tuple[str, ...], value: str | None = None
 
 
 @contextlib.contextmanager
-def tree_if_needed(args: "Sequence[str] | CommandLine",
+def tree_if_needed(args: Sequence[str] | CommandLine,
                    conf_dir: str | os.PathLike = CONF_DIR) -> Iterator[str | None]:
     """Within: the schema cache off for Hydra (GRPO_LAB_VERL_CACHE=0) if tree_needed(args) says so; yields that
     argument."""

@@ -8,12 +8,41 @@ from typing import Any
 
 from grpo_lab.memory.memplan_arch import Arch, Settings, settings_from_verl
 from grpo_lab.memory.memplan_phases import (
-    CARD_UNIT_BYTES, CUBLAS_WORKSPACE_GB, ENTROPY_BYTES, ENTROPY_EAGER_BYTES, GB, HOST_BASE_GB, HOST_PER_GPU_WORKER_GB,
-    HOST_PER_VLLM_WORKER_GB, LOGITS_FORWARD_BYTES, LOGITS_UPDATE_BYTES, TIGHT_FRACTION, TRAINER_CUDA_CONTEXT_GB,
-    VLLM_CUDA_CONTEXT_GB, VLLM_CUDAGRAPH_GB, activations, actor_state, actor_state_gb_per_gpu, card_bytes,
-    generation_phase, host_ram, kv_cache, optimizer_step_bytes, resident_between_phases, round_gb, trainer_allocator,
-    training_phase, training_subphases, update_breakdown, update_peak_at, verdict_of, vllm_activation,
-    vllm_max_model_len, vllm_weights, weight_sync_phase)
+    CARD_UNIT_BYTES,
+    CUBLAS_WORKSPACE_GB,
+    ENTROPY_BYTES,
+    ENTROPY_EAGER_BYTES,
+    GB,
+    HOST_BASE_GB,
+    HOST_PER_GPU_WORKER_GB,
+    HOST_PER_VLLM_WORKER_GB,
+    LOGITS_FORWARD_BYTES,
+    LOGITS_UPDATE_BYTES,
+    TIGHT_FRACTION,
+    TRAINER_CUDA_CONTEXT_GB,
+    VLLM_CUDA_CONTEXT_GB,
+    VLLM_CUDAGRAPH_GB,
+    activations,
+    actor_state,
+    actor_state_gb_per_gpu,
+    card_bytes,
+    generation_phase,
+    host_ram,
+    kv_cache,
+    optimizer_step_bytes,
+    resident_between_phases,
+    round_gb,
+    trainer_allocator,
+    training_phase,
+    training_subphases,
+    update_breakdown,
+    update_peak_at,
+    verdict_of,
+    vllm_activation,
+    vllm_max_model_len,
+    vllm_weights,
+    weight_sync_phase,
+)
 from grpo_lab.memory.memplan_remedies import LORA_OVERRIDES, OFFLOAD_OVERRIDES, find_remedies
 from grpo_lab.memory.memplan_verdicts import calibration_of, generation_verdict, phase_result, worst
 

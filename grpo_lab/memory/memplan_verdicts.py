@@ -6,13 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_lab.memory.memplan_arch import Arch, Settings
-from grpo_lab.memory.memplan_phases import (GB, engine_budget, generation_phase, host_ram, kv_cache, training_phase,
-                                            verdict_of, weight_sync_phase)
+from grpo_lab.memory.memplan_phases import (
+    GB,
+    engine_budget,
+    generation_phase,
+    host_ram,
+    kv_cache,
+    training_phase,
+    verdict_of,
+    weight_sync_phase,
+)
 
 
 def calibration_of(arch: Arch, s: Settings) -> dict[str, Any]:
     """plan.json's `calibration`: per verdict, the regime, whether a recorded run measured it, the margin used."""
-    from grpo_lab.memory import calibration  # reads the calibration table once (benchmarks/gpu/memplan_calibration.json)
+    from grpo_lab.memory import (
+        calibration,  # reads the calibration table once (benchmarks/gpu/memplan_calibration.json)
+    )
 
     regime = calibration.regime_of(arch, s)
     out: dict[str, Any] = {ph: calibration.phase_calibration(regime, ph)

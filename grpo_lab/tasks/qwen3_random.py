@@ -20,7 +20,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from grpo_lab import facts
-
 from grpo_lab.tasks import tiny
 
 FORMAT_VERSION = 1  # bump when what this module writes changes, so old folders are rebuilt

@@ -13,8 +13,9 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 CONFIG_NAME = "ppo_trainer"
 MODEL_FILE = ("model", "hf_model.yaml")
@@ -149,7 +150,7 @@ class _Probe(str):
 
     __hash__ = str.__hash__
 
-    def __new__(cls, names: set[str], prefixes: list[str]) -> "_Probe":
+    def __new__(cls, names: set[str], prefixes: list[str]) -> _Probe:
         probe = super().__new__(cls, "\x00grpo-lab probe\x00")
         probe.names, probe.prefixes = names, prefixes
         return probe

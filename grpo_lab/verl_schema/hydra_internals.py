@@ -5,7 +5,8 @@ Why these are here, and what each function wraps: docs/verl_schema.md."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 def version_base() -> str:

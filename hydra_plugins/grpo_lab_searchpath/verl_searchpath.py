@@ -10,7 +10,6 @@ GRPO_LAB_VERL_CACHE=0 (run.py sets it for a command line that picks an option of
 on the searchpath as a plain `file://` one and Hydra walks verl's defaults tree itself.
 """
 
-from typing import List, Optional
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
@@ -69,5 +68,5 @@ class VerlConfigSource(ConfigSource):
     def is_config(self, config_path: str) -> bool:
         return self._files.is_config(config_path)
 
-    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+    def list(self, config_path: str, results_filter: ObjectType | None) -> list[str]:
         return self._files.list(config_path, results_filter)

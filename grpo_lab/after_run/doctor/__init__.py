@@ -6,13 +6,28 @@
 What it matches, where an out-of-memory is placed, the watchdog and the modules: docs/after_run.md.
 """
 
-from grpo_lab.after_run.doctor.logread import Diagnosis, Log, Values, printed_config, read_json, read_log
-from grpo_lab.after_run.doctor.signatures import SIGNATURES, fatal_line, generation_oom_overrides, training_oom_overrides
-from grpo_lab.after_run.doctor.stops import gone_running
-from grpo_lab.after_run.doctor.verdict import (NOT_A_LOG, diagnose, diagnose_file, diagnose_path, errors_in,
-                                               failure_class, format_diagnoses, not_a_log, refusal, write_diagnosis)
-from grpo_lab.after_run.doctor.watchdog import ProgressWatchdog, watch_progress
 from grpo_lab.after_run.doctor.command import main
+from grpo_lab.after_run.doctor.logread import Diagnosis, Log, Values, printed_config, read_json, read_log
+from grpo_lab.after_run.doctor.signatures import (
+                                               SIGNATURES,
+                                               fatal_line,
+                                               generation_oom_overrides,
+                                               training_oom_overrides,
+)
+from grpo_lab.after_run.doctor.stops import gone_running
+from grpo_lab.after_run.doctor.verdict import (
+                                               NOT_A_LOG,
+                                               diagnose,
+                                               diagnose_file,
+                                               diagnose_path,
+                                               errors_in,
+                                               failure_class,
+                                               format_diagnoses,
+                                               not_a_log,
+                                               refusal,
+                                               write_diagnosis,
+)
+from grpo_lab.after_run.doctor.watchdog import ProgressWatchdog, watch_progress
 
 __all__ = ["NOT_A_LOG", "SIGNATURES", "fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "Values", "diagnose", "diagnose_file",
            "diagnose_path", "errors_in", "failure_class", "format_diagnoses", "generation_oom_overrides",

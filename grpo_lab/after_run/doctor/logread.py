@@ -56,7 +56,7 @@ class Log:
     procs: list[str]  # the Ray prefix of each line ("" for the driver)
 
     @classmethod
-    def of(cls, text: str) -> "Log":
+    def of(cls, text: str) -> Log:
         raw = loglines.split(text)
         clean, procs = [], []
         for line in raw:

@@ -6,13 +6,14 @@ How a matcher registers its ids, and the match order: docs/after_run.md."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
-from grpo_lab.loglines import FRAME, strip
-from grpo_lab.verl_keys import get as _get
-from grpo_lab.registry import Entry, Registry
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
+from grpo_lab.loglines import FRAME, strip
+from grpo_lab.registry import Entry, Registry
+from grpo_lab.verl_keys import get as _get
 
 Matcher = Callable[[Log, Values], list[Diagnosis]]
 

@@ -11,9 +11,9 @@ import socket
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.loglines import EXCEPTION_LINE, FRAME, strip
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
 from grpo_lab.after_run.doctor.signatures import FatalLine, fatal_line, known, nccl_diagnosis
+from grpo_lab.loglines import EXCEPTION_LINE, FRAME, strip
 
 # the diagnoses of this module: no matcher finds them, they come from where the log stops or from a dead engine
 # (a stop at NCCL initialisation is the nccl_hang signature's)

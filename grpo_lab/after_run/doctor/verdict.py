@@ -6,12 +6,21 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from grpo_lab import facts, loglines
-from grpo_lab.after_run.doctor.logread import (Diagnosis, Log, Values, load_yaml, printed_config, ray_init_kwargs,
-                                               read_json, read_log)
+from grpo_lab.after_run.doctor.logread import (
+    Diagnosis,
+    Log,
+    Values,
+    load_yaml,
+    printed_config,
+    ray_init_kwargs,
+    read_json,
+    read_log,
+)
 from grpo_lab.after_run.doctor.signatures import SIGNATURES, known, matchers
 from grpo_lab.after_run.doctor.stops import engine_died, stall
 

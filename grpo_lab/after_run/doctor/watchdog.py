@@ -7,14 +7,14 @@ import shlex
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from grpo_lab.launch.logtail import LogTail
-from grpo_lab.loglines import without_prefixes
 from grpo_lab.after_run.doctor.logread import Log, read_log
 from grpo_lab.after_run.doctor.stops import NOISE
 from grpo_lab.after_run.doctor.verdict import diagnose
+from grpo_lab.launch.logtail import LogTail
+from grpo_lab.loglines import without_prefixes
 
 
 def _last_step_line(text: str) -> int | None:
@@ -67,7 +67,7 @@ class ProgressWatchdog:
         self._tail = LogTail(self.log_path)
         self._last_progress = time.time()
 
-    def start(self) -> "ProgressWatchdog":
+    def start(self) -> ProgressWatchdog:
         if self._thread is not None:
             return self
         self._stop.clear()
@@ -83,7 +83,7 @@ class ProgressWatchdog:
             self._thread.join(timeout=max(5.0, self.interval_s + 1))
             self._thread = None
 
-    def __enter__(self) -> "ProgressWatchdog":
+    def __enter__(self) -> ProgressWatchdog:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
