@@ -108,15 +108,13 @@ def fit(cfg: DictConfig, prepared: Prepared, job: Job) -> str:
 def check(emulated: Emulated, prepared: Prepared, job: Job) -> Checked:
     """The preflight on the config as planned; verl_config.yaml (what verl gets) and plan.json (what was checked, and
     the values that differ from verl's defaults) on record, the report printed. Refused: GrpoLabError."""
-    from grpo_lab.checks.readiness import not_ready_here
-
     planned, lab = emulated.planned, prepared.lab
     # side by side (grpo_lab/launch/prepare.py): each job's vLLM KV cache pinned to the plan's (the user's pin wins)
     verl, kv_pin = pin_side_by_side(planned, emulated.verl, lab, os.environ)
     _write_yaml(job.dir / "verl_config.yaml", verl)
     # imported after the pin, as it always was: the rules run in the order their modules were first imported, and the
     # pin's memory plan imports the memory rules (side by side their problems and notes come first)
-    from grpo_lab.checks.preflight import run_preflight
+    from grpo_lab.checks.preflight import not_ready_here, run_preflight
 
     only = prepared.lab.preflight.only
     report = run_preflight(planned, lab, launching=not only)

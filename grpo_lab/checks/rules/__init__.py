@@ -212,6 +212,6 @@ def memory_ids() -> list[str]:
 
 
 def launching_only_ids() -> list[str]:
-    """The environment rules: run only where Ray is about to start (the plan's readiness check runs them too)."""
+    """The environment rules: run only where Ray is about to start (a plan runs them too: preflight.not_ready_here)."""
     _load()
     return [r.id for r in RULES.values() if r.launching_only]
