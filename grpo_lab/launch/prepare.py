@@ -114,7 +114,10 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
     lab.micro_batch = settle(verl, layers)
     # the first node of a SLURM job of several nodes starts a Ray cluster across them (train runs verl inside it) and
     # the job joins it by address (grpo_lab/launch/slurm.py); None everywhere else
-    cluster = cluster_for_job(verl, lab)
+    cluster = cluster_for_job(verl.get("trainer") or {}, verl.setdefault("ray_kwargs", {}), lab.slurm,
+                              lab.hardware.cpu_cores)
+    if cluster:
+        lab.ray_cluster = cluster.described  # each node's CPUs, for the preflight
     return Prepared(verl, lab, layers, cluster)
 
 
