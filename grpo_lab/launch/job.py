@@ -32,7 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.facts import atomic_write, write_json
 from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
-from grpo_lab.launch.prepare import Job, Prepared, emulate, mark_changed, mark_scaled, pin_side_by_side, prepare
+from grpo_lab.launch.prepare import (Job, Prepared, changed_defaults, emulate, mark_changed, mark_scaled,
+                                     pin_side_by_side, prepare)
 
 if TYPE_CHECKING:
     from grpo_lab.checks.preflight import PreflightReport as Report
@@ -158,10 +159,8 @@ def _plan_record(report: Report, verl: dict[str, Any], emulated: Emulated, kv_pi
                  prepared: Prepared, job: Job) -> dict[str, Any]:
     """plan.json: the preflight's report, the values that differ from verl's defaults (of what verl gets, with what
     set them), the values given twice, the micro-batch settled, the emulation."""
-    from grpo_lab.cli.provenance import for_job
-
     plan_json = report.to_json()
-    plan_json["changed_defaults"] = changed = for_job(verl, multirun=job.multirun, layers=prepared.layers)
+    plan_json["changed_defaults"] = changed = changed_defaults(verl, prepared.layers, job.multirun)
     mark_changed(changed, kv_pin)
     # a value given twice (grpo_lab/cli/overrides.py warned on the console before composing): which one wins, on record
     twice = job.cli.warnings if job.cli is not None else []
