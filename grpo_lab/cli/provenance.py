@@ -10,9 +10,7 @@ environment's knobs (grpo_lab/cli/overrides.py recorded which overrides came fro
 files in the order of the defaults list (hydra.runtime.choices; each with the files its own defaults list names:
 `option_data`), conf/config.yaml. When the layer that sets a key sets it to an interpolation (`data.train_batch_size:
 ${train_batch_size}`), the value comes from whatever set what it reads, and set_by says so:
-"conf/experiment/smoke.yaml (train_batch_size)". A value no layer sets follows one of verl's own interpolations ("verl
-(follows ...)"); launch.py's own per-job values (the metrics file, a sweep job's checkpoint folder) say
-"grpo_lab/launch/job.py".
+"conf/experiment/smoke.yaml (train_batch_size)"; no layer: one of verl's own interpolations, or launch.py's own.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_lab.memory.memplan_arch import LINEAR_NAMES, Arch, Settings, settings_from_verl
+from grpo_lab.memory.memplan_arch import LINEAR_NAMES, Arch, Settings
 from grpo_lab.memory.memplan_phases import (
     CARD_UNIT_BYTES, CUBLAS_WORKSPACE_GB, ENTROPY_BYTES, ENTROPY_EAGER_BYTES, GB, HOST_BASE_GB, HOST_PER_GPU_WORKER_GB,
     HOST_PER_VLLM_WORKER_GB, LOGITS_FORWARD_BYTES, LOGITS_UPDATE_BYTES, MiB, TIGHT_FRACTION, TRAINER_CUDA_CONTEXT_GB,
@@ -30,7 +30,7 @@ from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, calibration_of, gene
 
 # the plan's names, for `from grpo_lab.memory import memplan` users (preflight rules, fit, benchmarks, tests)
 __all__ = [
-    "Arch", "Settings", "settings_from_verl", "LINEAR_NAMES",
+    "Arch", "Settings", "LINEAR_NAMES",
     "GB", "MiB", "CARD_UNIT_BYTES", "CUBLAS_WORKSPACE_GB", "ENTROPY_BYTES", "ENTROPY_EAGER_BYTES", "HOST_BASE_GB",
     "HOST_PER_GPU_WORKER_GB", "HOST_PER_VLLM_WORKER_GB", "LOGITS_FORWARD_BYTES", "LOGITS_UPDATE_BYTES",
     "TIGHT_FRACTION", "TRAINER_CUDA_CONTEXT_GB", "VLLM_CUDA_CONTEXT_GB", "VLLM_CUDAGRAPH_GB",
