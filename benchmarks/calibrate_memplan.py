@@ -6,7 +6,7 @@
     make calibrate                                    # the same as --write
 
 A job is a folder under benchmarks/gpu/results/ with the verl_config.yaml it ran with. The plan is made from that
-config exactly as the preflight makes it (grpo_lab.memory.memplan.settings_from_verl, the model's facts from conf/model/ by
+config exactly as the preflight makes it (grpo_lab.checks.rules.values.settings_from_verl, the model's facts from conf/model/ by
 the model folder's name, the card from the job's plan.json). Measured:
 
 * training: the largest `actor/perf/max_memory_reserved_gb` (and `..._allocated_gb`) in its metrics.jsonl: verl's
@@ -42,6 +42,7 @@ import yaml  # noqa: E402
 
 from grpo_lab.labconf import Lab  # noqa: E402
 from grpo_lab.memory import calibration, memplan  # noqa: E402
+from grpo_lab.checks.rules.values import settings_from_verl  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 BENCH_JSON = RESULTS / "2026-12-02" / "memplan" / "memplan_h200.json"
@@ -151,7 +152,7 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     arch = memplan.Arch.from_mapping(info, source=f"conf/model ({info['name']})")
     lab = Lab.of({"hardware": {"gpu_memory_gb": mem.get("card_gb") or 139.8,
                                "host_ram_gb": (mem.get("host_ram") or {}).get("capacity_gb")}})
-    s = memplan.settings_from_verl(verl, lab)
+    s = settings_from_verl(verl, lab)
     plan = memplan.memory_plan(arch, s, remedies=False)
     alloc = plan.get("trainer_allocator")
     out: dict[str, Any] = {"job": rel(job), "model": info["name"], "regime": calibration.regime_of(arch, s),

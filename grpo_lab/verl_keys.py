@@ -6,9 +6,10 @@ grpo-lab's own keys are typed (grpo_lab/labconf.py); verl's config stays a plain
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Iterator
 
 A = "actor_rollout_ref."
+MISSING = object()  # what lookup finds where a key is not
 
 
 def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
@@ -45,3 +46,22 @@ def with_value(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
         cur = nxt
     cur[parts[-1]] = value
     return out
+
+
+def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, leaf) pairs; an empty dict is a leaf."""
+    if isinstance(d, Mapping) and d:
+        for k, v in d.items():
+            yield from flatten(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], d
+
+
+def lookup(d: Any, dotted: str) -> Any:
+    """d['a']['b'] for 'a.b' as it is (None too), MISSING when a part is missing."""
+    cur = d
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return MISSING
+        cur = cur[part]
+    return cur

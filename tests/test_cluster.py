@@ -213,9 +213,17 @@ class FakeRay:
         return [c[1:] for c in self.calls if c[0] == "ray"]
 
 
+def _cluster(verl, lab, env, **inject):
+    """What launch/prepare.py does with the head's cluster: verl joins it, lab.ray_cluster describes it."""
+    nodes = slurm.cluster_for_job(verl["trainer"], verl["ray_kwargs"], lab.slurm, lab.hardware.cpu_cores, env,
+                                  **inject)
+    lab.ray_cluster = nodes.described
+    return nodes
+
+
 def _head(fake, *overrides, env=None):
     verl, lab = composed("hardware=ray_cluster", *overrides)
-    nodes = slurm.cluster_for_job(verl, lab, env or _env(), run=fake, sleep=fake.sleep, clock=fake.clock, ray="ray")
+    nodes = _cluster(verl, lab, env or _env(), run=fake, sleep=fake.sleep, clock=fake.clock, ray="ray")
     return verl, lab, nodes
 
 
@@ -250,7 +258,7 @@ def test_the_head_port_and_cpus_come_from_the_config():
     assert nodes.head_command() == ["ray", "start", "--head", "--port=7001", "--num-cpus=24", "--num-gpus=4"]
     # a hardware option that sets Ray's num_cpus: each node's ray start gets it, and the job joins without it
     verl, lab = composed("hardware=rtx4080x4", "nnodes=2", "ray_kwargs.ray_init.num_cpus=14")
-    nodes = slurm.cluster_for_job(verl, lab, _env(), run=fake, ray="ray")
+    nodes = _cluster(verl, lab, _env(), run=fake, ray="ray")
     assert nodes.worker_command() == ["ray", "start", "--address=gpu07:6379", "--num-cpus=14", "--num-gpus=4",
                                       "--block"]
     assert get(verl, "ray_kwargs.ray_init.num_cpus") is None
@@ -319,7 +327,7 @@ def test_the_preflight_counts_each_nodes_ray_cpus():
 
     fake = FakeRay()
     verl, lab = composed("hardware=rtx4080x4", "nnodes=2", "ray_kwargs.ray_init.num_cpus=12")
-    slurm.cluster_for_job(verl, lab, _env(), run=fake, ray="ray")
+    _cluster(verl, lab, _env(), run=fake, ray="ray")
     report = run_preflight(verl, lab, launching=False, environ={})
     [p] = [p for p in report.errors if p.rule == "ray_cpus"]
     assert "needs 14 CPUs per node" in p.message and "has 12 per node" in p.message
@@ -327,7 +335,7 @@ def test_the_preflight_counts_each_nodes_ray_cpus():
     assert p.alternatives[0] == "ray_kwargs.ray_init.num_cpus=14"  # re-checked: it passes
     assert not [p for p in report.errors if p.rule in ("ray_join_num_cpus", "ray_nnodes_without_cluster")]
     verl, lab = composed("hardware=ray_cluster")
-    slurm.cluster_for_job(verl, lab, _env(), run=fake, ray="ray")
+    _cluster(verl, lab, _env(), run=fake, ray="ray")
     assert not run_preflight(verl, lab, launching=False, environ={}).errors
 
 

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from conftest import composed, options, planned, run_py
 from grpo_lab.memory import engines, memplan
 from grpo_lab.verl_keys import get
-from grpo_lab.memory.memplan import Arch, memory_plan, settings_from_verl
+from grpo_lab.checks.rules.values import settings_from_verl
+from grpo_lab.memory.memplan import Arch, memory_plan
 
 SGLANG = ["sglang_tp1_mem04", "sglang_tp2_mem04"]
 

@@ -20,6 +20,7 @@ from conftest import ROOT, compose_split, composed, fresh_clone, options, planne
 from grpo_lab.checks import fit as F
 from grpo_lab.checks import fit_search
 from grpo_lab.memory import memplan
+from grpo_lab.checks.rules.values import settings_from_verl
 from grpo_lab.checks.preflight import run_preflight
 
 GRID = [(m, h) for m in options("model") for h in options("hardware")]
@@ -155,7 +156,7 @@ def test_nothing_fits_names_a_bigger_card_more_gpus_and_a_smaller_model():
     card = int(re.search(r"cards of (\d+) GB", text).group(1))
     assert 16 < card <= 32
     # the card found is the smallest: one GB less does not fit, that size does
-    s = memplan.settings_from_verl(verl, lab)
+    s = settings_from_verl(verl, lab)
     ctx = F.FitContext(memplan.Arch.from_mapping(asdict(lab.model)), s, lab, mini=64)
     assert fit_search.fits_with(ctx, replace(s, card_gb=card)) is not None
     assert fit_search.fits_with(ctx, replace(s, card_gb=card - 1)) is None

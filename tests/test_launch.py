@@ -170,7 +170,8 @@ def test_plan_lists_every_changed_default_with_what_set_it(tmp_path):
     assert "actor_rollout_ref.actor.use_dynamic_bsz" in changed
     assert "trainer.nnodes" not in changed  # 1 is verl's default too
     # every changed value is listed: the verl config minus the listed keys equals verl's defaults there
-    from grpo_lab.cli.provenance import flatten, lookup, verl_defaults
+    from grpo_lab.cli.provenance import verl_defaults
+    from grpo_lab.verl_keys import flatten, lookup
 
     verl = yaml.safe_load((out / "verl_config.yaml").read_text())
     defaults = verl_defaults()

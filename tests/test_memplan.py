@@ -11,7 +11,8 @@ import pytest
 
 from conftest import ROOT, composed
 from grpo_lab.memory import memplan
-from grpo_lab.memory.memplan import Arch, Settings, memory_plan, settings_from_verl
+from grpo_lab.checks.rules.values import settings_from_verl
+from grpo_lab.memory.memplan import Arch, Settings, memory_plan
 
 
 

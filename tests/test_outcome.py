@@ -1,6 +1,6 @@
 """A sweep's exit code (grpo_lab/launch/outcome.py): read from each job's status.json at the end of the multirun, so
 that jobs run in other processes (side by side, SLURM) count as much as jobs run in this one. Through run.py:
-tests/test_refusals.py (a refused job, exit 2) and tests/test_readiness.py (plans not ready here, exit 3)."""
+tests/test_refusals.py (a refused job, exit 2) and tests/test_preflight_readiness.py (plans not ready here, exit 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The preflight's emulation rules (grpo_lab/checks/rules/emulation.py) on composed configs; through run.py:
+"""The preflight's emulation rules (grpo_lab/checks/rules/late.py) on composed configs; through run.py:
 tests/test_emulate.py."""
 
 from __future__ import annotations

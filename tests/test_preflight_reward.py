@@ -1,4 +1,4 @@
-"""The custom reward file is imported and called before Ray (grpo_lab/checks/rules/reward.py, grpo_lab/checks/reward_probe.py):
+"""The custom reward file is imported and called before Ray (grpo_lab/checks/rules/late.py, grpo_lab/checks/reward_probe.py):
 a file that is missing, raises at import, lacks the function, or whose function raises or returns no number is
 refused by `python run.py` with the file, the line and the fix, and nothing starts; a good file passes."""
 

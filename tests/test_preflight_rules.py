@@ -467,7 +467,7 @@ def test_side_by_side_jobs_counts_only_the_joblib_launcher():
     assert "pins its KV cache at 10.00 GB" in pinned.memory["kv_cache"]["budget_rule"]
 
 
-# ---- learning_rate_high, micro_batch_explicit (issue 19; through run.py in tests/test_readiness.py) -----------------
+# ---- learning_rate_high, micro_batch_explicit (issue 19; through run.py in tests/test_preflight_readiness.py) -----------------
 
 def test_learning_rate_high_from_1e_3():
     verl, lab = composed()

@@ -68,15 +68,23 @@ def test_the_report_order_is_the_module_list():
 
 
 def test_a_rules_kind_is_its_own_not_its_modules():
-    """Each rule module's rules are of its own kind, except these: the memory plan's fixes clear rollout_parallel and
-    gpu_memory_utilization_range (kind memory), the plan's notes on what it planned and a card of no size are kind
-    plan; the keys verl never reads (rules.unread) are config keys, kind setup."""
-    module_kind = {"batch": "batch", "values": "values", "setup": "setup", "memory": "memory", "reward": "reward",
-                   "emulation": "emulation", "verl_issues": "verl_issue", "unread": "setup"}
-    elsewhere = {r: RULES[r].kind for r in ids() if RULES[r].kind != module_kind[RULES[r].fn.__module__.split(".")[-1]]}
-    assert elsewhere == {"rollout_parallel": "memory", "gpu_memory_utilization_range": "memory",
-                         "model_arch_mismatch": "plan", "memory_notes": "plan", "rollout_tp_heads": "setup",
-                         "card_memory_unknown": "plan"}
+    """A rule's kind is given with it, not taken from its module: the memory plan's fixes clear rollout_parallel
+    (rules.batch) and gpu_memory_utilization_range (rules.setup), kind memory; rules.values holds the values' rules and
+    the memory plan's (its notes on what it planned and a card of no size are kind plan, rollout_tp_heads setup);
+    rules.late's keys verl never reads are config keys, kind setup."""
+    from grpo_lab.checks import rules
+
+    def module(r: str) -> str:
+        return RULES[r].fn.__module__.rpartition(".")[2]
+
+    kinds = {m: {RULES[r].kind for r in ids() if module(r) == m} for m in rules.RULE_MODULES}
+    assert kinds == {"batch": {"batch", "memory"}, "setup": {"setup", "memory"},
+                     "values": {"values", "memory", "plan", "setup"},
+                     "late": {"setup", "emulation", "reward", "verl_issue"}}
+    assert [r for r in ids() if RULES[r].kind == "memory" and module(r) != "values"] == [
+        "rollout_parallel", "gpu_memory_utilization_range"]
+    assert [r for r in ids() if RULES[r].kind == "setup" and module(r) not in ("setup",)] == [
+        "rollout_tp_heads", "key_unread"]
     assert [RULES[f"memory_{p}"].phase for p in ("generation", "training", "weight_sync")] == [
         "rollout", "update", "weight sync"]
     assert {RULES[r].phase for r in ids()} <= set(PHASES)

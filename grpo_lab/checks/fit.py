@@ -26,6 +26,7 @@ import yaml
 
 from grpo_lab.memory import engines, memplan
 from grpo_lab.cli.apply import apply_overrides, groups as _conf_groups
+from grpo_lab.checks.rules.values import settings_from_verl
 from grpo_lab.labconf import Lab
 from grpo_lab.verl_keys import get as _get, put as _put
 from grpo_lab.checks.fit_moves import (A, CONF, MARGIN, MOVES, PHASES, RANK, REQUIRED, FitContext,
@@ -68,7 +69,7 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
     if arch is None:
         raise FitError("no architecture facts for this model (no local config.json, no lab.model): nothing to plan. "
                        "Pick a model group (model=qwen3_1_7b) or point model_path at a folder with its config.json")
-    s0 = memplan.settings_from_verl(verl, lab)
+    s0 = settings_from_verl(verl, lab)
     if str(s0.rollout_engine or "vllm").lower() not in engines.ENGINES:
         raise FitError(unmeasured_engine(s0.rollout_engine))
     if s0.card_gb <= 0:
@@ -120,7 +121,7 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
     res.overrides = [o for c in res.changes for o in c.overrides]
     # verify: the overrides on the verl config, the plan's settings from it, and the whole preflight on it
     v2, l2 = apply_overrides(verl, lab, chosen.values)
-    s2 = memplan.settings_from_verl(v2, l2)
+    s2 = settings_from_verl(v2, l2)
     if s2 != chosen.s:
         diff = [f.name for f in s2.__dataclass_fields__.values() if getattr(s2, f.name) != getattr(chosen.s, f.name)]
         res.verify_problems.append(f"the overrides do not give the settings the search planned ({', '.join(diff)})")

@@ -1,7 +1,8 @@
 """The files a job reads: train/validation parquet and the model. Missing ones are named with the command that makes
 them.
 
-    for m in missing_inputs(verl, lab):        # [] when every file is there
+    inputs = {key: get(verl, key) for key in INPUT_KEYS}     # all it reads of verl's config
+    for m in missing_inputs(inputs, lab.dataset.name, lab.model):       # [] when every file is there
         print(m.message, m.command)            # "... does not exist", "make countdown"
 
 The command is one that writes exactly that path: a make target for the paths it writes under the repository
@@ -20,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import get
+from grpo_lab.labconf import ModelFacts
 from grpo_lab.facts import hf_cached_config, hf_model_cache_dir
 
 ROOT = facts.ROOT
@@ -183,14 +183,17 @@ def offline(environ: Mapping[str, str]) -> str:
     return ""
 
 
-def missing_inputs(verl: Mapping[str, Any], lab: Lab,
+INPUT_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
+
+
+def missing_inputs(inputs: Mapping[str, Any], dataset: str | None, model_facts: ModelFacts,
                    environ: Mapping[str, str] | None = None) -> list[Missing]:
-    """The job's input files that are not here, each with the command that makes it; [] when all are there."""
+    """The job's input files (`inputs`: picked from verl's config) that are not here, each with the command that
+    makes it (`dataset`, `model_facts`: the options chosen, lab.dataset.name and lab.model); [] when all are there."""
     environ = os.environ if environ is None else environ
     out: list[Missing] = []
-    dataset = lab.dataset.name
-    for key in ("data.train_files", "data.val_files"):
-        value = get(verl, key)
+    for key in INPUT_KEYS[:2]:
+        value = inputs.get(key)
         items = value if isinstance(value, (list, tuple)) else [value]
         for path in (p for item in items for p in (local_files(item) or [])):  # remote files are not checked
             if os.path.isfile(path):
@@ -200,8 +203,8 @@ def missing_inputs(verl: Mapping[str, Any], lab: Lab,
             how = (f"`{cmd}` writes it" if cmd else "nothing in grpo-lab writes this path: check it") + \
                 f", or point to your own file: python run.py {flag}=/path/to/file.parquet"
             out.append(Missing(key, path, f"{key}: {path} does not exist; {how}", cmd))
-    key = "actor_rollout_ref.model.path"
-    model = str(get(verl, key) or "")
+    key = INPUT_KEYS[2]
+    model = str(inputs.get(key) or "")
     if not model:
         return out
     if _looks_local(model):
@@ -210,7 +213,7 @@ def missing_inputs(verl: Mapping[str, Any], lab: Lab,
             return out
         what = ("does not exist" if not folder.exists() else
                 "is empty" if folder.is_dir() and not any(folder.iterdir()) else "holds no model (no config.json)")
-        name, hub = lab.model.name, lab.model.hub_id
+        name, hub = model_facts.name, model_facts.hub_id
         cmd = maker_for(model, name)
         if cmd:
             how = f"`{cmd}` makes it"

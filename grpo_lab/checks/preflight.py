@@ -4,8 +4,11 @@
     report = run_preflight(verl_cfg, lab_cfg, launching=True)
     print(report.format()); json.dump(report.to_json(), f)      # plan.json
     if not report.ok: sys.exit(1)
+    report.not_ready = not_ready_here(verl, lab, os.environ, plan_only=True)   # what this machine lacks
 
-The rules, the fix re-check and why it is fast: docs/preflight.md.
+The rules, the fix re-check and why it is fast: docs/preflight.md. What this machine lacks to launch (its input files,
+grpo_lab/checks/inputs.py; for a plan, the environment rules a launch runs as refusals, each fix re-checked) does not
+refuse a plan: its verdict is then "plan OK; not ready to launch here: ..." (exit code 3, README); a launch refuses.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from typing import Any, Mapping
 from grpo_lab.memory import calibration
 from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
 from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
-from grpo_lab.checks.rules import A, Ctx, Problem, ids, run_rules
+from grpo_lab.checks.inputs import INPUT_KEYS, missing_inputs
+from grpo_lab.checks.rules import A, ALT, Ctx, Problem, ids, launching_only_ids, run_rules
 from grpo_lab.checks.rules.batch import num as _num
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
 from grpo_lab.labconf import Lab
+from grpo_lab.verl_keys import get
 
 __all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
            "machine_cpus"]
@@ -27,6 +32,21 @@ __all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_n
 
 def rule_ids() -> list[str]:
     return ids()
+
+
+@dataclass
+class NotReady:
+    rule: str  # input_missing, or the environment rule's id
+    message: str
+    command: str = ""  # what makes this machine ready: the command that makes a file, or the fix (overrides)
+    checked: str = ""  # for a fix: what re-running the rules on it found
+    short: str = ""  # for the verdict line
+
+    def to_json(self) -> dict[str, str]:
+        out = {"rule": self.rule, "message": self.message, "command": self.command}
+        if self.checked:
+            out["checked"] = self.checked
+        return out
 
 
 @dataclass
@@ -42,9 +62,9 @@ class PreflightReport:
     fix_all_passes: bool = False
     fix_all_caution: str = ""  # the fix all switches to LoRA: the warning make fit gives
     launching: bool = True
-    # what this machine lacks to launch it (grpo_lab/checks/readiness.py; set by the launcher, None: not checked): refusals
+    # what this machine lacks to launch it (not_ready_here; set by the launcher, None: not checked): refusals
     # when launching, the plan's "not ready to launch here" when planning
-    not_ready: list[Any] | None = None
+    not_ready: list[NotReady] | None = None
     # memory refused and no offered fix fits every phase (the plan's "fits": below 80% of the card), or the fixes of
     # several errors together leave one: why; then the report points at `make fit ARGS="<fit_args>"` (fit_args: the
     # user's own arguments, set by the launcher)
@@ -126,6 +146,31 @@ def run_preflight(verl: dict, lab: Lab | None, *, launching: bool, environ: Mapp
         if report.no_fit and report.fix_all:  # a "fix all" that leaves a phase tight or out of memory is no fix
             report.fix_all, report.fix_all_passes, report.fix_all_caution = "", False, ""
     return report
+
+
+def not_ready_here(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str], *,
+                   plan_only: bool) -> list[NotReady]:
+    """What this machine lacks to launch the job: missing inputs; with plan_only, the environment rules too (those a
+    launch runs as refusals: flash-attn importable, visible GPUs), each with its fix re-checked."""
+    inputs = {key: get(verl, key) for key in INPUT_KEYS}
+    out = [NotReady("input_missing", m.message, m.command, short=m.short())
+           for m in missing_inputs(inputs, lab.dataset.name, lab.model, environ)]
+    if not plan_only:
+        return out
+    problems = [p for p in run_rules(Ctx.of(verl, lab, launching=True, environ=environ), only=launching_only_ids())
+                if p.level == "error"]
+    if any(p.fix for p in problems):
+        # the fix is re-checked as a launch here would check it: every rule, with this machine's environment
+        every = run_rules(Ctx.of(verl, lab, launching=True, environ=environ, quick=True))
+        checker = FixChecker(verl, lab, launching=True, environ=environ, problems=every)
+        for p in problems:
+            checker.check(p)
+    for p in problems:
+        # advice to plan without launching is what this is already (visible_gpus with no GPU here)
+        alts = [a for a in p.alternatives if "preflight.only" not in a]
+        fix = ALT.join(alts) if alts else "launch it on the machine it is planned for"
+        out.append(NotReady(p.rule, p.message, fix, p.checked if alts else "", short=f"[{p.rule}]"))
+    return out
 
 
 def _lora_caution(c: Ctx, fix: str) -> str:

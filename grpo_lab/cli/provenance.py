@@ -2,6 +2,7 @@
 value, ours, and what set it (a file under conf/, the command line, or an environment variable).
 
     plan.json -> "changed_defaults": [{"key", "verl", "ours", "set_by"}, ...]   (grpo_lab/launch/job.py writes it)
+    layers.source(key)          # "set_by": grpo_lab/launch/prepare.py's changed_defaults asks it for each key
 
 verl's default is verl's composed ppo_trainer before any file of ours, resolved (grpo_lab.verl_schema's
 schema().defaults). What set a value is found by walking the layers Hydra merged, highest first: the command line, the
@@ -9,20 +10,18 @@ environment's knobs (grpo_lab/cli/overrides.py recorded which overrides came fro
 files in the order of the defaults list (hydra.runtime.choices; each with the files its own defaults list names:
 `option_data`), conf/config.yaml. When the layer that sets a key sets it to an interpolation (`data.train_batch_size:
 ${train_batch_size}`), the value comes from whatever set what it reads, and set_by says so:
-"conf/experiment/smoke.yaml (train_batch_size)". A value no layer sets follows one of verl's own interpolations ("verl
-(follows ...)"); launch.py's own per-job values (the metrics file, a sweep job's checkpoint folder) say
-"grpo_lab/launch/job.py".
+"conf/experiment/smoke.yaml (train_batch_size)"; no layer: one of verl's own interpolations, or launch.py's own.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from grpo_lab.cli.overrides import CONF_DIR
+from grpo_lab.verl_keys import MISSING, lookup
 
-_MISSING = object()
 _RESOLVER_ARG_REF = re.compile(r"\$\{(?:[\w.]+:)?([\w.]+)")
 
 # set per job by grpo_lab/launch/job.py, not by a config layer
@@ -30,24 +29,6 @@ LAUNCH_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH",
                "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR",
                "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE",
                "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_FLASHINFER_SAMPLER")
-
-
-def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, leaf) pairs; an empty dict is a leaf."""
-    if isinstance(d, Mapping) and d:
-        for k, v in d.items():
-            yield from flatten(v, f"{prefix}{k}.")
-    else:
-        yield prefix[:-1], d
-
-
-def lookup(d: Any, dotted: str) -> Any:
-    cur = d
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return _MISSING
-        cur = cur[part]
-    return cur
 
 
 def verl_defaults() -> dict[str, Any]:
@@ -100,7 +81,7 @@ class Layers:
         """(precedence, what set it) of the highest layer that sets `key`, following interpolations."""
         for i, (name, data) in reversed(list(enumerate(self._all()))):
             raw = lookup(data, key)
-            if raw is _MISSING:
+            if raw is MISSING:
                 continue
             if isinstance(raw, tuple) and len(raw) == 2 and isinstance(raw[0], str) and name == "":
                 return i, raw[0]
@@ -114,6 +95,26 @@ class Layers:
                         return best[0], best[1] if best[1].endswith(")") else f"{best[1]} ({ref})"
             return i, name
         return None
+
+    def source(self, key: str) -> str:
+        """What set `key` (plan.json's changed_defaults "set_by"): a layer, an override, or one of verl's own
+        interpolations."""
+        if key in LAUNCH_KEYS:
+            return "grpo_lab/launch/job.py (per job)"
+        found = self.set_by(key)
+        if found is not None:
+            return found[1]
+        parts = key.split(".")
+        for n in range(len(parts) - 1, 0, -1):  # an override that set a whole section: +x={a:1}
+            for data in (self.cli, self.env):
+                raw = lookup(data, ".".join(parts[:n]))
+                if isinstance(raw, tuple):
+                    return raw[0]
+        from grpo_lab.cli.overrides import verl_tree
+
+        raw = lookup(verl_tree(), key)
+        refs = _RESOLVER_ARG_REF.findall(raw) if isinstance(raw, str) else []
+        return f"verl: follows {', '.join(refs)}" if refs else "verl (follows a value set above)"
 
     def _all(self) -> list[tuple[str, Any]]:
         # overrides as layers whose leaves are (what set it, value); name "" marks them
@@ -160,53 +161,6 @@ def _put(d: dict, dotted: str, value: Any) -> None:
     d[parts[-1]] = value
 
 
-def changed_defaults(verl: Mapping[str, Any], layers: Layers,
-                     defaults: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every leaf of `verl` that differs from verl's default (or that verl does not have), and every default leaf
-    that `verl` no longer has; each with what set it."""
-    defaults = verl_defaults() if defaults is None else defaults
-    out = []
-    seen = set()
-    for key, ours in flatten(verl):
-        seen.add(key)
-        if key.endswith("_target_"):
-            continue
-        theirs = lookup(defaults, key)
-        if theirs is not _MISSING and _same(theirs, ours):
-            continue
-        out.append({"key": key, "verl": "(not in verl's config)" if theirs is _MISSING else theirs, "ours": ours,
-                    "set_by": _source(key, layers)})
-    for key, theirs in flatten(defaults):
-        if key not in seen and lookup(verl, key) is _MISSING and not key.endswith("_target_"):
-            out.append({"key": key, "verl": theirs, "ours": "(removed)", "set_by": _source(key, layers)})
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b or a == b and type(a) is type(b)
-    return a == b
-
-
-def _source(key: str, layers: Layers) -> str:
-    if key in LAUNCH_KEYS:
-        return "grpo_lab/launch/job.py (per job)"
-    found = layers.set_by(key)
-    if found is not None:
-        return found[1]
-    parts = key.split(".")
-    for n in range(len(parts) - 1, 0, -1):  # an override that set a whole section: +x={a:1}
-        for data in (layers.cli, layers.env):
-            raw = lookup(data, ".".join(parts[:n]))
-            if isinstance(raw, tuple):
-                return raw[0]
-    from grpo_lab.cli.overrides import verl_tree
-
-    raw = lookup(verl_tree(), key)
-    refs = _RESOLVER_ARG_REF.findall(raw) if isinstance(raw, str) else []
-    return f"verl: follows {', '.join(refs)}" if refs else "verl (follows a value set above)"
-
-
 def job_layers(env_names: Mapping[str, str] | None = None) -> Layers:
     """The config layers of the running Hydra job: its choices, its overrides, and which of them came from the
     environment (`env_names`: override -> variable, the command line run.py parsed; none given: no knob's)."""
@@ -214,13 +168,3 @@ def job_layers(env_names: Mapping[str, str] | None = None) -> Layers:
 
     hc = HydraConfig.get()
     return Layers(dict(hc.runtime.choices), list(hc.overrides.task), dict(env_names or {}))
-
-
-def for_job(verl: Mapping[str, Any], *, multirun: bool = False, layers: Layers | None = None) -> list[dict[str, Any]]:
-    """changed_defaults for the running Hydra job (its choices and overrides)."""
-    out = changed_defaults(verl, layers or job_layers())
-    if multirun:
-        for item in out:
-            if item["key"] == "trainer.default_local_dir":
-                item["set_by"] += "; grpo_lab/launch/job.py adds the sweep job's folder"
-    return out

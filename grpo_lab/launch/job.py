@@ -32,7 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.facts import atomic_write, write_json
 from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
-from grpo_lab.launch.prepare import Job, Prepared, emulate, mark_changed, mark_scaled, pin_side_by_side, prepare
+from grpo_lab.launch.prepare import (Job, Prepared, changed_defaults, emulate, mark_changed, mark_scaled,
+                                     pin_side_by_side, prepare)
 
 if TYPE_CHECKING:
     from grpo_lab.checks.preflight import PreflightReport as Report
@@ -108,15 +109,13 @@ def fit(cfg: DictConfig, prepared: Prepared, job: Job) -> str:
 def check(emulated: Emulated, prepared: Prepared, job: Job) -> Checked:
     """The preflight on the config as planned; verl_config.yaml (what verl gets) and plan.json (what was checked, and
     the values that differ from verl's defaults) on record, the report printed. Refused: GrpoLabError."""
-    from grpo_lab.checks.readiness import not_ready_here
-
     planned, lab = emulated.planned, prepared.lab
     # side by side (grpo_lab/launch/prepare.py): each job's vLLM KV cache pinned to the plan's (the user's pin wins)
     verl, kv_pin = pin_side_by_side(planned, emulated.verl, lab, os.environ)
     _write_yaml(job.dir / "verl_config.yaml", verl)
     # imported after the pin, as it always was: the rules run in the order their modules were first imported, and the
     # pin's memory plan imports the memory rules (side by side their problems and notes come first)
-    from grpo_lab.checks.preflight import run_preflight
+    from grpo_lab.checks.preflight import not_ready_here, run_preflight
 
     only = prepared.lab.preflight.only
     report = run_preflight(planned, lab, launching=not only)
@@ -160,10 +159,8 @@ def _plan_record(report: Report, verl: dict[str, Any], emulated: Emulated, kv_pi
                  prepared: Prepared, job: Job) -> dict[str, Any]:
     """plan.json: the preflight's report, the values that differ from verl's defaults (of what verl gets, with what
     set them), the values given twice, the micro-batch settled, the emulation."""
-    from grpo_lab.cli.provenance import for_job
-
     plan_json = report.to_json()
-    plan_json["changed_defaults"] = changed = for_job(verl, multirun=job.multirun, layers=prepared.layers)
+    plan_json["changed_defaults"] = changed = changed_defaults(verl, prepared.layers, job.multirun)
     mark_changed(changed, kv_pin)
     # a value given twice (grpo_lab/cli/overrides.py warned on the console before composing): which one wins, on record
     twice = job.cli.warnings if job.cli is not None else []

@@ -26,7 +26,7 @@ from grpo_lab.cli.knobs import SHORT_KEYS, set_apart
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.emulate import ALLOC_VARS, ENV_VARS
-from grpo_lab.verl_keys import get, put, with_value
+from grpo_lab.verl_keys import MISSING, flatten, get, lookup, put, with_value
 
 if TYPE_CHECKING:
     from grpo_lab.cli.provenance import Layers
@@ -114,7 +114,10 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
     lab.micro_batch = settle(verl, layers)
     # the first node of a SLURM job of several nodes starts a Ray cluster across them (train runs verl inside it) and
     # the job joins it by address (grpo_lab/launch/slurm.py); None everywhere else
-    cluster = cluster_for_job(verl, lab)
+    cluster = cluster_for_job(verl.get("trainer") or {}, verl.setdefault("ray_kwargs", {}), lab.slurm,
+                              lab.hardware.cpu_cores)
+    if cluster:
+        lab.ray_cluster = cluster.described  # each node's CPUs, for the preflight
     return Prepared(verl, lab, layers, cluster)
 
 
@@ -263,3 +266,37 @@ def mark_changed(changed: list[dict[str, Any]], pin: dict[str, Any] | None) -> N
         for item in changed:
             if item["key"] == KEY:
                 item["set_by"] = SET_BY
+
+
+def changed_defaults(verl: Mapping[str, Any], layers: Layers, multirun: bool = False,
+                     defaults: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """plan.json's changed_defaults: every leaf of `verl` that differs from verl's default (or that verl does not
+    have), and every default leaf that `verl` no longer has; each with what set it (grpo_lab/cli/provenance.py)."""
+    from grpo_lab.cli.provenance import verl_defaults
+
+    defaults = verl_defaults() if defaults is None else defaults
+    out = []
+    seen = set()
+    for key, ours in flatten(verl):
+        seen.add(key)
+        if key.endswith("_target_"):
+            continue
+        theirs = lookup(defaults, key)
+        if theirs is not MISSING and _same(theirs, ours):
+            continue
+        out.append({"key": key, "verl": "(not in verl's config)" if theirs is MISSING else theirs, "ours": ours,
+                    "set_by": layers.source(key)})
+    for key, theirs in flatten(defaults):
+        if key not in seen and lookup(verl, key) is MISSING and not key.endswith("_target_"):
+            out.append({"key": key, "verl": theirs, "ours": "(removed)", "set_by": layers.source(key)})
+    if multirun:
+        for item in out:
+            if item["key"] == "trainer.default_local_dir":
+                item["set_by"] += "; grpo_lab/launch/job.py adds the sweep job's folder"
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or a == b and type(a) is type(b)
+    return a == b

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import GrpoLabError
-from grpo_lab.labconf import Lab
+from grpo_lab.labconf import Lab, Slurm
 from grpo_lab.verl_keys import get
 
 # overrides that change the resources a job needs: the launcher's resources are fixed for the whole sweep
@@ -270,6 +270,12 @@ class RayNodes:
     def address(self) -> str:
         return f"{self.alloc.head}:{self.port}"
 
+    @property
+    def described(self) -> dict[str, Any]:
+        """lab.ray_cluster: what the preflight reads of the cluster (each node's CPUs)."""
+        return {"address": self.address, "hosts": list(self.alloc.hosts), "num_cpus_per_node": self.num_cpus,
+                "num_gpus_per_node": self.num_gpus, "source": f"SLURM job {self.alloc.job_id}"}
+
     def head_command(self) -> list[str]:
         return [self.ray, "start", "--head", f"--port={self.port}", f"--num-cpus={self.num_cpus}",
                 f"--num-gpus={self.num_gpus}"]
@@ -379,9 +385,11 @@ def _say(text: str) -> str:
     return text
 
 
-def ray_nodes(verl: Mapping[str, Any], lab: Lab, alloc: Allocation, **inject: Any) -> RayNodes:
-    """The job's RayNodes from its config: checked against the allocation (the same checks on every task)."""
-    nnodes = int(get(verl, "trainer.nnodes", 1) or 1)
+def ray_nodes(trainer: Mapping[str, Any], ray_init: Mapping[str, Any], slurm: Slurm, cpu_cores: int | None,
+              alloc: Allocation, **inject: Any) -> RayNodes:
+    """The job's RayNodes from what it reads of the config (verl's `trainer` and `ray_kwargs.ray_init`, lab.slurm,
+    lab.hardware.cpu_cores): checked against the allocation (the same checks on every task)."""
+    nnodes = int(trainer.get("nnodes") or 1)
     if nnodes != len(alloc.hosts):
         raise ClusterError(f"SLURM gave this job {len(alloc.hosts)} nodes ({','.join(alloc.hosts)}) but "
                            f"trainer.nnodes={nnodes}: submit with nnodes={len(alloc.hosts)}, or leave "
@@ -390,33 +398,31 @@ def ray_nodes(verl: Mapping[str, Any], lab: Lab, alloc: Allocation, **inject: An
         raise ClusterError(f"SLURM started {alloc.ntasks} tasks on {nnodes} nodes: grpo-lab runs one per node (the "
                            f"first node's task is verl's driver, the others Ray worker nodes): "
                            f"hydra.launcher.tasks_per_node=1")
-    num_cpus = get(verl, "ray_kwargs.ray_init.num_cpus")
+    num_cpus = ray_init.get("num_cpus")
     if num_cpus is None:
-        num_cpus = lab.hardware.cpu_cores
+        num_cpus = cpu_cores
     inject.setdefault("ray", ray_executable())
-    return RayNodes(alloc=alloc, port=int(lab.slurm.ray_port), num_cpus=int(num_cpus),
-                    num_gpus=int(get(verl, "trainer.n_gpus_per_node")), wait_s=float(lab.slurm.ray_wait_s),
-                    **inject)
+    return RayNodes(alloc=alloc, port=int(slurm.ray_port), num_cpus=int(num_cpus),
+                    num_gpus=int(trainer.get("n_gpus_per_node")), wait_s=float(slurm.ray_wait_s), **inject)
 
 
 def _plan_only(lab: Lab) -> bool:
     return bool(lab.preflight.only or lab.preflight.fit or lab.preflight.fit_write)
 
 
-def cluster_for_job(verl: dict[str, Any], lab: Lab, environ: Mapping[str, str] = os.environ,
-                    **inject: Any) -> RayNodes | None:
-    """launch.py, on every job: None unless this is the head of a SLURM job of several nodes. There: the job joins
-    the cluster the head starts (ray_kwargs.ray_init.address=<head>:<port>, no num_cpus), lab.ray_cluster tells
-    the preflight each node's CPUs, and the RayNodes are returned (launch.py runs verl inside `.running()`)."""
+def cluster_for_job(trainer: Mapping[str, Any], ray_kwargs: dict[str, Any], slurm: Slurm, cpu_cores: int | None,
+                    environ: Mapping[str, str] = os.environ, **inject: Any) -> RayNodes | None:
+    """launch/prepare.py, on every job: None unless this is the head of a SLURM job of several nodes. There: the job
+    joins the cluster the head starts (ray_kwargs.ray_init.address=<head>:<port>, no num_cpus), and the RayNodes are
+    returned (`described`: lab.ray_cluster, each node's CPUs for the preflight; launch.py runs verl inside
+    `.running()`)."""
     alloc = allocation(environ)
     if alloc is None or not alloc.is_head:
         return None
-    nodes = ray_nodes(verl, lab, alloc, **inject)
-    init = verl.setdefault("ray_kwargs", {}).setdefault("ray_init", {})
+    nodes = ray_nodes(trainer, ray_kwargs.get("ray_init") or {}, slurm, cpu_cores, alloc, **inject)
+    init = ray_kwargs.setdefault("ray_init", {})
     init["address"] = nodes.address
     init["num_cpus"] = None  # Ray refuses num_cpus when connecting: each node declared its own with ray start
-    lab.ray_cluster = {"address": nodes.address, "hosts": list(alloc.hosts), "num_cpus_per_node": nodes.num_cpus,
-                          "num_gpus_per_node": nodes.num_gpus, "source": f"SLURM job {alloc.job_id}"}
     return nodes
 
 
@@ -435,7 +441,8 @@ def serve_ray_worker(cfg: Any, environ: Mapping[str, str] = os.environ, **inject
     if _plan_only(lab):
         return _say(f"{me}: planning only (preflight.only / fit): the head plans, no Ray starts here")
     try:
-        nodes = ray_nodes(verl, lab, alloc, **inject)
+        nodes = ray_nodes(verl.get("trainer") or {}, get(verl, "ray_kwargs.ray_init", {}), lab.slurm,
+                          lab.hardware.cpu_cores, alloc, **inject)
     except ClusterError as e:  # the head's task refuses the job with the same message
         return _say(f"{me}: {e}")
     return nodes.serve(head_done=head_done)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_lab.memory.memplan_arch import Arch, Settings, settings_from_verl
+from grpo_lab.memory.memplan_arch import Arch, Settings
 from grpo_lab.memory.memplan_phases import (
     CARD_UNIT_BYTES,
     CUBLAS_WORKSPACE_GB,
@@ -49,7 +49,7 @@ from grpo_lab.memory.memplan_verdicts import calibration_of, generation_verdict,
 # the plan's names that its users take from `from grpo_lab.memory import memplan` (preflight rules, fit, benchmarks,
 # tests; the benchmark records every upper-case number); the rest from the memplan_* modules themselves
 __all__ = [
-    "Arch", "Settings", "settings_from_verl",
+    "Arch", "Settings",
     "GB", "CARD_UNIT_BYTES", "CUBLAS_WORKSPACE_GB", "ENTROPY_BYTES", "ENTROPY_EAGER_BYTES", "HOST_BASE_GB",
     "HOST_PER_GPU_WORKER_GB", "HOST_PER_VLLM_WORKER_GB", "LOGITS_FORWARD_BYTES", "LOGITS_UPDATE_BYTES",
     "TIGHT_FRACTION", "TRAINER_CUDA_CONTEXT_GB", "VLLM_CUDA_CONTEXT_GB", "VLLM_CUDAGRAPH_GB",

@@ -1,7 +1,7 @@
 """The memory plan's inputs: the model's shapes (`Arch`, from a config.json-like mapping: parameter counts, per-token
 sizes, mixture of experts) and the knobs of a run that move memory (`Settings`, read from a resolved verl config by
-`settings_from_verl`). No phase arithmetic here: that is grpo_lab/memory/memplan_phases.py; the plan itself is
-grpo_lab/memory/memplan.py.
+grpo_lab/checks/rules/values.py's settings_from_verl). No phase arithmetic here: that is
+grpo_lab/memory/memplan_phases.py; the plan itself is grpo_lab/memory/memplan.py.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import A, get as _get
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -165,7 +163,7 @@ class Arch:
 
 @dataclass(frozen=True)
 class Settings:
-    """The knobs of a run that move memory (extracted from a verl config by `settings_from_verl`)."""
+    """The knobs of a run that move memory (read from a verl config by checks.rules.values.settings_from_verl)."""
 
     n_gpus: int
     card_gb: float
@@ -256,79 +254,3 @@ class Settings:
     def vllm_sleep_level(self) -> int:
         # verl: level 1 for LoRA adapters (not merged) and layered_summon, else level 2 (vLLM >= 0.18)
         return 1 if (self.lora_rank > 0 or self.layered_summon) else 2
-
-
-def settings_from_verl(verl: Mapping[str, Any], lab: Lab) -> Settings:
-    """The memory-relevant settings of a resolved verl config (plain dict) and the job's card and host (`lab`)."""
-    n_gpus = int(_get(verl, "trainer.n_gpus_per_node", 1)) * int(_get(verl, "trainer.nnodes", 1))
-    override = _get(verl, A + "model.override_config", {}) or {}
-    entropy_coeff = _get(verl, A + "actor.entropy_coeff", 0) or 0
-    use_kl = bool(_get(verl, A + "actor.use_kl_loss", False)) or bool(_get(verl, "algorithm.use_kl_in_reward", False))
-    max_model_len = _get(verl, A + "rollout.max_model_len")
-    return Settings(
-        n_gpus=max(1, n_gpus),
-        card_gb=float(lab.hardware.gpu_memory_gb or 0),
-        host_ram_gb=lab.hardware.host_ram_gb,
-        fsdp_size=int(_get(verl, A + "actor.fsdp_config.fsdp_size", -1)),
-        nnodes=max(1, int(_get(verl, "trainer.nnodes", 1) or 1)),
-        strategy=str(_get(verl, A + "actor.strategy", "fsdp") or "fsdp"),
-        ref_model_dtype=str(_get(verl, A + "ref.fsdp_config.model_dtype", "fp32") or "bf16"),
-        # verl 0.9.1: fsdp_config.ulysses_sequence_parallel_size; the deprecated actor key wins when above 1
-        sp_size=max(int(_get(verl, A + "actor.ulysses_sequence_parallel_size", 1) or 1),
-                    int(_get(verl, A + "actor.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)),
-        lora_rank=int(_get(verl, A + "model.lora_rank", 0) or 0),
-        lora_targets=_get(verl, A + "model.target_modules", "all-linear"),
-        param_offload=bool(_get(verl, A + "actor.fsdp_config.param_offload", False)),
-        optimizer_offload=bool(_get(verl, A + "actor.fsdp_config.optimizer_offload", False)),
-        model_dtype=str(_get(verl, A + "actor.fsdp_config.model_dtype", "fp32") or "fp32"),
-        gradient_checkpointing=bool(_get(verl, A + "model.enable_gradient_checkpointing", True)),
-        activation_offload=bool(_get(verl, A + "model.enable_activation_offload", False)),
-        attn_implementation=str(override.get("attn_implementation", "flash_attention_2")),
-        use_dynamic_bsz=bool(_get(verl, A + "actor.use_dynamic_bsz", False)),
-        ppo_max_token_len_per_gpu=int(_get(verl, A + "actor.ppo_max_token_len_per_gpu", 16384)),
-        ppo_micro_batch_size_per_gpu=_int_or_none(_get(verl, A + "actor.ppo_micro_batch_size_per_gpu")),
-        entropy_in_update=bool(_get(verl, A + "actor.calculate_entropy", False)) or float(entropy_coeff) != 0.0,
-        entropy_checkpointing=bool(_get(verl, A + "actor.entropy_checkpointing", False)),
-        actor_entropy_chunking=bool(_get(verl, A + "actor.entropy_from_logits_with_chunking", False)),
-        entropy_chunk_size=int(_get(verl, A + "actor.entropy_from_logits_chunk_size", 2048)),
-        use_torch_compile=bool(_get(verl, A + "actor.use_torch_compile", True))
-        and bool(_get(verl, A + "actor.fsdp_config.use_torch_compile", True)),
-        max_prompt_length=int(_get(verl, "data.max_prompt_length", 512)),
-        max_response_length=int(_get(verl, "data.max_response_length", 512)),
-        log_prob_use_dynamic_bsz=bool(_get(verl, A + "rollout.log_prob_use_dynamic_bsz", False)),
-        log_prob_max_token_len_per_gpu=int(_get(verl, A + "rollout.log_prob_max_token_len_per_gpu", 16384)),
-        log_prob_micro_batch_size_per_gpu=_int_or_none(_get(verl, A + "rollout.log_prob_micro_batch_size_per_gpu")),
-        ref_used=use_kl,
-        ref_log_prob_use_dynamic_bsz=bool(_get(verl, A + "ref.log_prob_use_dynamic_bsz", False)),
-        ref_log_prob_max_token_len_per_gpu=int(_get(verl, A + "ref.log_prob_max_token_len_per_gpu", 16384)),
-        ref_log_prob_micro_batch_size_per_gpu=_int_or_none(_get(verl, A + "ref.log_prob_micro_batch_size_per_gpu")),
-        ref_entropy_chunking=bool(_get(verl, A + "ref.entropy_from_logits_with_chunking", False)),
-        rollout_engine=str(_get(verl, A + "rollout.name", "vllm")),
-        gpu_memory_utilization=float(_get(verl, A + "rollout.gpu_memory_utilization", 0.5)),
-        tp=int(_get(verl, A + "rollout.tensor_model_parallel_size", 1) or 1),
-        rollout_dp=int(_get(verl, A + "rollout.data_parallel_size", 1) or 1),
-        free_cache_engine=bool(_get(verl, A + "rollout.free_cache_engine", True)),
-        enforce_eager=bool(_get(verl, A + "rollout.enforce_eager", False)),
-        max_num_seqs=int(_get(verl, A + "rollout.max_num_seqs", 256)),
-        max_num_batched_tokens=int(_get(verl, A + "rollout.max_num_batched_tokens", 8192)),
-        enable_chunked_prefill=bool(_get(verl, A + "rollout.enable_chunked_prefill", True)),
-        max_model_len=int(max_model_len) if max_model_len else None,
-        layered_summon=bool(_get(verl, A + "rollout.layered_summon", False)),
-        vllm_kv_cache_bytes=_positive_int(_get(verl, A + "rollout.engine_kwargs.vllm.kv_cache_memory_bytes")),
-        bucket_mb=int(_get(verl, A + "rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
-        train_batch_size=int(_get(verl, "data.train_batch_size", 128)),
-        rollout_n=int(_get(verl, A + "rollout.n", 1)),
-    )
-
-
-def _int_or_none(v: Any) -> int | None:
-    """A size that may be unset (null); any other value that is no number raises, as int() does."""
-    return None if v is None else int(v)
-
-
-def _positive_int(v: Any) -> int | None:
-    try:
-        n = int(float(v))
-    except (TypeError, ValueError):
-        return None
-    return n if n > 0 else None

@@ -5,11 +5,11 @@ read-only context.
     def batch_divisibility(c: Ctx) -> Iterable[Problem]:
         if ...: yield error("what is wrong, with the numbers", "the_override=that_fixes_it")
 
-The rule modules: rules.batch (arithmetic of batches, tokens, data), rules.values (values verl takes but cannot
-use), rules.setup (Ray, keys, recipes, the model, the machine), rules.unread (keys verl takes and never reads:
-docs/verl_unread_keys.md), rules.memory (the memory plan's verdicts), rules.reward (the
-custom reward file: imported and called as verl will, in a child process: grpo_lab/checks/reward_probe.py), rules.verl_issues
-(configurations verl's issue tracker reported failing late: docs/verl_issues.md).
+The rule modules: rules.batch (arithmetic of batches, tokens, data), rules.setup (Ray, keys, recipes, the model, the
+machine), rules.values (values verl takes but cannot use, and the memory plan's verdicts), rules.late (what verl
+finds out late or never: keys it never reads, docs/verl_unread_keys.md; an emulated card; the custom reward file,
+imported and called as verl will in a child process, grpo_lab/checks/reward_probe.py; configurations verl's issue
+tracker reported failing late, docs/verl_issues.md).
 
 What a rule reads and yields, fixes, kinds and phases: docs/preflight.md.
 """
@@ -79,10 +79,10 @@ RULE_KINDS = {
     "setup": "Ray, config keys, recipes, the rollout engine, the machine (rules.setup)",
     "memory": "a phase that does not fit the cards or the host's RAM: what make fit (grpo_lab/checks/fit.py) is "
               "there to clear, and what the preflight's fix all must leave fitting",
-    "plan": "which model the memory plan planned, and what it skipped (rules.memory)",
-    "reward": "the custom reward file, imported and called as verl will (rules.reward)",
-    "emulation": "a smaller card rehearsed on a bigger one (rules.emulation)",
-    "verl_issue": "configurations verl's issue tracker reported failing late (rules.verl_issues)",
+    "plan": "which model the memory plan planned, and what it skipped (rules.values)",
+    "reward": "the custom reward file, imported and called as verl will (rules.late)",
+    "emulation": "a smaller card rehearsed on a bigger one (rules.late)",
+    "verl_issue": "configurations verl's issue tracker reported failing late (rules.late)",
 }
 
 
@@ -154,19 +154,19 @@ class Ctx:
 
     @cached_property
     def model(self) -> Any:
-        from grpo_lab.checks.rules.memory import resolve_model
+        from grpo_lab.checks.rules.values import resolve_model
 
         return resolve_model(self)
 
     @cached_property
     def plan(self) -> dict[str, Any]:
-        from grpo_lab.checks.rules.memory import plan_memory
+        from grpo_lab.checks.rules.values import plan_memory
 
         return plan_memory(self)
 
 
 # the rule modules in the preflight's report order (a module's rules in the order of its file)
-RULE_MODULES = ("batch", "setup", "values", "memory", "unread", "emulation", "reward", "verl_issues")
+RULE_MODULES = ("batch", "setup", "values", "late")
 
 
 def _load() -> None:
@@ -212,6 +212,6 @@ def memory_ids() -> list[str]:
 
 
 def launching_only_ids() -> list[str]:
-    """The environment rules: run only where Ray is about to start (the plan's readiness check runs them too)."""
+    """The environment rules: run only where Ray is about to start (a plan runs them too: preflight.not_ready_here)."""
     _load()
     return [r.id for r in RULES.values() if r.launching_only]
