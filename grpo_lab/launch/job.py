@@ -113,8 +113,6 @@ def check(emulated: Emulated, prepared: Prepared, job: Job) -> Checked:
     # side by side (grpo_lab/launch/prepare.py): each job's vLLM KV cache pinned to the plan's (the user's pin wins)
     verl, kv_pin = pin_side_by_side(planned, emulated.verl, lab, os.environ)
     _write_yaml(job.dir / "verl_config.yaml", verl)
-    # imported after the pin, as it always was: the rules run in the order their modules were first imported, and the
-    # pin's memory plan imports the memory rules (side by side their problems and notes come first)
     from grpo_lab.checks.preflight import not_ready_here, run_preflight
 
     only = prepared.lab.preflight.only
