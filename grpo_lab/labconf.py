@@ -8,50 +8,51 @@ split) with what the job's launch adds; a field left out of a file is None ("not
 Units: sizes of cards and RAM in GiB as CUDA and `free -g` report them (an H200 is 139.8); ports and counts plain.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, Mapping, Optional, get_type_hints
+from typing import Any, get_type_hints
 
 
 @dataclass
 class Emulate:  # a smaller card rehearsed on a bigger one (grpo_lab/memory/emulate.py)
-    real_gpu_memory_gb: Optional[float] = None  # GiB of the cards the job really runs on; None: no emulation
-    real_gpu_name: Optional[str] = None
+    real_gpu_memory_gb: float | None = None  # GiB of the cards the job really runs on; None: no emulation
+    real_gpu_name: str | None = None
 
 
 @dataclass
 class Hardware:  # a conf/hardware option: one node's cards and host (ray_cluster: each node's)
-    name: Optional[str] = None
-    gpu_name: Optional[str] = None
-    gpu_memory_gb: Optional[float] = None  # one card, GiB as CUDA reports it; 0, negative or None: unknown
-    interconnect: Optional[str] = None  # nvlink | pcie4 | single
-    nvlink: Optional[bool] = None
-    p2p: Optional[bool] = None  # GPU peer-to-peer (false: NCCL needs NCCL_P2P_DISABLE=1)
-    cpu_cores: Optional[int] = None  # of one node: Ray's CPUs when ray_init.num_cpus is null (facts.ray_cpus_needed)
-    host_ram_gb: Optional[int] = None  # whole GiB of one node's RAM (the SLURM launcher's mem_gb)
-    pcie_gb_s: Optional[float] = None  # host<->card GB/s for offload; None: assumed from interconnect (make fit)
+    name: str | None = None
+    gpu_name: str | None = None
+    gpu_memory_gb: float | None = None  # one card, GiB as CUDA reports it; 0, negative or None: unknown
+    interconnect: str | None = None  # nvlink | pcie4 | single
+    nvlink: bool | None = None
+    p2p: bool | None = None  # GPU peer-to-peer (false: NCCL needs NCCL_P2P_DISABLE=1)
+    cpu_cores: int | None = None  # of one node: Ray's CPUs when ray_init.num_cpus is null (facts.ray_cpus_needed)
+    host_ram_gb: int | None = None  # whole GiB of one node's RAM (the SLURM launcher's mem_gb)
+    pcie_gb_s: float | None = None  # host<->card GB/s for offload; None: assumed from interconnect (make fit)
     emulate: Emulate = field(default_factory=Emulate)
 
 
 @dataclass
 class ModelFacts:  # a conf/model option: names, and the architecture planned when no config.json is found
-    name: Optional[str] = None
-    hub_id: Optional[str] = None
-    thinking: Optional[bool] = None  # a chat model that thinks by default (Qwen3)
-    num_hidden_layers: Optional[int] = None
-    hidden_size: Optional[int] = None
-    num_attention_heads: Optional[int] = None
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    intermediate_size: Optional[int] = None
-    vocab_size: Optional[int] = None
-    tie_word_embeddings: Optional[bool] = None
-    max_position_embeddings: Optional[int] = None  # tokens
+    name: str | None = None
+    hub_id: str | None = None
+    thinking: bool | None = None  # a chat model that thinks by default (Qwen3)
+    num_hidden_layers: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    tie_word_embeddings: bool | None = None
+    max_position_embeddings: int | None = None  # tokens
 
 
 @dataclass
 class Dataset:
-    name: Optional[str] = None
-    make: Optional[str] = None  # the command that writes its files
+    name: str | None = None
+    make: str | None = None  # the command that writes its files
 
 
 @dataclass
@@ -70,11 +71,11 @@ class LabConf:  # conf's `lab`
     hardware: Hardware = field(default_factory=Hardware)
     model: ModelFacts = field(default_factory=ModelFacts)
     dataset: Dataset = field(default_factory=Dataset)
-    variant: Optional[str] = None
-    reward_fn: Optional[str] = None
+    variant: str | None = None
+    reward_fn: str | None = None
     slurm: Slurm = field(default_factory=Slurm)
     wandb: Wandb = field(default_factory=Wandb)
-    checkpoint_root: Optional[str] = None
+    checkpoint_root: str | None = None
 
 
 @dataclass
@@ -82,7 +83,7 @@ class Preflight:  # conf's `preflight` (grpo_lab/checks/preflight.py, make plan 
     only: bool = False
     strict: bool = True
     fit: bool = False
-    fit_write: Optional[str] = None
+    fit_write: str | None = None
     fit_overwrite: bool = False
 
 
@@ -91,14 +92,14 @@ class Lab(LabConf):
     """One job's typed view: `lab`, `preflight`, and what the job's stages add before the preflight reads it."""
 
     preflight: Preflight = field(default_factory=Preflight)
-    set_apart: Dict[str, Any] = field(default_factory=dict)  # {short key: verl keys set on their own} (cli/knobs.py)
+    set_apart: dict[str, Any] = field(default_factory=dict)  # {short key: verl keys set on their own} (cli/knobs.py)
     side_by_side_jobs: int = 1  # hydra/launcher=side_by_side: jobs sharing the cards
-    micro_batch: Dict[str, Any] = field(default_factory=dict)  # what the micro-batch settling did
-    side_by_side_kv_pin: Optional[Dict[str, Any]] = None  # {"bytes", "by": "launcher" | "user"}
-    ray_cluster: Optional[Dict[str, Any]] = None  # the Ray cluster a SLURM job of several nodes starts
+    micro_batch: dict[str, Any] = field(default_factory=dict)  # what the micro-batch settling did
+    side_by_side_kv_pin: dict[str, Any] | None = None  # {"bytes", "by": "launcher" | "user"}
+    ray_cluster: dict[str, Any] | None = None  # the Ray cluster a SLURM job of several nodes starts
 
     @classmethod
-    def of(cls, lab: Optional[Mapping[str, Any]] = None, **more: Any) -> "Lab":
+    def of(cls, lab: Mapping[str, Any] | None = None, **more: Any) -> "Lab":
         """From plain (resolved) data; keys it does not know are left out (a run folder's older config)."""
         return _build(cls, {**(lab or {}), **more})
 

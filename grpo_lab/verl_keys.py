@@ -5,8 +5,8 @@ grpo-lab's own keys are typed (grpo_lab/labconf.py); verl's config stays a plain
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 A = "actor_rollout_ref."
 MISSING = object()  # what lookup finds where a key is not

@@ -56,7 +56,7 @@ def compose_split(*overrides: str, environ: dict[str, str] | None = None, conf: 
     return split(compose_cfg(*overrides, environ=environ, conf=conf))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _composed_no_files(*overrides: str):
     return compose_split(*overrides, "train_file=/nonexistent/train.parquet", "test_file=/nonexistent/test.parquet")
 
@@ -229,7 +229,7 @@ def _starts_a_process(fn) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _process_starters(path: str) -> frozenset[str]:
     """Names of the functions of the test module at `path` (and of this file) that start a process: directly, through
     another of them they call, or through a fixture of theirs they take."""
@@ -237,7 +237,7 @@ def _process_starters(path: str) -> frozenset[str]:
     return _reaching(funcs, {name for name, fn in funcs.items() if _starts_a_process(fn)})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _listed_helpers(path: str) -> dict[str, str]:
     """Test name -> reason, for the tests of the module at `path` that take or call a fixture or helper SLOW lists."""
     file, funcs = Path(path).name, _functions(path)
@@ -275,7 +275,7 @@ def pytest_collection_modifyitems(config, items):
 # xdist_group marks only through node ids, which pytest 9.2 no longer lets it change (pytest-dev/pytest-xdist#1386):
 # the grouping is done here, in the scheduler, from the test files' code.
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module_fixture_users(path: str) -> frozenset[str]:
     """Names of the tests of the module at `path` that take one of its module-scoped fixtures (at any depth)."""
     import ast

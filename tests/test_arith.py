@@ -6,11 +6,11 @@ import re
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, compose_split, run_module
+
 from grpo_lab.tasks import arith
-from grpo_lab.verl_keys import get
 from grpo_lab.tasks.rewards.strict_format import compute_score
+from grpo_lab.verl_keys import get
 
 
 def _cli(*args):

@@ -10,8 +10,8 @@ import sys
 from dataclasses import replace
 
 import pytest
-
 from conftest import ROOT, planned, run_py
+
 from grpo_lab.memory import calibration, memplan
 
 SCRIPT = ROOT / "benchmarks" / "calibrate_memplan.py"

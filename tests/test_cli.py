@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import CONF, NOT_READY_EXIT, ROOT, run_py
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and any(p.glob("*.yaml")))

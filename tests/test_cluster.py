@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import json
 
-import yaml
 import pytest
+import yaml
+from conftest import compose_cfg, compose_split, composed, planned, run_py
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import compose_cfg, compose_split, composed, planned, run_py
+from grpo_lab.errors import GrpoLabError
 from grpo_lab.launch import slurm
 from grpo_lab.verl_keys import get
-from grpo_lab.errors import GrpoLabError
-
 
 # ---- hardware=ray_cluster ------------------------------------------------------------------------------------------
 

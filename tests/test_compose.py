@@ -6,9 +6,9 @@ import copy
 from dataclasses import asdict
 
 import pytest
+from conftest import CONF, compose_split, options, run_py
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose_split, options, run_py
 from grpo_lab import facts
 from grpo_lab.verl_keys import get
 
@@ -29,8 +29,9 @@ def test_every_group_has_the_issue_options():
 def test_no_option_shadows_verl_config_files():
     # verl has groups `model` (hf_model) and `rollout` (rollout): an option of ours with the same name would replace
     # verl's own file wherever ppo_trainer.yaml loads it
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
     from pathlib import Path
+
+    from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
     verl = Path(verl_config_dir())
     for group in GROUPS:

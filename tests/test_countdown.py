@@ -11,13 +11,13 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import ROOT, compose_split, planned, run_module, run_py
 from omegaconf import OmegaConf
 
-from conftest import ROOT, compose_split, planned, run_module, run_py
 from grpo_lab.tasks import countdown
-from grpo_lab.verl_keys import get
 from grpo_lab.tasks.rewards import countdown as reward
 from grpo_lab.tasks.rewards.countdown import compute_score
+from grpo_lab.verl_keys import get
 
 SRC = countdown.DATA_SOURCE
 VERL_COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}

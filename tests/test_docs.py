@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, planned, run_py
+
 from grpo_lab.after_run import metrics as M
 
 README = ROOT / "README.md"

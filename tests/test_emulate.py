@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import planned, run_py
 from omegaconf import OmegaConf
 
-from conftest import planned, run_py
 from grpo_lab.memory import emulate
 from grpo_lab.verl_keys import get
 
@@ -205,10 +205,10 @@ def test_raw_verl_gets_the_same_emulated_values(tmp_path):
     import subprocess
     import sys
 
+    from conftest import ROOT
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from conftest import ROOT
     from grpo_lab.launch.prepare import split
     from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
@@ -233,6 +233,7 @@ def test_raw_verl_gets_the_same_emulated_values(tmp_path):
 
 def test_one_transform_gives_the_planned_and_the_handed_config_and_leaves_its_input(tmp_path):
     from conftest import composed
+
     from grpo_lab.checks.rules import freeze
 
     verl, lab = composed(EMU)

@@ -3,20 +3,18 @@ gpu_memory_utilization the way SGLang does (a fraction of the memory free at eng
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import yaml
+from conftest import composed, options, planned, run_py
 from omegaconf import OmegaConf
 
-from conftest import composed, options, planned, run_py
-from grpo_lab.memory import engines, memplan
-from grpo_lab.verl_keys import get
 from grpo_lab.checks.rules.values import settings_from_verl
+from grpo_lab.memory import engines, memplan
 from grpo_lab.memory.memplan import Arch, memory_plan
+from grpo_lab.verl_keys import get
 
 SGLANG = ["sglang_tp1_mem04", "sglang_tp2_mem04"]
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, write_rows
+
 from grpo_lab.after_run import doctor
 from grpo_lab.after_run.doctor.signatures import fatal_line
 from grpo_lab.launch import fatal

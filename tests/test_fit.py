@@ -3,8 +3,6 @@ preflight with the batch arithmetic unchanged, or a message naming what would fi
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import json
 import os
 import re
@@ -12,16 +10,16 @@ import shlex
 import subprocess
 import sys
 import uuid
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
-
 from conftest import ROOT, compose_split, composed, fresh_clone, options, planned, run_py
+
 from grpo_lab.checks import fit as F
 from grpo_lab.checks import fit_search
-from grpo_lab.memory import memplan
-from grpo_lab.checks.rules.values import settings_from_verl
 from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.checks.rules.values import settings_from_verl
+from grpo_lab.memory import memplan
 
 GRID = [(m, h) for m in options("model") for h in options("hardware")]
 # what the fit may set without changing what is trained (LoRA aside, said loudly)

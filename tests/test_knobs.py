@@ -8,11 +8,11 @@ import json
 
 import pytest
 import yaml
-
 from conftest import compose_split, planned, run_py
-from grpo_lab.verl_keys import get
+
 from grpo_lab.cli.knobs import KNOBS, misspelt_env
 from grpo_lab.cli.overrides import parse, prepare
+from grpo_lab.verl_keys import get
 
 # a value for every knob, unlike the config's own (so that a knob that does not reach verl shows)
 VALUES = {"model_path": "/models/x", "train_batch_size": 96, "ppo_mini_batch_size": 48, "rollout_n": 3,

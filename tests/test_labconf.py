@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import composed, fresh_clone, run_py
+
 from grpo_lab.labconf import Lab
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import fake_gpus, model_folder, planned, run_py
 
 
@@ -106,8 +105,8 @@ def test_same_command_same_checkpoint_dir(tmp_path):
 def test_ray_is_shut_down_after_a_failed_or_interrupted_job(monkeypatch, exc):
     import ray
     import verl.trainer.main_ppo as main_ppo
-
     from conftest import compose_split
+
     from grpo_lab.launch import job as launch
 
     def fake_run_ppo(config, task_runner_class):

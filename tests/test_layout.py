@@ -4,11 +4,11 @@ check that finds nothing is known to be able to find something."""
 
 import ast
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "grpo_lab"
@@ -304,10 +304,10 @@ def follow_the_config(tmp_path: Path, *overrides: str) -> tuple[set[str], set[tu
     import sys as _sys
     from collections.abc import Mapping
 
+    from conftest import compose_cfg
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig, OmegaConf, open_dict
 
-    from conftest import compose_cfg
     from grpo_lab.launch import job as launch
 
     labconf = _sys.modules.get("grpo_lab.labconf")

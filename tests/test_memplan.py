@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
-
 from conftest import ROOT, composed
-from grpo_lab.memory import memplan
+
 from grpo_lab.checks.rules.values import settings_from_verl
+from grpo_lab.memory import memplan
 from grpo_lab.memory.memplan import Arch, Settings, memory_plan
-
-
 
 
 def plan_for(*overrides: str) -> dict:

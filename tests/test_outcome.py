@@ -65,9 +65,8 @@ def test_the_callback_ends_the_sweep_with_its_exit_code(tmp_path, capsys):
 
 def test_the_sweep_ends_after_its_summary_is_written(tmp_path):
     # conf/config.yaml's callbacks as Hydra runs them at the end of a multirun (last-listed first)
-    from hydra._internal.callbacks import Callbacks
-
     from conftest import CONF
+    from hydra._internal.callbacks import Callbacks
 
     sweep = tmp_path / "sweep"
     _job(sweep, "job0", status="failed", exit=REFUSED_EXIT, error="1 problem(s) above")

@@ -12,8 +12,8 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, compose_split, planned, run_py
+
 from grpo_lab.tasks import own_data
 from grpo_lab.tasks.data import DataError
 
@@ -170,7 +170,7 @@ def test_duplicates_conflicts_and_leaks_are_warned(tmp_path):
     p = _cli("--input", src, "--out", tmp_path / "out", "--test-fraction", "0.25")
     assert p.returncode == 0, p.stderr
     assert f"1 duplicate pair(s) dropped, the first kept; --keep-duplicates keeps them: {src}:3 (= {src}:1)" in p.stderr
-    assert f"1 question(s) appear with different answers" in p.stderr and f"{src}:4 ('3' vs '2'" in p.stderr
+    assert "1 question(s) appear with different answers" in p.stderr and f"{src}:4 ('3' vs '2'" in p.stderr
     n = sum(len(_rows(tmp_path / "out" / f"{s}.parquet")) for s in ("train", "test"))
     assert n == 4
     kept = own_data.convert_own(src, tmp_path / "kept", keep_duplicates=True)

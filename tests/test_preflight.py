@@ -11,15 +11,13 @@ from dataclasses import asdict
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, composed, planned, run_py
+
 from grpo_lab import facts
 from grpo_lab.checks import preflight
-from grpo_lab.memory import memplan
 from grpo_lab.checks.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
+from grpo_lab.memory import memplan
 from grpo_lab.verl_schema import schema
-
-
 
 
 def put(d: dict, dotted: str, value) -> None:

@@ -10,8 +10,8 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from conftest import composed, fresh_clone, run_py, write_rows
+
 from grpo_lab.checks.preflight import run_preflight
 
 N = 300  # rows: more than one train batch of any dataset option

@@ -4,8 +4,9 @@ tests/test_emulate.py."""
 from __future__ import annotations
 
 from conftest import composed
-from grpo_lab.memory import emulate
+
 from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.memory import emulate
 
 EMU = "hardware=h200x4_as_rtx4080x4"
 

@@ -15,13 +15,13 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, composed, planned, run_py
+
 from grpo_lab import facts
 from grpo_lab.checks import fixes
-from grpo_lab.verl_keys import get
-from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.cli.knobs import KNOBS
+from grpo_lab.verl_keys import get
 
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")

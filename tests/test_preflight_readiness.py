@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import CONF, NOT_READY_EXIT, ROOT, fake_gpus, fresh_clone, model_folder, planned, run_py, write_rows
 
-from conftest import (CONF, NOT_READY_EXIT, ROOT, fake_gpus, fresh_clone, model_folder, planned, run_py,
-                      write_rows)
 from grpo_lab.checks.inputs import MAKERS
 
 A = "actor_rollout_ref."

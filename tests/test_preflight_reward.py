@@ -13,8 +13,8 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, composed, planned, run_py
+
 from grpo_lab.after_run import doctor
 from grpo_lab.checks import reward_probe
 from grpo_lab.checks.preflight import run_preflight

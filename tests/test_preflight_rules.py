@@ -7,11 +7,11 @@ import json
 
 import pytest
 import yaml
-
 from conftest import ROOT, composed, planned
-from grpo_lab.memory import memplan
+
 from grpo_lab.checks.preflight import run_preflight
-from grpo_lab.checks.rules import ids, run_rules, Ctx
+from grpo_lab.checks.rules import Ctx, ids, run_rules
+from grpo_lab.memory import memplan
 
 MOE = ROOT / "tests" / "fixtures" / "synthetic" / "qwen3_30b_a3b"
 
@@ -481,8 +481,8 @@ def test_learning_rate_high_from_1e_3():
 
 def _settled(*task_overrides):
     """(verl, lab) with grpo_lab.launch.prepare.settle for these command-line overrides, as launch.py makes it."""
-    from grpo_lab.launch.prepare import settle
     from grpo_lab.cli.provenance import Layers
+    from grpo_lab.launch.prepare import settle
 
     verl, lab = composed(*task_overrides)
     lab.micro_batch = settle(verl, Layers({}, list(task_overrides)))

@@ -7,6 +7,7 @@ import json
 import shlex
 
 from conftest import ROOT, composed, planned, run_py
+
 from grpo_lab.checks.preflight import run_preflight
 
 H16_4B = ("hardware=rtx4080_16gbx4", "model=qwen3_4b")

@@ -12,8 +12,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from conftest import NOT_READY_EXIT, composed, run_py
+
 from grpo_lab.checks.preflight import run_preflight
 from grpo_lab.checks.rules import memory_ids
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 import yaml
-
 from conftest import ROOT, planned, run_module, run_py, write_rows
+
 from grpo_lab.memory import memplan
 from grpo_lab.tasks import qwen3_random as Q
 

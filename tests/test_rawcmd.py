@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import CONF, compose_split
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from conftest import CONF, compose_split
 from grpo_lab.launch.prepare import split
 from grpo_lab.launch.rawcmd import raw_overrides
 from grpo_lab.verl_schema.verl_paths import verl_config_dir
@@ -49,9 +49,10 @@ def test_help_and_mistakes_get_messages_not_tracebacks(capsys):
 
 
 def test_environment_knobs_reach_the_raw_command():
-    from grpo_lab.launch.rawcmd import main
     import contextlib
     import io
+
+    from grpo_lab.launch.rawcmd import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

@@ -9,9 +9,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, run_py
-from grpo_lab.after_run import doctor, report as R, summary as S
+
+from grpo_lab.after_run import doctor
+from grpo_lab.after_run import report as R
+from grpo_lab.after_run import summary as S
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab.registry import PHASES, Entry, Registry
 from grpo_lab.checks.rules import RULES, ids, memory_ids
+from grpo_lab.registry import PHASES, Entry, Registry
 
 
 def fresh() -> Registry[Entry]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import types
 
 import pytest
-
 import torch
 
 PROMPT_LENS = [5, 8, 3, 6]
@@ -29,10 +28,9 @@ def setup():
         warnings.simplefilter("ignore")
         from tensordict import TensorDict
         from transformers import Qwen3Config, Qwen3ForCausalLM
-
+        from verl.models.transformers.monkey_patch import patch_forward_with_backends
         from verl.utils import tensordict_utils as tu
         from verl.utils.model import compute_position_id_with_mask
-        from verl.models.transformers.monkey_patch import patch_forward_with_backends
         from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
         from verl.workers.engine.fsdp import transformer_impl
         from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding

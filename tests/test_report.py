@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-
 from conftest import ROOT, run_module
+
 from grpo_lab.after_run import metrics as M
 from grpo_lab.after_run import report as R
 

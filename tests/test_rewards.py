@@ -4,11 +4,11 @@ loader with the reward_fn group's settings, and the validation metric name verl 
 from __future__ import annotations
 
 import pytest
+from conftest import ROOT, compose_split
 from omegaconf import OmegaConf
 
-from conftest import ROOT, compose_split
-from grpo_lab.verl_keys import get
 from grpo_lab.tasks.rewards.strict_format import compute_score, extract_answer
+from grpo_lab.verl_keys import get
 
 SRC = "arith_mixed_oneshot"
 

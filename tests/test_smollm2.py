@@ -15,8 +15,8 @@ import time
 
 import pytest
 import yaml
-
 from conftest import ROOT, planned, run_py
+
 from grpo_lab.tasks import smollm2
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import run_module
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from conftest import run_module
 from grpo_lab.after_run import report as R
 from grpo_lab.after_run import summary as S
 

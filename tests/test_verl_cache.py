@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import CONF, ROOT
+
 from grpo_lab.cli import overrides
 from grpo_lab.verl_schema import VerlSchema, build, cache_clear, schema, verl_cache
 from grpo_lab.verl_schema.hydra_internals import own_version_base, version_base, version_base_as

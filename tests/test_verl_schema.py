@@ -7,11 +7,11 @@ import ast
 import re
 
 import pytest
+from conftest import ROOT
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf, open_dict
 
-from conftest import ROOT
 from grpo_lab.verl_schema import build, schema
 from grpo_lab.verl_schema.verl_paths import verl_config_dir
 

@@ -6,13 +6,13 @@ import os
 
 import pytest
 import yaml
+from conftest import CONF, run_py
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from conftest import CONF, run_py
 from grpo_lab.launch.prepare import split
 from grpo_lab.verl_schema.verl_cache import ENV
 

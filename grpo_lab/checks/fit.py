@@ -18,23 +18,36 @@ import datetime as dt
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
-from grpo_lab.memory import engines, memplan
-from grpo_lab.cli.apply import apply_overrides, groups as _conf_groups
-from grpo_lab.checks.rules.values import settings_from_verl
-from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import get as _get, put as _put
-from grpo_lab.checks.fit_moves import (A, CONF, MARGIN, MOVES, PHASES, RANK, REQUIRED, FitContext,
-                                      move_title, one_sequence, tp_ok)
+from grpo_lab.checks.fit_moves import (
+    CONF,
+    MARGIN,
+    MOVES,
+    PHASES,
+    RANK,
+    REQUIRED,
+    A,
+    FitContext,
+    move_title,
+    one_sequence,
+    tp_ok,
+)
 from grpo_lab.checks.fit_search import State, lora_start, search, way_out
 from grpo_lab.checks.fit_text import Change, FitResult, cost_words, format_result, override_strs
 from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
-
+from grpo_lab.checks.rules.values import settings_from_verl
+from grpo_lab.cli.apply import apply_overrides
+from grpo_lab.cli.apply import groups as _conf_groups
+from grpo_lab.labconf import Lab
+from grpo_lab.memory import engines, memplan
+from grpo_lab.verl_keys import get as _get
+from grpo_lab.verl_keys import put as _put
 
 # ---------------------------------------------------------------------------------------------------------------
 # the fit: search, then the preflight on its result

@@ -7,13 +7,14 @@ preference (MOVES). The search over them is grpo_lab/checks/fit_search.py; the e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import A
 from grpo_lab.memory import memplan
+from grpo_lab.verl_keys import A
 
 CONF = facts.ROOT / "conf"
 GB = memplan.GB
@@ -117,7 +118,7 @@ class Move:
     id: str
     title: str
     rank: int
-    choose: Callable[[FitContext, memplan.Settings], "Choice | str"]
+    choose: Callable[[FitContext, memplan.Settings], Choice | str]
     full_ft: bool = True   # a move for full fine-tuning and LoRA alike (False: LoRA only)
 
 

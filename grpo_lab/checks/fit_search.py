@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
-from grpo_lab.checks.fit_moves import A, BY_ID, CONF, MOVES, RANK, REQUIRED, FitContext, Move
+from grpo_lab.checks.fit_moves import BY_ID, CONF, MOVES, RANK, REQUIRED, A, FitContext, Move
 from grpo_lab.checks.fit_text import override_strs
 from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import get as _get
 from grpo_lab.memory import memplan
+from grpo_lab.verl_keys import get as _get
 
 # LoRA as conf/model/qwen3_8b_lora.yaml sets it; FSDP2: with FSDP1 verl 0.9.1 sends vLLM an empty adapter (peft >= 0.21)
 LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors",

@@ -6,8 +6,9 @@ move), the overrides as the user would type them (the short key where it feeds t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from grpo_lab.checks.fit_moves import GB, MARGIN, FitContext
 from grpo_lab.cli.knobs import KNOBS, short_key_targets

@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 import shlex
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from grpo_lab import facts
+from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 from grpo_lab.cli.apply import apply_overrides, parse, respell
 from grpo_lab.labconf import Lab
 from grpo_lab.verl_keys import get
-from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 
 ROOT = facts.ROOT
 MAX_ROUNDS = 3

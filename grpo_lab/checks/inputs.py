@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.labconf import ModelFacts
 from grpo_lab.facts import hf_cached_config, hf_model_cache_dir
+from grpo_lab.labconf import ModelFacts
 
 ROOT = facts.ROOT
 _TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's reading of HF_HUB_OFFLINE

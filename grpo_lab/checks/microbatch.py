@@ -9,7 +9,8 @@ Why, and what happens to each pass: docs/preflight.md.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from grpo_lab.verl_keys import A
 

@@ -13,17 +13,18 @@ refuse a plan: its verdict is then "plan OK; not ready to launch here: ..." (exi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from grpo_lab.memory import calibration
-from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
 from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
 from grpo_lab.checks.inputs import INPUT_KEYS, missing_inputs
-from grpo_lab.checks.rules import A, ALT, Ctx, Problem, ids, launching_only_ids, run_rules
+from grpo_lab.checks.rules import ALT, A, Ctx, Problem, ids, launching_only_ids, run_rules
 from grpo_lab.checks.rules.batch import num as _num
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
+from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
 from grpo_lab.labconf import Lab
+from grpo_lab.memory import calibration
 from grpo_lab.verl_keys import get
 
 __all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
@@ -189,8 +190,8 @@ def _no_fit(checker: FixChecker, report: PreflightReport, tried: tuple[str, bool
     """Why make fit is the way on: the fixes of several errors together leave an error (`tried`: the fix all and
     whether it passed); with memory errors, the offered fix (`fix all`, or the one error's fix) leaves a phase of
     the memory plan not fitting (a memory rule left, even a tight warning: make fit's "fits"). "" when neither."""
-    from grpo_lab.cli.apply import parse
     from grpo_lab.checks.rules import memory_ids
+    from grpo_lab.cli.apply import parse
 
     if tried and not tried[1]:
         left = [q for q in checker.evaluate(parse(tried[0]) or []) if q.level == "error"][:1]

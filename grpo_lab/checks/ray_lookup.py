@@ -11,8 +11,9 @@ Ray's lookup, step by step: docs/preflight.md.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 RAY_ADDRESS = "RAY_ADDRESS"
 

@@ -14,7 +14,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 # importing the file and one call per answer must finish within this (a reward that loads a model at import may need
 # longer: the result is then "timeout", which the preflight reports as a warning, not a refusal)

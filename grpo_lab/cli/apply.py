@@ -12,12 +12,13 @@ import copy
 import functools
 import os
 import shlex
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from grpo_lab import facts
+from grpo_lab.cli.knobs import SHORT_KEYS, followers, short_key_targets
 from grpo_lab.labconf import Lab
 from grpo_lab.verl_keys import get
-from grpo_lab.cli.knobs import SHORT_KEYS, followers, short_key_targets
 
 CONF = facts.ROOT / "conf"
 MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
@@ -27,7 +28,7 @@ _MISSING = object()
 Override = tuple[str, str, Any]  # (op: "" | "+" | "++" | "~", key, value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def groups() -> frozenset[str]:
     return frozenset(p.name for p in CONF.iterdir() if p.is_dir()) if CONF.is_dir() else frozenset()
 

@@ -16,8 +16,9 @@ ${train_batch_size}`), the value comes from whatever set what it reads, and set_
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from grpo_lab.cli.overrides import CONF_DIR
 from grpo_lab.verl_keys import MISSING, lookup
@@ -44,7 +45,7 @@ class Layers:
 
     def __init__(self, choices: Mapping[str, Any], task_overrides: Sequence[str],
                  env_overrides: Mapping[str, str] | None = None, conf_dir: Path = CONF_DIR) -> None:
-        from grpo_lab.cli.overrides import yaml_load, our_groups, parse_overrides
+        from grpo_lab.cli.overrides import our_groups, parse_overrides, yaml_load
 
         self.layers: list[tuple[str, dict]] = []
         conf_dir = Path(conf_dir)

@@ -14,9 +14,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from grpo_lab.launch.logtail import LogTail
 from grpo_lab.loglines import strip
@@ -43,7 +44,7 @@ class TrackedRunner:
     """verl's TaskRunner actor class as run_ppo uses it (`.remote()`, `.options(...).remote()`), remembering the
     actor it creates, so that the watcher can kill it."""
 
-    def __init__(self, cls: Any, owner: "TrackedRunner | None" = None) -> None:
+    def __init__(self, cls: Any, owner: TrackedRunner | None = None) -> None:
         self.cls, self.owner = cls, owner or self
         self.handle: Any = None
 
@@ -51,7 +52,7 @@ class TrackedRunner:
         self.owner.handle = self.cls.remote(*args, **kwargs)
         return self.owner.handle
 
-    def options(self, **kwargs: Any) -> "TrackedRunner":
+    def options(self, **kwargs: Any) -> TrackedRunner:
         return TrackedRunner(self.cls.options(**kwargs), self.owner)
 
     def kill(self) -> None:
@@ -85,7 +86,7 @@ class FatalWatch:
         self._tail = LogTail(self.log_path)
         self._lines = 0
 
-    def start(self) -> "FatalWatch":
+    def start(self) -> FatalWatch:
         self._tail.from_end()
         try:
             with self.log_path.open("rb") as f:

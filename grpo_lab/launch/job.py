@@ -21,9 +21,10 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -32,8 +33,16 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.facts import atomic_write, write_json
 from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
-from grpo_lab.launch.prepare import (Job, Prepared, changed_defaults, emulate, mark_changed, mark_scaled,
-                                     pin_side_by_side, prepare)
+from grpo_lab.launch.prepare import (
+    Job,
+    Prepared,
+    changed_defaults,
+    emulate,
+    mark_changed,
+    mark_scaled,
+    pin_side_by_side,
+    prepare,
+)
 
 if TYPE_CHECKING:
     from grpo_lab.checks.preflight import PreflightReport as Report

@@ -15,7 +15,7 @@ class LogTail:
         self.offset = 0
         self._partial = ""
 
-    def from_end(self) -> "LogTail":
+    def from_end(self) -> LogTail:
         """Skip what the file holds now; returns self."""
         try:
             self.offset = self.path.stat().st_size

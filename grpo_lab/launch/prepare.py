@@ -11,9 +11,10 @@ import hashlib
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -29,8 +30,8 @@ from grpo_lab.memory.emulate import ALLOC_VARS, ENV_VARS
 from grpo_lab.verl_keys import MISSING, flatten, get, lookup, put, with_value
 
 if TYPE_CHECKING:
-    from grpo_lab.cli.provenance import Layers
     from grpo_lab.cli.overrides import CommandLine
+    from grpo_lab.cli.provenance import Layers
     from grpo_lab.launch.slurm import RayNodes
     from grpo_lab.memory.emulate import Emulated
 
@@ -188,12 +189,12 @@ def _users(set_by: str | None) -> bool:
     return bool(set_by) and not set_by.startswith((DEFAULTS_FILE, "verl", "grpo_lab/"))
 
 
-def _set_by(layers: "Layers", key: str) -> str | None:
+def _set_by(layers: Layers, key: str) -> str | None:
     found = layers.set_by(key)
     return found[1] if found else None
 
 
-def settle(verl: dict[str, Any], layers: "Layers") -> dict[str, Any]:
+def settle(verl: dict[str, Any], layers: Layers) -> dict[str, Any]:
     """Turn grpo-lab's dynamic batching default off where the user's micro-batch would be ignored (in place).
 
     Returns what the rule micro_batch_explicit reports: {"micro": [{pass, key, value, set_by}], "turned_off": [{key,

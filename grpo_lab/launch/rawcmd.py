@@ -23,8 +23,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
 from grpo_lab import facts
-from grpo_lab.launch.prepare import split
 from grpo_lab.cli.overrides import OverrideError, check, parse, quote, tree_if_needed
+from grpo_lab.launch.prepare import split
 from grpo_lab.verl_keys import flatten
 from grpo_lab.verl_schema import schema
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
@@ -249,7 +250,7 @@ def describe(done: Emulated) -> str:
 
 # ---- does this machine's torch know the key? (an unknown key is an error at the first CUDA allocation) ----
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_knows_fraction_key() -> bool | None:
     """True/False: torch's CUDA library has (not) the per_process_memory_fraction parser; None: no CUDA torch here
     (a CPU build, or no torch). Reads libc10_cuda.so's bytes; torch is not imported."""

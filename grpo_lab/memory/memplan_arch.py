@@ -6,9 +6,9 @@ grpo_lab/memory/memplan_phases.py; the plan itself is grpo_lab/memory/memplan.py
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
-
+from typing import Any
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -43,7 +43,7 @@ class Arch:
               "intermediate_size", "vocab_size")
 
     @classmethod
-    def from_mapping(cls, d: Mapping[str, Any], source: str = "") -> "Arch":
+    def from_mapping(cls, d: Mapping[str, Any], source: str = "") -> Arch:
         """From a config.json-like mapping; head_dim defaults to hidden/heads, kv heads to heads (as HF does)."""
         heads = int(d["num_attention_heads"])
         head_dim = d.get("head_dim") or int(d["hidden_size"]) // heads

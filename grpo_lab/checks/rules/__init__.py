@@ -17,14 +17,16 @@ What a rule reads and yields, fixes, kinds and phases: docs/preflight.md.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from grpo_lab.labconf import Lab
 from grpo_lab.registry import Entry, Registry
-from grpo_lab.verl_keys import A, get as _get  # noqa: F401 (A: for the rule modules)
+from grpo_lab.verl_keys import A  # noqa: F401 (A: for the rule modules)
+from grpo_lab.verl_keys import get as _get
 
 ALT = "  or  "  # between the alternatives of one fix
 
@@ -136,7 +138,7 @@ class Ctx:
 
     @classmethod
     def of(cls, verl: Mapping[str, Any], lab: Lab | None, *, launching: bool, environ: Mapping[str, str],
-           quick: bool = False) -> "Ctx":
+           quick: bool = False) -> Ctx:
         return cls(freeze(verl or {}), lab or Lab(), launching, environ, quick)
 
     def get(self, dotted: str, default: Any = None) -> Any:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks.inputs import data_command, has_column, local_files, maker_for, parquet_columns
-from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, rule, warn
+from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
 
 
 def as_int(x: Any, default: int = 0) -> int:

@@ -13,18 +13,18 @@ from __future__ import annotations
 import difflib
 import functools
 import os
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks import reward_probe
-from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, rule, thaw, warn
+from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, thaw, warn
 from grpo_lab.checks.rules.batch import as_int, sp_size
 from grpo_lab.checks.rules.values import position_override
 from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import emulate
 from grpo_lab.verl_keys import MISSING, lookup
 from grpo_lab.verl_schema import schema
-
 
 # ---------------------------------------------------------------------------------- keys verl takes and never reads
 

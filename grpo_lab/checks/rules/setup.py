@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from grpo_lab import facts
-
-from grpo_lab.memory import memplan
-from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, rule, warn
+from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
 from grpo_lab.checks.rules.batch import as_int, ref_used
+from grpo_lab.memory import memplan
 from grpo_lab.verl_schema import schema
 
 # A Qwen3 chat model thinks first (<think>...</think>); the answer's "#### n" comes after the trace. Qwen's model card

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.checks.rules import A, ALT, Ctx, Problem, error, note, oom, rule, warn
+from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, oom, rule, warn
 from grpo_lab.cli.config import safe_name, unsafe_name
 from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.facts import preset_learning_rates
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import calibration, engines, memplan
 from grpo_lab.verl_keys import get as _get
-
 
 # --------------------------------------------------------------------------------- values verl takes but cannot use
 
