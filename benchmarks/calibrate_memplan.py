@@ -1,13 +1,14 @@
 """Replay every recorded GPU job through the memory plan and compare the plan with what the job measured.
 
     python benchmarks/calibrate_memplan.py            # print plan vs measured per job and per regime; exit 1 when a
-                                                      # job is outside the stated accuracy (grpo_lab/memory/calibration.py)
+                                                      # job is outside the stated accuracy
+                                                      # (grpo_lab/memory/calibration.py)
     python benchmarks/calibrate_memplan.py --write    # also write benchmarks/gpu/memplan_calibration.{json,md}
     make calibrate                                    # the same as --write
 
 A job is a folder under benchmarks/gpu/results/ with the verl_config.yaml it ran with. The plan is made from that
-config exactly as the preflight makes it (grpo_lab.checks.rules.values.settings_from_verl, the model's facts from conf/model/ by
-the model folder's name, the card from the job's plan.json). Measured:
+config exactly as the preflight makes it (grpo_lab.checks.rules.values.settings_from_verl, the model's facts
+from conf/model/ by the model folder's name, the card from the job's plan.json). Measured:
 
 * training: the largest `actor/perf/max_memory_reserved_gb` (and `..._allocated_gb`) in its metrics.jsonl: verl's
   torch-allocator peak of the trainer process so far (verl never resets it), in GiB; against the plan's
@@ -40,9 +41,9 @@ if str(ROOT) not in sys.path:
 
 import yaml  # noqa: E402
 
+from grpo_lab.checks.rules.values import settings_from_verl  # noqa: E402
 from grpo_lab.labconf import Lab  # noqa: E402
 from grpo_lab.memory import calibration, memplan  # noqa: E402
-from grpo_lab.checks.rules.values import settings_from_verl  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 BENCH_JSON = RESULTS / "2026-12-02" / "memplan" / "memplan_h200.json"
@@ -269,14 +270,15 @@ def render(result: dict[str, Any]) -> str:
     st = result["stated"]
     out = ["# Memory plan vs the recorded GPU runs", "",
            f"Written by `{result['command']}` (`make calibrate`); do not edit by hand. Plan / measured, "
-           f"{result['units']}. Stated accuracy: training within {st['training']:.0%} of verl's allocated peak (what an "
-           "out-of-memory error depends on: torch's caching allocator frees its cache and retries before it raises; "
-           "the reserved peak is shown beside it), "
+           f"{result['units']}. Stated accuracy: training within {st['training']:.0%} of verl's allocated peak "
+           "(what an out-of-memory error depends on: torch's caching allocator frees its cache and retries before it "
+           "raises; the reserved peak is shown beside it), "
            f"vLLM's KV cache within {st['kv_cache']:.0%}. A regime with no recorded run is \"not measured\": its "
            f"verdicts refuse only above the card by more than {result['unmeasured_margin']:.0%} "
-           "(grpo_lab/memory/calibration.py). A measured regime's margin is the plan's largest overshoot of the allocated "
-           "peak (torch empties its cache and retries before it raises an out-of-memory error); what torch reserves "
-           "above it (its cache, fragmentation) is not knowable before the run and shows as plan / measured < 1.",
+           "(grpo_lab/memory/calibration.py). A measured regime's margin is the plan's largest overshoot of the "
+           "allocated peak (torch empties its cache and retries before it raises an out-of-memory error); what "
+           "torch reserves above it (its cache, fragmentation) is not knowable before the run and shows as "
+           "plan / measured < 1.",
            "", "## Per regime", "",
            "| regime | quantity | runs | plan / measured | plan / allocated peak | margin for refusals |",
            "|---|---|---|---|---|---|"]

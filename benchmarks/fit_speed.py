@@ -3,10 +3,10 @@
     python benchmarks/fit_speed.py                 # the grid, each config searched --repeat times (default 3)
     python benchmarks/fit_speed.py --repeat 5 --json fit_speed.json
 
-Times `grpo_lab.checks.fit.fit(verl, lab)` alone: the search, the plans before and after, what would fit when nothing does,
-and the check of the result with the preflight. Composing the config (Hydra, ~0.3 s a config here) is outside the
-clock: it is the same for `make plan`. For each config it prints the fastest of the repeats, the plans evaluated and
-the outcome; then the median and the maximum over the grid. The target (issue 13): under 2 s for one config on the
+Times `grpo_lab.checks.fit.fit(verl, lab)` alone: the search, the plans before and after, what would fit when nothing
+does, and the check of the result with the preflight. Composing the config (Hydra, ~0.3 s a config here) is outside
+the clock: it is the same for `make plan`. For each config it prints the fastest of the repeats, the plans evaluated
+and the outcome; then the median and the maximum over the grid. The target (issue 13): under 2 s for one config on the
 2-core CPU machine.
 """
 

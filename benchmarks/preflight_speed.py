@@ -9,7 +9,8 @@ For grpo-lab it prints the wall time from the command to its refusal, the share 
 composing the config, twice in run mode, the preflight itself), and checks that the error names the mistake and that
 Ray never started. The runs share a cache folder of their own (grpo_lab/verl_schema/verl_cache.py): the first one reads
 verl's schema (a child process imports verl and Hydra composes its ~40 config files) and stores it, and is reported on
-its own line (what the first command after installing or changing verl costs); the median is of the runs after it. --no-verl-cache measures with the cache off.
+its own line (what the first command after installing or changing verl costs); the median is of the runs after it.
+--no-verl-cache measures with the cache off.
 Then it runs raw verl with the same settings and the same mistake (the overrides grpo_lab.launch.rawcmd derives from the
 composed config) until its first error or --raw-timeout seconds, and prints the same columns. Both get the same
 GSM8K-sized train/test parquet files (made in a temporary folder) and HF_HUB_OFFLINE=1, so neither waits on a
@@ -106,12 +107,12 @@ def run_timed(cmd: list[str], env: dict, timeout: float, cwd: Path = ROOT) -> di
             _kill_session(proc)
         proc.wait()
     wall = time.time() - t0
-    first_error = next(((t, l) for t, l in lines if ERROR_LINE.search(l)), None)
+    first_error = next(((t, text) for t, text in lines if ERROR_LINE.search(text)), None)
     return {"cmd": cmd, "returncode": proc.returncode, "timed_out": timed_out, "wall_s": round(wall, 2),
             "first_error_s": round(first_error[0], 2) if first_error else None,
             "first_error": first_error[1][:300] if first_error else None,
-            "ray_started": any(RAY_STARTED.search(l) for _, l in lines),
-            "output": "\n".join(l for _, l in lines)}
+            "ray_started": any(RAY_STARTED.search(text) for _, text in lines),
+            "output": "\n".join(text for _, text in lines)}
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
@@ -145,7 +146,7 @@ def ours(args, train: Path, test: Path, tmp: Path, env: dict) -> dict:
             "returncode": last["returncode"], "ray_started": any(r["ray_started"] for r in runs),
             "names_the_mistake": bool(rule and f"[{rule}]" in last["output"]),
             "import_s": round(import_seconds(imp.stderr), 2), "python_startup_s": round(startup, 3),
-            "phases_s": phases, "first_error": next((l for l in last["output"].splitlines() if f"[{rule}]" in l),
+            "phases_s": phases, "first_error": next((ln for ln in last["output"].splitlines() if f"[{rule}]" in ln),
                                                     last["first_error"]),
             "output_tail": last["output"][-1500:]}
 
@@ -157,7 +158,8 @@ def _wall(cmd: list[str], env: dict) -> float:
 
 
 def in_process_phases(args, train: Path, test: Path, env: dict) -> dict:
-    """In a fresh interpreter: Hydra composing twice (as run.py does: hydra.get_mode, then the run), split, preflight."""
+    """In a fresh interpreter: Hydra composing twice (as run.py does: hydra.get_mode, then the run), split,
+    preflight."""
     code = f"""
 import json, sys, time
 t0 = time.time()
@@ -220,8 +222,8 @@ def raw(args, train: Path, test: Path, env: dict) -> dict:
     verl_key = KNOB_TO_VERL.get(key, key).split(".")[-1]
     # does an exception message name the setting? (Hydra's "Error executing job with overrides: [...]" lists every
     # override, the mistake too, so it does not count)
-    err_lines = [l for l in r["output"].splitlines() if EXCEPTION_LINE.search(l)]
-    names = any(verl_key in l for l in err_lines)
+    err_lines = [ln for ln in r["output"].splitlines() if EXCEPTION_LINE.search(ln)]
+    names = any(verl_key in ln for ln in err_lines)
     return {"name": "raw verl: python -m verl.trainer.main_ppo", "wall_s": r["wall_s"],
             "first_error_s": r["first_error_s"], "returncode": r["returncode"], "timed_out": r["timed_out"],
             "ray_started": r["ray_started"], "names_the_mistake": names, "import_s": round(import_s, 2)

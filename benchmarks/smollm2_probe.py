@@ -1,12 +1,14 @@
 """Which synthetic task and prompt give GRPO a signal on SmolLM2-135M-Instruct? A CPU probe with transformers.
 
     python -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct        # make smollm2 (once)
-    python benchmarks/smollm2_probe.py [--model DIR] [--prompts 32] [--samples 4] [--out benchmarks/smollm2_probe.json]
+    python benchmarks/smollm2_probe.py [--model DIR] [--prompts 32] [--samples 4] \\
+        [--out benchmarks/smollm2_probe.json]
 
-For each task x prompt style of grpo_lab.tasks.arith, on the first --prompts test problems (seed 0): one greedy answer and
---samples answers at the configuration's temperature (GRPO's rollout draws at actor_rollout_ref.rollout.temperature, 1 by default), max --max-new-tokens (48) new tokens, stopping at <|im_end|>, rendered
-with the model's chat template as verl renders them. Each answer is scored by grpo_lab/tasks/rewards/strict_format.py (the
-reward the presets use). Reported per configuration:
+For each task x prompt style of grpo_lab.tasks.arith, on the first --prompts test problems (seed 0): one greedy answer
+and --samples answers at the configuration's temperature (GRPO's rollout draws at
+actor_rollout_ref.rollout.temperature, 1 by default), max --max-new-tokens (48) new tokens, stopping at <|im_end|>,
+rendered with the model's chat template as verl renders them. Each answer is scored by
+grpo_lab/tasks/rewards/strict_format.py (the reward the presets use). Reported per configuration:
   greedy_acc     share of greedy answers right in the "#### n" format (what validation reports)
   sampled_acc    share of sampled answers right
   formatted      share of sampled answers with a "#### n" line

@@ -25,9 +25,9 @@ if not OmegaConf.has_resolver("lab_unique_dir"):
 
 # `${lab_pkg:tasks/rewards/strict_format.py}`: a file shipped inside this package, by absolute path
 if not OmegaConf.has_resolver("lab_pkg"):
-    import os as _os
+    from os import path as _path
 
-    OmegaConf.register_new_resolver("lab_pkg", lambda rel: _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), rel))
+    OmegaConf.register_new_resolver("lab_pkg", lambda rel: _path.join(_path.dirname(_path.abspath(__file__)), rel))
 
 # `${lab_help:groups,...}`: the lists of `python run.py --help` (grpo_lab/cli/help.py)
 if not OmegaConf.has_resolver("lab_help"):

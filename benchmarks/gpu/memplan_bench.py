@@ -1,4 +1,5 @@
-"""Measure the training-phase memory of an FSDP actor on one GPU and compare it with grpo_lab.memory.memplan's prediction.
+"""Measure the training-phase memory of an FSDP actor on one GPU and compare it with grpo_lab.memory.memplan's
+prediction.
 
 Builds real Qwen3 architectures (0.6B, 1.7B, 4B; facts from conf/model/*.yaml) from transformers' Qwen3Config with
 random weights (no download), shards them with torch FSDP2 on a world of one GPU, bf16 mixed precision with fp32
@@ -62,9 +63,9 @@ def rows_for(args) -> list[dict]:
         return [{"model": m, "gc": True, "offload": False} for m in models]
     rows = []
     for m in models:
-        for gc in (True, False):
+        for ckpt in (True, False):
             for off in (False, True):
-                rows.append({"model": m, "gc": gc, "offload": off})
+                rows.append({"model": m, "gc": ckpt, "offload": off})
     return rows
 
 
@@ -194,8 +195,8 @@ def measure(arch: memplan.Arch, row: dict, args) -> dict:
         sync()
         return torch.cuda.memory_allocated() - base if cuda else None
 
-    def offload(to):
-        for state in optim.state.values():
+    def offload(optimizer, to):
+        for state in optimizer.state.values():
             for k, v in state.items():
                 if torch.is_tensor(v) and v.dim() > 0:
                     state[k] = v.to(to, non_blocking=True)
@@ -205,7 +206,7 @@ def measure(arch: memplan.Arch, row: dict, args) -> dict:
     for step in range(args.steps):
         t = time.time()
         if row["offload"] and step > 0:
-            offload(dev)  # verl loads the offloaded optimizer back for the update
+            offload(optim, dev)  # verl loads the offloaded optimizer back for the update
         reset()
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
             logits = model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits.squeeze(0)
@@ -220,7 +221,7 @@ def measure(arch: memplan.Arch, row: dict, args) -> dict:
         opt = peak()
         optim.zero_grad(set_to_none=True)
         if row["offload"]:
-            offload("cpu")
+            offload(optim, "cpu")
         res = alloc()
         times.append(time.time() - t)
         out[f"step{step + 1}"] = {"update": upd, "opt_step": opt, "resident": res}

@@ -311,7 +311,8 @@ def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Che
     peak = float(s.abs().max())
     msg = f"{what} {_pct(v)} (mean of the last {k} step(s); max {_pct(peak)})"
     remedy = (f" The policy moves too far per step: lower the learning rate ({_lower_lr(run)}) or take fewer updates "
-              "per step (ppo_mini_batch_size equal to train_batch_size: 1 update; actor_rollout_ref.actor.ppo_epochs=1).")
+              "per step (ppo_mini_batch_size equal to train_batch_size: 1 update; "
+              "actor_rollout_ref.actor.ppo_epochs=1).")
     if v > bad:
         return Check(metric, BAD, msg + ": far above a few percent." + remedy)
     if v > warn:

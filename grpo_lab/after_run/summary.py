@@ -213,8 +213,8 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
     out += ["", "step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
             "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has more than 2 steps; "
             "peak_train_mem_gib: max of actor/perf/max_memory_allocated_gb (GiB, as verl logs it); last_score: "
-            "critic/score/mean of the last step; val_first, val_last, val_step: the job's main validation metric (val-core/.../mean@N) at its "
-            "first and last validation, and the step of the last.", ""]
+            "critic/score/mean of the last step; val_first, val_last, val_step: the job's main validation metric "
+            "(val-core/.../mean@N) at its first and last validation, and the step of the last.", ""]
     if table.attrs.get("val_ranking"):
         out += [table.attrs["val_ranking"], ""]
     failed = table[~table["status"].isin([OK, UNFINISHED])]
@@ -372,7 +372,8 @@ def _job_failed(job_return: Any) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m grpo_lab.after_run.summary", description="Summarise a Hydra sweep dir.")
+    ap = argparse.ArgumentParser(prog="python -m grpo_lab.after_run.summary",
+                                 description="Summarise a Hydra sweep dir.")
     ap.add_argument("sweep_dir")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)

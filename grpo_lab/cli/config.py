@@ -27,8 +27,8 @@ def unsafe_name(key: str, name: Any, fix_key: str) -> str:
     odd = sorted(set(re.sub(r"[A-Za-z0-9._-]", "", name)))
     what = (f"its {', '.join(map(repr, odd))} cannot be part of a folder name (a '/' nests the folders, a space splits "
             f"`make report RUN=<folder>`)" if odd else "a folder name cannot start or end with '.' or '-'")
-    return (f"{key}={name!r} names the run's folders (outputs/runs/<time>_<name>, outputs/checkpoints/<project>/<name>),"
-            f" and {what}. Write {fix_key}={safe_name(name)} instead")
+    return (f"{key}={name!r} names the run's folders (outputs/runs/<time>_<name>, "
+            f"outputs/checkpoints/<project>/<name>), and {what}. Write {fix_key}={safe_name(name)} instead")
 
 
 def use_run_dirs(create: bool = True) -> None:

@@ -1,4 +1,5 @@
-"""The command line, parsed once: Hydra's own flag parser and override grammar, checked against the config groups and keys.
+"""The command line, parsed once: Hydra's own flag parser and override grammar, checked against the config groups and
+keys.
 
 What it knows, what it refuses (and why), and verl's own tree: docs/cli.md.
 """
@@ -443,9 +444,9 @@ def _value_text(o: Any) -> str:
 def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
     """Raise OverrideError for the first override that is not what the user can mean (see the module doc)."""
     f = cli.flags
-    modes = [name for name, on in (("-m/--multirun", getattr(f, "multirun", False)), ("--run", getattr(f, "run", False)),
-                                   ("--cfg", getattr(f, "cfg", None)), ("--info", getattr(f, "info", None)),
-                                   ("--shell-completion", getattr(f, "shell_completion", False))) if on]
+    modes = [name for name, attr in (("-m/--multirun", "multirun"), ("--run", "run"), ("--cfg", "cfg"),
+                                     ("--info", "info"), ("--shell-completion", "shell_completion"))
+             if getattr(f, attr, None)]
     if len(modes) > 1:  # Hydra would raise "Only one of --run, --multirun, --cfg, ..." with a traceback
         raise OverrideError(f"{' and '.join(modes)} cannot go together: Hydra runs one mode at a time. To see what a "
                             f"sweep's first job composes, drop -m: python run.py --cfg job <overrides without sweeps>")

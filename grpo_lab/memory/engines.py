@@ -1,6 +1,7 @@
 """What `actor_rollout_ref.rollout.gpu_memory_utilization` means to each rollout engine: the static memory budget.
 
-Pure functions on numbers (GB = 1e9 bytes, as in grpo_lab/memory/memplan.py); memplan calls them through one marked hook.
+Pure functions on numbers (GB = 1e9 bytes, as in grpo_lab/memory/memplan.py); memplan calls them through one marked
+hook.
 
 How vLLM and SGLang each read the key, and what is on the card when SGLang starts: docs/sglang.md."""
 

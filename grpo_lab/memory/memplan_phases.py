@@ -202,8 +202,9 @@ def round_gb(x: float) -> float:
     return round(x / GB, 2)
 
 
-# ---- rollout engine hook (grpo_lab/memory/engines.py): vLLM's budget is util x card and holds its activations; SGLang's
-# is util x the memory free when it starts (after the actor's parameters), for weights + KV, activations on top ----
+# ---- rollout engine hook (grpo_lab/memory/engines.py): vLLM's budget is util x card and holds its activations;
+# SGLang's is util x the memory free when it starts (after the actor's parameters), for weights + KV, activations
+# on top ----
 def engine_budget(arch: Arch, s: Settings) -> tuple[float, float, str]:
     """(static budget bytes, bytes the engine adds on top of it while generating, one-sentence rule) per GPU."""
     if s.vllm_kv_cache_bytes and s.rollout_engine == "vllm":
@@ -282,7 +283,8 @@ def generation_phase(arch: Arch, s: Settings) -> dict[str, Any]:
     vllm, on_top, _ = engine_budget(arch, s)  # engine hook
     ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
     peak = resident + vllm + on_top + ctx
-    engine = {"vllm_budget": round_gb(vllm)} if not on_top else {"sglang_static": round_gb(vllm), "sglang_activations": round_gb(on_top)}
+    engine = ({"vllm_budget": round_gb(vllm)} if not on_top
+              else {"sglang_static": round_gb(vllm), "sglang_activations": round_gb(on_top)})
     return {"peak_gb_per_gpu": round_gb(peak),
             "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(ctx)}}
 
@@ -433,6 +435,6 @@ def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
     startup = parts["processes"] + param_bytes(s) * n
     total = max(steady, startup)
     cap = float(s.host_ram_gb or 0)
-    return {"total_gb": round_gb(total), "steady_gb": round_gb(steady), "startup_gb": round_gb(startup), "per_node": nodes > 1,
-            "components_gb": {k: round_gb(v) for k, v in parts.items()},
+    return {"total_gb": round_gb(total), "steady_gb": round_gb(steady), "startup_gb": round_gb(startup),
+            "per_node": nodes > 1, "components_gb": {k: round_gb(v) for k, v in parts.items()},
             "capacity_gb": cap or None, "verdict": verdict_of(total / GB, cap)}

@@ -1,7 +1,7 @@
 """Synthetic arithmetic tasks for a small pretrained chat model (SmolLM2-135M-Instruct), offline and deterministic.
 
-    python -m grpo_lab.tasks.arith --out data/arith_oneshot                     # make arith-oneshot: the learn preset's data
-    python -m grpo_lab.tasks.arith --out DIR --task chain --style gsm8k         # another task / prompt phrasing
+    python -m grpo_lab.tasks.arith --out data/arith_oneshot                # make arith-oneshot: the learn preset's data
+    python -m grpo_lab.tasks.arith --out DIR --task chain --style gsm8k    # another task / prompt phrasing
 
 The tasks, the prompt styles and the rows: docs/tasks.md.
 """

@@ -1,7 +1,7 @@
 """Countdown problems (reach a target with given numbers and + - * /), offline and deterministic: a second task with
 its own reward (grpo_lab/tasks/rewards/countdown.py), for SmolLM2-135M-Instruct or any chat model.
 
-    python -m grpo_lab.tasks.countdown --out data/countdown                     # make countdown: the countdown preset's data
+    python -m grpo_lab.tasks.countdown --out data/countdown                # make countdown: the countdown preset's data
     python -m grpo_lab.tasks.countdown --out DIR --train 512 --test 64 --seed 1
 
 How problems are made, the prompt and the rows: docs/tasks.md.

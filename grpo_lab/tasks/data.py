@@ -1,8 +1,9 @@
 """GSM8K to verl's parquet row format (the rows verl's examples/data_preprocess/gsm8k.py writes).
 
-    python -m grpo_lab.tasks.data gsm8k --out data/gsm8k                      # from the hub: openai/gsm8k, config "main"
-    python -m grpo_lab.tasks.data gsm8k --out data/gsm8k --local-dir DIR      # offline, from files you already have
-    python -m grpo_lab.tasks.data own --input my_qa.jsonl --out data/own_qa   # your own pairs: see grpo_lab/tasks/own_data.py
+    python -m grpo_lab.tasks.data gsm8k --out data/gsm8k                     # from the hub: openai/gsm8k, config "main"
+    python -m grpo_lab.tasks.data gsm8k --out data/gsm8k --local-dir DIR     # offline, from files you already have
+    python -m grpo_lab.tasks.data own --input my_qa.jsonl --out data/own_qa  # your own pairs: see
+                                                                             # grpo_lab/tasks/own_data.py
 
 What --local-dir reads and the rows written: docs/tasks.md.
 """
@@ -66,8 +67,8 @@ def to_rows(records: Iterable[Mapping], split: str) -> list[dict]:
 
 
 def cli_build(build, next_hint: str) -> int:
-    """A generator's command line (grpo_lab.tasks.arith, grpo_lab.tasks.countdown) after its arguments: build(); a bad request
-    (ValueError) is one line on stderr and exit 2, else the next command to type and 0."""
+    """A generator's command line (grpo_lab.tasks.arith, grpo_lab.tasks.countdown) after its arguments: build(); a bad
+    request (ValueError) is one line on stderr and exit 2, else the next command to type and 0."""
     try:
         build()
     except ValueError as exc:

@@ -16,7 +16,8 @@ from typing import Any
 from grpo_lab.tasks.splits import DataError, write_splits
 
 # the description `python -m grpo_lab.tasks.data own --help` prints
-HELP = """Your own question/answer pairs (JSONL, CSV or parquet) to verl's parquet rows, the same row shape as the GSM8K prep.
+HELP = """Your own question/answer pairs (JSONL, CSV or parquet) to verl's parquet rows, \
+the same row shape as the GSM8K prep.
 
     python -m grpo_lab.tasks.data own --input my_qa.jsonl --out data/own_qa                    # 10% held out as test
     python -m grpo_lab.tasks.data own --input train.csv --test-input test.csv --out data/own_qa
@@ -110,7 +111,8 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
             except csv.Error as exc:
                 raise DataError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
     if not out:
-        raise DataError(f"{path} holds no records (the file is empty{' or has only a header row' if suffix == '.csv' else ''})")
+        raise DataError(f"{path} holds no records (the file is empty"
+                        f"{' or has only a header row' if suffix == '.csv' else ''})")
     return out
 
 
@@ -136,8 +138,8 @@ def read_pairs(path: str | os.PathLike, question_field: str = "question", answer
                                 f"Name the {role} field with {flag} <one of them>")
             text = _text(rec[name])
             if text is None:
-                raise DataError(f"{where}: the {role} field {name!r} is {type(rec[name]).__name__ if rec[name] is not None else 'null'}"
-                                f", not text or a number")
+                kind = type(rec[name]).__name__ if rec[name] is not None else "null"
+                raise DataError(f"{where}: the {role} field {name!r} is {kind}, not text or a number")
             if not text:
                 raise DataError(f"{where}: the {role} field {name!r} is empty")
             values[role] = text
@@ -259,7 +261,8 @@ def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
 def add_arguments(p: Any) -> None:
     """The `own` subcommand's options (grpo_lab.tasks.data's command line)."""
     p.add_argument("--input", required=True, help="your pairs: a .jsonl, .csv or .parquet file")
-    p.add_argument("--out", default="data/own_qa", help="output folder (default: data/own_qa, what dataset=own_qa reads)")
+    p.add_argument("--out", default="data/own_qa",
+                   help="output folder (default: data/own_qa, what dataset=own_qa reads)")
     p.add_argument("--test-input", default=None, help="test pairs in their own file (else --test-fraction of --input)")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share held out as test (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/test shuffle (default 0)")

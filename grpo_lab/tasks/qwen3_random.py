@@ -171,8 +171,8 @@ def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, dev
         info["tokenizer_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         mark = (f"{MARK}: seeded random init (seed {seed}) of Qwen3's {size.replace('_', '.')} architecture"
-                + (" (reduced)" if is_reduced else "") + " by grpo_lab.tasks.qwen3_random; rewards and validation scores "
-                "mean nothing")
+                + (" (reduced)" if is_reduced else "") + " by grpo_lab.tasks.qwen3_random; rewards and validation "
+                "scores mean nothing")
         info["params"] = tiny.build_model(arch, tok, seed, tmp, device=device, max_shard_size="5GB",
                                           config_extra={MARK_KEY: mark})
         info["model_s"] = time.perf_counter() - t0

@@ -29,7 +29,8 @@ def load_rows(data_dir: str | os.PathLike, split: str) -> list[dict]:
 
     path = Path(data_dir) / f"{split}.parquet"
     if not path.is_file():
-        raise SystemExit(f"error: {path} not found (make it with `make tiny`, or `python -m grpo_lab.tasks.data gsm8k`)")
+        raise SystemExit(f"error: {path} not found (make it with `make tiny`, or "
+                         "`python -m grpo_lab.tasks.data gsm8k`)")
     rows = []
     for i, row in enumerate(pq.read_table(path).to_pylist()):
         extra = row.get("extra_info") or {}
@@ -258,7 +259,8 @@ def warmup(model_dir: str, data_dir: str, out_dir: str, steps: int, device: str 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_lab.tasks.warmup", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model folder (e.g. data/tiny-qwen3-learn from grpo_lab.tasks.tiny)")
+    parser.add_argument("--model", required=True,
+                        help="model folder (e.g. data/tiny-qwen3-learn from grpo_lab.tasks.tiny)")
     parser.add_argument("--data", required=True, help="folder with train.parquet and test.parquet (verl rows)")
     parser.add_argument("--out", required=True, help="where to save the warmed-up model and tokenizer")
     parser.add_argument("--steps", type=int, default=400,
@@ -274,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=512, help="drop training examples longer than this")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--synthetic", type=int, default=20000, metavar="N",
-                        help="train on N fresh arithmetic problems from grpo_lab.tasks.tiny's generator, none of them in "
-                             "--data (whose test split is still the one scored): the model has to generalise, and "
+                        help="train on N fresh arithmetic problems from grpo_lab.tasks.tiny's generator, none of them "
+                             "in --data (whose test split is still the one scored): the model has to generalise, and "
                              "GRPO's train prompts stay new to it (default 20000; 0: train on --data's train split, "
                              "e.g. for GSM8K; on arith_tiny's 512 rows the model memorises them instead)")
     args = parser.parse_args(argv)

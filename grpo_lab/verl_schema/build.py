@@ -119,7 +119,8 @@ def dataclass_fields(names: list[str], seen_files: set[str]) -> dict[str, list[s
 
 
 def model_keys(config_dir: str, seen_files: set[str]) -> dict[str, Any]:
-    """The keys verl takes under actor_rollout_ref.model: model/hf_model.yaml's and its `_target_` dataclass's fields."""
+    """The keys verl takes under actor_rollout_ref.model: model/hf_model.yaml's and its `_target_` dataclass's
+    fields."""
     import verl
 
     node = _yaml_load(Path(config_dir).joinpath(*MODEL_FILE)) or {}

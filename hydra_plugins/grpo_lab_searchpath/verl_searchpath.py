@@ -5,9 +5,9 @@ the installed verl package without importing it (importing verl pulls in torch a
 config and refusing a bad one stays fast. Hydra discovers this file through the `hydra_plugins` namespace package.
 
 VerlConfigSource (scheme `grpolab-verl://`) reads verl's folder as Hydra's own file source does, except for
-`ppo_trainer` itself: that one comes composed, from verl's schema (grpo_lab/verl_schema: one cached file instead of ~40). With
-GRPO_LAB_VERL_CACHE=0 (run.py sets it for a command line that picks an option of a verl config group) the folder goes
-on the searchpath as a plain `file://` one and Hydra walks verl's defaults tree itself.
+`ppo_trainer` itself: that one comes composed, from verl's schema (grpo_lab/verl_schema: one cached file instead of
+~40). With GRPO_LAB_VERL_CACHE=0 (run.py sets it for a command line that picks an option of a verl config group) the
+folder goes on the searchpath as a plain `file://` one and Hydra walks verl's defaults tree itself.
 """
 
 

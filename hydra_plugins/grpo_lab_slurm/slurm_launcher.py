@@ -1,8 +1,8 @@
 """hydra/launcher=slurm: hydra-submitit-launcher's SlurmLauncher, with grpo-lab's checks before any sbatch.
 
 Hydra instantiates launchers only from the hydra_plugins package, so the class lives here; what it checks and the
-sbatch preview are in grpo_lab/launch/slurm.py. Without hydra-submitit-launcher installed this module defines nothing (Hydra
-imports every module here on each start), and conf/hydra/launcher/slurm.yaml cannot compose.
+sbatch preview are in grpo_lab/launch/slurm.py. Without hydra-submitit-launcher installed this module defines nothing
+(Hydra imports every module here on each start), and conf/hydra/launcher/slurm.yaml cannot compose.
 """
 
 from __future__ import annotations

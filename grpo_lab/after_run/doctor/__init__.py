@@ -1,7 +1,7 @@
 """The failure doctor: read a verl job's log and say what went wrong and which override to try.
 
-    python -m grpo_lab.after_run.doctor LOGFILE          (make doctor LOG=outputs/runs/<job>/train.log)
-    python -m grpo_lab.after_run.doctor JOB_DIR          (its train.log, with the job's verl_config.yaml for exact values)
+    python -m grpo_lab.after_run.doctor LOGFILE        (make doctor LOG=outputs/runs/<job>/train.log)
+    python -m grpo_lab.after_run.doctor JOB_DIR        (its train.log, with the job's verl_config.yaml for exact values)
 
 What it matches, where an out-of-memory is placed, the watchdog and the modules: docs/after_run.md.
 """
@@ -29,7 +29,7 @@ from grpo_lab.after_run.doctor.verdict import (
 )
 from grpo_lab.after_run.doctor.watchdog import ProgressWatchdog, watch_progress
 
-__all__ = ["NOT_A_LOG", "SIGNATURES", "fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "Values", "diagnose", "diagnose_file",
-           "diagnose_path", "errors_in", "failure_class", "format_diagnoses", "generation_oom_overrides",
-           "gone_running", "main", "not_a_log", "printed_config", "read_json", "read_log", "refusal",
-           "training_oom_overrides", "watch_progress", "write_diagnosis"]
+__all__ = ["NOT_A_LOG", "SIGNATURES", "fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "Values", "diagnose",
+           "diagnose_file", "diagnose_path", "errors_in", "failure_class", "format_diagnoses",
+           "generation_oom_overrides", "gone_running", "main", "not_a_log", "printed_config", "read_json", "read_log",
+           "refusal", "training_oom_overrides", "watch_progress", "write_diagnosis"]

@@ -204,8 +204,8 @@ def root_cause(clean: list[str], i: int) -> tuple[str, str]:
 
 
 def engine_died(log: Log) -> list[Diagnosis]:
-    """A log with a fatal line (grpo_lab/launch/fatal.py) that no signature explains: which engine or actor died, the first
-    error behind it, and that nothing is suggested blindly."""
+    """A log with a fatal line (grpo_lab/launch/fatal.py) that no signature explains: which engine or actor died, the
+    first error behind it, and that nothing is suggested blindly."""
     for i, raw in enumerate(log.raw):
         hit = fatal_line(raw)
         if hit is None:
