@@ -22,8 +22,8 @@ import pytest
 from conftest import CONF, NOT_READY_EXIT, ROOT, run_py
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
-BAD = re.compile(r"Traceback \(most recent call last\)|Error executing job|Could not override|ConfigCompositionException"
-                 r"|InterpolationResolutionError|MissingConfigException")
+BAD = re.compile(r"Traceback \(most recent call last\)|Error executing job|Could not override"
+                 r"|ConfigCompositionException|InterpolationResolutionError|MissingConfigException")
 
 
 def _options(group: str) -> list[str]:
@@ -73,7 +73,8 @@ NOT_RUN = {
     "make report": "reads a run's folder; tests/test_report.py and tests/test_refusals.py run it",
     "make qwen3-random": "writes Qwen3-size models into data/ of the checkout; tests/test_qwen3_random.py builds "
                          "a reduced one into a tmp dir",
-    "make smollm2": "writes the converted model into data/ of the checkout; tests/test_smollm2.py converts into a tmp dir",
+    "make smollm2": "writes the converted model into data/ of the checkout; tests/test_smollm2.py converts into a "
+                    "tmp dir",
     "make arith-oneshot": "writes data/ of the checkout; tests/test_arith.py runs the generator",
     "make countdown": "writes data/ of the checkout; tests/test_countdown.py runs the generator",
     "make calibrate": "rewrites benchmarks/gpu/memplan_calibration.* of the checkout; tests/test_calibration.py runs "
@@ -153,7 +154,7 @@ def _make_run_line(words: list[str]) -> list[str]:
     py = sys.executable
     proc = subprocess.run(["make", "-n", "-C", str(ROOT), *words[1:], f"GPU_PY={py}", f"PY={py}"], text=True,
                           capture_output=True, timeout=60)
-    lines = [l for l in proc.stdout.splitlines() if "run.py" in l]
+    lines = [line for line in proc.stdout.splitlines() if "run.py" in line]
     assert lines, proc.stdout + proc.stderr
     return shlex.split(lines[-1])
 
@@ -194,7 +195,8 @@ def test_documented_command(cmd, tmp_path):
     text = proc.stdout + proc.stderr
     assert not BAD.search(text), f"{cmd}\n{text[-4000:]}"
     if "--cfg" in argv:
-        assert proc.returncode == 0 and ("actor_rollout_ref:" in proc.stdout or "launcher:" in proc.stdout), text[-3000:]
+        printed = "actor_rollout_ref:" in proc.stdout or "launcher:" in proc.stdout
+        assert proc.returncode == 0 and printed, text[-3000:]
         return
     if prints:  # a help page, and no run folder
         assert proc.returncode == 0 and re.search(r"Config(uration)? groups", proc.stdout), text[-3000:]
@@ -287,8 +289,8 @@ def test_mistakes_are_refused_before_composing(args, says, tmp_path):
 
 
 def test_rawcmd_refuses_the_same_way(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", "rollout_gpu_mem_utils=0.5"], cwd=ROOT, text=True,
-                          capture_output=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", "rollout_gpu_mem_utils=0.5"], cwd=ROOT,
+                          text=True, capture_output=True, timeout=60)
     assert proc.returncode == 2 and "did you mean 'rollout_gpu_mem_util'" in proc.stderr
     assert run_py("rollout_gpu_mem_utils=0.5").stderr.strip() == proc.stderr.strip()
     proc = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", "--help"], cwd=ROOT, text=True,
@@ -330,7 +332,8 @@ def test_the_run_folder_resolver_names_without_making_when_told(tmp_path):
     from grpo_lab.cli.config import use_run_dirs
 
     (tmp_path / "run").mkdir()
-    cfg = OmegaConf.create({"a": f"${{lab_unique_dir:{tmp_path / 'run'}}}", "b": f"${{lab_unique_dir:{tmp_path / 'new'}}}"})
+    cfg = OmegaConf.create({"a": f"${{lab_unique_dir:{tmp_path / 'run'}}}",
+                            "b": f"${{lab_unique_dir:{tmp_path / 'new'}}}"})
     try:
         use_run_dirs(create=False)
         assert (cfg.a, cfg.b) == (f"{tmp_path / 'run'}_2", str(tmp_path / "new"))

@@ -90,7 +90,8 @@ def test_run_py_sweep_without_sbatch_shows_what_would_be_sent(tmp_path):
     p = run_py("-m", "hydra/launcher=slurm", "experiment=smoke", "hydra.launcher.partition=gpu",
                "rollout_gpu_mem_util=0.3,0.4,0.5", cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert p.returncode == 2, p.stdout + p.stderr
-    assert "no `sbatch` here" in p.stderr and "Nothing was submitted; the 3 job(s) would have been sent with" in p.stderr
+    assert "no `sbatch` here" in p.stderr
+    assert "Nothing was submitted; the 3 job(s) would have been sent with" in p.stderr
     for line in ("#SBATCH --array=0-2%3", "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=16",
                  "#SBATCH --mem=128GB", "#SBATCH --partition=gpu", "#SBATCH --nodes=1"):
         assert line in p.stderr
@@ -265,7 +266,8 @@ def test_the_head_port_and_cpus_come_from_the_config():
 
 def test_the_head_times_out_naming_the_nodes_that_never_joined():
     fake = FakeRay(alive=("gpu07",))
-    _, _, nodes = _head(fake, "nnodes=3", "lab.slurm.ray_wait_s=60", env=_env(nodelist="gpu[07-09]", nnodes=3, ntasks=3))
+    _, _, nodes = _head(fake, "nnodes=3", "lab.slurm.ray_wait_s=60",
+                        env=_env(nodelist="gpu[07-09]", nnodes=3, ntasks=3))
     with pytest.raises(slurm.ClusterError) as e:
         with nodes.running():
             pytest.fail("the job must not run without every node")

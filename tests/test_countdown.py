@@ -1,7 +1,7 @@
-"""The countdown task (issue 12, item 1): grpo_lab/tasks/countdown.py (make countdown) writes verl rows whose every problem
-is solvable, grpo_lab/tasks/rewards/countdown.py scores answers without running them, verl's own loaders read both (its
-RLHFDataset the rows, its get_custom_reward_fn the reward file named by conf/reward_fn/countdown.yaml), and the
-preset passes the preflight."""
+"""The countdown task (issue 12, item 1): grpo_lab/tasks/countdown.py (make countdown) writes verl rows whose every
+problem is solvable, grpo_lab/tasks/rewards/countdown.py scores answers without running them, verl's own loaders read
+both (its RLHFDataset the rows, its get_custom_reward_fn the reward file named by conf/reward_fn/countdown.yaml), and
+the preset passes the preflight."""
 
 from __future__ import annotations
 
@@ -202,7 +202,8 @@ def test_the_preset_selects_the_file_and_verl_loads_it():
     assert lab.reward_fn == "countdown" and lab.dataset.name == "countdown"
     assert get(verl, "data.train_files") == str(ROOT / "data" / "countdown" / "train.parquet")
     crf = get(verl, "reward.custom_reward_function")
-    assert crf["path"] == str(ROOT / "grpo_lab" / "tasks" / "rewards" / "countdown.py") and crf["name"] == "compute_score"
+    assert crf["path"] == str(ROOT / "grpo_lab" / "tasks" / "rewards" / "countdown.py")
+    assert crf["name"] == "compute_score"
     fn = get_custom_reward_fn(OmegaConf.create(verl))
     assert fn is not None
     # verl merges reward_kwargs into the call: the amounts in conf/reward_fn/countdown.yaml reach the function

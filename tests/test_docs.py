@@ -50,14 +50,16 @@ def test_a_measured_figure_names_its_recorded_file(doc):
             continue
         seen += 1
         cited = [resolve(c, doc) for c in CITED.findall(para + " " + heading)]
-        assert any(p.exists() for p in cited), f"{doc.name}, {heading!r}: measured figures without a recorded file: {para}"
+        assert any(p.exists() for p in cited), (f"{doc.name}, {heading!r}: measured figures without a recorded file: "
+                                                f"{para}")
     assert seen >= 3
 
 
 def test_a_planted_unrecorded_measurement_is_found(tmp_path):
     doc = tmp_path / "README.md"
     doc.write_text("# x\n\nMeasured on the 2-core CPU machine: the tests took 8 min 16 s.\n\n"
-                   "Measured on one H200: 436 s (`benchmarks/gpu/results/2026-12-03-qwen3-random/smoke/status.json`).\n")
+                   "Measured on one H200: 436 s "
+                   "(`benchmarks/gpu/results/2026-12-03-qwen3-random/smoke/status.json`).\n")
     flagged = [p for _, p in paragraphs(doc) if MEASURED.search(p) and FIGURE.search(p)
                and not any(resolve(c, README).exists() for c in CITED.findall(p))]
     assert flagged == ["Measured on the 2-core CPU machine: the tests took 8 min 16 s."]
@@ -78,7 +80,8 @@ def _flat(doc: Path) -> str:
 def test_the_headline_is_the_readme_commands_own_run():
     text = _flat(README)
     m = re.search(r"then `(python run\.py [^`]+)` \(that command alone, measured on one H200: validation accuracy "
-                  r"(\d\.\d+) -> (\d\.\d+) at step (\d+), (\d\.\d+) at step (\d+),[^`]*`(benchmarks/gpu/results/[^`]+)`",
+                  r"(\d\.\d+) -> (\d\.\d+) at step (\d+), (\d\.\d+) at step (\d+),"
+                  r"[^`]*`(benchmarks/gpu/results/[^`]+)`",
                   text)
     assert m, "the headline sentence"
     command, first, at_a, step_a, at_b, step_b, folder = m.groups()

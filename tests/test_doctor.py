@@ -141,8 +141,8 @@ def test_recorded_lora_empty_adapter():
     assert d.overrides == ["actor_rollout_ref.actor.strategy=fsdp2"]
     assert "_create_merged_loras_inplace" in d.evidence and "lora_fsdp1_adapter" in d.remedy
 
-LORA_JOB = (Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "results" / "2026-12-03-smollm2-variants-lora"
-            / "lora" / "lora_safetensors")
+LORA_JOB = (Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "results"
+            / "2026-12-03-smollm2-variants-lora" / "lora" / "lora_safetensors")
 
 
 def test_recorded_lora_one_gpu_failure_read_from_status_json(tmp_path):

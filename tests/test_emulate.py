@@ -201,7 +201,8 @@ def test_allocator_strings_keep_bracketed_lists():
 
 
 def test_raw_verl_gets_the_same_emulated_values(tmp_path):
-    # benchmarks/gpu/README.md compares run.py with raw verl under emulation: python -m grpo_lab.launch.rawcmd hardware=...
+    # benchmarks/gpu/README.md compares run.py with raw verl under emulation:
+    # python -m grpo_lab.launch.rawcmd hardware=...
     import subprocess
     import sys
 
@@ -226,8 +227,9 @@ def test_raw_verl_gets_the_same_emulated_values(tmp_path):
         assert get(raw_verl, ENV)[var] == get(ours, ENV)[var]
     assert raw_verl["ray_kwargs"]["ray_init"]["num_cpus"] == 16
     # a refusal is a message there too
-    bad = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", EMU, "lab.hardware.emulate.real_gpu_memory_gb=16"],
-                         cwd=ROOT, text=True, capture_output=True, timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "grpo_lab.launch.rawcmd", EMU,
+                          "lab.hardware.emulate.real_gpu_memory_gb=16"], cwd=ROOT, text=True, capture_output=True,
+                         timeout=120)
     assert bad.returncode == 2 and "cannot emulate a 32 GB card on 16 GB cards" in bad.stderr
 
 

@@ -1,7 +1,7 @@
-"""A run whose engine died ends (grpo_lab/launch/fatal.py): the fatal lines of vLLM / SGLang / Ray, read from RECORDED logs of
-the GPU test machine; the watcher that stops verl's job on them; and a STAND-IN job through run.py (verl's own driver
-and Ray, only its TaskRunner replaced) that prints the recorded lines of a dead vLLM worker and then hangs: it ends
-within 30 s, status.json says failed with the doctor's diagnosis, the exit code is not 0, no process is left."""
+"""A run whose engine died ends (grpo_lab/launch/fatal.py): the fatal lines of vLLM / SGLang / Ray, read from RECORDED
+logs of the GPU test machine; the watcher that stops verl's job on them; and a STAND-IN job through run.py (verl's own
+driver and Ray, only its TaskRunner replaced) that prints the recorded lines of a dead vLLM worker and then hangs: it
+ends within 30 s, status.json says failed with the doctor's diagnosis, the exit code is not 0, no process is left."""
 
 from __future__ import annotations
 

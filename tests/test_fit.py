@@ -1,5 +1,5 @@
-"""make fit / preflight.fit (grpo_lab/checks/fit.py): every model on every hardware option gets one command that passes the
-preflight with the batch arithmetic unchanged, or a message naming what would fit; the real entry points too."""
+"""make fit / preflight.fit (grpo_lab/checks/fit.py): every model on every hardware option gets one command that passes
+the preflight with the batch arithmetic unchanged, or a message naming what would fit; the real entry points too."""
 
 from __future__ import annotations
 
@@ -252,8 +252,9 @@ def test_make_fit_prints_the_lora_command_loudly(tmp_path):
 
 def test_a_refusal_that_no_fix_fits_points_at_make_fit_with_the_users_own_arguments(tmp_path):
     """Qwen3-4B on 16 GB cards: five memory errors, and their fixes together still leave generation 4% above the card
-    (inside the unmeasured regime's margin, so a warning): no "Fix all" is offered; the refusal points at `make fit ARGS="<the user's own arguments>"`, and
-    that command prints settings that fit every phase. A "Fix all" that does fit is still offered, with no pointer."""
+    (inside the unmeasured regime's margin, so a warning): no "Fix all" is offered; the refusal points at
+    `make fit ARGS="<the user's own arguments>"`, and that command prints settings that fit every phase. A "Fix all"
+    that does fit is still offered, with no pointer."""
     proc = run_py("preflight.only=true", "model=qwen3_4b", "hardware=rtx4080_16gbx4", f"hydra.run.dir={tmp_path}/a")
     assert proc.returncode == 2, proc.stdout[-3000:]
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())

@@ -188,7 +188,7 @@ def test_preflight_only_prints_the_command_that_starts_it(tmp_path):
     proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
                   *_tiny_files(tmp_path), f"model_path={model_folder(tmp_path / 'model')}", env=fake_gpus(tmp_path))
     assert proc.returncode == 0 and "\npreflight: OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-    nxt = [l for l in proc.stdout.splitlines() if l.startswith("next: ")]
+    nxt = [line for line in proc.stdout.splitlines() if line.startswith("next: ")]
     assert nxt and nxt[0].startswith("next: python run.py experiment=smoke_tiny hardware=h200x1 hydra.run.dir=")
     assert "preflight.only" not in nxt[0]
 

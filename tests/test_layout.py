@@ -277,7 +277,8 @@ def test_a_planted_import_of_a_later_stage_is_found(tmp_path):
         "cli/__init__.py": "", "cli/one.py": "def f():\n    from pkg.launch import two\n",
         "checks/__init__.py": "from pkg import facts\nfrom pkg.cli import one\n",
         "launch/__init__.py": "", "launch/two.py": "from pkg.checks import x\n",
-        "checks/x.py": "from pkg.memory import m\n", "memory/__init__.py": "", "memory/m.py": "from pkg.launch import two\n",
+        "checks/x.py": "from pkg.memory import m\n",
+        "memory/__init__.py": "", "memory/m.py": "from pkg.launch import two\n",
     })
     assert imports_of_later_stages(imports(mods)) == ["pkg.cli.one imports pkg.launch.two"]
 

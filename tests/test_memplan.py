@@ -1,4 +1,5 @@
-"""The memory planner (grpo_lab/memory/memplan.py): the guide's table, formulas, monotonicity, the GPU benchmark's wiring."""
+"""The memory planner (grpo_lab/memory/memplan.py): the guide's table, formulas, monotonicity, the GPU benchmark's
+wiring."""
 
 from __future__ import annotations
 
@@ -162,7 +163,8 @@ def test_more_tokens_more_training_memory():
 
 def test_bigger_model_more_memory():
     s = base_settings()
-    archs = [Arch.from_mapping(asdict(composed(f"model={m}")[1].model)) for m in ("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b")]
+    archs = [Arch.from_mapping(asdict(composed(f"model={m}")[1].model))
+             for m in ("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b")]
     for small, big in zip(archs, archs[1:]):
         ps, pb = peaks(small, s), peaks(big, s)
         assert all(pb[k] > ps[k] for k in ps), (ps, pb)

@@ -1,4 +1,5 @@
-"""Preflight (grpo_lab/checks/preflight.py): a corpus of bad configs, one per rule, the guide's arithmetic, the report."""
+"""Preflight (grpo_lab/checks/preflight.py): a corpus of bad configs, one per rule, the guide's arithmetic, the
+report."""
 
 from __future__ import annotations
 
@@ -523,8 +524,8 @@ def test_no_heavy_imports_and_fast():
         "r = run_preflight(verl, Lab.of(lab), launching=False, environ={})\n"
         "heavy = [m for m in ('verl', 'torch', 'ray', 'vllm', 'pyarrow', 'transformers') if m in sys.modules]\n"
         "print(json.dumps({'heavy': heavy, 'seconds': time.time() - t, 'batch': r.batch['trajectories_per_step']}))\n")
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps([verl, asdict(lab)]), capture_output=True, text=True,
-                         cwd=ROOT, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps([verl, asdict(lab)]), capture_output=True,
+                         text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["heavy"] == [] and res["batch"] == 640

@@ -1,7 +1,8 @@
-"""Fixes that fix (grpo_lab/checks/fixes.py): for a corpus of bad configurations, each written in every spelling a user may
-use (short key, verl key, the official script's environment variable), the fix `python run.py ... preflight.only=true`
-prints, appended to that same command as typed (the environment kept), passes the preflight. A config file's
-spelling: through Hydra's --config-dir/--config-name. The fixer's parts at function level below."""
+"""Fixes that fix (grpo_lab/checks/fixes.py): for a corpus of bad configurations, each written in every spelling a user
+may use (short key, verl key, the official script's environment variable), the fix
+`python run.py ... preflight.only=true` prints, appended to that same command as typed (the environment kept), passes
+the preflight. A config file's spelling: through Hydra's --config-dir/--config-name. The fixer's parts at function level
+below."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from grpo_lab.verl_keys import get
 
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
-LEGACY = ("trainer.use_v1=false",)  # verl's deprecated legacy trainer: it pads nothing (grpo_lab/checks/rules/batch.py Mode)
+# verl's deprecated legacy trainer: it pads nothing (grpo_lab/checks/rules/batch.py Mode)
+LEGACY = ("trainer.use_v1=false",)
 H200 = ("experiment=smoke_tiny", "hardware=h200x1")
 
 # (overrides, the error rule(s) it must raise): the issue's cases first, then one per error rule. A batch shape verl's
@@ -78,7 +80,8 @@ CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
 WARNED: list[tuple[tuple[str, ...], str, str]] = [
     (("train_batch_size=32",), "train_batch_vs_mini_batch", "padded with 160 synthetic no-op samples to 320"),
     (("data.train_batch_size=100", "rollout_n=3"), "updates_per_step_integer", "padded with 84 synthetic no-op"),
-    (("train_batch_size=130", "ppo_mini_batch_size=64"), "batch_divisibility", "32% of each step's samples are padding"),
+    (("train_batch_size=130", "ppo_mini_batch_size=64"), "batch_divisibility",
+     "32% of each step's samples are padding"),
     (("rollout_n=1",), "group_size", "the raw score as the advantage, no baseline"),
     (("actor_lr=0",), "learning_rate_zero", "the actor never changes"),
     (("actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",), "dynamic_bsz_mismatch", "so this runs"),
@@ -391,7 +394,8 @@ def test_a_fix_that_switches_to_lora_carries_the_warning_make_fit_gives(tmp_path
     args = "model=qwen3_8b_lora actor_rollout_ref.model.lora_rank=0"  # Qwen3-8B, full fine-tuning asked for
     proc = run_py(*args.split(), "preflight.only=true", f"hydra.run.dir={tmp_path / 'plan'}")
     fit = _make_fit(args, tmp_path, "fit")
-    assert fit.returncode == 0 and "this command trains LoRA adapters instead: WHAT IS TRAINED CHANGES !!!" in fit.stdout
+    assert fit.returncode == 0
+    assert "this command trains LoRA adapters instead: WHAT IS TRAINED CHANGES !!!" in fit.stdout
     words = re.search(r"^     (LoRA: CHANGES WHAT IS TRAINED: .*)$", fit.stdout, re.M).group(1)
     lines = proc.stdout.splitlines()
     fixes = [i for i, line in enumerate(lines) if re.match(r"\s+fix: |Fix all \d+ errors together: ", line)]

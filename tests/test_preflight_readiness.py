@@ -173,7 +173,7 @@ def test_each_make_command_writes_the_path_it_is_named_for(maker):
     extra = ["IN=x.jsonl"] if target == "own-data" else []
     dry = subprocess.run(["make", "-n", "-C", str(ROOT), target, *extra, "PY=python"], capture_output=True, text=True,
                          timeout=60)
-    line = next(l for l in dry.stdout.splitlines() if "-m grpo_lab." in l)
+    line = next(cmd for cmd in dry.stdout.splitlines() if "-m grpo_lab." in cmd)
     module = maker.module.format(out=maker.out, parent=str(Path(maker.out).parent))
     words = shlex.split(module.replace("<your .jsonl or .csv>", "x.jsonl"))  # the make line quotes its paths
     assert shlex.split(line)[:len(words)] == words, (line, module)

@@ -1,6 +1,7 @@
-"""The custom reward file is imported and called before Ray (grpo_lab/checks/rules/late.py, grpo_lab/checks/reward_probe.py):
-a file that is missing, raises at import, lacks the function, or whose function raises or returns no number is
-refused by `python run.py` with the file, the line and the fix, and nothing starts; a good file passes."""
+"""The custom reward file is imported and called before Ray (grpo_lab/checks/rules/late.py,
+grpo_lab/checks/reward_probe.py): a file that is missing, raises at import, lacks the function, or whose function raises
+or returns no number is refused by `python run.py` with the file, the line and the fix, and nothing starts; a good file
+passes."""
 
 from __future__ import annotations
 
@@ -90,8 +91,8 @@ def test_missing_file(tmp_path, train):
 
 def test_preset_launched_from_another_directory(tmp_path):
     """The shipped rewards are found by the package's own path (${lab_pkg:...}), so a preset passes from any launch
-    folder; a path built from the launch folder (${hydra:runtime.cwd}/grpo_lab/tasks/rewards/...) does not, and its fix is
-    the repository's file (re-checked), which typed back passes."""
+    folder; a path built from the launch folder (${hydra:runtime.cwd}/grpo_lab/tasks/rewards/...) does not, and its fix
+    is the repository's file (re-checked), which typed back passes."""
     ok = run_py("preflight.only=true", "experiment=learn_smollm2", "hardware=h200x1",
                 f"hydra.run.dir={tmp_path / 'preset'}", cwd=tmp_path)
     assert planned(ok), ok.stdout + ok.stderr
@@ -429,7 +430,7 @@ def test_name_that_is_not_a_function(tmp_path):
     assert "it defines: grade" in p.message and "not callable" in p.message
 
 
-# ---- reward_fn_data_source: no reward file, and verl's own scorer does not know the rows' data_source -----------------
+# ---- reward_fn_data_source: no reward file, and verl's own scorer does not know the rows' data_source ----------------
 
 def test_verl_default_scorer_with_rows_it_does_not_know_is_refused(tmp_path):
     from conftest import run_module

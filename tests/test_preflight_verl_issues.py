@@ -22,7 +22,8 @@ PLANNED = (0, NOT_READY_EXIT)  # a plan that holds: ready here, or not (no GPU o
 # static batching (no dynamic batch size): the micro-batch sizes verl then validates
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
-LEGACY = ("trainer.use_v1=false",)  # verl's deprecated legacy trainer: it pads nothing (grpo_lab/checks/rules/batch.py Mode)
+# verl's deprecated legacy trainer: it pads nothing (grpo_lab/checks/rules/batch.py Mode)
+LEGACY = ("trainer.use_v1=false",)
 _JOB = itertools.count()
 
 
@@ -278,7 +279,8 @@ DAPO_7B_MATH = (
     "actor_rollout_ref.model.use_remove_padding=True",
     "+actor_rollout_ref.model.override_config.max_position_embeddings=32768",
     "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480",
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=30720",
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=30720",
     "actor_rollout_ref.model.enable_gradient_checkpointing=True", "actor_rollout_ref.actor.optim.lr=1e-6",
@@ -295,7 +297,8 @@ DAPO_7B_MATH = (
     "actor_rollout_ref.rollout.val_kwargs.n=1", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=32",
     "reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
-    "+reward.reward_kwargs.overlong_buffer_cfg.len=4096", "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+    "+reward.reward_kwargs.overlong_buffer_cfg.len=4096",
+    "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
     "+reward.reward_kwargs.overlong_buffer_cfg.log=False", "+reward.reward_kwargs.max_resp_len=8192",
     "trainer.val_before_train=True", "trainer.test_freq=10", "trainer.save_freq=10", "trainer.total_epochs=10",
     "trainer.total_training_steps=200", "trainer.resume_mode=auto", "trainer.log_val_generations=10",

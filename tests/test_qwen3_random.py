@@ -1,5 +1,5 @@
-"""make qwen3-random (grpo_lab.tasks.qwen3_random): Qwen3 of the real shapes with random weights, offline. Built here at a
-reduced size through the real command; the real sizes are checked by their parameter counts without building them."""
+"""make qwen3-random (grpo_lab.tasks.qwen3_random): Qwen3 of the real shapes with random weights, offline. Built here at
+a reduced size through the real command; the real sizes are checked by their parameter counts without building them."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def test_preflight_plans_the_folder_and_report_says_random_weights(built, tmp_pa
     plan = json.loads((job / "plan.json").read_text())
     assert plan["random_weights"].startswith("random weights: memory and speed only")
     assert plan["memory"]["architecture_source"] == f"{FOLDER}/config.json"
-    rep = subprocess.run([sys.executable, "-m", "grpo_lab.after_run.report", str(job), "--no-plots"], cwd=cwd, text=True,
-                         capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rep = subprocess.run([sys.executable, "-m", "grpo_lab.after_run.report", str(job), "--no-plots"], cwd=cwd,
+                         text=True, capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert rep.returncode == 0, rep.stderr
     assert "[WARN] model: random weights: memory and speed only" in rep.stdout, rep.stdout

@@ -58,7 +58,8 @@ def test_the_group_selects_the_file_and_verl_loads_it():
 
     verl = _reward_section()
     crf = get(verl, "reward.custom_reward_function")
-    assert crf["path"] == str(ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py") and crf["name"] == "compute_score"
+    assert crf["path"] == str(ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py")
+    assert crf["name"] == "compute_score"
     fn = get_custom_reward_fn(OmegaConf.create(verl))
     assert fn is not None
     # verl merges reward_kwargs into the call: the amounts in conf/reward_fn/strict_format.yaml reach the function

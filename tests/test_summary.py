@@ -193,7 +193,8 @@ def test_callback_in_a_real_hydra_multirun(tmp_path):
 
 def test_callback_module_imports_pandas_and_the_doctor_only_when_used():
     # Hydra instantiates the callback before every run, the refusals of a bad config too
-    code = "import sys, grpo_lab.after_run.summary; print(sorted({'pandas', 'numpy', 'grpo_lab.after_run.doctor'} & set(sys.modules)))"
+    code = ("import sys, grpo_lab.after_run.summary; "
+            "print(sorted({'pandas', 'numpy', 'grpo_lab.after_run.doctor'} & set(sys.modules)))")
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -208,7 +209,8 @@ def test_validation_first_and_last_of_a_recorded_learning_rate_sweep(tmp_path):
     sweep = tmp_path / "sweep"
     shutil.copytree(Path(__file__).resolve().parents[1] / "benchmarks/gpu/results/2026-12-03-smollm2/sweep", sweep)
     table = S.summarize_sweep(sweep, plots=False).set_index("job")
-    assert table.loc["job0", "val_first"] == pytest.approx(0.09375) and table.loc["job0", "val_last"] == pytest.approx(0.453125)
+    assert table.loc["job0", "val_first"] == pytest.approx(0.09375)
+    assert table.loc["job0", "val_last"] == pytest.approx(0.453125)
     assert table.loc["job1", "steps"] == 1 and table.loc["job1", "val_last"] == pytest.approx(0.09375)
     assert "| val_first | val_last |" in (sweep / "summary.md").read_text()
 

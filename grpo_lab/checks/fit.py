@@ -1,7 +1,7 @@
 """Fit: find the settings that make every phase of a config fit its cards, without changing what is trained.
 
-    python run.py preflight.fit=true model=qwen3_4b hardware=rtx4080_16gbx4       # = make fit ARGS="..."
-    python run.py preflight.fit_write=my_4b model=qwen3_4b hardware=...           # also saves conf/experiment/my_4b.yaml
+    python run.py preflight.fit=true model=qwen3_4b hardware=rtx4080_16gbx4    # = make fit ARGS="..."
+    python run.py preflight.fit_write=my_4b model=qwen3_4b hardware=...        # also saves conf/experiment/my_4b.yaml
 
 Where it lives: this module is the entry point (`fit`, `fit_job`: the search, its re-check by the preflight, the
 command line and the saved experiment); the moves and how a setting is judged are grpo_lab/checks/fit_moves.py, the
@@ -264,7 +264,8 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
                      f"{res.before['verdict'][ph]} -> {a['phases'][ph]['peak_gb_per_gpu']} GB {a['verdict'][ph]}")
     lines.append(f"#   host RAM: {res.before['host_ram']['total_gb']} GB -> {a['host_ram']['total_gb']} GB")
     if res.lora:
-        lines.append("# LoRA: full fine-tuning does not fit these cards; this trains adapters (what is trained changes)")
+        lines.append("# LoRA: full fine-tuning does not fit these cards; this trains adapters "
+                     "(what is trained changes)")
     lines += ["defaults:", *defaults, "  - _self_", ""]
     tree: dict[str, Any] = {}
     comments: dict[str, str] = {}

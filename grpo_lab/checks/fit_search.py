@@ -197,7 +197,8 @@ def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lo
         how = f"nnodes={n // per} with {per} each" if n % per == 0 else f"ngpus_per_node={n}"
         lines.append(f"more GPUs: {n} GPUs of {s.card_gb:g} GB ({how}) fit {what}: FSDP shards the actor state over "
                      f"all of them" + (f" ({first} would hold the memory, but the {traj} trajectories per step and "
-                                       f"the mini-batch's {mini_traj} do not split over {first})" if first != n else ""))
+                                       f"the mini-batch's {mini_traj} do not split over {first})"
+                                       if first != n else ""))
     elif first:
         lines.append(f"more GPUs: {first} GPUs of {s.card_gb:g} GB would hold {what}, but the {traj} trajectories per "
                      f"step (mini-batch {mini_traj}) must split over them too: change the batch sizes")

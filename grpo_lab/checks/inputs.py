@@ -40,14 +40,14 @@ class Maker:
 
 
 MAKERS: tuple[Maker, ...] = (
-    Maker("make data", "data/gsm8k", ("train.parquet", "test.parquet"), "python -m grpo_lab.tasks.data gsm8k --out {out}",
-          "gsm8k"),
+    Maker("make data", "data/gsm8k", ("train.parquet", "test.parquet"),
+          "python -m grpo_lab.tasks.data gsm8k --out {out}", "gsm8k"),
     Maker("make arith-oneshot", "data/arith_oneshot", ("train.parquet", "test.parquet"),
           "python -m grpo_lab.tasks.arith --out {out}", "arith_oneshot"),
     Maker("make countdown", "data/countdown", ("train.parquet", "test.parquet"),
           "python -m grpo_lab.tasks.countdown --out {out}", "countdown"),
-    Maker("make tiny", "data/arith_tiny", ("train.parquet", "test.parquet"), "python -m grpo_lab.tasks.tiny --out {parent}",
-          "arith_tiny"),
+    Maker("make tiny", "data/arith_tiny", ("train.parquet", "test.parquet"),
+          "python -m grpo_lab.tasks.tiny --out {parent}", "arith_tiny"),
     Maker("make own-data IN=<your .jsonl or .csv>", "data/own_qa", ("train.parquet", "test.parquet"),
           "python -m grpo_lab.tasks.data own --input <your .jsonl or .csv> --out {out}", "own_qa"),
     Maker("make smollm2", "data/smollm2-135m-instruct", ("",), "python -m grpo_lab.tasks.smollm2 --out {out}",
@@ -97,7 +97,8 @@ def maker_for(path: str, group: str | None = None, cwd: str | None = None, force
     """The command that writes `path` ("" when none does): the make target whose output it is; else, when `group`
     (the dataset or model option in use) has a generator that writes a file of that name, that generator with its
     output folder set to the path's folder. Commands of the second kind run from the repository root.
-    force: the file is there and wrong: the generator of that path with --force (make keeps the files that are there)."""
+    force: the file is there and wrong: the generator of that path with --force (make keeps the files that are
+    there)."""
     p = Path(os.path.abspath(os.path.expanduser(path)))
     here = Path(os.path.abspath(cwd or os.getcwd()))
     for m in MAKERS:

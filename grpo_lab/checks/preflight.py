@@ -216,7 +216,8 @@ def _no_fit(checker: FixChecker, report: PreflightReport, tried: tuple[str, bool
 
 
 def fit_command(args: list[str] | None) -> str:
-    """`make fit ARGS="..."` with the user's own arguments (the fit search of grpo_lab/checks/fit.py on the same command)."""
+    """`make fit ARGS="..."` with the user's own arguments (the fit search of grpo_lab/checks/fit.py on the same
+    command)."""
     import shlex
 
     if args is None:
@@ -291,9 +292,9 @@ def _format(r: PreflightReport) -> str:
         out.append(f"Memory plan per GPU ({m['card_gb']:g} GB cards, {m['n_gpus']} GPU(s), FSDP over {m['fsdp_size']}; "
                    f"{size} params from {m['architecture_source']})")
         if m.get("moe"):
-            out.append(f"  mixture of experts: {m['moe']['num_experts']} experts, {m['moe']['num_experts_per_tok']} per "
-                       f"token: all {m['params_b']}B parameters in the state and vLLM, {m['moe']['active_params_b']}B "
-                       f"active for activations")
+            out.append(f"  mixture of experts: {m['moe']['num_experts']} experts, "
+                       f"{m['moe']['num_experts_per_tok']} per token: all {m['params_b']}B parameters in the state "
+                       f"and vLLM, {m['moe']['active_params_b']}B active for activations")
         out.append(f"  actor state {m['actor_state_gb_per_gpu']} GB per GPU (16 B per trained parameter / "
                    f"{m['fsdp_size']}, minus offloaded)")
         out.append(f"  {'phase':<12} {'peak GB':>8}  {'verdict':<7}  what")
@@ -343,7 +344,8 @@ def _format(r: PreflightReport) -> str:
         out.append("")
         out.append(f"Not ready to launch here ({len(r.not_ready)})")
         for n in r.not_ready:
-            out.extend(_item(n.rule, n.message, "make it" if n.rule == "input_missing" else "fix", n.command, n.checked))
+            verb = "make it" if n.rule == "input_missing" else "fix"
+            out.extend(_item(n.rule, n.message, verb, n.command, n.checked))
     if r.no_fit:
         from grpo_lab.checks.rules import memory_ids
 

@@ -3,7 +3,8 @@
     prepare(cfg, job) -> Prepared                 verl's and lab's dicts (resolved, split) with the job's own values
       fit(cfg, prepared, job)                     preflight.fit (make fit): search, print one command, never launch
     emulate(prepared, job) -> Emulated            the workers' environment; the config as planned and as verl gets it
-    check(emulated, prepared, job) -> Checked     KV cache pinned; verl_config.yaml, the preflight, plan.json; a refusal raises
+    check(emulated, prepared, job) -> Checked     KV cache pinned; verl_config.yaml, the preflight, plan.json;
+                                                  a refusal raises
       plan(checked, job)                          preflight.only: what was planned, nothing started
       train(checked, prepared)                    verl's PPO entrypoint
 

@@ -137,8 +137,9 @@ def emulate(prepared: Prepared, job: Job) -> Emulated:
 
 
 def side_by_side_jobs(launcher: Any) -> int:
-    """How many jobs of this sweep may run at once: Hydra's joblib launcher's n_jobs (conf/hydra/launcher/side_by_side.yaml;
-    joblib's -1 = one a CPU core), 1 for a launcher that runs one job after another or each on its own machines."""
+    """How many jobs of this sweep may run at once: Hydra's joblib launcher's n_jobs
+    (conf/hydra/launcher/side_by_side.yaml; joblib's -1 = one a CPU core), 1 for a launcher that runs one job after
+    another or each on its own machines."""
     from grpo_lab.cli.apply import jobs_at_once
 
     try:
@@ -170,7 +171,8 @@ def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
     from what."""
     for item in changed:
         if item.get("key") in {f"{ENV_VARS}.{v}" for v in ALLOC_VARS}:
-            item["set_by"] = "emulation (grpo_lab/memory/emulate.py): the torch cap, merged into your own setting if any"
+            item["set_by"] = ("emulation (grpo_lab/memory/emulate.py): the torch cap, merged into your own setting "
+                              "if any")
         u = info["gpu_memory_utilization"].get(item.get("key"))
         if u is not None:
             item["set_by"] = (f"{item.get('set_by') or 'verl'}; emulation (grpo_lab/memory/emulate.py) scaled "

@@ -7,8 +7,9 @@
 The overrides are read as run.py reads them (grpo_lab/cli/overrides.py: the same checks, the environment's knobs added).
 
 Composes grpo-lab's config and prints every value that differs from verl's default (verl's bare ppo_trainer resolved:
-grpo_lab.verl_schema's schema().defaults; `+key=value` where verl has no such key). Useful to see what a preset changes, to file a bug against verl without
-grpo-lab in the way, and as the baseline in benchmarks/gpu/ (the same job through raw verl).
+grpo_lab.verl_schema's schema().defaults; `+key=value` where verl has no such key). Useful to see what a preset
+changes, to file a bug against verl without grpo-lab in the way, and as the baseline in benchmarks/gpu/ (the same job
+through raw verl).
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def main(argv: list[str], environ: dict[str, str] | None = None) -> int:
     conf_dir = str(facts.ROOT / "conf")
     from grpo_lab.memory.emulate import EmulationError
 
-    as_list = "--list" in argv  # one argument a line, for `mapfile -t args < <(python -m grpo_lab.launch.rawcmd --list ...)`
+    # one argument a line, for `mapfile -t args < <(python -m grpo_lab.launch.rawcmd --list ...)`
+    as_list = "--list" in argv
     try:
         cli = parse([a for a in argv if a != "--list"], os.environ if environ is None else environ, flags=False)
         check(cli, conf_dir)

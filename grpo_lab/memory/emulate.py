@@ -245,7 +245,8 @@ def describe(done: Emulated) -> str:
     names = [f" ({n})" if n else "" for n in (emu.name, emu.real_name)]
     return (f"EMULATED: planned for {emu.card_gb:g} GB cards{names[0]}, running on {emu.real_gb:g} GB cards{names[1]}. "
             f"Handed to vLLM: {utils}. Handed to torch in every Ray worker: "
-            f"PYTORCH_CUDA_ALLOC_CONF={conf}{own} = {cap * emu.real_gb:.2f} GB per process (grpo_lab/memory/emulate.py)")
+            f"PYTORCH_CUDA_ALLOC_CONF={conf}{own} = {cap * emu.real_gb:.2f} GB per process "
+            f"(grpo_lab/memory/emulate.py)")
 
 
 # ---- does this machine's torch know the key? (an unknown key is an error at the first CUDA allocation) ----

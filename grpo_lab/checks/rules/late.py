@@ -1,9 +1,12 @@
 """Rules on what verl finds out only late, or never (each section below says which):
 
     key_unread                keys verl 0.9.1 takes and its V1 trainer never reads (docs/verl_unread_keys.md)
-    emulation, emulation_torch  what an emulated smaller card really gets (grpo_lab/memory/emulate.py)
-    reward_fn_file, reward_fn_result, reward_fn_data_source  the custom reward file, imported and called as verl will
-    agent_loop_workers, ulysses_sequence_parallel, rollout_max_model_len  from verl's issue tracker (docs/verl_issues.md)
+    emulation, emulation_torch
+                              what an emulated smaller card really gets (grpo_lab/memory/emulate.py)
+    reward_fn_file, reward_fn_result, reward_fn_data_source
+                              the custom reward file, imported and called as verl will
+    agent_loop_workers, ulysses_sequence_parallel, rollout_max_model_len
+                              from verl's issue tracker (docs/verl_issues.md)
 
 What each checks and why verl's own checks come too late: docs/preflight.md.
 """
@@ -327,8 +330,8 @@ def reward_fn_result(c: Ctx) -> Iterable[Problem]:
                        f"amounts stay when only the path is changed)" if unaccepted else "") + ".")
             if unaccepted and len(unaccepted) == len(r.get("unaccepted") or []):  # all of them reward_kwargs
                 fix = " ".join(f"~{KEY}.reward_kwargs.{k}" for k in unaccepted)
-        yield error(f"the reward function {where}:{name} raised {r.get('type')}: {r.get('message')}{_raised_at(r)}, called "
-                    f"as verl will call it with the answer {_fmt(r.get('answer'))} on {sample}.{hint} Fix the "
+        yield error(f"the reward function {where}:{name} raised {r.get('type')}: {r.get('message')}{_raised_at(r)}, "
+                    f"called as verl will call it with the answer {_fmt(r.get('answer'))} on {sample}.{hint} Fix the "
                     f"function: in verl this fails the first step that meets such an answer", fix)
         return
     calls = r.get("calls") or []

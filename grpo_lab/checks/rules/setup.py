@@ -229,8 +229,9 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
                    "uses fixed micro-batches of ref.log_prob_micro_batch_size_per_gpu")
             yield warn(f"actor.use_dynamic_bsz={val} but ref.log_prob_use_dynamic_bsz={str(ref).lower()}: the "
                        f"reference log-prob pass batches differently from the actor. verl 0.9.1 builds the reference "
-                       f"engine with its own setting (verl/workers/engine_workers.py ActorRolloutRefWorker.init_model), "
-                       f"so this runs; the reference pass {how}, which is likely not what was meant",
+                       f"engine with its own setting (verl/workers/engine_workers.py "
+                       f"ActorRolloutRefWorker.init_model), so this runs; the reference pass {how}, which is likely "
+                       f"not what was meant",
                        f"actor_rollout_ref.ref.log_prob_use_dynamic_bsz={val}")
 
 
@@ -559,8 +560,9 @@ def nccl_p2p(c: Ctx) -> Iterable[Problem]:
 def environment_skipped(c: Ctx) -> Iterable[Problem]:
     if not c.launching:
         yield note("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
-                   "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join; a plan through run.py lists what this machine lacks under 'Not ready to launch "
-                   "here' instead of refusing")
+                   "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join; "
+                   "a plan through run.py lists what this machine lacks under 'Not ready to launch here' instead of "
+                   "refusing")
     if attn_impl(c) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
         yield note(f"use_remove_padding with attn_implementation={attn_impl(c)} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")

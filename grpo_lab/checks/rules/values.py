@@ -218,8 +218,10 @@ class ModelFacts:
     info: dict[str, Any] = field(default_factory=dict)  # name, hub_id, thinking (a model group's lab.model)
     mismatch: str = ""  # model_path names no model we know, and the model group is another one
     notes: list[str] = field(default_factory=list)
-    random_weights: str = ""  # the folder's mark: random weights, for memory and speed only (grpo_lab.tasks.qwen3_random)
-    file_positions: int | None = None  # max_position_embeddings of the model's own config, when override_config raised it
+    # the folder's mark: random weights, for memory and speed only (grpo_lab.tasks.qwen3_random)
+    random_weights: str = ""
+    # max_position_embeddings of the model's own config, when override_config raised it
+    file_positions: int | None = None
 
 
 def _from_config_json(path: Path, source: str) -> memplan.Arch:
@@ -380,8 +382,8 @@ def plan_memory(c: Ctx) -> dict[str, Any]:
     engine = str(s.rollout_engine or "vllm").lower()
     if engine not in engines.ENGINES:  # verl may know it (trtllm); the plan has not been measured with it
         why = (f"rollout engine {s.rollout_engine!r} not measured: the memory plan knows how "
-               f"{' and '.join(engines.ENGINES)} use gpu_memory_utilization (grpo_lab/memory/engines.py), not this one, so "
-               f"it gives no memory verdict for this job (weights, KV cache and the phases unchecked)")
+               f"{' and '.join(engines.ENGINES)} use gpu_memory_utilization (grpo_lab/memory/engines.py), not this "
+               f"one, so it gives no memory verdict for this job (weights, KV cache and the phases unchecked)")
         c.notes.append(why)
         return {"params": m.arch.params(), "architecture_source": m.arch.source, "rollout_engine": s.rollout_engine,
                 "verdict": {"overall": "not measured"}, "not_measured": why}
