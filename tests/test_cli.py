@@ -65,6 +65,7 @@ _CMD = re.compile(r"((?:[A-Z_]+=\S+\s+)*(?:python run\.py|make [a-z])[^#`\n]*?)(
 NOT_RUN = {
     "make test": "the test suite itself",
     "make test-fast": "the test suite itself, without the tests marked slow",
+    "make lint": "tests/test_lint.py runs it",
     "make data": "downloads GSM8K from the hub (no hub downloads in tests); tests/test_data.py covers the converter",
     "make setup": "installs the GPU environment",
     "make tiny": "writes the tiny model into data/ of the checkout; tests/test_tiny.py runs grpo_lab.tasks.tiny itself",
