@@ -4,8 +4,8 @@
 # processes are not paused). Run inside the device calls after verl/vLLM/Ray are staged (`source /root/site.env`), from
 # a copy of the repo outside the synced checkout (cp -a . /tmp/w). Each phase packs its folder into $OUT/<phase>.tgz.
 #
-#   bash benchmarks/gpu/speed_session.sh prepare      # random Qwen3-0.6B, tiny arithmetic, SmolLM2, one-shot arithmetic
-#                                                     # (NO_SMOL=1: without the last two)
+#   bash benchmarks/gpu/speed_session.sh prepare      # random Qwen3-0.6B and 1.7B, tiny arithmetic, SmolLM2, one-shot
+#                                                     # arithmetic (NO_SMOL=1: without the last two; SIZES="": no Qwen3)
 #   bash benchmarks/gpu/speed_session.sh smol_guide   # learn_smollm2, $STEPS steps (4), the preset as it is
 #   bash benchmarks/gpu/speed_session.sh smol_budgets # the same with the passes' token budgets x4-5 and no activation
 #                                                     # checkpointing (ran 2026-12-04 as "smol_fast": no faster)
@@ -74,8 +74,10 @@ Q17LORA=(experiment=smoke model=qwen3_1_7b hardware=h200x1 lab.hardware.gpu_memo
   actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.actor.strategy=fsdp2)
 case "${1:-}" in
   prepare)
-    [ -f "$Q06/config.json" ] || timed build_0.6b 600 python3 -m grpo_lab.tasks.qwen3_random --size 0_6b --out "$Q06"
-    [ -f "$Q17/config.json" ] || timed build_1.7b 600 python3 -m grpo_lab.tasks.qwen3_random --size 1_7b --out "$Q17"
+    for size in ${SIZES-0_6b 1_7b}; do  # SIZES="": a session of SmolLM2 jobs only
+      out=$PWD/data/qwen3-${size/_/.}-random-weights
+      [ -f "$out/config.json" ] || timed "build_$size" 600 python3 -m grpo_lab.tasks.qwen3_random --size "$size" --out "$out"
+    done
     timed tiny 120 python3 -m grpo_lab.tasks.tiny --out data
     if [ -z "${NO_SMOL:-}" ]; then  # NO_SMOL=1: a session of Qwen3 jobs only
       timed smollm2 300 python3 -m grpo_lab.tasks.smollm2 --out data/smollm2-135m-instruct

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_lab import facts
@@ -41,15 +41,15 @@ WORKER_ENV = facts.RAY_ENV_VARS  # what verl hands its Ray workers
 
 def split(cfg: DictConfig) -> tuple[dict[str, Any], Lab]:
     """(verl config as a plain resolved dict, the job's typed view of grpo-lab's own sections)."""
-    if "hydra" in cfg:  # present when composed with return_hydra_config (tests); never verl's
-        cfg = cfg.copy()
-        with open_dict(cfg):
-            del cfg["hydra"]
-    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    assert isinstance(resolved, dict)
+    # section by section: a `hydra` node (composed with return_hydra_config, as the tests do) is never verl's
+    resolved = {k: _plain(cfg[k]) for k in cfg if k != "hydra"}
     # verl keys set on their own, which their short key no longer reaches: fixes name them (grpo_lab/checks/fixes.py)
     lab = Lab.of(resolved.get("lab"), preflight=resolved.get("preflight") or {}, set_apart=set_apart(cfg))
     return {k: v for k, v in resolved.items() if k not in OUR_KEYS}, lab
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True, throw_on_missing=False) if OmegaConf.is_config(value) else value
 
 
 def checkpoint_key(override_dirname: str) -> str:
