@@ -132,18 +132,3 @@ def knob_keys(key: str) -> tuple[str, ...]:
             out.append(k)
             todo += our_followers().get(k, ())
     return tuple(out)
-
-
-def set_apart(cfg: Any) -> dict[str, list[str]]:
-    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}:
-    the short key no longer reaches them, so a fix must name the verl key (docs/cli.md)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    out: dict[str, list[str]] = {}
-    for key in sorted(SHORT_KEYS):
-        for k in knob_keys(key):
-            parent, _, leaf = k.rpartition(".")
-            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-            if isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf):
-                out.setdefault(key, []).append(k)
-    return out

@@ -23,7 +23,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_lab import facts
 from grpo_lab.checks.microbatch import PASSES
-from grpo_lab.cli.knobs import SHORT_KEYS, set_apart
+from grpo_lab.cli.knobs import SHORT_KEYS, knob_keys
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.emulate import ALLOC_VARS, ENV_VARS
@@ -46,6 +46,19 @@ def split(cfg: DictConfig) -> tuple[dict[str, Any], Lab]:
     # verl keys set on their own, which their short key no longer reaches: fixes name them (grpo_lab/checks/fixes.py)
     lab = Lab.of(resolved.get("lab"), preflight=resolved.get("preflight") or {}, set_apart=set_apart(cfg))
     return {k: v for k, v in resolved.items() if k not in OUR_KEYS}, lab
+
+
+def set_apart(cfg: Any) -> dict[str, list[str]]:
+    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}:
+    the short key no longer reaches them, so a fix must name the verl key (docs/cli.md)."""
+    out: dict[str, list[str]] = {}
+    for key in sorted(SHORT_KEYS):
+        for k in knob_keys(key):
+            parent, _, leaf = k.rpartition(".")
+            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+            if isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf):
+                out.setdefault(key, []).append(k)
+    return out
 
 
 def _plain(value: Any) -> Any:
