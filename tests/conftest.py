@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import atexit
 import copy
 import functools
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,10 +18,18 @@ from hydra.core.hydra_config import HydraConfig
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 
-# this session's cache of verl's schema (grpo_lab/verl_schema/verl_cache.py), for the run.py subprocesses too
+# the tests' cache of verl's schema (grpo_lab/verl_schema/verl_cache.py), for the run.py subprocesses too: kept between
+# runs (it is keyed by verl's version and config files), apart from the user's own
 if not os.environ.get("GRPO_LAB_CACHE_DIR"):
-    os.environ["GRPO_LAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo-lab-test-cache-")
-    atexit.register(shutil.rmtree, os.environ["GRPO_LAB_CACHE_DIR"], True)
+    os.environ["GRPO_LAB_CACHE_DIR"] = str(ROOT / ".pytest_cache" / "grpo-lab")
+
+
+def pytest_configure(config):
+    """Build the schema cache once, before pytest-xdist's workers start (else each builds it at once, ~5 s each)."""
+    if not hasattr(config, "workerinput"):
+        from grpo_lab.verl_schema.api import schema
+
+        schema()
 
 
 _INIT = None
