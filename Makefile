@@ -104,8 +104,9 @@ fit: ## search settings that fit every phase, print one command (ARGS="model=qwe
 	$(PY) run.py preflight.fit=true $(ARGS) $(if $(WRITE),preflight.fit_write=$(WRITE)) $(if $(OVERWRITE),preflight.fit_overwrite=true)
 
 .PHONY: calibrate
-calibrate: ## replay the recorded GPU jobs through the memory plan; writes benchmarks/gpu/memplan_calibration.{json,md}
+calibrate: ## replay the recorded GPU jobs through the memory and time plans; writes benchmarks/gpu/*_calibration.{json,md}
 	$(PY) benchmarks/calibrate_memplan.py --write
+	$(PY) benchmarks/calibrate_timeplan.py --write
 
 report: ## health report of a job, or summary of a sweep: make report RUN=outputs/runs/<job>
 	@[ -n "$(RUN)" ] || { echo "usage: make report RUN=<job or sweep dir under outputs/>"; exit 2; }

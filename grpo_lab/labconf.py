@@ -30,6 +30,8 @@ class Hardware:  # a conf/hardware option: one node's cards and host (ray_cluste
     cpu_cores: int | None = None  # of one node: Ray's CPUs when ray_init.num_cpus is null (facts.ray_cpus_needed)
     host_ram_gb: int | None = None  # whole GiB of one node's RAM (the SLURM launcher's mem_gb)
     pcie_gb_s: float | None = None  # host<->card GB/s for offload; None: assumed from interconnect (make fit)
+    bf16_tflops: float | None = None  # one card's published dense bf16 TFLOP/s (the time plan scales by it)
+    memory_gb_s: float | None = None  # one card's published memory bandwidth, GB/s
     emulate: Emulate = field(default_factory=Emulate)
 
 
@@ -53,6 +55,9 @@ class ModelFacts:  # a conf/model option: names, and the architecture planned wh
 class Dataset:
     name: str | None = None
     make: str | None = None  # the command that writes its files
+    prompt_tokens: float | None = None  # mean prompt tokens under the chat template (time plan); None: half the limit
+    train_rows: int | None = None  # the published split sizes, for plans made before the files exist
+    test_rows: int | None = None
 
 
 @dataclass

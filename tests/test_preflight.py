@@ -505,7 +505,7 @@ def test_all_problems_are_collected_not_first_fail():
 def test_to_json_is_plan_json():
     verl, lab = composed()
     out = check(verl, lab).to_json()
-    assert set(out) == {"batch", "memory", "errors", "warnings", "notes"}
+    assert set(out) == {"batch", "memory", "time", "errors", "warnings", "notes"}
     assert {"trajectories_per_step", "updates_per_step", "trajectories_per_gpu", "steps_per_epoch"} <= set(out["batch"])
     assert {"actor_state_gb_per_gpu", "phases", "kv_cache", "host_ram_gb", "verdict"} <= set(out["memory"])
     assert all({"rule", "message", "fix"} <= set(p) <= {"rule", "message", "fix", "checked"} for p in out["warnings"])

@@ -13,16 +13,13 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
-from grpo_lab.memory import memplan
+from grpo_lab.memory import memplan, timeplan
 from grpo_lab.verl_keys import A
 
 CONF = facts.ROOT / "conf"
 GB = memplan.GB
 MARGIN = memplan.TIGHT_FRACTION
 PHASES = ("generation", "training", "weight_sync", "host_ram")
-# host <-> device copies per card when lab.hardware.pcie_gb_s is not given (pinned memory, one x16 link per card)
-PCIE_GB_S = {"pcie3": 12.0, "pcie4": 25.0, "pcie5": 50.0}
-PCIE_DEFAULT = ("pcie4", 25.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -60,15 +57,7 @@ class FitContext:
         self._cache: dict[Any, Eval] = {}
         self.evaluations = 0
         hw = lab.hardware
-        link = str(hw.interconnect or "")
-        if hw.pcie_gb_s:
-            self.bw, self.bw_note = float(hw.pcie_gb_s), f"lab.hardware.pcie_gb_s={hw.pcie_gb_s:g}"
-        elif link in PCIE_GB_S:
-            self.bw = PCIE_GB_S[link]
-            self.bw_note = f"assumed for {link.upper()} x16 with pinned memory; set lab.hardware.pcie_gb_s to yours"
-        else:
-            self.bw = PCIE_DEFAULT[1]
-            self.bw_note = "assumed (PCIe 4.0 x16, pinned memory); set lab.hardware.pcie_gb_s to yours"
+        self.bw, self.bw_note = timeplan.pcie_gb_s(hw)  # host <-> card GB/s per card, for offload's copies
         self.nvlink = bool(hw.nvlink)
 
     def eval(self, s: memplan.Settings) -> Eval:

@@ -24,7 +24,7 @@ from grpo_lab.checks.rules.batch import num as _num
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
 from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
 from grpo_lab.labconf import Lab
-from grpo_lab.memory import calibration
+from grpo_lab.memory import calibration, timeplan
 from grpo_lab.verl_keys import get
 
 __all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
@@ -57,6 +57,7 @@ class PreflightReport:
     notes: list[str] = field(default_factory=list)
     batch: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
+    time: dict[str, Any] = field(default_factory=dict)  # the time plan (grpo_lab/memory/timeplan.py)
     title: str = ""
     random_weights: str = ""  # the model folder's mark (grpo_lab.tasks.qwen3_random): "random weights: memory and ..."
     fix_all: str = ""  # the overrides that clear every error together ("" with one error or none, or when none do)
@@ -86,7 +87,7 @@ class PreflightReport:
         errors = [p.to_json() for p in self.errors]
         if self.launching:  # refusals: the doctor and the sweep summary read them here
             errors += [n.to_json() for n in self.not_ready or ()]
-        out = {"batch": self.batch, "memory": self.memory, "errors": errors,
+        out = {"batch": self.batch, "memory": self.memory, "time": self.time, "errors": errors,
                "warnings": [p.to_json() for p in self.warnings], "notes": list(self.notes)}
         if self.random_weights:
             out["random_weights"] = self.random_weights
@@ -128,6 +129,7 @@ def run_preflight(verl: dict, lab: Lab | None, *, launching: bool, environ: Mapp
     report.random_weights = c.model.random_weights if c.model else ""
     report.batch = c.batch
     report.memory = {k: v for k, v in c.plan.items() if not k.startswith("_")}
+    report.time = _time_plan(c, verl, lab)
     report.errors = [p for p in problems if p.level == "error"]
     report.warnings = [p for p in problems if p.level == "warn"]
     report.notes = [p.message for p in problems if p.level == "note"]
@@ -147,6 +149,14 @@ def run_preflight(verl: dict, lab: Lab | None, *, launching: bool, environ: Mapp
         if report.no_fit and report.fix_all:  # a "fix all" that leaves a phase tight or out of memory is no fix
             report.fix_all, report.fix_all_passes, report.fix_all_caution = "", False, ""
     return report
+
+
+def _time_plan(c: Ctx, verl: dict, lab: Lab) -> dict[str, Any]:
+    """The time plan beside the memory plan ({} when the memory plan was not made)."""
+    s = c.plan.get("_settings")
+    if s is None or not c.model or c.model.arch is None:
+        return {}
+    return timeplan.time_plan(c.model.arch, s, timeplan.Card.of(lab.hardware), timeplan.shape_of(verl, lab, c.batch, s))
 
 
 def not_ready_here(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str], *,
@@ -244,6 +254,41 @@ def _item(rule: str, message: str, label: str, fix: str, checked: str, caution: 
     return lines
 
 
+def duration(sec: float | None) -> str:
+    """Seconds as a person reads them: 45 s, 18 min, 5.2 h."""
+    if sec is None:
+        return "-"
+    return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
+
+
+def _format_time(t: dict[str, Any]) -> list[str]:
+    if not t:
+        return []
+    ph, a = t["phases_s"], t["assumed"]
+    card = t["card"]["scaled"] or "measured on this card"
+    out = ["", f"Time plan ({t['card']['name']}: {card})",
+           f"  steady step {t['step_s']:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in ph.items()),
+           f"  first step {t['first_step_s']:.0f} s (warm-up), start-up {duration(t['startup_s'])}"
+           + (f", {t['validations']} validation(s) of {t['validation_s']:.0f} s" if t["validations"] else "")]
+    if t["steps"]:
+        out.append(f"  run: {t['steps']} steps -> {duration(t['run_s'])} (start-up, first step, "
+                   f"{t['steps'] - 1} x step, validations)")
+    else:
+        out.append("  run: steps unknown (no train file here and no trainer.total_training_steps): step times only")
+    out.append(f"  assumed: prompts of {a['prompt_tokens']:g} tokens ({a['prompt_source']}), every answer "
+               f"{a['response_tokens']} tokens (the limit: an upper bound), {a['tokens_per_gpu_per_step']} tokens per "
+               f"GPU per step" + ("; verl's per-token log-prob loop (no flash-attn, use_fused_kernels off)"
+                                  if a["per_token_log_prob_loop"] else ""))
+    acc = t.get("accuracy") or {}
+    if acc:
+        out.append(f"  plan vs recorded runs: steady step {acc['step_ratio_min']:.2f}-{acc['step_ratio_max']:.2f} of "
+                   f"measured on {acc['runs']} solo run(s) at their own lengths ({timeplan.TABLE_MD})")
+    if t["not_measured"]:
+        out += [f"  not measured: {m}" for m in t["not_measured"]]
+        out.append("  (how each term is modelled: docs/time_plan.md)")
+    return out
+
+
 def _format(r: PreflightReport) -> str:
     out = [f"grpo-lab preflight: {r.title}" if r.title else "grpo-lab preflight"]
     if r.random_weights:
@@ -325,6 +370,7 @@ def _format(r: PreflightReport) -> str:
                 out.append(f"  remedies for {phase.replace('_', ' ')}:")
                 for o in opts:
                     out.append(f"    {o['override']}  -> {o['peak_gb_per_gpu']} GB {o['verdict']}")
+    out += _format_time(r.time)
     for title, items in (("Errors", r.errors), ("Warnings", r.warnings)):
         if items:
             out.append("")

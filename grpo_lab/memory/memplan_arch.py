@@ -190,6 +190,7 @@ class Settings:
     actor_entropy_chunking: bool = False
     entropy_chunk_size: int = 2048
     use_torch_compile: bool = True
+    use_fused_kernels: bool = False  # model.use_fused_kernels: log-probs from the hidden states in chunks (time plan)
     # lengths
     max_prompt_length: int = 512
     max_response_length: int = 512
@@ -202,6 +203,7 @@ class Settings:
     ref_log_prob_max_token_len_per_gpu: int = 16384
     ref_log_prob_micro_batch_size_per_gpu: int | None = None
     ref_entropy_chunking: bool = False
+    ref_param_offload: bool = False
     # rollout
     rollout_engine: str = "vllm"  # rollout.name: vllm or sglang (grpo_lab/memory/engines.py: what util means to each)
     gpu_memory_utilization: float = 0.5
@@ -220,6 +222,8 @@ class Settings:
     # batch
     train_batch_size: int = 128
     rollout_n: int = 1
+    ppo_mini_batch_size: int = 0  # prompts; 0: the whole batch (one update)
+    ppo_epochs: int = 1
 
     @property
     def seq_len(self) -> int:

@@ -324,6 +324,7 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Lab) -> memplan.Settings:
         entropy_chunk_size=int(_get(verl, A + "actor.entropy_from_logits_chunk_size", 2048)),
         use_torch_compile=bool(_get(verl, A + "actor.use_torch_compile", True))
         and bool(_get(verl, A + "actor.fsdp_config.use_torch_compile", True)),
+        use_fused_kernels=bool(_get(verl, A + "model.use_fused_kernels", False)),
         max_prompt_length=int(_get(verl, "data.max_prompt_length", 512)),
         max_response_length=int(_get(verl, "data.max_response_length", 512)),
         log_prob_use_dynamic_bsz=bool(_get(verl, A + "rollout.log_prob_use_dynamic_bsz", False)),
@@ -334,6 +335,7 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Lab) -> memplan.Settings:
         ref_log_prob_max_token_len_per_gpu=int(_get(verl, A + "ref.log_prob_max_token_len_per_gpu", 16384)),
         ref_log_prob_micro_batch_size_per_gpu=_int_or_none(_get(verl, A + "ref.log_prob_micro_batch_size_per_gpu")),
         ref_entropy_chunking=bool(_get(verl, A + "ref.entropy_from_logits_with_chunking", False)),
+        ref_param_offload=bool(_get(verl, A + "ref.fsdp_config.param_offload", False)),
         rollout_engine=str(_get(verl, A + "rollout.name", "vllm")),
         gpu_memory_utilization=float(_get(verl, A + "rollout.gpu_memory_utilization", 0.5)),
         tp=int(_get(verl, A + "rollout.tensor_model_parallel_size", 1) or 1),
@@ -349,6 +351,8 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Lab) -> memplan.Settings:
         bucket_mb=int(_get(verl, A + "rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
         train_batch_size=int(_get(verl, "data.train_batch_size", 128)),
         rollout_n=int(_get(verl, A + "rollout.n", 1)),
+        ppo_mini_batch_size=int(_get(verl, A + "actor.ppo_mini_batch_size", 0) or 0),
+        ppo_epochs=int(_get(verl, A + "actor.ppo_epochs", 1) or 1),
     )
 
 

@@ -1,0 +1,240 @@
+"""Fit the time plan's fixed costs to every recorded solo GPU run, and say how close the plan comes to each.
+
+    python benchmarks/calibrate_timeplan.py            # per job and phase: predicted vs measured; exit 1 when a job's
+                                                       # steady step is outside the stated 25%
+    python benchmarks/calibrate_timeplan.py --write    # write benchmarks/gpu/timeplan_calibration.{json,md} (exit 0;
+                                                       # the jobs outside are named there and on stderr)
+    make calibrate                                     # both calibrations, written
+
+A job is a folder under benchmarks/gpu/results/ with its verl_config.yaml and metrics.jsonl; jobs launched beside
+others (calibrate_memplan.side_by_side) are listed, not fitted. Each phase's verl timer (timing_s/*) of the steady
+steps (2 on, validation taken out) is the physics of grpo_lab/memory/timeplan.py at the job's measured lengths plus
+seconds per count, fitted by non-negative least squares over the jobs. Start-up ("ready to fit") and the first
+validation come from the stamped logs (<job>.log.gz beside the folder, benchmarks/gpu/stamp.py). docs/time_plan.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "benchmarks", ROOT / "benchmarks" / "gpu"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import numpy as np  # noqa: E402
+from calibrate_memplan import RESULTS, _yaml, job_model_facts, model_facts, rel, side_by_side  # noqa: E402
+from phases import milestones  # noqa: E402
+
+from grpo_lab.checks.rules.values import settings_from_verl  # noqa: E402
+from grpo_lab.labconf import Lab  # noqa: E402
+from grpo_lab.memory import memplan, timeplan  # noqa: E402
+
+COMMAND = "python benchmarks/calibrate_timeplan.py --write"
+H200 = timeplan.Card("H200", timeplan.MEASURED["bf16_tflops"], timeplan.MEASURED["memory_gb_s"], 25.0, 25.0)
+
+
+def steps_of(job: Path) -> list[dict[str, float]]:
+    rows = []
+    for line in (job / "metrics.jsonl").read_text().splitlines():
+        try:
+            d = json.loads(line).get("data", {})
+        except ValueError:
+            continue  # a line cut short when the job was killed
+        if "timing_s/step" in d:
+            rows.append(d)
+    return rows
+
+
+def stamped_log(job: Path) -> Path | None:
+    for f in (job.parent / f"{job.name}.log.gz", job.parent / f"{job.name}.log"):
+        if f.is_file():
+            return f
+    return None
+
+
+def startup_of(job: Path) -> dict[str, float] | None:
+    """Seconds from launch to "ready to fit", and to step 1's end, from the job's stamped log."""
+    f = stamped_log(job)
+    if f is None:
+        return None
+    tmp = Path("/tmp") / f"grpo-lab-{job.name}.log"
+    tmp.write_bytes(gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes())
+    m = milestones(str(tmp))
+    tmp.unlink()
+    return {"ready_s": m["ready to fit"], "step1_done_s": m.get("step 1 done")} if "ready to fit" in m else None
+
+
+def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    rows = steps_of(job)
+    if not rows:
+        return None
+    verl = _yaml(job / "verl_config.yaml")
+    model_path = str(verl["actor_rollout_ref"]["model"]["path"]).rstrip("/")
+    info = facts.get(model_path.rsplit("/", 1)[-1]) or job_model_facts(job)
+    arch = memplan.Arch.from_mapping(info, source=info["name"])
+    s = settings_from_verl(verl, Lab.of({"hardware": {"gpu_memory_gb": 139.8}}))
+    steady = [r for r in rows if r.get("training/global_step", 0) >= 2] or []
+    out: dict[str, Any] = {"job": rel(job), "model": info["name"], "side_by_side": side_by_side(job),
+                           "steps": len(rows), "steady_steps": len(steady)}
+    if steady:
+        per_step = []
+        for r in steady:
+            w = timeplan.Work(s.train_batch_size * s.rollout_n / max(1, s.n_gpus), float(r["prompt_length/mean"]),
+                              float(r["response_length/mean"]), float(r["response_length/max"]))
+            measured = {ph: float(r[f"timing_s/{t}"]) for ph, t in timeplan.TIMERS.items() if f"timing_s/{t}" in r}
+            step = float(r["timing_s/step"]) - float(r.get("timing_s/testing", 0.0))
+            measured["other"] = step - sum(measured.values())
+            per_step.append({"step_s": step, "measured_s": measured, "features": timeplan.features(arch, s, w, H200),
+                             "tokens": w.tokens})
+        out["per_step"] = per_step
+        out["step_s"] = round(statistics.fmean(p["step_s"] for p in per_step), 2)
+        out["measured_s"] = {ph: round(statistics.fmean(p["measured_s"].get(ph, 0.0) for p in per_step), 2)
+                             for ph in timeplan.PHASES}
+        out["tokens_per_gpu"] = round(statistics.fmean(p["tokens"] for p in per_step))
+        first = float(rows[0]["timing_s/step"]) - float(rows[0].get("timing_s/testing", 0.0))
+        out["first_step_extra_s"] = round(first - out["step_s"], 2)
+    st = startup_of(job)
+    if st:
+        out["startup_s"] = round(st["ready_s"], 1)
+        out["load_s"] = round(3 * 2.0 * arch.params() / (timeplan.DISK_GB_S * 1e9), 2)
+        if st["step1_done_s"] and verl.get("trainer", {}).get("val_before_train", True):
+            out["first_validation_s"] = round(st["step1_done_s"] - st["ready_s"] - float(rows[0]["timing_s/step"]), 1)
+    tests = [float(r["timing_s/testing"]) for r in rows if "timing_s/testing" in r]
+    if tests:
+        out["validation_s"] = round(statistics.fmean(tests), 2)
+    return out
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients: drop the most negative and solve again."""
+    active = [j for j in range(a.shape[1]) if a[:, j].any()]
+    while True:
+        x = np.zeros(a.shape[1])
+        if not active:
+            return x
+        x[active] = np.linalg.lstsq(a[:, active], b, rcond=None)[0]
+        neg = [j for j in active if x[j] < 0]
+        if not neg:
+            return x
+        active.remove(min(neg, key=lambda j: x[j]))
+
+
+def fit(jobs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Seconds per count of each phase, over every steady step of every solo job (each step a row)."""
+    coef: dict[str, dict[str, float]] = {}
+    steps = [p for j in jobs for p in j["per_step"]]
+    for phase in timeplan.PHASES:
+        rows = [p for p in steps if phase in p["measured_s"] and p["features"][phase]["count"]]
+        if not rows:
+            continue
+        names = sorted({k for p in rows for k in p["features"][phase]["count"]} - set(timeplan.UNMEASURED))
+        a = np.array([[p["features"][phase]["count"].get(k, 0.0) for k in names] for p in rows])
+        b = np.array([p["measured_s"][phase] - p["features"][phase]["physics_s"] for p in rows])
+        x = nnls(a, b)
+        coef[phase] = {k: float(f"{v:.6g}") for k, v in zip(names, x, strict=True) if v > 0}
+    return coef
+
+
+def collect(results: Path = RESULTS) -> dict[str, Any]:
+    facts = model_facts()
+    jobs, beside = [], []
+    for d in sorted(p for p in results.rglob("*") if (p / "verl_config.yaml").is_file() and
+                    (p / "metrics.jsonl").is_file()):
+        j = replay(d, facts)
+        if j is None:
+            continue
+        (beside if j["side_by_side"] else jobs).append(j)
+    steady = [j for j in jobs if "step_s" in j]
+    coef = fit(steady)
+    for j in steady:
+        preds = [timeplan.phase_seconds(p["features"], coef) for p in j.pop("per_step")]
+        pred = {ph: statistics.fmean(p[ph] for p in preds) for ph in timeplan.PHASES}
+        j["predicted_s"] = {k: round(v, 2) for k, v in pred.items()}
+        j["predicted_step_s"] = round(sum(pred.values()), 2)
+        j["ratio"] = round(j["predicted_step_s"] / j["step_s"], 3)
+    starts = [j["startup_s"] - j["load_s"] for j in jobs if "startup_s" in j]
+    first_val = [j["first_validation_s"] - j.get("validation_s", 0.0) for j in jobs if "first_validation_s" in j]
+    ratios = [j["ratio"] for j in steady]
+    return {
+        "command": COMMAND, "stated": timeplan.STATED, "card": timeplan.MEASURED,
+        "assumed": {"mfu": timeplan.MFU, "bw_share": timeplan.BW_SHARE, "disk_gb_s": timeplan.DISK_GB_S,
+                    "unmeasured": timeplan.UNMEASURED},
+        "coefficients": coef,
+        "first_step_extra_s": round(statistics.fmean(j["first_step_extra_s"] for j in steady), 1),
+        "startup_fixed_s": round(statistics.fmean(starts), 1) if starts else 0.0,
+        "startup_measured_s": [j["startup_s"] for j in jobs if "startup_s" in j],
+        "first_validation_extra_s": round(statistics.fmean(first_val), 1) if first_val else 0.0,
+        "accuracy": {"runs": len(steady), "step_ratio_min": min(ratios), "step_ratio_max": max(ratios)}
+        if ratios else {},
+        "jobs": jobs,
+        "side_by_side_not_fitted": [j["job"] for j in beside],
+    }
+
+
+def outside(result: dict[str, Any]) -> list[str]:
+    return [f"{j['job']}: steady step planned {j['predicted_step_s']} s, measured {j['step_s']} s (ratio "
+            f"{j['ratio']}, stated {1 - result['stated']:.2f}-{1 + result['stated']:.2f})"
+            for j in result["jobs"] if "ratio" in j and abs(j["ratio"] - 1) > result["stated"]]
+
+
+def render(result: dict[str, Any]) -> str:
+    acc = result["accuracy"]
+    out = ["# Time plan vs the recorded solo GPU runs", "",
+           f"Written by `{result['command']}` (`make calibrate`); do not edit by hand. Seconds on one H200 "
+           f"(verl 0.9.1, vLLM 0.24, sdpa attention). Each phase is grpo_lab/memory/timeplan.py's physics at the "
+           f"job's measured lengths plus fitted seconds per count (docs/time_plan.md). Steady step: the mean of "
+           f"steps 2 on, validation taken out. Stated accuracy: every solo run's steady step within "
+           f"{result['stated']:.0%}; here {acc.get('step_ratio_min', 0):.2f}-{acc.get('step_ratio_max', 0):.2f} "
+           f"of measured on {acc.get('runs', 0)} run(s).", "",
+           "## Fitted seconds per count", "", "| phase | term | seconds |", "|---|---|---|"]
+    for phase, c in result["coefficients"].items():
+        out += [f"| {phase} | {k} | {v:.4g} |" for k, v in c.items()]
+    out += ["", f"First step: {result['first_step_extra_s']} s above a steady step (mean). Start-up to \"ready to "
+            f"fit\": {result['startup_fixed_s']} s plus the weights' loading (measured "
+            f"{', '.join(str(x) for x in result['startup_measured_s'])} s). First validation: "
+            f"{result['first_validation_extra_s']} s above a later one (verl's agent-loop workers start on first "
+            f"use).", "", "## Per job (steady step)", "",
+            "| job | model | tokens/GPU | measured s | planned s | ratio | generation | old log-prob | reference | "
+            "update | sync | other (measured / planned) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for j in result["jobs"]:
+        if "ratio" not in j:
+            continue
+        cells = [f"{j['measured_s'].get(p, 0):.1f} / {j['predicted_s'][p]:.1f}" for p in timeplan.PHASES]
+        out.append(f"| {j['job']} | {j['model']} | {j['tokens_per_gpu']} | {j['step_s']} | {j['predicted_step_s']} | "
+                   f"{j['ratio']} | " + " | ".join(cells) + " |")
+    if outside(result):
+        out += ["", "Outside the stated accuracy: " + "; ".join(outside(result)) + " (docs/time_plan.md, Accuracy)."]
+    if result["side_by_side_not_fitted"]:
+        out += ["", "Launched beside other jobs (timings not evidence, not fitted): "
+                + ", ".join(result["side_by_side_not_fitted"]) + "."]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="write benchmarks/gpu/timeplan_calibration.{json,md}")
+    ap.add_argument("--json", help="write the result here (instead of the repository's table)")
+    ap.add_argument("--results", default=str(RESULTS), help="the folder of recorded jobs (default: %(default)s)")
+    args = ap.parse_args(argv)
+    result = collect(Path(args.results).resolve())
+    text = render(result)
+    print(text)
+    if args.write or args.json:
+        (Path(args.json) if args.json else timeplan.TABLE).write_text(json.dumps(result, indent=1) + "\n")
+        if args.write:
+            (ROOT / timeplan.TABLE_MD).write_text(text)
+    bad = outside(result)
+    for b in bad:
+        print(f"OUTSIDE THE STATED ACCURACY: {b}", file=sys.stderr)
+    return 1 if bad and not args.write else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Time plan: how long a GRPO step of verl 0.9.1 takes per phase, the first step, start-up and the whole run.
+
+Each phase is a sum of terms over what drives it (tokens, decode steps, micro-batches, FLOPs, bytes moved): the
+physics at assumed shares of the card's peak, plus fixed costs per count fitted to the recorded solo runs
+(benchmarks/calibrate_timeplan.py writes TABLE); other cards are scaled by their published bf16 FLOP/s and memory
+bandwidth. The model, its terms and its accuracy: docs/time_plan.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from grpo_lab import facts
+from grpo_lab.memory.memplan_arch import Arch, Settings
+from grpo_lab.memory.memplan_phases import kv_cache
+
+TABLE = facts.ROOT / "benchmarks" / "gpu" / "timeplan_calibration.json"
+TABLE_MD = "benchmarks/gpu/timeplan_calibration.md"
+STATED = 0.25  # the goal: every recorded solo run's steady step within 25% (issue 27)
+# the card the fixed costs were measured on (NVIDIA H200 datasheet: 989 TFLOP/s dense bf16, 4.8 TB/s)
+MEASURED = {"name": "H200", "bf16_tflops": 989.0, "memory_gb_s": 4800.0}
+MFU = 0.35       # share of peak bf16 FLOP/s a pass's matrix products reach (assumed: docs/time_plan.md)
+BW_SHARE = 0.7   # share of the memory bandwidth weight and optimizer-state reads reach (assumed)
+DISK_GB_S = 2.0  # model loading at start-up, three times (actor, reference, vLLM) (assumed)
+PCIE_GB_S = {"pcie3": 12.0, "pcie4": 25.0, "pcie5": 50.0}  # host<->card per x16 link, pinned memory
+PCIE_DEFAULT = ("pcie4", 25.0)
+NVLINK_GB_S = 300.0  # card to card over NVLink (A100: 600 GB/s both ways) (assumed)
+FUSED_CHUNK = 512  # verl's FusedLinearForPPO takes log-probs in chunks of this many tokens
+# seconds per count for terms no recorded run has measured yet (said as "not measured" where they count)
+UNMEASURED = {"fused_chunks": 0.002}
+NOT_MEASURED = {"fused_chunks": f"verl's fused log-prob (use_fused_kernels): {UNMEASURED['fused_chunks'] * 1e3:g} ms "
+                                f"per chunk of {FUSED_CHUNK} tokens assumed"}
+PHASES = ("generation", "old_log_prob", "reference", "update", "weight_sync", "other")
+TIMERS = {"generation": "gen", "old_log_prob": "old_log_prob", "reference": "ref", "update": "update_actor",
+          "weight_sync": "update_weights"}  # verl's timing_s/* in metrics.jsonl
+
+
+def pcie_gb_s(hw: Any) -> tuple[float, str]:
+    """Host<->card GB/s of the typed lab.hardware: its pcie_gb_s, else assumed from its interconnect."""
+    link = str(hw.interconnect or "")
+    if hw.pcie_gb_s:
+        return float(hw.pcie_gb_s), f"lab.hardware.pcie_gb_s={hw.pcie_gb_s:g}"
+    if link in PCIE_GB_S:
+        return PCIE_GB_S[link], (f"assumed for {link.upper()} x16 with pinned memory; set lab.hardware.pcie_gb_s "
+                                 f"to yours")
+    return PCIE_DEFAULT[1], "assumed (PCIe 4.0 x16, pinned memory); set lab.hardware.pcie_gb_s to yours"
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    bf16_tflops: float
+    memory_gb_s: float
+    pcie_gb_s: float
+    link_gb_s: float  # card to card: NVLink, else the host's PCIe
+    scaled: str = ""  # how the prediction was carried from the measured card ("" on it)
+
+    @classmethod
+    def of(cls, hw: Any) -> Card:
+        """From the typed lab.hardware (grpo_lab/labconf.py); a card without speeds is planned at the H200's."""
+        name, pcie = str(hw.gpu_name or hw.name or "?"), pcie_gb_s(hw)[0]
+        link = NVLINK_GB_S if hw.nvlink else pcie
+        flops, bw = hw.bf16_tflops, hw.memory_gb_s
+        if not flops or not bw:
+            on_it = "H200" in name
+            return cls(name, MEASURED["bf16_tflops"], MEASURED["memory_gb_s"], pcie, link,
+                       "" if on_it else "card speed unknown (lab.hardware.bf16_tflops, memory_gb_s): planned as an "
+                                        "H200")
+        same = abs(flops - MEASURED["bf16_tflops"]) < 1 and abs(bw - MEASURED["memory_gb_s"]) < 1
+        return cls(name, float(flops), float(bw), pcie, link, "" if same else
+                   f"scaled from the H200 by published bf16 FLOP/s ({flops:g} vs 989 TFLOP/s) and memory bandwidth "
+                   f"({bw:g} vs 4800 GB/s): not measured")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one step does on one GPU: trajectories and their mean lengths (planned, or a run's measured)."""
+
+    trajectories: float  # per GPU per step
+    prompt: float        # mean prompt tokens
+    response: float      # mean response tokens
+    decode_steps: float  # the longest answer: generation's sequential steps
+
+    @property
+    def tokens(self) -> float:
+        return self.trajectories * (self.prompt + self.response)
+
+
+def per_token_loop(s: Settings) -> bool:
+    """verl 0.9.1 takes log-probs in a Python loop over the tokens (logprobs_from_logits_v2) unless flash-attn's
+    cross-entropy is there (attn_implementation=flash_attention_2 is taken as its sign) or use_fused_kernels."""
+    return not s.use_fused_kernels and s.attn_implementation != "flash_attention_2"
+
+
+def updates_per_step(s: Settings) -> int:
+    mini = s.ppo_mini_batch_size or s.train_batch_size
+    return max(1, s.train_batch_size // max(1, mini)) * max(1, s.ppo_epochs)
+
+
+def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str, Any]]:
+    """Per phase: the counts the fit weighs ("count") and the physics in seconds on `card` ("physics_s")."""
+    flop_s = 1.0 / (card.bf16_tflops * 1e12 * MFU)
+    byte_s = 1.0 / (card.memory_gb_s * 1e9 * BW_SHARE)
+    pcie_s = 1.0 / (card.pcie_gb_s * 1e9)
+    t, n = w.tokens, max(1, s.n_gpus)
+    loop = t if per_token_loop(s) else 0.0
+    fused = math.ceil(t / FUSED_CHUNK) if s.use_fused_kernels else 0.0
+    waves = kv_cache(arch, s)["waves"] or 1
+    eager = 1.0 if s.enforce_eager else 0.0
+    layer_steps = w.decode_steps * waves * arch.num_hidden_layers
+    gen_s = layer_steps / arch.num_hidden_layers * 2.0 * arch.params() / s.tp * byte_s  # a decode step reads weights
+    fwd_s = 2.0 * arch.active_params() * t * flop_s
+    updates = updates_per_step(s)
+    bwd = 1.0 if s.lora_rank > 0 else 2.0  # backward in forwards: activations' gradients, and the weights' unless LoRA
+    recompute = 1.0 if s.gradient_checkpointing else 0.0
+    gather_s = 2.0 * arch.params() * (s.fsdp - 1) / s.fsdp / (card.link_gb_s * 1e9)  # one FSDP all-gather
+    mb_lp = (math.ceil(t / max(1, s.log_prob_tokens)) if s.log_prob_use_dynamic_bsz
+             else math.ceil(w.trajectories / max(1, s.log_prob_micro_batch_size_per_gpu or 1)))
+    mb_upd = updates * math.ceil(t / updates / max(1, s.update_tokens))
+    trained = arch.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank > 0 else arch.params() / s.fsdp
+    opt_s = updates * 16.0 * trained * (3 * byte_s + (2 * pcie_s if s.optimizer_offload else 0.0))
+    ref = {"fixed": 1.0, "loop_tokens": loop, "fused_chunks": fused, "micro_batches": mb_lp}
+    return {
+        "generation": {"count": {"fixed": 1.0, "eager_layer_steps": eager * layer_steps,
+                                 "graph_layer_steps": (1 - eager) * layer_steps},
+                       "physics_s": gen_s + 2.0 * arch.active_params() * w.trajectories * w.prompt * flop_s},
+        "old_log_prob": {"count": dict(ref), "physics_s": fwd_s + mb_lp * gather_s},
+        "reference": {"count": ref if s.ref_used else {},
+                      "physics_s": fwd_s + mb_lp * gather_s + (2.0 * arch.params() * pcie_s if s.ref_param_offload
+                                                              else 0.0) if s.ref_used else 0.0},
+        "update": {"count": {"fixed": 1.0, "loop_tokens": loop, "fused_chunks": fused, "updates": updates,
+                             "micro_batches": mb_upd},
+                   "physics_s": fwd_s * (1 + bwd + recompute) + opt_s + mb_upd * gather_s * (1 + bwd)},
+        "weight_sync": {"count": {"fixed": 1.0}, "physics_s": 2.0 * arch.params() / n * byte_s},
+        "other": {"count": {"fixed": 1.0, "trajectories": w.trajectories}, "physics_s": 0.0},
+    }
+
+
+def phase_seconds(feats: dict[str, dict[str, Any]], coef: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Seconds per phase: the physics plus the fitted seconds per count (UNMEASURED's where nothing was fitted)."""
+    return {phase: f["physics_s"] + sum((coef.get(phase) or {}).get(k, UNMEASURED.get(k, 0.0)) * v
+                                        for k, v in f["count"].items())
+            for phase, f in feats.items()}
+
+
+def table() -> dict[str, Any]:
+    try:
+        return json.loads(TABLE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the whole run's length needs besides a step: steps, validations, the planned lengths."""
+
+    steps: int
+    prompt_tokens: float  # mean prompt the plan assumes
+    prompt_source: str
+    val_rows: int | None = None
+    val_n: int = 1
+    test_freq: int = -1
+    val_before_train: bool = True
+
+
+def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+    """The `time` section of plan.json: a steady step per phase, the first step, start-up and the run."""
+    cal = table() if cal is None else cal
+    coef = cal.get("coefficients") or {}
+    n = max(1, s.n_gpus)
+    resp = float(s.max_response_length)
+    w = Work(s.train_batch_size * s.rollout_n / n, shape.prompt_tokens, resp, resp)
+    phases = phase_seconds(features(arch, s, w, card), coef)
+    step = sum(phases.values())
+    first = step + float(cal.get("first_step_extra_s", 0.0))
+    load_s = 3 * 2.0 * arch.params() / (DISK_GB_S * 1e9)
+    startup = float(cal.get("startup_fixed_s", 0.0)) + load_s
+    validations, val_s = 0, 0.0
+    if shape.val_rows:
+        sv = replace(s, train_batch_size=shape.val_rows, rollout_n=shape.val_n)  # verl validates the whole file
+        vw = Work(shape.val_rows * shape.val_n / n, shape.prompt_tokens, resp, resp)
+        val_s = phase_seconds({"generation": features(arch, sv, vw, card)["generation"]}, coef)["generation"]
+        val_s += float(cal.get("validation_extra_s", 0.0))
+        if shape.test_freq and shape.test_freq > 0:
+            validations = shape.steps // shape.test_freq
+        validations += 1 if shape.val_before_train else 0
+    run = startup + first + max(0, shape.steps - 1) * step + validations * val_s
+    if validations:
+        run += float(cal.get("first_validation_extra_s", 0.0))
+    unmeasured = [NOT_MEASURED[k] for k in UNMEASURED if any(f["count"].get(k) for f in features(
+        arch, s, w, card).values())]
+    if not per_token_loop(s) and not s.use_fused_kernels:
+        unmeasured.append("log-probs through flash-attn's cross-entropy (no recorded run had flash-attn): the passes' "
+                          "fixed costs without the per-token loop")
+    if n > 1:
+        unmeasured.append(f"{n} GPUs: FSDP's all-gathers over the cards' link at {card.link_gb_s:g} GB/s")
+    return {
+        "step_s": round(step, 1),
+        "phases_s": {k: round(v, 1) for k, v in phases.items()},
+        "first_step_s": round(first, 1),
+        "startup_s": round(startup, 1),
+        "validation_s": round(val_s, 1) if validations else None,
+        "validations": validations,
+        "steps": shape.steps,
+        "run_s": round(run, 1),
+        "assumed": {"prompt_tokens": round(shape.prompt_tokens, 1), "prompt_source": shape.prompt_source,
+                    "response_tokens": int(resp), "tokens_per_gpu_per_step": int(w.tokens),
+                    "per_token_log_prob_loop": per_token_loop(s)},
+        "card": {"name": card.name, "scaled": card.scaled},
+        "not_measured": unmeasured,
+        "accuracy": cal.get("accuracy") or {},
+    }
+
+
+def shape_of(verl: dict[str, Any], lab: Any, batch: dict[str, Any], s: Settings) -> RunShape:
+    """The run's steps, validations and planned prompt length, from the resolved verl config, lab and the batch."""
+    from grpo_lab.verl_keys import A, get
+
+    ds = lab.dataset
+    steps = batch.get("total_training_steps")
+    if steps is None and ds.train_rows:  # the train file is not here yet: the dataset option's published size
+        steps = ds.train_rows // max(1, s.train_batch_size) * _int(batch.get("total_epochs"), 1)
+    val_rows, vf = ds.test_rows, get(verl, "data.val_files")
+    try:  # the validation file when it is here (verl validates all of it)
+        val_rows = facts.parquet_num_rows(vf[0] if isinstance(vf, list) and vf else vf)
+    except (OSError, ValueError, TypeError):
+        pass
+    if ds.prompt_tokens:
+        prompt, source = float(ds.prompt_tokens), f"lab.dataset.prompt_tokens of {ds.name}"
+    else:
+        prompt, source = s.max_prompt_length / 2, "half of max_prompt_length (lab.dataset.prompt_tokens not set)"
+    return RunShape(steps=_int(steps, 0), prompt_tokens=prompt, prompt_source=source, val_rows=val_rows,
+                    val_n=_int(get(verl, A + "rollout.val_kwargs.n", 1), 1),
+                    test_freq=_int(get(verl, "trainer.test_freq", -1), -1),
+                    val_before_train=bool(get(verl, "trainer.val_before_train", True)))
+
+
+def _int(v: Any, default: int) -> int:
+    """A value the rules refuse when it is no whole number (the plan is made all the same)."""
+    try:
+        return int(v) if v is not None else default
+    except (TypeError, ValueError):
+        return default
