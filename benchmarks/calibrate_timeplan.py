@@ -37,7 +37,7 @@ from grpo_lab.labconf import Lab  # noqa: E402
 from grpo_lab.memory import memplan, timeplan  # noqa: E402
 
 COMMAND = "python benchmarks/calibrate_timeplan.py --write"
-H200 = timeplan.Card("H200", timeplan.MEASURED["bf16_tflops"], timeplan.MEASURED["memory_gb_s"], 25.0, 25.0)
+H200 = timeplan.Card("H200", timeplan.MEASURED["bf16_tflops"], timeplan.MEASURED["memory_gb_s"], 25.0, 25.0, 0.0)
 
 
 def steps_of(job: Path) -> list[dict[str, float]]:

@@ -118,6 +118,18 @@ def model_groups() -> dict[str, dict[str, Any]]:
     return out
 
 
+def model_group_of_folder(folder: str) -> dict[str, Any] | None:
+    """The lab.model of the conf/model option whose model_path ends in this folder name (a recorded job's model
+    folder, e.g. /tmp/w/data/smollm2-135m-instruct), else None."""
+    import yaml
+
+    for f in sorted((ROOT / "conf" / "model").glob("*.yaml")):
+        doc = yaml.load(f.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+        if str(doc.get("model_path") or "").rstrip("/").rsplit("/", 1)[-1] == folder:
+            return (doc.get("lab") or {}).get("model")
+    return None
+
+
 def hardware_card_gb(name: str, _seen: frozenset[str] = frozenset()) -> float | None:
     """conf/hardware/<name>.yaml's lab.hardware.gpu_memory_gb, or that of the option its defaults list names; None."""
     import yaml

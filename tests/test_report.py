@@ -429,3 +429,19 @@ def test_report_flags_a_kv_cache_far_from_its_plan(tmp_path):
     assert "29.4 GB" in line and "the plan's 24 GB" in line and "more than 15% away from the plan" in line
     proc = run_module("grpo_lab.after_run.report", _recorded_smoke_copy(tmp_path / "b"))  # its own plan: 27.43 GB
     assert "[ok  ] vLLM KV cache:" in proc.stdout and ": as planned." in proc.stdout
+
+
+RESULTS = ROOT / "benchmarks" / "gpu" / "results"
+
+
+def test_a_solo_runs_steps_agree_with_the_time_plan_and_a_crowded_ones_are_flagged():
+    """`make report` holds a run's steady step to the time plan at the run's own lengths (issue 27 item 4)."""
+    proc = run_module("grpo_lab.after_run.report", RESULTS / "2026-12-04-speed" / "smol_guide")
+    line = next(ln for ln in proc.stdout.splitlines() if "timing_s/step vs the time plan" in ln)
+    assert line.startswith("  [ok  ]") and "measured 46.4 s a step" in line, line
+    ratio = float(re.search(r"plan / measured ([\d.]+)", line).group(1))
+    assert 0.75 <= ratio <= 1.25
+    # 2026-12-04's 1.7B preset step ran beside three other jobs: 651 s against a plan of about half that
+    crowded = checks_of(RESULTS / "2026-12-04-qwen3-random" / "side_by_side" / "p17", write=False)
+    check = crowded["timing_s/step vs the time plan"]
+    assert check["status"] == "warn" and "measured 651 s" in check["message"] and "outside" in check["message"]

@@ -349,6 +349,48 @@ def check_timing(run: RunInfo) -> Check:
     return Check(metric, OK, msg + ": training takes longer than generation, as in most recorded runs" + why + ".")
 
 
+def check_step_plan(run: RunInfo) -> Check:
+    """The measured steady step (validation taken out) against the time plan at this run's own prompt and answer
+    lengths (grpo_lab/memory/timeplan.py); flagged when further apart than the plan's stated accuracy."""
+    from grpo_lab.checks.rules import Ctx
+    from grpo_lab.checks.rules.values import settings_from_verl
+    from grpo_lab.memory import timeplan
+
+    metric = "timing_s/step vs the time plan"
+    step = _train_series(run.df, "timing_s/step")
+    test = _train_series(run.df, "timing_s/testing").reindex(step.index).fillna(0.0)
+    lengths = [M.steady_mean(_train_series(run.df, k)) for k in
+               ("prompt_length/mean", "response_length/mean", "response_length/max")]
+    if step.empty or None in lengths or not run.verl:
+        return Check(metric, WARN, "no step timings or lengths logged yet (or no verl_config.yaml).")
+    measured = M.steady_mean(step - test)
+    try:
+        arch = Ctx.of(run.verl, run.lab, launching=False, environ={}).model.arch
+        st = settings_from_verl(run.verl, run.lab)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        arch = None
+    if arch is None:  # a recorded job folder without .hydra/: the model option of its model folder's name
+        from grpo_lab.memory.memplan_arch import Arch
+
+        info = facts.model_group_of_folder(str(run.verl_value("actor_rollout_ref.model.path", "")).rstrip("/")
+                                           .rsplit("/", 1)[-1])
+        arch = Arch.from_mapping(info) if info and info.get("hidden_size") else None
+    if arch is None:
+        return Check(metric, WARN, f"{_fmt(measured)} s a step; no architecture facts to plan it with.")
+    w = timeplan.Work(st.train_batch_size * st.rollout_n / max(1, st.n_gpus), *lengths)
+    card = timeplan.Card.of(run.lab.hardware)
+    planned = sum(timeplan.phase_seconds(timeplan.features(arch, st, w, card),
+                                         timeplan.table().get("coefficients") or {}).values())
+    ratio = planned / measured if measured else math.inf
+    msg = (f"measured {_fmt(measured)} s a step (without step 1 and validation), planned {_fmt(planned)} s at this "
+           f"run's lengths ({lengths[0]:.0f}-token prompts, {lengths[1]:.0f}-token answers): plan / measured "
+           f"{ratio:.2f}" + (f"; {card.scaled}" if card.scaled else ""))
+    if abs(ratio - 1) > timeplan.STATED:
+        return Check(metric, WARN, msg + f": outside the time plan's stated {timeplan.STATED:.0%} "
+                                         f"({timeplan.TABLE_MD}); other jobs on the cards, or a regime not measured.")
+    return Check(metric, OK, msg + ".")
+
+
 def check_throughput(run: RunInfo) -> Check:
     metric = "perf/throughput"
     s = _train_series(run.df, metric)
@@ -554,7 +596,7 @@ def run_checks(run: RunInfo) -> tuple[list[Check], list[doctor.Diagnosis]]:
     if not run.df.empty:
         checks += [check_reward(run), check_validation(run, reward_trend), check_clip_ratio(run),
                    check_response_max(run), check_entropy(run), check_pg_clipfrac(run), check_ppo_kl(run),
-                   check_timing(run), check_throughput(run), check_memory(run)]
+                   check_timing(run), check_step_plan(run), check_throughput(run), check_memory(run)]
         precision = check_rollout_precision(run)
         if precision:
             checks.append(precision)

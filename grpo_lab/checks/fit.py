@@ -45,13 +45,16 @@ from grpo_lab.checks.rules.values import settings_from_verl
 from grpo_lab.cli.apply import apply_overrides
 from grpo_lab.cli.apply import groups as _conf_groups
 from grpo_lab.labconf import Lab
-from grpo_lab.memory import engines, memplan
+from grpo_lab.memory import engines, memplan, timeplan
 from grpo_lab.verl_keys import get as _get
 from grpo_lab.verl_keys import put as _put
 
 # ---------------------------------------------------------------------------------------------------------------
 # the fit: search, then the preflight on its result
 # ---------------------------------------------------------------------------------------------------------------
+
+FASTER = 0.10  # a setting must be this much faster by the time plan to win over one earlier in the guide's order
+
 
 class FitError(Exception):
     """The fit cannot run on this config (no architecture facts, no card size): the message says why."""
@@ -72,7 +75,7 @@ def unmeasured_engine(name: Any) -> str:
 def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
         environ: Mapping[str, str] | None = None) -> FitResult:
     """Search the settings that make every phase fit; verify the result with the preflight."""
-    from grpo_lab.checks.preflight import run_preflight
+    from grpo_lab.checks.preflight import run_preflight, run_shape
     from grpo_lab.checks.rules import Ctx as RuleCtx
 
     environ = os.environ if environ is None else environ
@@ -119,7 +122,27 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
     if best is None and s0.lora_rank == 0:
         lora_best, lfound = search(ctx, lora_start(start))
         found = lfound
+    card, shape = timeplan.Card.of(lab.hardware), run_shape(verl, lab, base_report.batch, s0)
+
+    steps: dict[int, float] = {}
+
+    def step_s(st: State) -> float:
+        if id(st) not in steps:
+            steps[id(st)] = timeplan.time_plan(arch, st.s, card, shape)["step_s"]
+        return steps[id(st)]
+
+    fitting = [f for f in found if f.lora == (best is None)]  # the fastest of the same kind (LoRA only when needed)
+    if len(fitting) > 1:
+        quickest = min(step_s(st) for st in fitting)  # the guide's order among those within FASTER of the fastest
+        fastest = min((st for st in fitting if step_s(st) <= quickest * (1 + FASTER)), key=State.cost)
+        best, lora_best = (fastest, None) if best is not None else (None, fastest)
+        res.faster_than = len(fitting) - 1
+        first = min(fitting, key=State.cost)
+        if first is not fastest:  # the guide's first choice, slower by the time plan
+            res.guide_first = (override_strs(first.values, cfg), step_s(first))
     chosen = best or lora_best
+    if valid_util:
+        res.time_before = timeplan.time_plan(arch, s_req, card, shape)
     if chosen is None or (best is None and lora_best is not None):
         # full fine-tuning (or this LoRA setup) cannot fit: say what would
         res.way_out = way_out(ctx, s_req, verl, lora_fits=lora_best, lora_chosen=chosen is lora_best)
@@ -130,6 +153,7 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
 
     res.ok, res.lora, res.values = True, chosen.lora, dict(chosen.values)
     res.after = memplan.memory_plan(arch, chosen.s, remedies=False)
+    res.time_after = timeplan.time_plan(arch, chosen.s, card, shape)
     res.changes = _changes(ctx, chosen, cfg)
     res.overrides = [o for c in res.changes for o in c.overrides]
     # verify: the overrides on the verl config, the plan's settings from it, and the whole preflight on it

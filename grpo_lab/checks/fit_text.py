@@ -137,6 +137,10 @@ class FitResult:
     card_gb: float = 0.0
     host_ram_gb: float | None = None
     batch: dict[str, Any] = field(default_factory=dict)
+    time_before: dict[str, Any] | None = None  # timeplan.time_plan of the user's command / of the fitted one
+    time_after: dict[str, Any] | None = None
+    faster_than: int = 0  # the other fitting settings found, all slower by the time plan
+    guide_first: tuple[list[str], float] | None = None  # the guide's first choice (overrides, step s) when slower
 
 
 def _fmt_value(v: Any) -> str:
@@ -198,6 +202,28 @@ def phase_table(res: FitResult) -> list[str]:
     return lines
 
 
+def time_lines(res: FitResult) -> list[str]:
+    """The time plan of the user's command and of the fit's (grpo_lab/memory/timeplan.py)."""
+    from grpo_lab.memory.timeplan import duration
+
+    out = []
+    for label, t in (("your command", res.time_before), ("the fit's command", res.time_after if res.ok else None)):
+        if t:
+            run = f", the run ({t['steps']} steps) {duration(t['run_s'])}" if t["steps"] else ""
+            out.append(f"  {label}: a step {t['step_s']:.0f} s{run}")
+    if not out:
+        return []
+    if res.guide_first and res.time_after:
+        ovr, step = res.guide_first
+        out.append(f"  the guide's first choice ({' '.join(ovr)}): a step {step:.0f} s; the fit's is "
+                   f"{1 - res.time_after['step_s'] / step:.0%} shorter")
+    t = res.time_after or res.time_before
+    why = (f"the fastest of {res.faster_than + 1} fitting settings found" if res.faster_than else "")
+    head = "Predicted time (time plan" + (f"; {t['card']['scaled']}" if t["card"]["scaled"] else "") + \
+        "; answers to max_response_length)" + (f": {why}" if why else "")
+    return ["", head, *out]
+
+
 def format_result(res: FitResult, command: str | None) -> str:
     out = [f"grpo-lab fit: {res.title}"]
     card = res.card_gb
@@ -240,6 +266,7 @@ def format_result(res: FitResult, command: str | None) -> str:
         out.append("")
         out.append("Not taken")
         out.extend(f"  - {r}" for r in res.rejected)
+    out += time_lines(res)
     out.append("")
     if res.verified:
         out.append("checked: the preflight passes on the fitted config (0 errors"

@@ -156,7 +156,28 @@ def _time_plan(c: Ctx, verl: dict, lab: Lab) -> dict[str, Any]:
     s = c.plan.get("_settings")
     if s is None or not c.model or c.model.arch is None:
         return {}
-    return timeplan.time_plan(c.model.arch, s, timeplan.Card.of(lab.hardware), timeplan.shape_of(verl, lab, c.batch, s))
+    return timeplan.time_plan(c.model.arch, s, timeplan.Card.of(lab.hardware), run_shape(verl, lab, c.batch, s))
+
+
+def run_shape(verl: Mapping[str, Any], lab: Lab, batch: dict[str, Any], s: Any) -> timeplan.RunShape:
+    """The run's steps, validations and planned prompt length, from the resolved verl config, lab and the batch."""
+    ds = lab.dataset
+    steps = batch.get("total_training_steps")
+    if steps is None and ds.train_rows:  # the train file is not here yet: the dataset option's published size
+        steps = ds.train_rows // max(1, s.train_batch_size) * timeplan.int_or(batch.get("total_epochs"), 1)
+    val_rows, vf = ds.test_rows, get(verl, "data.val_files")
+    try:  # the validation file when it is here (verl validates all of it)
+        val_rows = parquet_num_rows(vf[0] if isinstance(vf, list) and vf else vf)
+    except (OSError, ValueError, TypeError):
+        pass
+    if ds.prompt_tokens:
+        prompt, source = float(ds.prompt_tokens), f"lab.dataset.prompt_tokens of {ds.name}"
+    else:
+        prompt, source = s.max_prompt_length / 2, "half of max_prompt_length (lab.dataset.prompt_tokens not set)"
+    return timeplan.RunShape(steps=timeplan.int_or(steps, 0), prompt_tokens=prompt, prompt_source=source,
+                             val_rows=val_rows, val_n=timeplan.int_or(get(verl, A + "rollout.val_kwargs.n", 1), 1),
+                             test_freq=timeplan.int_or(get(verl, "trainer.test_freq", -1), -1),
+                             val_before_train=bool(get(verl, "trainer.val_before_train", True)))
 
 
 def not_ready_here(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str], *,
@@ -254,13 +275,6 @@ def _item(rule: str, message: str, label: str, fix: str, checked: str, caution: 
     return lines
 
 
-def duration(sec: float | None) -> str:
-    """Seconds as a person reads them: 45 s, 18 min, 5.2 h."""
-    if sec is None:
-        return "-"
-    return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
-
-
 def _format_time(t: dict[str, Any]) -> list[str]:
     if not t:
         return []
@@ -268,10 +282,10 @@ def _format_time(t: dict[str, Any]) -> list[str]:
     card = t["card"]["scaled"] or "measured on this card"
     out = ["", f"Time plan ({t['card']['name']}: {card})",
            f"  steady step {t['step_s']:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in ph.items()),
-           f"  first step {t['first_step_s']:.0f} s (warm-up), start-up {duration(t['startup_s'])}"
+           f"  first step {t['first_step_s']:.0f} s (warm-up), start-up {timeplan.duration(t['startup_s'])}"
            + (f", {t['validations']} validation(s) of {t['validation_s']:.0f} s" if t["validations"] else "")]
     if t["steps"]:
-        out.append(f"  run: {t['steps']} steps -> {duration(t['run_s'])} (start-up, first step, "
+        out.append(f"  run: {t['steps']} steps -> {timeplan.duration(t['run_s'])} (start-up, first step, "
                    f"{t['steps'] - 1} x step, validations)")
     else:
         out.append("  run: steps unknown (no train file here and no trainer.total_training_steps): step times only")

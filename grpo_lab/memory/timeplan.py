@@ -15,7 +15,7 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.memory.memplan_arch import Arch, Settings
-from grpo_lab.memory.memplan_phases import kv_cache
+from grpo_lab.memory.memplan_phases import kv_cache, param_bytes
 
 TABLE = facts.ROOT / "benchmarks" / "gpu" / "timeplan_calibration.json"
 TABLE_MD = "benchmarks/gpu/timeplan_calibration.md"
@@ -27,6 +27,7 @@ BW_SHARE = 0.7   # share of the memory bandwidth weight and optimizer-state read
 DISK_GB_S = 2.0  # model loading at start-up, three times (actor, reference, vLLM) (assumed)
 PCIE_GB_S = {"pcie3": 12.0, "pcie4": 25.0, "pcie5": 50.0}  # host<->card per x16 link, pinned memory
 PCIE_DEFAULT = ("pcie4", 25.0)
+ALLREDUCE_S = {True: 10e-6, False: 50e-6}  # one small all-reduce over NVLink / PCIe (vLLM's TP, per layer) (assumed)
 NVLINK_GB_S = 300.0  # card to card over NVLink (A100: 600 GB/s both ways) (assumed)
 FUSED_CHUNK = 512  # verl's FusedLinearForPPO takes log-probs in chunks of this many tokens
 # seconds per count for terms no recorded run has measured yet (said as "not measured" where they count)
@@ -56,21 +57,22 @@ class Card:
     memory_gb_s: float
     pcie_gb_s: float
     link_gb_s: float  # card to card: NVLink, else the host's PCIe
+    allreduce_s: float  # one small all-reduce between the cards
     scaled: str = ""  # how the prediction was carried from the measured card ("" on it)
 
     @classmethod
     def of(cls, hw: Any) -> Card:
         """From the typed lab.hardware (grpo_lab/labconf.py); a card without speeds is planned at the H200's."""
         name, pcie = str(hw.gpu_name or hw.name or "?"), pcie_gb_s(hw)[0]
-        link = NVLINK_GB_S if hw.nvlink else pcie
+        link, ar = (NVLINK_GB_S if hw.nvlink else pcie), ALLREDUCE_S[bool(hw.nvlink)]
         flops, bw = hw.bf16_tflops, hw.memory_gb_s
         if not flops or not bw:
             on_it = "H200" in name
-            return cls(name, MEASURED["bf16_tflops"], MEASURED["memory_gb_s"], pcie, link,
+            return cls(name, MEASURED["bf16_tflops"], MEASURED["memory_gb_s"], pcie, link, ar,
                        "" if on_it else "card speed unknown (lab.hardware.bf16_tflops, memory_gb_s): planned as an "
                                         "H200")
         same = abs(flops - MEASURED["bf16_tflops"]) < 1 and abs(bw - MEASURED["memory_gb_s"]) < 1
-        return cls(name, float(flops), float(bw), pcie, link, "" if same else
+        return cls(name, float(flops), float(bw), pcie, link, ar, "" if same else
                    f"scaled from the H200 by published bf16 FLOP/s ({flops:g} vs 989 TFLOP/s) and memory bandwidth "
                    f"({bw:g} vs 4800 GB/s): not measured")
 
@@ -112,6 +114,7 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     eager = 1.0 if s.enforce_eager else 0.0
     layer_steps = w.decode_steps * waves * arch.num_hidden_layers
     gen_s = layer_steps / arch.num_hidden_layers * 2.0 * arch.params() / s.tp * byte_s  # a decode step reads weights
+    gen_s += layer_steps * 2 * card.allreduce_s if s.tp > 1 else 0.0  # vLLM's TP: two all-reduces per layer and step
     fwd_s = 2.0 * arch.active_params() * t * flop_s
     updates = updates_per_step(s)
     bwd = 1.0 if s.lora_rank > 0 else 2.0  # backward in forwards: activations' gradients, and the weights' unless LoRA
@@ -122,19 +125,24 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     mb_upd = updates * math.ceil(t / updates / max(1, s.update_tokens))
     trained = arch.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank > 0 else arch.params() / s.fsdp
     opt_s = updates * 16.0 * trained * (3 * byte_s + (2 * pcie_s if s.optimizer_offload else 0.0))
+    # verl's actor param_offload: the shards go to host RAM between phases and come back for each (a round trip)
+    shard_s = 2 * param_bytes(s) * arch.params() / s.fsdp * pcie_s if s.param_offload else 0.0
+    per_layer = arch.hidden_size * 2 if s.gradient_checkpointing else arch.layer_activation_bytes_per_token()
+    act_s = 2 * t * arch.num_hidden_layers * per_layer * pcie_s if s.activation_offload else 0.0  # out and back
     ref = {"fixed": 1.0, "loop_tokens": loop, "fused_chunks": fused, "micro_batches": mb_lp}
     return {
         "generation": {"count": {"fixed": 1.0, "eager_layer_steps": eager * layer_steps,
                                  "graph_layer_steps": (1 - eager) * layer_steps},
                        "physics_s": gen_s + 2.0 * arch.active_params() * w.trajectories * w.prompt * flop_s},
-        "old_log_prob": {"count": dict(ref), "physics_s": fwd_s + mb_lp * gather_s},
+        "old_log_prob": {"count": dict(ref), "physics_s": fwd_s + mb_lp * gather_s + shard_s},
         "reference": {"count": ref if s.ref_used else {},
                       "physics_s": fwd_s + mb_lp * gather_s + (2.0 * arch.params() * pcie_s if s.ref_param_offload
                                                               else 0.0) if s.ref_used else 0.0},
         "update": {"count": {"fixed": 1.0, "loop_tokens": loop, "fused_chunks": fused, "updates": updates,
                              "micro_batches": mb_upd},
-                   "physics_s": fwd_s * (1 + bwd + recompute) + opt_s + mb_upd * gather_s * (1 + bwd)},
-        "weight_sync": {"count": {"fixed": 1.0}, "physics_s": 2.0 * arch.params() / n * byte_s},
+                   "physics_s": fwd_s * (1 + bwd + recompute) + opt_s + mb_upd * gather_s * (1 + bwd) + shard_s
+                   + act_s},
+        "weight_sync": {"count": {"fixed": 1.0}, "physics_s": 2.0 * arch.params() / n * byte_s + shard_s},
         "other": {"count": {"fixed": 1.0, "trajectories": w.trajectories}, "physics_s": 0.0},
     }
 
@@ -216,32 +224,16 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     }
 
 
-def shape_of(verl: dict[str, Any], lab: Any, batch: dict[str, Any], s: Settings) -> RunShape:
-    """The run's steps, validations and planned prompt length, from the resolved verl config, lab and the batch."""
-    from grpo_lab.verl_keys import A, get
-
-    ds = lab.dataset
-    steps = batch.get("total_training_steps")
-    if steps is None and ds.train_rows:  # the train file is not here yet: the dataset option's published size
-        steps = ds.train_rows // max(1, s.train_batch_size) * _int(batch.get("total_epochs"), 1)
-    val_rows, vf = ds.test_rows, get(verl, "data.val_files")
-    try:  # the validation file when it is here (verl validates all of it)
-        val_rows = facts.parquet_num_rows(vf[0] if isinstance(vf, list) and vf else vf)
-    except (OSError, ValueError, TypeError):
-        pass
-    if ds.prompt_tokens:
-        prompt, source = float(ds.prompt_tokens), f"lab.dataset.prompt_tokens of {ds.name}"
-    else:
-        prompt, source = s.max_prompt_length / 2, "half of max_prompt_length (lab.dataset.prompt_tokens not set)"
-    return RunShape(steps=_int(steps, 0), prompt_tokens=prompt, prompt_source=source, val_rows=val_rows,
-                    val_n=_int(get(verl, A + "rollout.val_kwargs.n", 1), 1),
-                    test_freq=_int(get(verl, "trainer.test_freq", -1), -1),
-                    val_before_train=bool(get(verl, "trainer.val_before_train", True)))
-
-
-def _int(v: Any, default: int) -> int:
+def int_or(v: Any, default: int) -> int:
     """A value the rules refuse when it is no whole number (the plan is made all the same)."""
     try:
         return int(v) if v is not None else default
     except (TypeError, ValueError):
         return default
+
+
+def duration(sec: float | None) -> str:
+    """Seconds as a person reads them: 45 s, 18 min, 5.2 h."""
+    if sec is None:
+        return "-"
+    return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
