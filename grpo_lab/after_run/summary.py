@@ -150,6 +150,7 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
 def plan_cells(job_dir: Path) -> dict[str, Any]:
     """The what-if cells of a job from its plan.json: planned peaks, card, KV cache, time, verdict (None: not there)."""
     from grpo_lab.after_run import doctor
+    from grpo_lab.checks.preflight import duration
 
     plan = doctor.read_json(job_dir / "plan.json")
     mem, t = plan.get("memory") or {}, plan.get("time") or {}
@@ -159,14 +160,7 @@ def plan_cells(job_dir: Path) -> dict[str, Any]:
     run_s = M.finite_float(t.get("run_s")) if t.get("steps", 1) else None  # steps unknown: start-up and 1 step only
     return {**peaks, "card_gb": M.finite_float(mem.get("card_gb")),
             "kv_tokens": (mem.get("kv_cache") or {}).get("tokens"), "planned_step_s": M.finite_float(t.get("step_s")),
-            "planned_run": duration(run_s), "verdict": (mem.get("verdict") or {}).get("overall")}
-
-
-def duration(sec: float | None) -> str | None:
-    """Seconds as a person reads them: 45 s, 18 min, 5.2 h (None: unknown)."""
-    if sec is None:
-        return None
-    return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
+            "planned_run": run_s and duration(run_s), "verdict": (mem.get("verdict") or {}).get("overall")}
 
 
 def _is_plan(status: str) -> bool:
