@@ -56,7 +56,7 @@ def test_sweep_summary_shows_a_refused_job_as_refused(tmp_path):
     table = S.summarize_sweep(sweep, plots=False)
     rows = dict(zip(table["ngpus_per_node"].astype(str), table["status"]))
     assert rows["3"] == "refused: mini_batch_divisibility", (rows, out.stderr[-2000:])
-    assert rows["4"] == "ok"
+    assert rows["4"] == "planned"  # preflight.only: a plan, not a run
     md = (sweep / "summary.md").read_text()
     assert "refused: mini_batch_divisibility" in md and "try: `train_batch_size=126 ppo_mini_batch_size=63`" in md
     # a refusal is no crash: no traceback, the sweep goes on to job1, and the command exits 2 naming the job

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import run_module
+from conftest import planned, run_module, run_py
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
@@ -258,3 +258,85 @@ def test_sweep_summary_calls_a_job_whose_process_is_gone_killed(tmp_path):
     assert list(table["status"]) == ["unfinished", "killed"]
     text = (sweep / "summary.md").read_text()
     assert "## Failed jobs" in text and f"- job1 (killed): killed: its process (pid {gone['pid']}" in text
+
+
+def _png_pixels(path: Path, rgb: tuple[int, int, int]) -> int:
+    """How many pixels of the png at `path` have the colour `rgb` (give or take 8 of 255)."""
+    import matplotlib.image
+
+    img = matplotlib.image.imread(path)[..., :3] * 255
+    return int((abs(img - rgb) <= 8).all(axis=-1).sum())
+
+
+C0, C1, C2 = (31, 119, 180), (255, 127, 14), (44, 160, 44)  # matplotlib's first three line colours
+
+
+def test_a_plan_only_sweep_is_a_what_if_table(tmp_path):
+    sweep = tmp_path / "sweep"
+    p = run_py("-m", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3,0.4,0.5", "preflight.only=true",
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
+    md = (sweep / "summary.md").read_text()
+    assert "3 job(s): 3 planned." in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| job")][1:]
+    assert len(rows) == 3 and all(" | planned | " in r for r in rows) and not any("| ok |" in r for r in rows)
+    csv = pd.read_csv(sweep / "summary.csv")
+    assert list(csv["status"]) == ["planned"] * 3
+    assert not {"steps", "throughput_tok_s_gpu", "val_last"} & set(csv.columns)  # nothing trained: not shown
+    assert {"planned_step_s", "planned_run"} <= set(csv.columns)
+    # more of the card for vLLM: a higher generation peak and a larger KV cache; training and weight sync unchanged
+    gen, kv = list(csv["gen_peak_gb"]), list(csv["kv_tokens"])
+    assert gen[0] < gen[1] < gen[2] < csv["card_gb"][0] and kv[0] < kv[1] < kv[2], (gen, kv)
+    assert csv["train_peak_gb"].nunique() == 1 and csv["sync_peak_gb"].nunique() == 1 and csv["train_peak_gb"][0] > 0
+    assert list(csv["verdict"]) == ["fits"] * 3
+    png = sweep / "summary.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert min(_png_pixels(png, c) for c in (C0, C1, C2)) > 100  # the three phases' lines are drawn
+
+
+def _plan(gen: float, kv: int, time: dict | None = None) -> dict:
+    phases = {"generation": gen, "training": 40.0, "weight_sync": 30.0}
+    mem = {"card_gb": 80.0, "phases": {k: {"peak_gb_per_gpu": v, "verdict": "fits"} for k, v in phases.items()},
+           "kv_cache": {"tokens": kv}, "verdict": {"overall": "tight" if gen > 60 else "fits"}}
+    return {"memory": mem, "errors": [], **({"time": time} if time is not None else {})}
+
+
+def test_a_time_plan_shows_in_the_what_if_row(tmp_path):
+    sweep = tmp_path / "sweep"
+    times = [{"step_s": 42.0, "run_s": 18720.0, "steps": 400, "first_step_s": 60.0, "startup_s": 90.0},
+             {"step_s": 30.5, "run_s": 1080.0, "steps": 30}, None]
+    for i, t in enumerate(times):
+        synth.write_job(sweep / f"job{i}", status="ok", status_extra={"note": "planned", "exit": 3},
+                        overrides=[f"rollout_gpu_mem_util={0.5 + i / 10}", "preflight.only=true"],
+                        plan=_plan(50.0 + 10 * i, 100000 * (i + 1), t))
+    S.summarize_sweep(sweep)
+    md = (sweep / "summary.md").read_text()
+    assert "| job0 | 0.5 | planned | 50 | 40 | 30 | 80 | 100,000 | 42 | 5.2 h | fits |" in md
+    assert "| job1 | 0.6 | planned | 60 | 40 | 30 | 80 | 200,000 | 30.5 | 18 min | fits |" in md
+    assert "| job2 | 0.7 | planned | 70 | 40 | 30 | 80 | 300,000 | - | - | tight |" in md  # no time section
+    csv = pd.read_csv(sweep / "summary.csv")
+    assert list(csv["planned_run"].fillna("-")) == ["5.2 h", "18 min", "-"]
+    assert csv["planned_step_s"][0] == 42.0 and pd.isna(csv["planned_step_s"][2])
+    # the predicted step time gets a third panel: 3 x 5.5 inches at 80 dpi
+    import matplotlib.image
+
+    assert matplotlib.image.imread(sweep / "summary.png").shape[1] == 1320
+    # steps unknown (no train file): the run's length is not known either
+    assert S.plan_cells(synth.write_job(tmp_path / "j", plan=_plan(1, 1, {"step_s": 9, "run_s": 99, "steps": 0}))
+                        )["planned_run"] is None
+
+
+def test_a_mixed_sweep_keeps_its_trained_rows(tmp_path):
+    sweep = make_sweep(tmp_path)
+    synth.write_job(sweep / "job3", status="ok", status_extra={"note": "planned", "exit": 3},
+                    overrides=[*BASE, "rollout_gpu_mem_util=0.6", "preflight.only=true"], plan=_plan(55.0, 123456))
+    table = S.summarize_sweep(sweep)
+    assert list(table["status"]) == ["ok", "ok", "OOM in training", "planned"]
+    assert list(table["steps"]) == [20, 20, 0, 0]
+    assert table.iloc[1]["throughput_tok_s_gpu"] == pytest.approx(1600, rel=0.05)
+    assert table.iloc[3]["gen_peak_gb"] == 55.0 and table.iloc[3]["kv_tokens"] == 123456
+    md = (sweep / "summary.md").read_text()
+    assert "4 job(s): 2 ok, 1 OOM in training, 1 planned." in md
+    job2 = next(ln for ln in md.splitlines() if ln.startswith("| job2 "))
+    assert job2.startswith("| job2 | 0.5 | - | OOM in training | 0 | - |")  # preflight.only is swept too
+    assert "- job3" not in md  # a plan is no failure

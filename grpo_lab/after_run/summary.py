@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import numbers
 import re
 import sys
 from pathlib import Path
@@ -29,10 +30,12 @@ except Exception:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["job", "status", "steps", "step_time_s", "gen_time_s", "throughput_tok_s_gpu", "peak_train_mem_gib",
-           "last_score", "val_first", "val_last", "val_step", "diagnosis", "overrides"]
+TRAINED = ["steps", "step_time_s", "gen_time_s", "throughput_tok_s_gpu", "peak_train_mem_gib", "last_score",
+           "val_first", "val_last", "val_step"]
+PLANNED_COLUMNS = ["gen_peak_gb", "train_peak_gb", "sync_peak_gb", "card_gb", "kv_tokens", "planned_step_s",
+                   "planned_run", "verdict"]  # read from each job's plan.json
 
-OK, UNFINISHED, OTHER, KILLED = "ok", "unfinished", "other failure", "killed"
+OK, UNFINISHED, OTHER, KILLED, PLANNED = "ok", "unfinished", "other failure", "killed", "planned"
 
 
 def job_dirs(sweep_dir: str | Path) -> list[Path]:
@@ -86,7 +89,7 @@ def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
     status = doctor.read_json(job_dir / "status.json")
     st = status.get("status")
     if st == "ok":
-        return OK, "", []
+        return (PLANNED if status.get("note") == "planned" else OK), "", []
     gone = doctor.gone_running(status)
     if st == "running" and not gone:
         return UNFINISHED, "", []
@@ -140,7 +143,28 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
         "_val": {int(k): float(v) for k, v in val.items()} if val is not None else {},
         "diagnosis": diag_text,
         "overrides": " ".join(read_overrides(job_dir)),
+        **plan_cells(job_dir),
     }
+
+
+def plan_cells(job_dir: Path) -> dict[str, Any]:
+    """The what-if cells of a job from its plan.json: planned peaks, card, KV cache, time, verdict (None: not there)."""
+    from grpo_lab.after_run import doctor
+    from grpo_lab.checks.preflight import duration
+
+    plan = doctor.read_json(job_dir / "plan.json")
+    mem, t = plan.get("memory") or {}, plan.get("time") or {}
+    phases = mem.get("phases") or {}
+    peaks = {f"{short}_peak_gb": M.finite_float((phases.get(name) or {}).get("peak_gb_per_gpu"))
+             for short, name in (("gen", "generation"), ("train", "training"), ("sync", "weight_sync"))}
+    run_s = M.finite_float(t.get("run_s")) if t.get("steps", 1) else None  # steps unknown: start-up and 1 step only
+    return {**peaks, "card_gb": M.finite_float(mem.get("card_gb")),
+            "kv_tokens": (mem.get("kv_cache") or {}).get("tokens"), "planned_step_s": M.finite_float(t.get("step_s")),
+            "planned_run": run_s and duration(run_s), "verdict": (mem.get("verdict") or {}).get("overall")}
+
+
+def _is_plan(status: str) -> bool:
+    return status == PLANNED or status.startswith("refused")
 
 
 def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagnosis]] | None = None
@@ -159,7 +183,10 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
             row[k] = ov.get(k)
     import pandas as pd
 
-    table = pd.DataFrame(rows, columns=["job", *keys, *COLUMNS[1:]])
+    plan_only = all(_is_plan(r["status"]) for r in rows)  # nothing trained: no training columns
+    what_if = plan_only or any(r["status"] == PLANNED for r in rows)
+    cols = ["status", *([] if plan_only else TRAINED), *(PLANNED_COLUMNS if what_if else []), "diagnosis", "overrides"]
+    table = pd.DataFrame(rows, columns=["job", *keys, *cols])
     table.attrs["val_ranking"] = val_ranking(rows, keys)
     return table, keys
 
@@ -193,7 +220,7 @@ def val_ranking(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
 def _cell(v: Any) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
-    if isinstance(v, float):
+    if isinstance(v, (float, numbers.Integral)) and not isinstance(v, bool):
         return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
     return str(v).replace("|", "\\|")
 
@@ -210,14 +237,21 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
     out.append("|" + "|".join("---" for _ in cols) + "|")
     for _, row in table.iterrows():
         out.append("| " + " | ".join(_cell(row[c]) for c in cols) + " |")
-    out += ["", "step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
-            "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has more than 2 steps; "
-            "peak_train_mem_gib: max of actor/perf/max_memory_allocated_gb (GiB, as verl logs it); last_score: "
-            "critic/score/mean of the last step; val_first, val_last, val_step: the job's main validation metric "
-            "(val-core/.../mean@N) at its first and last validation, and the step of the last.", ""]
+    out.append("")
+    if "steps" in cols:
+        out += ["step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
+                "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has more than 2 steps; "
+                "peak_train_mem_gib: max of actor/perf/max_memory_allocated_gb (GiB, as verl logs it); last_score: "
+                "critic/score/mean of the last step; val_first, val_last, val_step: the job's main validation metric "
+                "(val-core/.../mean@N) at its first and last validation, and the step of the last.", ""]
+    if "verdict" in cols:
+        out += ["From each job's plan.json: gen_peak_gb, train_peak_gb, sync_peak_gb: the memory plan's peak per "
+                "GPU (GB) in generation, training and weight sync, on a card of card_gb; kv_tokens: the KV cache in "
+                "tokens; planned_step_s, planned_run: the time plan's steady step and whole run (- where the plan "
+                "has none); verdict: the memory plan's overall verdict.", ""]
     if table.attrs.get("val_ranking"):
         out += [table.attrs["val_ranking"], ""]
-    failed = table[~table["status"].isin([OK, UNFINISHED])]
+    failed = table[~table["status"].isin([OK, UNFINISHED, PLANNED])]
     if len(failed):
         out.append("## Failed jobs")
         for _, row in failed.iterrows():
@@ -245,24 +279,34 @@ def plot_summary(table: pd.DataFrame, keys: list[str], path: Path) -> Path | Non
         xlabel = "job"
     numeric = len(keys) == 1 and all(M.finite_float(v) is not None for v in table[keys[0]])
     xs = [M.finite_float(v) for v in table[keys[0]]] if numeric else list(range(len(labels)))
-    fig = Figure(figsize=(11, 4.5), dpi=80)
-    axes = fig.subplots(1, 2)
-    for ax, col, title in ((axes[0], "throughput_tok_s_gpu", "throughput (tokens/s per GPU)"),
-                           (axes[1], "step_time_s", "time per step (s)")):
-        ok_x, ok_y = [], []
-        for x, (_, row) in zip(xs, table.iterrows()):
-            y = M.finite_float(row[col])
-            if row["status"] == OK or (y is not None and row["status"] == UNFINISHED):
-                if y is not None:
+    plan = "steps" not in table.columns  # a what-if sweep: the plan's peaks, KV cache and time
+    panels = [("throughput (tokens/s per GPU)", ["throughput_tok_s_gpu"]), ("time per step (s)", ["step_time_s"])]
+    if plan:
+        panels = [("planned peak per GPU (GB)", ["gen_peak_gb", "train_peak_gb", "sync_peak_gb", "card_gb"]),
+                  ("KV cache (tokens)", ["kv_tokens"])]
+        if table["planned_step_s"].notna().any():
+            panels.append(("predicted time per step (s)", ["planned_step_s"]))
+    fig = Figure(figsize=(5.5 * len(panels), 4.5), dpi=80)
+    for ax, (title, cols) in zip(fig.subplots(1, len(panels)), panels):
+        for col in cols:
+            ok_x, ok_y = [], []
+            for x, (_, row) in zip(xs, table.iterrows()):
+                y = M.finite_float(row[col])
+                good = row["status"] in (OK, PLANNED) or (y is not None and (row["status"] == UNFINISHED or plan))
+                if good and y is not None:
                     ok_x.append(x)
                     ok_y.append(y)
-            else:
-                ax.scatter([x], [0], marker="x", color="red", s=80, zorder=3, clip_on=False)
-                ax.annotate(str(row["status"]), (x, 0), textcoords="offset points", xytext=(0, 8), ha="center",
-                            fontsize=8, color="red")
-        if ok_x:
-            order = sorted(range(len(ok_x)), key=lambda i: ok_x[i])
-            ax.plot([ok_x[i] for i in order], [ok_y[i] for i in order], marker="o")
+                if col == cols[0] and (not good or row["status"] not in (OK, PLANNED, UNFINISHED)):
+                    at = (x, y if good and y is not None else 0)
+                    ax.scatter(*at, marker="x", color="red", s=80, zorder=3, clip_on=False)
+                    ax.annotate(str(row["status"]), at, textcoords="offset points", xytext=(0, 8), ha="center",
+                                fontsize=8, color="red")
+            if ok_x:
+                order = sorted(range(len(ok_x)), key=lambda i: ok_x[i])
+                style = {"linestyle": "--", "color": "gray"} if col == "card_gb" else {"marker": "o"}
+                ax.plot([ok_x[i] for i in order], [ok_y[i] for i in order], label=col, **style)
+        if len(cols) > 1:
+            ax.legend(fontsize=8)
         ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
