@@ -150,7 +150,7 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
 def plan_cells(job_dir: Path) -> dict[str, Any]:
     """The what-if cells of a job from its plan.json: planned peaks, card, KV cache, time, verdict (None: not there)."""
     from grpo_lab.after_run import doctor
-    from grpo_lab.checks.preflight import duration
+    from grpo_lab.memory.timeplan import duration
 
     plan = doctor.read_json(job_dir / "plan.json")
     mem, t = plan.get("memory") or {}, plan.get("time") or {}
