@@ -85,3 +85,10 @@ def test_the_guides_machine_is_scaled_from_the_h200_and_says_so(tmp_path):
 def test_a_card_without_speeds_is_planned_as_the_h200_and_says_so(tmp_path):
     t, out = plan_of(tmp_path, *SMOL, "hardware=rtx4080x4", "lab.hardware.bf16_tflops=null")
     assert "planned as an H200" in t["card"]["scaled"] and "card speed unknown" in out
+
+
+def test_the_readme_quotes_the_tables_accuracy():
+    acc = timeplan.table()["accuracy"]
+    readme = (ROOT / "README.md").read_text()
+    assert f"{acc['step_ratio_min']:.2f}-{acc['step_ratio_max']:.2f} of the measured steady step on {acc['runs']} runs" \
+        in " ".join(readme.split())
