@@ -15,7 +15,6 @@ validation come from the stamped logs (<job>.log.gz beside the folder, benchmark
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import statistics
@@ -29,7 +28,7 @@ for p in (ROOT, ROOT / "benchmarks", ROOT / "benchmarks" / "gpu"):
         sys.path.insert(0, str(p))
 
 import numpy as np  # noqa: E402
-from calibrate_memplan import RESULTS, _yaml, job_model_facts, model_facts, rel, side_by_side  # noqa: E402
+from calibrate_memplan import RESULTS, _yaml, job_model_facts, model_facts, rel, run_cli, side_by_side  # noqa: E402
 from phases import milestones  # noqa: E402
 
 from grpo_lab.checks.rules.values import settings_from_verl  # noqa: E402
@@ -218,22 +217,8 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="write benchmarks/gpu/timeplan_calibration.{json,md}")
-    ap.add_argument("--json", help="write the result here (instead of the repository's table)")
-    ap.add_argument("--results", default=str(RESULTS), help="the folder of recorded jobs (default: %(default)s)")
-    args = ap.parse_args(argv)
-    result = collect(Path(args.results).resolve())
-    text = render(result)
-    print(text)
-    if args.write or args.json:
-        (Path(args.json) if args.json else timeplan.TABLE).write_text(json.dumps(result, indent=1) + "\n")
-        if args.write:
-            (ROOT / timeplan.TABLE_MD).write_text(text)
-    bad = outside(result)
-    for b in bad:
-        print(f"OUTSIDE THE STATED ACCURACY: {b}", file=sys.stderr)
-    return 1 if bad and not args.write else 0
+    return run_cli(argv, __doc__, timeplan.TABLE, ROOT / timeplan.TABLE_MD, collect, render, outside,
+                   fail_on_write=False)
 
 
 if __name__ == "__main__":
