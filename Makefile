@@ -103,6 +103,10 @@ plan: ## preflight only: batch arithmetic, memory plan, problems; writes plan.js
 fit: ## search settings that fit every phase, print one command (ARGS="model=qwen3_4b ..." WRITE=<name> saves it)
 	$(PY) run.py preflight.fit=true $(ARGS) $(if $(WRITE),preflight.fit_write=$(WRITE)) $(if $(OVERWRITE),preflight.fit_overwrite=true)
 
+.PHONY: capacity
+capacity: ## what fits and how long the guide's run takes, every model on every hardware option (README's table)
+	@$(PY) -m grpo_lab.launch.capacity
+
 .PHONY: calibrate
 calibrate: ## replay the recorded GPU jobs through the memory and time plans; writes benchmarks/gpu/*_calibration.{json,md}
 	$(PY) benchmarks/calibrate_memplan.py --write

@@ -78,6 +78,7 @@ NOT_RUN = {
                     "tmp dir",
     "make arith-oneshot": "writes data/ of the checkout; tests/test_arith.py runs the generator",
     "make countdown": "writes data/ of the checkout; tests/test_countdown.py runs the generator",
+    "make capacity": "tests/test_capacity.py runs it and compares its table with README.md's",
     "make calibrate": "rewrites benchmarks/gpu/memplan_calibration.* of the checkout; tests/test_calibration.py runs "
                       "the script into a tmp file and compares it with them",
 }
