@@ -65,11 +65,16 @@ job() {  # job NAME LIMIT_S run.py-ARGS...: one job alone, profiled, packed with
   pack "$name"
 }
 
-SMOL=(experiment=learn_smollm2 hardware=h200x1 trainer.total_training_steps="${STEPS:-4}")
-QS=(experiment=smoke hardware=h200x1 dataset=arith_tiny model_path="$Q06" "$SDPA")
+# the card decides the hardware option (HW=... overrides): the test machine lends an H200 or an H100
+case "${HW:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}" in
+  *H100*|h100x1) HW=h100x1 REAL_GB=79.1 ;;
+  *) HW=h200x1 REAL_GB=139.8 ;;
+esac
+SMOL=(experiment=learn_smollm2 hardware=$HW trainer.total_training_steps="${STEPS:-4}")
+QS=(experiment=smoke hardware=$HW dataset=arith_tiny model_path="$Q06" "$SDPA")
 # the 1.7B smoke on one emulated 32 GB card with the LoRA that `make fit` prints for it (full fine-tuning runs out there)
-Q17LORA=(experiment=smoke model=qwen3_1_7b hardware=h200x1 lab.hardware.gpu_memory_gb=32
-  lab.hardware.emulate.real_gpu_memory_gb=139.8 dataset=arith_tiny model_path="$Q17" "$SDPA"
+Q17LORA=(experiment=smoke model=qwen3_1_7b hardware=$HW lab.hardware.gpu_memory_gb=32
+  lab.hardware.emulate.real_gpu_memory_gb=$REAL_GB dataset=arith_tiny model_path="$Q17" "$SDPA"
   actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32
   actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.actor.strategy=fsdp2)
 case "${1:-}" in
