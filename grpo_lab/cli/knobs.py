@@ -93,14 +93,8 @@ def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str
 @functools.cache
 def our_followers() -> dict[str, tuple[str, ...]]:
     """key -> the keys whose value is exactly `${key}` in conf/config.yaml (short keys included)."""
-    import yaml
-
     out: dict[str, list[str]] = {}
-    try:
-        ours = yaml.load((CONF / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError):
-        ours = {}
-    _walk(ours or {}, "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
+    _walk(facts.load_yaml_or(CONF / "config.yaml", {}), "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 

@@ -225,12 +225,6 @@ def verl_groups() -> dict[str, set[str]]:
     return _group_dirs(verl_config_dir())
 
 
-def yaml_load(path: Path) -> Any:
-    import yaml
-
-    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
 def _merge(into: dict, new: Mapping) -> None:
     for k, v in new.items():
         if isinstance(v, Mapping) and isinstance(into.get(k), dict):
@@ -249,7 +243,7 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     root = Path(conf_dir)
     for path in [root / "config.yaml", *sorted(root.glob("*/*.yaml"))]:
         try:
-            data = yaml_load(path)
+            data = facts.load_yaml(path)
         except Exception:
             continue
         if isinstance(data, dict):
