@@ -6,6 +6,7 @@ What each function gives: docs/cli.md."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import re
@@ -324,12 +325,8 @@ def visible_gpus(environ: Mapping[str, str]) -> tuple[int, str]:
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
         return physical, source
-    entries = []
-    for e in cvd.split(","):  # CUDA stops at the first invalid entry
-        e = e.strip()
-        if not e or e.startswith("-"):
-            break
-        entries.append(e)
+    # CUDA stops at the first invalid entry
+    entries = list(itertools.takewhile(lambda e: e and not e.startswith("-"), (e.strip() for e in cvd.split(","))))
     return min(len(entries), physical), f"CUDA_VISIBLE_DEVICES={cvd!r} of {physical} ({source})"
 
 

@@ -174,6 +174,12 @@ def training_steps(df: pd.DataFrame) -> pd.Index:
     return df.index[mask]
 
 
+def train_series(df: pd.DataFrame, name: str) -> pd.Series:
+    """The metric's values at the steps that trained (training_steps)."""
+    s = series(df, name)
+    return s[s.index.isin(training_steps(df))] if not s.empty else s
+
+
 def steady_mean(s: pd.Series) -> float | None:
     """Mean over the steps after the first when there are more than two (step 1 carries warm-up and compile time)."""
     s = s.dropna()

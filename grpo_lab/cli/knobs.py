@@ -60,14 +60,8 @@ ENV_NAMES: frozenset[str] = frozenset(k.env for k in KNOBS)
 
 def near_misses(names: list[str], known: frozenset[str], cutoff: float = 0.85) -> dict[str, str]:
     """Names that are not known but close to a known one: {misspelt: meant}."""
-    out = {}
-    for name in names:
-        if name in known:
-            continue
-        match = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
-        if match:
-            out[name] = match[0]
-    return out
+    return {name: match[0] for name in names if name not in known
+            and (match := difflib.get_close_matches(name, known, n=1, cutoff=cutoff))}
 
 
 def misspelt_env(environ: dict[str, str] | None = None) -> dict[str, str]:
