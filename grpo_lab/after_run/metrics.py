@@ -1,6 +1,4 @@
-"""Read verl's `file` logger output (metrics.jsonl) into a pandas DataFrame indexed by step.
-
-What the file holds and the metric names of each verl version: docs/after_run.md."""
+"""Read verl's `file` logger output (metrics.jsonl) into a pandas DataFrame indexed by step (docs/after_run.md)."""
 
 from __future__ import annotations
 

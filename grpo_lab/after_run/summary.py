@@ -1,7 +1,4 @@
 """The summary of a Hydra multirun sweep: one row per job, as Markdown, CSV and a plot against the swept value.
-
-    python -m grpo_lab.after_run.summary SWEEP_DIR      (make report RUN=outputs/sweeps/<sweep> does the same)
-
 Each row, the swept key and the Hydra callback: docs/after_run.md."""
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """Apply command-line overrides to a resolved config, as composing them would have: one function for the preflight's
-fix re-check (grpo_lab/checks/fixes.py) and the fit's search (grpo_lab/checks/fit.py).
-
-    verl2, lab2 = apply_overrides(verl, lab, ["rollout_n=8", "actor_rollout_ref.actor.use_dynamic_bsz=false"])
-
-What composing does that a plain dict update does not, and what this does instead: docs/cli.md.
-"""
+fix re-check (grpo_lab/checks/fixes.py) and the fit's search (grpo_lab/checks/fit.py); how: docs/cli.md."""
 
 from __future__ import annotations
 

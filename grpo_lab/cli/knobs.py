@@ -1,6 +1,4 @@
-"""The official script's knobs: short config keys, their environment variables, and the verl keys they feed.
-
-How a knob is set, and its precedence: docs/cli.md."""
+"""The official script's knobs: short keys, their environment variables, the verl keys they feed: docs/cli.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """The command line, parsed once: Hydra's own flag parser and override grammar, checked against the config groups and
-keys.
-
-What it knows, what it refuses (and why), and verl's own tree: docs/cli.md.
-"""
+keys. What it knows, what it refuses (and why), and verl's own tree: docs/cli.md."""
 
 from __future__ import annotations
 

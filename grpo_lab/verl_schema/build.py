@@ -1,9 +1,5 @@
-"""The builder of verl's schema: run in a child process, it imports verl and reads its objects, once per verl version.
-
-    python -m grpo_lab.verl_schema.build CONFIG_DIR OUT VERSION_BASE
-
-When it runs and each part of the document it writes: docs/verl_schema.md.
-"""
+"""The builder of verl's schema, `python -m grpo_lab.verl_schema.build CONFIG_DIR OUT VERSION_BASE`: run in a child
+process, it imports verl and reads its objects, once per verl version. Each part it writes: docs/verl_schema.md."""
 
 from __future__ import annotations
 
