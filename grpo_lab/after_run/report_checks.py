@@ -445,9 +445,7 @@ def check_memory(run: RunInfo) -> Check:
 
 
 def _planned_allocator(plan: dict[str, Any], steps: int) -> tuple[float | None, str]:
-    """The plan's peak of the trainer's torch allocator (GB), what verl's actor/perf/max_memory_* measure, for a run
-    that logged `steps` updates (verl logs it before the step's weight sync: after one step, the sync with AdamW's
-    moments has not happened yet); a plan.json from before it was planned has none: (None, why it is not held)."""
+    """The plan's peak of the trainer's torch allocator (GB) for a run of `steps` updates, or (None, why not)."""
     ta = _get(plan, "memory.trainer_allocator") or {}
     peaks = {k: M.finite_float(v) for k, v in (ta.get("peaks_gb") or {}).items()
              if steps > 1 or k != "weight_sync"}

@@ -29,9 +29,7 @@ def groups() -> frozenset[str]:
 
 
 def respell(overrides: list[Override], apart: Mapping[str, Iterable[str]]) -> list[Override]:
-    """Overrides in the spelling that wins in a config where `apart` (set_apart) keys no longer follow their short
-    key: `total_epochs=1` becomes `trainer.total_epochs=1` when the user set `trainer.total_epochs` on its own. The
-    short key stays when it still reaches one of its keys; each key set apart gets the value by its own name."""
+    """Overrides in the spelling that wins where `apart` (set_apart) keys no longer follow their short key."""
     if not apart:
         return overrides
     out: dict[str, Override] = {}

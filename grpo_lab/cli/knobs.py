@@ -92,9 +92,7 @@ def our_followers() -> dict[str, tuple[str, ...]]:
 
 @functools.cache
 def followers() -> dict[str, tuple[str, ...]]:
-    """key -> the keys whose value is exactly `${key}`: in conf/config.yaml (short keys included) and in verl's
-    composed ppo_trainer (grpo_lab.verl_schema's schema().tree; e.g. rollout.response_length follows
-    data.max_response_length)."""
+    """key -> the keys whose value is exactly `${key}`: in conf/config.yaml and in verl's composed ppo_trainer."""
     from grpo_lab.verl_schema import schema
 
     out: dict[str, list[str]] = {k: list(v) for k, v in our_followers().items()}

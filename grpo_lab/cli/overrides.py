@@ -152,9 +152,7 @@ def given_twice(overrides: Sequence[Any]) -> list[str]:
 
 
 def quote(value: Any) -> str:
-    """The one place values become override text: a value as Hydra's grammar reads it back as the same value.
-    Strings stay strings ('1' and 'true' are quoted: Ray wants its env vars as strings) and are quoted when they hold
-    what the grammar reads otherwise (commas, brackets, spaces); true/false/null, numbers, [lists] and {dicts}."""
+    """The one place values become override text: a value as Hydra's grammar reads it back as the same value."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
