@@ -6,6 +6,7 @@ What each function gives: docs/cli.md."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import re
@@ -97,18 +98,29 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 # the model groups: conf/model/*.yaml, read as files (no Hydra): which model_path each one plans
 
+def load_yaml(path: str | os.PathLike) -> Any:
+    """A YAML file's data (libyaml's safe loader where there is one)."""
+    import yaml
+
+    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def load_yaml_or(path: str | os.PathLike, default: Any) -> Any:
+    """load_yaml, or `default` when the file is unreadable, not YAML, or empty."""
+    import yaml
+
+    try:
+        return load_yaml(path) or default
+    except (OSError, yaml.YAMLError):
+        return default
+
+
 @functools.cache
 def model_groups() -> dict[str, dict[str, Any]]:
     """{model_path or hub id: that group's lab.model} for the files in conf/model/ (local paths: their folder name)."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     out: dict[str, dict[str, Any]] = {}
     for f in sorted((ROOT / "conf" / "model").glob("*.yaml")):
-        try:
-            doc = yaml.load(f.read_text(), Loader=loader) or {}
-        except (OSError, yaml.YAMLError):
-            continue
+        doc = load_yaml_or(f, {})
         model = (doc.get("lab") or {}).get("model") or {}
         if not isinstance(model, dict) or not model.get("name"):
             continue
@@ -121,10 +133,8 @@ def model_groups() -> dict[str, dict[str, Any]]:
 def model_group_of_folder(folder: str) -> dict[str, Any] | None:
     """The lab.model of the conf/model option whose model_path ends in this folder name (a recorded job's model
     folder, e.g. /tmp/w/data/smollm2-135m-instruct), else None."""
-    import yaml
-
     for f in sorted((ROOT / "conf" / "model").glob("*.yaml")):
-        doc = yaml.load(f.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+        doc = load_yaml(f) or {}
         if str(doc.get("model_path") or "").rstrip("/").rsplit("/", 1)[-1] == folder:
             return (doc.get("lab") or {}).get("model")
     return None
@@ -132,15 +142,10 @@ def model_group_of_folder(folder: str) -> dict[str, Any] | None:
 
 def hardware_card_gb(name: str, _seen: frozenset[str] = frozenset()) -> float | None:
     """conf/hardware/<name>.yaml's lab.hardware.gpu_memory_gb, or that of the option its defaults list names; None."""
-    import yaml
-
     path = ROOT / "conf" / "hardware" / f"{name}.yaml"
     if name in _seen or not path.is_file():
         return None
-    try:
-        doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    except (OSError, yaml.YAMLError):
-        return None
+    doc = load_yaml_or(path, {})
     gb = ((doc.get("lab") or {}).get("hardware") or {}).get("gpu_memory_gb")
     if isinstance(gb, (int, float)) and not isinstance(gb, bool) and gb > 0:
         return float(gb)
@@ -172,15 +177,9 @@ def random_weights_mark(config: Mapping[str, Any] | str | os.PathLike | None) ->
 def preset_learning_rates() -> tuple[tuple[float, str], ...]:
     """The actor learning rates the files under conf/ set (actor_lr, or verl's actor_rollout_ref.actor.optim.lr):
     ((value, file relative to the repository), ...), lowest first."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     out = []
     for f in sorted((ROOT / "conf").rglob("*.yaml")):
-        try:
-            doc = yaml.load(f.read_text(), Loader=loader) or {}
-        except (OSError, yaml.YAMLError):
-            continue
+        doc = load_yaml_or(f, {})
         if not isinstance(doc, dict):
             continue
         optim = ((doc.get("actor_rollout_ref") or {}).get("actor") or {}).get("optim") or {}
@@ -326,12 +325,8 @@ def visible_gpus(environ: Mapping[str, str]) -> tuple[int, str]:
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
         return physical, source
-    entries = []
-    for e in cvd.split(","):  # CUDA stops at the first invalid entry
-        e = e.strip()
-        if not e or e.startswith("-"):
-            break
-        entries.append(e)
+    # CUDA stops at the first invalid entry
+    entries = list(itertools.takewhile(lambda e: e and not e.startswith("-"), (e.strip() for e in cvd.split(","))))
     return min(len(entries), physical), f"CUDA_VISIBLE_DEVICES={cvd!r} of {physical} ({source})"
 
 

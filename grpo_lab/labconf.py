@@ -1,12 +1,4 @@
-"""grpo-lab's own config sections, typed: `lab` (hardware, model facts, dataset, ...) and `preflight`.
-
-`store()` registers them with Hydra's ConfigStore (conf/config.yaml lists `lab_schema` and `preflight_schema` in its
-defaults), so a wrong key or a wrong type in a conf/*.yaml or on the command line fails at compose with Hydra's own
-error. A job reads them through one typed view, `Lab`, made once from the resolved config (grpo_lab/cli/config.py's
-split) with what the job's launch adds; a field left out of a file is None ("not known").
-
-Units: sizes of cards and RAM in GiB as CUDA and `free -g` report them (an H200 is 139.8); ports and counts plain.
-"""
+"""grpo-lab's own config sections, typed: `lab` (hardware, model facts, dataset, ...) and `preflight` (docs/cli.md)."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass

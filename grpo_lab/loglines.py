@@ -1,11 +1,5 @@
-"""The one log vocabulary: a log line cleaned, and the lines every reader knows; the doctor (grpo_lab/after_run/doctor)
-and the dead-engine watcher (grpo_lab/launch/fatal.py) read logs through it. Is this text a verl or grpo-lab log?
-
-    marker(text)        # what marks it as one ("verl's config print", ...), or None
-    first_line(text)    # its first non-empty line, for saying what it is instead
-
-Why, and the lines that mark a log: docs/after_run.md.
-"""
+"""The one log vocabulary: a log line cleaned, the lines every reader knows, whether a text is a verl or grpo-lab log
+(`marker`); the doctor and the dead-engine watcher (launch/fatal.py) read logs through it: docs/after_run.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""verl's keys read and written by dotted path on the plain, resolved config verl gets (`get(verl, A + "rollout.n")`).
-
-grpo-lab's own keys are typed (grpo_lab/labconf.py); verl's config stays a plain dict, as verl receives it.
-"""
+"""verl's keys, read and written by dotted path on the resolved config verl gets (`get(verl, A + "rollout.n")`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""One job's report: run the checks on a job dir, write report.json (and report.png) beside metrics.jsonl
-(`make_report`), and the text `make report` prints (`format_report`). The sweep summary's Hydra callback
-(grpo_lab/after_run/summary.py) calls `make_report` after each job; the command line is grpo_lab/after_run/report.py.
-"""
+"""One job's report: the checks run on a job dir, report.json and report.png written (`make_report`, also called by
+the sweep summary's callback), and the text `make report` prints (`format_report`)."""
 
 from __future__ import annotations
 

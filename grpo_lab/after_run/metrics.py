@@ -1,6 +1,4 @@
-"""Read verl's `file` logger output (metrics.jsonl) into a pandas DataFrame indexed by step.
-
-What the file holds and the metric names of each verl version: docs/after_run.md."""
+"""Read verl's `file` logger output (metrics.jsonl) into a pandas DataFrame indexed by step (docs/after_run.md)."""
 
 from __future__ import annotations
 
@@ -172,6 +170,12 @@ def training_steps(df: pd.DataFrame) -> pd.Index:
         return df.index[df.index > 0]
     mask = df[keys].notna().any(axis=1)
     return df.index[mask]
+
+
+def train_series(df: pd.DataFrame, name: str) -> pd.Series:
+    """The metric's values at the steps that trained (training_steps)."""
+    s = series(df, name)
+    return s[s.index.isin(training_steps(df))] if not s.empty else s
 
 
 def steady_mean(s: pd.Series) -> float | None:

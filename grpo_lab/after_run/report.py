@@ -1,8 +1,5 @@
-"""The health report of a job: the guide's "what to watch in the logs" read for you.
-
-    python -m grpo_lab.after_run.report RUN_DIR         (make report RUN=outputs/runs/<job>)
-
-What it prints and writes, and where each part lives: docs/after_run.md."""
+"""The health report of a job: the guide's "what to watch in the logs" read for you (python -m
+grpo_lab.after_run.report RUN_DIR, make report RUN=outputs/runs/<job>). What it prints and writes: docs/after_run.md."""
 
 from __future__ import annotations
 

@@ -121,21 +121,13 @@ def _pct(v: float) -> str:
     return f"{p:.1f}%"
 
 
-def _train_series(df: pd.DataFrame, name: str) -> pd.Series:
-    s = M.series(df, name)
-    if s.empty:
-        return s
-    steps = M.training_steps(df)
-    return s[s.index.isin(steps)]
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # the checks
 
 
 def check_reward(run: RunInfo) -> Check:
     metric = "critic/score/mean"
-    s = _train_series(run.df, metric)
+    s = M.train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "no reward logged yet (no training step finished).")
     if _random_weights(run):
@@ -146,7 +138,7 @@ def check_reward(run: RunInfo) -> Check:
     tr = trend(s)
     assert tr is not None
     if float(s.abs().max()) == 0.0:
-        clip = _train_series(run.df, "response_length/clip_ratio")
+        clip = M.train_series(run.df, "response_length/clip_ratio")
         why = ""
         if not clip.empty and float(clip.mean()) >= CLIP_WARN:
             why = (f" {_pct(float(clip.mean()))} of the answers are cut at max_response_length, and a cut answer "
@@ -220,7 +212,7 @@ def _base_model_option(model_name: str | None) -> str:
 
 def check_clip_ratio(run: RunInfo) -> Check:
     metric = "response_length/clip_ratio"
-    s = _train_series(run.df, metric)
+    s = M.train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "not logged.")
     k = max(1, len(s) // 3)
@@ -256,7 +248,7 @@ def _lower_lr(run: RunInfo) -> str:
 
 def check_response_max(run: RunInfo) -> Check:
     metric = "response_length/max"
-    s = _train_series(run.df, metric)
+    s = M.train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "not logged.")
     limit = run.max_response_length
@@ -274,7 +266,7 @@ def check_response_max(run: RunInfo) -> Check:
 
 def check_entropy(run: RunInfo) -> Check:
     metric = "actor/entropy"
-    s = _train_series(run.df, metric)
+    s = M.train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "not logged.")
     temp = M.finite_float(run.verl_value("actor_rollout_ref.rollout.temperature"))
@@ -303,7 +295,7 @@ def check_entropy(run: RunInfo) -> Check:
 
 
 def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Check:
-    s = _train_series(run.df, metric)
+    s = M.train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "not logged.")
     k = max(1, len(s) // 3)
@@ -332,13 +324,13 @@ def check_timing(run: RunInfo) -> Check:
     df = run.df
     gen_col, upd_col = M.column(df, "timing_s/gen"), M.column(df, "timing_s/update_actor")
     metric = f"{gen_col or 'timing_s/gen'} vs {upd_col or 'timing_s/update_actor'}"
-    gen = M.steady_mean(_train_series(df, "timing_s/gen"))
-    upd = M.steady_mean(_train_series(df, "timing_s/update_actor"))
-    step = M.steady_mean(_train_series(df, "timing_s/step"))
+    gen = M.steady_mean(M.train_series(df, "timing_s/gen"))
+    upd = M.steady_mean(M.train_series(df, "timing_s/update_actor"))
+    step = M.steady_mean(M.train_series(df, "timing_s/step"))
     if gen is None or upd is None:
         return Check(metric, WARN, "no phase timings logged yet.")
     of_step = f" of a {_fmt(step)} s step" if step else ""
-    note = " (means without step 1, which carries the warm-up)" if len(_train_series(df, "timing_s/gen")) > 2 else ""
+    note = " (means without step 1, which carries the warm-up)" if len(M.train_series(df, "timing_s/gen")) > 2 else ""
     msg = f"generation {_fmt(gen)} s, actor update {_fmt(upd)} s{of_step}{note}"
     if gen >= upd:
         return Check(metric, OK, msg + ": generation takes longer than training.")
@@ -357,9 +349,9 @@ def check_step_plan(run: RunInfo) -> Check:
     from grpo_lab.memory import timeplan
 
     metric = "timing_s/step vs the time plan"
-    step = _train_series(run.df, "timing_s/step")
-    test = _train_series(run.df, "timing_s/testing").reindex(step.index).fillna(0.0)
-    lengths = [M.steady_mean(_train_series(run.df, k)) for k in
+    step = M.train_series(run.df, "timing_s/step")
+    test = M.train_series(run.df, "timing_s/testing").reindex(step.index).fillna(0.0)
+    lengths = [M.steady_mean(M.train_series(run.df, k)) for k in
                ("prompt_length/mean", "response_length/mean", "response_length/max")]
     if step.empty or None in lengths or not run.verl:
         return Check(metric, WARN, "no step timings or lengths logged yet (or no verl_config.yaml).")
@@ -393,7 +385,7 @@ def check_step_plan(run: RunInfo) -> Check:
 
 def check_throughput(run: RunInfo) -> Check:
     metric = "perf/throughput"
-    s = _train_series(run.df, metric)
+    s = M.train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "not logged yet.")
     mean = M.steady_mean(s)
@@ -409,8 +401,8 @@ def check_memory(run: RunInfo) -> Check:
     """verl's training peak (GiB) against the card and the plan: the plan is held to the allocated peak, as the
     calibration holds it (torch frees its cache and retries before an OOM); the card to the reserved one."""
     df = run.df
-    alloc = _train_series(df, "actor/perf/max_memory_allocated_gb")
-    reserved = _train_series(df, "actor/perf/max_memory_reserved_gb")
+    alloc = M.train_series(df, "actor/perf/max_memory_allocated_gb")
+    reserved = M.train_series(df, "actor/perf/max_memory_reserved_gb")
     if alloc.empty and reserved.empty:
         return Check("actor/perf/max_memory_*", WARN, "no training-memory metrics logged yet.")
     kind = "allocated" if not alloc.empty else "reserved"  # verl 0.9.1 logs both
@@ -453,9 +445,7 @@ def check_memory(run: RunInfo) -> Check:
 
 
 def _planned_allocator(plan: dict[str, Any], steps: int) -> tuple[float | None, str]:
-    """The plan's peak of the trainer's torch allocator (GB), what verl's actor/perf/max_memory_* measure, for a run
-    that logged `steps` updates (verl logs it before the step's weight sync: after one step, the sync with AdamW's
-    moments has not happened yet); a plan.json from before it was planned has none: (None, why it is not held)."""
+    """The plan's peak of the trainer's torch allocator (GB) for a run of `steps` updates, or (None, why not)."""
     ta = _get(plan, "memory.trainer_allocator") or {}
     peaks = {k: M.finite_float(v) for k, v in (ta.get("peaks_gb") or {}).items()
              if steps > 1 or k != "weight_sync"}
@@ -473,7 +463,7 @@ def _planned_allocator(plan: dict[str, Any], steps: int) -> tuple[float | None, 
 
 def check_rollout_precision(run: RunInfo) -> Check | None:
     metric = "training/rollout_probs_diff_mean"
-    s = _train_series(run.df, metric)
+    s = M.train_series(run.df, metric)
     if s.empty:
         return None
     v = float(s.abs().max())
@@ -592,7 +582,7 @@ def run_checks(run: RunInfo) -> tuple[list[Check], list[doctor.Diagnosis]]:
     random_weights = check_random_weights(run)
     if random_weights:
         checks.append(random_weights)
-    reward_trend = trend(_train_series(run.df, "critic/score/mean"))
+    reward_trend = trend(M.train_series(run.df, "critic/score/mean"))
     if not run.df.empty:
         checks += [check_reward(run), check_validation(run, reward_trend), check_clip_ratio(run),
                    check_response_max(run), check_entropy(run), check_pg_clipfrac(run), check_ppo_kl(run),

@@ -1,7 +1,5 @@
-"""What a job dir holds, read once for the report's checks: the metrics (metrics.jsonl), the verl config it ran with
-(verl_config.yaml, else the config printed in train.log), Hydra's config, status.json, plan.json and train.log
-(`load_run` -> `RunInfo`).
-"""
+"""What a job dir holds, read once for the report's checks (`load_run` -> `RunInfo`): metrics.jsonl, the verl config
+it ran with (verl_config.yaml, else the one printed in train.log), Hydra's config, status.json, plan.json, train.log."""
 
 from __future__ import annotations
 

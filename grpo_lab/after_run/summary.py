@@ -1,7 +1,4 @@
 """The summary of a Hydra multirun sweep: one row per job, as Markdown, CSV and a plot against the swept value.
-
-    python -m grpo_lab.after_run.summary SWEEP_DIR      (make report RUN=outputs/sweeps/<sweep> does the same)
-
 Each row, the swept key and the Hydra callback: docs/after_run.md."""
 
 from __future__ import annotations
@@ -43,13 +40,9 @@ def job_dirs(sweep_dir: str | Path) -> list[Path]:
     root = Path(sweep_dir)
     if not root.is_dir():
         return []
-    out = []
-    for d in root.iterdir():
-        if not d.is_dir() or d.name.startswith("."):
-            continue
-        if re.fullmatch(r"job\d+", d.name) or d.name.isdigit() or (d / ".hydra").is_dir() or \
-                (d / "train.log").exists() or (d / "status.json").exists():
-            out.append(d)
+    out = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and (
+        re.fullmatch(r"job\d+", d.name) or d.name.isdigit() or (d / ".hydra").is_dir()
+        or (d / "train.log").exists() or (d / "status.json").exists())]
     return sorted(out, key=_job_key)
 
 
@@ -120,23 +113,18 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
     df = M.read_metrics(job_dir)
     steps = M.training_steps(df)
     word, diag_text, _ = status or job_status(job_dir)
-
-    def train(name: str) -> pd.Series:
-        s = M.series(df, name)
-        return s[s.index.isin(steps)] if not s.empty else s
-
-    mem = train("actor/perf/max_memory_allocated_gb")
+    mem = M.train_series(df, "actor/perf/max_memory_allocated_gb")
     val_col = M.primary_val_column(df)  # what a learning-rate sweep is chosen by
     val = M.series(df, val_col).dropna() if val_col else None
     return {
         "job": job_dir.name,
         "status": word,
         "steps": int(steps.max()) if len(steps) else 0,
-        "step_time_s": M.steady_mean(train("timing_s/step")),
-        "gen_time_s": M.steady_mean(train("timing_s/gen")),
-        "throughput_tok_s_gpu": M.steady_mean(train("perf/throughput")),
+        "step_time_s": M.steady_mean(M.train_series(df, "timing_s/step")),
+        "gen_time_s": M.steady_mean(M.train_series(df, "timing_s/gen")),
+        "throughput_tok_s_gpu": M.steady_mean(M.train_series(df, "perf/throughput")),
         "peak_train_mem_gib": float(mem.max()) if not mem.empty else None,
-        "last_score": M.last(train("critic/score/mean")),
+        "last_score": M.last(M.train_series(df, "critic/score/mean")),
         "val_first": float(val.iloc[0]) if val is not None and len(val) else None,
         "val_last": float(val.iloc[-1]) if val is not None and len(val) else None,
         "val_step": int(val.index[-1]) if val is not None and len(val) else None,

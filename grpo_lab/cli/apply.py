@@ -1,10 +1,5 @@
 """Apply command-line overrides to a resolved config, as composing them would have: one function for the preflight's
-fix re-check (grpo_lab/checks/fixes.py) and the fit's search (grpo_lab/checks/fit.py).
-
-    verl2, lab2 = apply_overrides(verl, lab, ["rollout_n=8", "actor_rollout_ref.actor.use_dynamic_bsz=false"])
-
-What composing does that a plain dict update does not, and what this does instead: docs/cli.md.
-"""
+fix re-check (grpo_lab/checks/fixes.py) and the fit's search (grpo_lab/checks/fit.py); how: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -34,9 +29,7 @@ def groups() -> frozenset[str]:
 
 
 def respell(overrides: list[Override], apart: Mapping[str, Iterable[str]]) -> list[Override]:
-    """Overrides in the spelling that wins in a config where `apart` (set_apart) keys no longer follow their short
-    key: `total_epochs=1` becomes `trainer.total_epochs=1` when the user set `trainer.total_epochs` on its own. The
-    short key stays when it still reaches one of its keys; each key set apart gets the value by its own name."""
+    """Overrides in the spelling that wins where `apart` (set_apart) keys no longer follow their short key."""
     if not apart:
         return overrides
     out: dict[str, Override] = {}

@@ -32,17 +32,13 @@ def unsafe_name(key: str, name: Any, fix_key: str) -> str:
 
 
 def use_run_dirs(create: bool = True) -> None:
-    """Register `lab_unique_dir`, the resolver of hydra.run.dir / hydra.sweep.dir (conf/config.yaml), replacing any
-    earlier one: create=False when Hydra will only print (--cfg, --info, --help), so that no run folder is made.
-    use_cache: a job resolves its folder once, and a sweep's jobs get the sweep's (Hydra copies the cache)."""
+    """Register `lab_unique_dir`, hydra.run.dir's resolver (create=False: Hydra only prints; docs/cli.md)."""
     OmegaConf.register_new_resolver("lab_unique_dir", lambda path: unique_dir(path, create=create), use_cache=True,
                                     replace=True)
 
 
 def unique_dir(path: str, create: bool = True) -> str:
-    """`path`, created now; `path_2`, `path_3`, ... when it exists (two runs started in the same second). mkdir is
-    atomic: of two processes that try the same name, one gets it and the other moves on to the next one.
-    create=False: the name it would take, and nothing made."""
+    """`path`, created now; `path_2`, `path_3`, ... when it exists (create=False: the name, nothing made)."""
     candidate, n = path, 1
     if not create:
         while os.path.exists(candidate):

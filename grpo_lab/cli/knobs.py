@@ -1,6 +1,4 @@
-"""The official script's knobs: short config keys, their environment variables, and the verl keys they feed.
-
-How a knob is set, and its precedence: docs/cli.md."""
+"""The official script's knobs: short keys, their environment variables, the verl keys they feed: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -60,14 +58,8 @@ ENV_NAMES: frozenset[str] = frozenset(k.env for k in KNOBS)
 
 def near_misses(names: list[str], known: frozenset[str], cutoff: float = 0.85) -> dict[str, str]:
     """Names that are not known but close to a known one: {misspelt: meant}."""
-    out = {}
-    for name in names:
-        if name in known:
-            continue
-        match = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
-        if match:
-            out[name] = match[0]
-    return out
+    return {name: match[0] for name in names if name not in known
+            and (match := difflib.get_close_matches(name, known, n=1, cutoff=cutoff))}
 
 
 def misspelt_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -93,22 +85,14 @@ def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str
 @functools.cache
 def our_followers() -> dict[str, tuple[str, ...]]:
     """key -> the keys whose value is exactly `${key}` in conf/config.yaml (short keys included)."""
-    import yaml
-
     out: dict[str, list[str]] = {}
-    try:
-        ours = yaml.load((CONF / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError):
-        ours = {}
-    _walk(ours or {}, "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
+    _walk(facts.load_yaml_or(CONF / "config.yaml", {}), "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 
 @functools.cache
 def followers() -> dict[str, tuple[str, ...]]:
-    """key -> the keys whose value is exactly `${key}`: in conf/config.yaml (short keys included) and in verl's
-    composed ppo_trainer (grpo_lab.verl_schema's schema().tree; e.g. rollout.response_length follows
-    data.max_response_length)."""
+    """key -> the keys whose value is exactly `${key}`: in conf/config.yaml and in verl's composed ppo_trainer."""
     from grpo_lab.verl_schema import schema
 
     out: dict[str, list[str]] = {k: list(v) for k, v in our_followers().items()}

@@ -1,8 +1,5 @@
 """The command line, parsed once: Hydra's own flag parser and override grammar, checked against the config groups and
-keys.
-
-What it knows, what it refuses (and why), and verl's own tree: docs/cli.md.
-"""
+keys. What it knows, what it refuses (and why), and verl's own tree: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -155,9 +152,7 @@ def given_twice(overrides: Sequence[Any]) -> list[str]:
 
 
 def quote(value: Any) -> str:
-    """The one place values become override text: a value as Hydra's grammar reads it back as the same value.
-    Strings stay strings ('1' and 'true' are quoted: Ray wants its env vars as strings) and are quoted when they hold
-    what the grammar reads otherwise (commas, brackets, spaces); true/false/null, numbers, [lists] and {dicts}."""
+    """The one place values become override text: a value as Hydra's grammar reads it back as the same value."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -225,12 +220,6 @@ def verl_groups() -> dict[str, set[str]]:
     return _group_dirs(verl_config_dir())
 
 
-def yaml_load(path: Path) -> Any:
-    import yaml
-
-    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
 def _merge(into: dict, new: Mapping) -> None:
     for k, v in new.items():
         if isinstance(v, Mapping) and isinstance(into.get(k), dict):
@@ -249,7 +238,7 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     root = Path(conf_dir)
     for path in [root / "config.yaml", *sorted(root.glob("*/*.yaml"))]:
         try:
-            data = yaml_load(path)
+            data = facts.load_yaml(path)
         except Exception:
             continue
         if isinstance(data, dict):

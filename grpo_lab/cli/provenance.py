@@ -1,17 +1,5 @@
 """Changed defaults, never silent: every value of a job's verl config that differs from verl's own default, with verl's
-value, ours, and what set it (a file under conf/, the command line, or an environment variable).
-
-    plan.json -> "changed_defaults": [{"key", "verl", "ours", "set_by"}, ...]   (grpo_lab/launch/job.py writes it)
-    layers.source(key)          # "set_by": grpo_lab/launch/prepare.py's changed_defaults asks it for each key
-
-verl's default is verl's composed ppo_trainer before any file of ours, resolved (grpo_lab.verl_schema's
-schema().defaults). What set a value is found by walking the layers Hydra merged, highest first: the command line, the
-environment's knobs (grpo_lab/cli/overrides.py recorded which overrides came from there), the chosen group option
-files in the order of the defaults list (hydra.runtime.choices; each with the files its own defaults list names:
-`option_data`), conf/config.yaml. When the layer that sets a key sets it to an interpolation (`data.train_batch_size:
-${train_batch_size}`), the value comes from whatever set what it reads, and set_by says so:
-"conf/experiment/smoke.yaml (train_batch_size)"; no layer: one of verl's own interpolations, or launch.py's own.
-"""
+value, ours, and what set it (a file under conf/, the command line, or an environment variable). How: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -21,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.cli.overrides import CONF_DIR
-from grpo_lab.verl_keys import MISSING, lookup
+from grpo_lab.facts import load_yaml
+from grpo_lab.verl_keys import MISSING, lookup, put
 
 _RESOLVER_ARG_REF = re.compile(r"\$\{(?:[\w.]+:)?([\w.]+)")
 
@@ -33,8 +22,7 @@ LAUNCH_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH",
 
 
 def verl_defaults() -> dict[str, Any]:
-    """verl's composed ppo_trainer, resolved (what verl would run with given nothing; read-only): read once per verl
-    version with the rest of verl's schema (grpo_lab.verl_schema)."""
+    """verl's composed ppo_trainer, resolved: what verl would run with given nothing (read-only)."""
     from grpo_lab.verl_schema import schema
 
     return schema().defaults
@@ -45,11 +33,11 @@ class Layers:
 
     def __init__(self, choices: Mapping[str, Any], task_overrides: Sequence[str],
                  env_overrides: Mapping[str, str] | None = None, conf_dir: Path = CONF_DIR) -> None:
-        from grpo_lab.cli.overrides import our_groups, parse_overrides, yaml_load
+        from grpo_lab.cli.overrides import our_groups, parse_overrides
 
         self.layers: list[tuple[str, dict]] = []
         conf_dir = Path(conf_dir)
-        self._add("conf/config.yaml", yaml_load(conf_dir / "config.yaml"))
+        self._add("conf/config.yaml", load_yaml(conf_dir / "config.yaml"))
         ours = our_groups(conf_dir)
         for group, choice in choices.items():
             if group in ours and choice:
@@ -70,7 +58,7 @@ class Layers:
                 continue
             name = env_overrides.get(text) or env_keys.get(o.key_or_group)
             target = env_layer if name else cli_layer
-            _put(target, o.key_or_group, (f"environment ({name})" if name else "command line", o.value()))
+            put(target, o.key_or_group, (f"environment ({name})" if name else "command line", o.value()))
         self.env = env_layer
         self.cli = cli_layer
 
@@ -98,8 +86,7 @@ class Layers:
         return None
 
     def source(self, key: str) -> str:
-        """What set `key` (plan.json's changed_defaults "set_by"): a layer, an override, or one of verl's own
-        interpolations."""
+        """What set `key` (plan.json's changed_defaults "set_by"): a layer, an override, or a verl interpolation."""
         if key in LAUNCH_KEYS:
             return "grpo_lab/launch/job.py (per job)"
         found = self.set_by(key)
@@ -123,12 +110,8 @@ class Layers:
 
 
 def option_data(path: Path, conf_dir: Path, depth: int = 0) -> Any:
-    """An option file's data over what its own defaults list pulls in, as Hydra merges them (`- smoke_tiny` in
-    conf/experiment/smoke_smollm2.yaml: conf/experiment/smoke_tiny.yaml first; `_self_` where it is listed, else
-    last); one layer named after the option chosen. `override` entries are choices: hydra.runtime.choices has them."""
-    from grpo_lab.cli.overrides import yaml_load
-
-    data = yaml_load(path)
+    """An option file's data over what its own defaults list pulls in, as Hydra merges them (docs/cli.md)."""
+    data = load_yaml(path)
     if not isinstance(data, dict) or depth > 8:
         return data
     names = [e for e in data.get("defaults") or [] if isinstance(e, str)]
@@ -153,18 +136,9 @@ def _merge(into: dict, data: Mapping) -> None:
         else:
             into[k] = v
 
-def _put(d: dict, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        if not isinstance(d.get(p), dict):
-            d[p] = {}
-        d = d[p]
-    d[parts[-1]] = value
-
 
 def job_layers(env_names: Mapping[str, str] | None = None) -> Layers:
-    """The config layers of the running Hydra job: its choices, its overrides, and which of them came from the
-    environment (`env_names`: override -> variable, the command line run.py parsed; none given: no knob's)."""
+    """The config layers of the running Hydra job; `env_names`: override -> the environment variable it came from."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()

@@ -1,8 +1,5 @@
-"""verl_schema's public API: verl's schema as one object, read once per verl version.
-
-    from grpo_lab.verl_schema import schema
-
-Where it is read from, and every attribute of the schema object: docs/verl_schema.md."""
+"""verl_schema's public API, `schema()`: verl's schema as one object, read once per verl version; where it is read
+from, and every attribute of the schema object: docs/verl_schema.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The builder of verl's schema: run in a child process, it imports verl and reads its objects, once per verl version.
-
-    python -m grpo_lab.verl_schema.build CONFIG_DIR OUT VERSION_BASE
-
-When it runs and each part of the document it writes: docs/verl_schema.md.
-"""
+"""The builder of verl's schema, `python -m grpo_lab.verl_schema.build CONFIG_DIR OUT VERSION_BASE`: run in a child
+process, it imports verl and reads its objects, once per verl version. Each part it writes: docs/verl_schema.md."""
 
 from __future__ import annotations
 
@@ -170,9 +166,7 @@ class _Probe(str):
 
 
 def scorer_sources(score: Any) -> dict[str, Any]:
-    """{names, prefixes} a scorer like verl's default_compute_score(data_source, solution_str, ground_truth)
-    dispatches on: called once with a probe data_source that answers no to every comparison, so no scorer runs and
-    the call must end in NotImplementedError (anything else: the scorer is not one this can read, RuntimeError)."""
+    """{names, prefixes} a scorer (verl's default_compute_score) dispatches on, probed: docs/verl_schema.md."""
     names: set[str] = set()
     prefixes: list[str] = []
     try:

@@ -1,6 +1,4 @@
-"""Hydra's private and internal APIs, in one place: what grpo-lab needs from Hydra 1.3 that it has no public API for.
-
-Why these are here, and what each function wraps: docs/verl_schema.md."""
+"""Hydra 1.3's private and internal APIs grpo-lab needs, in one place (why and what each wraps: docs/verl_schema.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The on-disk cache of verl's schema: one JSON file per verl version, built by a child process that imports verl.
-
-Never imports verl in this process.
-
-What is kept, the file's name and place, the child, GRPO_LAB_VERL_CACHE=0: docs/verl_schema.md.
-"""
+"""The on-disk cache of verl's schema: one JSON file per verl version, built by a child process that imports verl
+(never this one). What is kept, the file's name and place, the child, GRPO_LAB_VERL_CACHE=0: docs/verl_schema.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The failure doctor: read a verl job's log and say what went wrong and which override to try.
-
-    python -m grpo_lab.after_run.doctor LOGFILE        (make doctor LOG=outputs/runs/<job>/train.log)
-    python -m grpo_lab.after_run.doctor JOB_DIR        (its train.log, with the job's verl_config.yaml for exact values)
-
-What it matches, where an out-of-memory is placed, the watchdog and the modules: docs/after_run.md.
-"""
+"""The failure doctor: read a verl job's log and say what went wrong and which override to try (python -m
+grpo_lab.after_run.doctor LOGFILE_OR_JOB_DIR). What it matches, the watchdog and the modules: docs/after_run.md."""
 
 from grpo_lab.after_run.doctor.command import main
 from grpo_lab.after_run.doctor.logread import Diagnosis, Log, Values, printed_config, read_json, read_log

@@ -73,22 +73,14 @@ class Log:
         return [i for i in range(start, len(self.clean)) if pattern.search(self.clean[i])]
 
     def first(self, pattern: re.Pattern[str]) -> int | None:
-        for i, line in enumerate(self.clean):
-            if pattern.search(line):
-                return i
-        return None
+        return next((i for i, line in enumerate(self.clean) if pattern.search(line)), None)
 
     def evidence(self, i: int) -> str:
         s = self.clean[i].strip()
         return s if len(s) <= 300 else s[:297] + "..."
 
     def steps(self) -> list[int]:
-        out = []
-        for line in self.clean:
-            m = _STEP.search(line)
-            if m:
-                out.append(int(m.group(1)))
-        return out
+        return [int(m.group(1)) for line in self.clean if (m := _STEP.search(line))]
 
 
 def printed_config(log: Log) -> dict[str, Any]:

@@ -1,7 +1,5 @@
 """The doctor's signatures: the error texts of verl 0.9.1 + vLLM + Ray on small boxes, each read into a diagnosis
-with the overrides to try. A CUDA out-of-memory is placed in its phase from the traceback frames around it.
-
-How a matcher registers its ids, and the match order: docs/after_run.md."""
+with the overrides to try; how a matcher registers its ids, and the match order: docs/after_run.md."""
 
 from __future__ import annotations
 

@@ -124,9 +124,7 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
 
 
 def in_users_terms(config: dict[str, Any] | None, plan: dict[str, Any]) -> dict[str, Any] | None:
-    """The job's verl config with the values the user set where an emulated card scaled them for verl (plan.json's
-    `emulation`: vLLM's share of a 32 GB card is handed to verl as a share of the real card). A fix then reads in the
-    user's terms (`rollout_gpu_mem_util=0.3` after 0.4), never as a raise of the scaled 0.09."""
+    """The job's verl config with the values the user set where an emulated card scaled them (docs/after_run.md)."""
     from grpo_lab.verl_keys import get, with_value
 
     emulation = plan.get("emulation") or {}
