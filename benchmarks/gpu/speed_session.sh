@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu/speed_session.sh prepare      # random Qwen3-0.6B and 1.7B, tiny arithmetic, SmolLM2, one-shot
 #                                                     # arithmetic (NO_SMOL=1: without the last two; SIZES="": no Qwen3)
+#   bash benchmarks/gpu/speed_session.sh logprob      # log-probs of 100k tokens: verl's per-token loop vs its fused kernel
 #   bash benchmarks/gpu/speed_session.sh smol_guide   # learn_smollm2, $STEPS steps (4), the preset as it is
 #   bash benchmarks/gpu/speed_session.sh smol_budgets # the same with the passes' token budgets x4-5 and no activation
 #                                                     # checkpointing (ran 2026-12-04 as "smol_fast": no faster)
@@ -93,6 +94,9 @@ case "${1:-}" in
     "$PYSPY" --version | tee -a "$OUT/versions.txt"
     pack prepare
     ;;
+  logprob)  # the per-token loop against verl's fused kernel, alone (benchmarks/gpu/logprob_bench.py)
+    timed logprob 300 python3 benchmarks/gpu/logprob_bench.py --out "$OUT/logprob_bench.json"
+    cp "$LOGS/logprob.log" "$OUT/logprob_bench.txt"; rm -f "$LOGS"/logprob.log ;;
   smol_guide) job smol_guide 900 "${SMOL[@]}" ;;
   smol_budgets) job smol_budgets 900 "${SMOL[@]}" "${BUDGETS[@]}" ;;
   smol_fast)  job smol_fast 900 "${SMOL[@]}" "${FAST_ARGS[@]}" ;;
