@@ -26,8 +26,11 @@ def unfused(h, w, ids, entropy):
     return lp, entropy_from_logits(logits) if entropy else None
 
 
-def fused(h, w, ids, entropy, kernel=FusedLinearForPPO(chunk_size=512)):
-    return kernel(h, w, ids, 1.0)
+KERNEL = FusedLinearForPPO(chunk_size=512)  # verl's default chunk size
+
+
+def fused(h, w, ids, entropy):
+    return KERNEL(h, w, ids, 1.0)
 
 
 def timed(fn, h, w, ids, train: bool, passes: int, dev: str) -> float:
