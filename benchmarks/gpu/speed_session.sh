@@ -95,8 +95,8 @@ case "${1:-}" in
     pack prepare
     ;;
   logprob)  # the per-token loop against verl's fused kernel, alone (benchmarks/gpu/logprob_bench.py)
-    timed logprob 300 python3 benchmarks/gpu/logprob_bench.py --out "$OUT/logprob_bench.json"
-    cp "$LOGS/logprob.log" "$OUT/logprob_bench.txt"; rm -f "$LOGS"/logprob.log ;;
+    timed logprob 300 python3 benchmarks/gpu/logprob_bench.py --out "$LOGS/logprob_bench.json"
+    pack logprob ;;
   smol_guide) job smol_guide 900 "${SMOL[@]}" ;;
   smol_budgets) job smol_budgets 900 "${SMOL[@]}" "${BUDGETS[@]}" ;;
   smol_fast)  job smol_fast 900 "${SMOL[@]}" "${FAST_ARGS[@]}" ;;
