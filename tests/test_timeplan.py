@@ -62,8 +62,11 @@ def test_a_plan_on_the_measured_card_bounds_the_recorded_run_of_the_same_command
 
 
 def test_fused_kernels_shorten_the_passes_and_say_they_are_not_measured(tmp_path):
-    base, _ = plan_of(tmp_path / "a", *SMOL)
-    fused, out = plan_of(tmp_path / "b", *SMOL, "actor_rollout_ref.model.use_fused_kernels=true")
+    base, _ = plan_of(tmp_path / "a", *SMOL, "speed=guide")
+    fused, out = plan_of(tmp_path / "b", *SMOL, "speed=fused")  # the switch (conf/speed/), as a user types it
+    changed = json.loads((tmp_path / "b" / "plan.json").read_text())["changed_defaults"]
+    assert {"key": "actor_rollout_ref.model.use_fused_kernels", "verl": False, "ours": True,
+            "set_by": "conf/speed/fused.yaml"} in changed
     for phase in ("old_log_prob", "reference", "update"):
         assert fused["phases_s"][phase] < base["phases_s"][phase] / 2, phase
     assert fused["phases_s"]["generation"] == base["phases_s"]["generation"]
