@@ -25,9 +25,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/gpu/session_lib.sh
 read -ra EXTRA_ARGS <<< "${EXTRA:-}"
-# the settings tried as faster; batch, group size, lengths, learning rate and loss unchanged. verl's fused log-prob
-# (chunks of 512 tokens) instead of its per-token loop, which without flash-attn took 62-75% of each pass (2026-12-04)
-read -ra FAST_ARGS <<< "${FAST:-actor_rollout_ref.model.use_fused_kernels=true}"
+# the settings tried as faster; batch, group size, lengths, learning rate and loss unchanged. speed=fused: verl's fused
+# log-prob (chunks of 512 tokens) instead of its per-token loop, which without flash-attn took 62-75% of each pass
+# (2026-12-04); the guide's jobs name speed=guide, so that the pair holds whichever is the default
+read -ra FAST_ARGS <<< "${FAST:-speed=fused}"
+GUIDE_ARGS=(speed=guide)
 BUDGETS=(actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384
   actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16384 ppo_max_token_len_per_gpu=16384
   actor_rollout_ref.model.enable_gradient_checkpointing=false)
@@ -97,12 +99,12 @@ case "${1:-}" in
   logprob)  # the per-token loop against verl's fused kernel, alone (benchmarks/gpu/logprob_bench.py)
     timed logprob 300 python3 benchmarks/gpu/logprob_bench.py --out "$LOGS/logprob_bench.json"
     pack logprob ;;
-  smol_guide) job smol_guide 900 "${SMOL[@]}" ;;
+  smol_guide) job smol_guide 900 "${SMOL[@]}" "${GUIDE_ARGS[@]}" ;;
   smol_budgets) job smol_budgets 900 "${SMOL[@]}" "${BUDGETS[@]}" ;;
   smol_fast)  job smol_fast 900 "${SMOL[@]}" "${FAST_ARGS[@]}" ;;
-  q06_guide)  job q06_guide 900 "${QS[@]}" ;;
+  q06_guide)  job q06_guide 900 "${QS[@]}" "${GUIDE_ARGS[@]}" ;;
   q06_fast)   job q06_fast 900 "${QS[@]}" "${FAST_ARGS[@]}" ;;
-  q17lora_guide) job q17lora_guide 900 "${Q17LORA[@]}" ;;
+  q17lora_guide) job q17lora_guide 900 "${Q17LORA[@]}" "${GUIDE_ARGS[@]}" ;;
   q17lora_fast)  job q17lora_fast 900 "${Q17LORA[@]}" "${FAST_ARGS[@]}" ;;
   lora_fsdp1)
     # examples/tuning/lora/run_qwen3_8b_fsdp.sh's LoRA on the smoke: whether verl's own settings run with peft >= 0.21
