@@ -70,9 +70,12 @@ job() {  # job NAME LIMIT_S run.py-ARGS...: one job alone, profiled, packed with
 
 # the card decides the hardware option (HW=... overrides): the test machine lends an H200 or an H100
 case "${HW:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}" in
-  *H100*|h100x1) HW=h100x1 REAL_GB=79.1 ;;
-  *) HW=h200x1 REAL_GB=139.8 ;;
+  *H100*|h100x1) HW=h100x1 ;;
+  *) HW=h200x1 ;;
 esac
+# the emulation's real card: that hardware option's own size, read from its file
+REAL_GB=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['lab']['hardware']['gpu_memory_gb'])" \
+  "conf/hardware/$HW.yaml")
 SMOL=(experiment=learn_smollm2 hardware=$HW trainer.total_training_steps="${STEPS:-4}")
 QS=(experiment=smoke hardware=$HW dataset=arith_tiny model_path="$Q06" "$SDPA")
 # the 1.7B smoke on one emulated 32 GB card with the LoRA that `make fit` prints for it (full fine-tuning runs out there)
