@@ -39,3 +39,12 @@ def test_verl_timers_are_summed_over_the_steps(capsys):
     raw = next((RESULTS / "smol_guide.pyspy").glob("WorkerDict.*.txt.gz"))
     assert pyspy_phases.main([str(raw), "--metrics", str(metrics)]) == 0
     assert f"verl's timing_s/old_log_prob: {expected:.1f} s" in capsys.readouterr().out
+
+
+def test_the_fixed_costs_issue_27_names_are_told_apart_on_the_recorded_run():
+    raw = next((RESULTS / "smol_guide.pyspy").glob("WorkerDict.*.txt.gz"))
+    table = pyspy_phases.attribute(pyspy_phases.read_raw(raw))
+    offload, padding = "FSDP parameter offload (to and from host memory)", "padding removed and restored"
+    # the model moves to the host once at start-up; the ref pass's offload round trips wait on copies (not sampled)
+    assert table["init_model"][offload] > 0 and table["compute_ref_log_prob"][offload] == 0
+    assert 0 < table["update_actor"][padding] < table["update_actor"]["batch data movement"]
