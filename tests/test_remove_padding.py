@@ -4,8 +4,9 @@ per sequence -> a block-diagonal causal mask). This pins it on CPU with a tiny r
 path (verl.workers.utils.padding.left_right_2_no_padding -> FSDPEngineWithLMHead.forward_step ->
 prepare_model_inputs / prepare_model_outputs -> logprobs_from_logits -> no_padding_2_padding), so that an upgrade of
 verl or transformers that breaks it fails here instead of training on log-probs that leak across sequences.
-speed=fused's use_fused_kernels=true (conf/speed/fused.yaml: verl's chunked log-prob + entropy instead of its per-token loop without flash-attn,
-benchmarks/gpu/README.md "Where a step goes") is pinned the same way: same log-probs, entropy and gradients.
+speed=fused's use_fused_kernels=true (conf/speed/fused.yaml: verl's chunked log-prob + entropy instead of its per-token
+loop without flash-attn, benchmarks/gpu/README.md "Where a step goes") is pinned the same way: same log-probs, entropy
+and gradients.
 """
 
 from __future__ import annotations
