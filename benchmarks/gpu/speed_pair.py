@@ -1,0 +1,84 @@
+"""Two runs of one job, the guide's settings against faster ones (issue 27 item 2): the steady step and each phase
+(verl's timing_s/*), the ratio guide / fast, each run's training peak against its own plan (`make report`'s check),
+and the first steps' loss, reward and entropy side by side.
+
+    python3 benchmarks/gpu/speed_pair.py GUIDE_RUN FAST_RUN [--json OUT]
+
+A run is a job folder (metrics.jsonl, plan.json, verl_config.yaml). The steady step is the mean over the steps after
+the first (step 1 carries the warm-up); a run of one step has none and is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from grpo_lab.after_run import metrics as M  # noqa: E402
+from grpo_lab.after_run.report_checks import check_memory  # noqa: E402
+from grpo_lab.after_run.run_info import load_run  # noqa: E402
+
+PHASES = {"generation": "timing_s/gen", "old log-prob": "timing_s/old_log_prob", "reference": "timing_s/ref",
+          "actor update": "timing_s/update_actor", "weight sync": "timing_s/update_weights", "step": "timing_s/step"}
+CURVES = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/score/mean", "response_length/mean")
+
+
+def steady(df, name: str) -> float | None:
+    """Mean of the metric over the trained steps after the first."""
+    s = M.train_series(df, name).dropna()
+    return float(s.iloc[1:].mean()) if len(s) > 1 else None
+
+
+def compare(guide_dir: Path, fast_dir: Path) -> dict:
+    runs = {"guide": load_run(guide_dir), "fast": load_run(fast_dir)}
+    for label, run in runs.items():
+        if len(M.training_steps(run.df)) < 2:
+            raise SystemExit(f"speed_pair: {run.run_dir} ({label}) has fewer than 2 trained steps in metrics.jsonl: "
+                             "no steady step to compare")
+    phases = {}
+    for phase, metric in PHASES.items():
+        g, f = (steady(r.df, metric) for r in runs.values())
+        phases[phase] = {"guide_s": g, "fast_s": f, "ratio": g / f if g and f else None}
+    curves = {}
+    for metric in CURVES:
+        g, f = (M.train_series(r.df, metric).dropna() for r in runs.values())
+        steps = sorted(set(g.index) & set(f.index))
+        curves[metric] = [{"step": int(s), "guide": float(g[s]), "fast": float(f[s])} for s in steps]
+    memory = {label: check_memory(run).to_dict() for label, run in runs.items()}
+    return {"guide": str(guide_dir), "fast": str(fast_dir), "phases_s": phases, "curves": curves, "memory": memory}
+
+
+def render(res: dict) -> str:
+    out = [f"guide: {res['guide']}", f"fast:  {res['fast']}", "",
+           f"{'steady (steps 2+)':<18}{'guide s':>9}{'fast s':>9}{'guide/fast':>12}"]
+    for phase, p in res["phases_s"].items():
+        cell = (lambda v, w: f"{v:>{w}.2f}" if v is not None else f"{'-':>{w}}")
+        out.append(f"{phase:<18}{cell(p['guide_s'], 9)}{cell(p['fast_s'], 9)}{cell(p['ratio'], 11)}x")
+    out += ["", "first steps, guide | fast (same seed)"]
+    for metric, rows in res["curves"].items():
+        cells = ", ".join(f"{r['step']}: {r['guide']:.4g} | {r['fast']:.4g}" for r in rows)
+        out.append(f"  {metric}: {cells or '-'}")
+    out += ["", "training peak against each run's plan"]
+    out += [f"  {label}: [{c['status']}] {c['message']}" for label, c in res["memory"].items()]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("guide", type=Path)
+    ap.add_argument("fast", type=Path)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    res = compare(a.guide, a.fast)
+    print(render(res))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""benchmarks/gpu/speed_pair.py, as run on the recorded SmolLM2 pair of 2026-12-04 (results/2026-12-04-speed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "benchmarks" / "gpu" / "speed_pair.py"
+RESULTS = ROOT / "benchmarks" / "gpu" / "results" / "2026-12-04-speed"
+
+
+def _steps(run: str, metric: str) -> list[float]:
+    rows = [json.loads(line)["data"] for line in (RESULTS / run / "metrics.jsonl").read_text().splitlines()]
+    return [d[metric] for d in rows if metric in d]
+
+
+def test_the_pair_prints_steady_phases_their_ratio_curves_and_memory(tmp_path):
+    out = tmp_path / "pair.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(RESULTS / "smol_guide"), str(RESULTS / "smol_fast"),
+                        "--json", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    guide, fast = (_steps(r, "timing_s/step") for r in ("smol_guide", "smol_fast"))
+    step = res["phases_s"]["step"]
+    assert abs(step["guide_s"] - sum(guide[1:]) / len(guide[1:])) < 1e-9 and abs(step["ratio"] - 49.16 / 50.51) < 0.01
+    assert "step                  49.16    50.51       0.97x" in p.stdout
+    # the first steps side by side: every step of both runs
+    assert [r["step"] for r in res["curves"]["actor/pg_loss"]] == [1, 2, 3, 4]
+    assert res["curves"]["critic/score/mean"][0]["guide"] == _steps("smol_guide", "critic/score/mean")[0]
+    # each run against its own plan: checkpointing off was 0.61 of its plan (fixed since: memplan_calibration.md)
+    assert res["memory"]["guide"]["status"] == "ok" and res["memory"]["fast"]["status"] == "warn"
+    assert "plan / allocated 0.61" in p.stdout
+
+
+def test_a_run_of_one_step_has_no_steady_step_and_is_refused(tmp_path):
+    one = tmp_path / "one_step"
+    shutil.copytree(RESULTS / "smol_guide", one, ignore=shutil.ignore_patterns("train.log*"))
+    lines = (one / "metrics.jsonl").read_text().splitlines()
+    (one / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")  # validation at step 0, then step 1
+    p = subprocess.run([sys.executable, str(SCRIPT), str(one), str(RESULTS / "smol_fast")], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 1 and "fewer than 2 trained steps" in p.stderr and str(one) in p.stderr
