@@ -52,11 +52,14 @@ def compare(guide_dir: Path, fast_dir: Path) -> dict:
     return {"guide": str(guide_dir), "fast": str(fast_dir), "phases_s": phases, "curves": curves, "memory": memory}
 
 
+def cell(v: float | None, width: int) -> str:
+    return f"{v:>{width}.2f}" if v is not None else f"{'-':>{width}}"
+
+
 def render(res: dict) -> str:
     out = [f"guide: {res['guide']}", f"fast:  {res['fast']}", "",
            f"{'steady (steps 2+)':<18}{'guide s':>9}{'fast s':>9}{'guide/fast':>12}"]
     for phase, p in res["phases_s"].items():
-        cell = (lambda v, w: f"{v:>{w}.2f}" if v is not None else f"{'-':>{w}}")
         out.append(f"{phase:<18}{cell(p['guide_s'], 9)}{cell(p['fast_s'], 9)}{cell(p['ratio'], 11)}x")
     out += ["", "first steps, guide | fast (same seed)"]
     for metric, rows in res["curves"].items():
