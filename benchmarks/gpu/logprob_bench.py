@@ -11,9 +11,9 @@ alone (old log-prob, reference) and forward + backward (update), and prints the 
 """
 import argparse
 import json
-import time
 
 import torch
+from pass_bench import seconds_after_warmup  # beside this file (python3 benchmarks/gpu/logprob_bench.py)
 from verl.utils.experimental.torch_functional import FusedLinearForPPO
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
@@ -41,14 +41,7 @@ def timed(fn, h, w, ids, train: bool, passes: int, dev: str) -> float:
                 lp, ent = fn(hh, w, ids, train)
                 if train:
                     (lp.sum() + (0 if ent is None else 0.0 * ent.sum())).backward()
-    once()  # warm-up (allocator, torch.compile of entropy_from_logits)
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    once()
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return seconds_after_warmup(once, dev)
 
 
 def main() -> None:

@@ -121,7 +121,12 @@ def run_pass(engine, batches, fused: bool, entropy: bool, train: bool, dev: str)
                     engine.forward_step(td, loss_function=None, forward_only=True)
         if train:
             engine.module.zero_grad(set_to_none=True)
-    once()  # warm-up: allocator, torch.compile of entropy_from_logits on these shapes
+    return seconds_after_warmup(once, dev)
+
+
+def seconds_after_warmup(once, dev: str) -> float:
+    """Seconds of once() run a second time (the first warms the allocator and torch.compile's shapes)."""
+    once()
     if dev == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
