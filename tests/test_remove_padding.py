@@ -11,10 +11,16 @@ and gradients.
 
 from __future__ import annotations
 
+import importlib.util
 import types
 
 import pytest
 import torch
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("pass_bench", ROOT / "benchmarks" / "gpu" / "pass_bench.py")
+pass_bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pass_bench)
 
 PROMPT_LENS = [5, 8, 3, 6]
 RESPONSE_LENS = [10, 4, 7, 9]
@@ -32,7 +38,7 @@ def setup():
         from verl.models.transformers.monkey_patch import patch_forward_with_backends
         from verl.utils import tensordict_utils as tu
         from verl.utils.model import compute_position_id_with_mask
-        from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+        from verl.utils.torch_functional import logprobs_from_logits
         from verl.workers.engine.fsdp import transformer_impl
         from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
@@ -71,22 +77,11 @@ def setup():
     for key, value in {"temperature": 1.0, "use_remove_padding": True, "calculate_entropy": False}.items():
         tu.assign_non_tensor_data(td, key, value)
 
-    def engine_for(module):
-        """verl's FSDP engine for a language model, without building FSDP: the attributes its forward path reads."""
-        engine = object.__new__(transformer_impl.FSDPEngineWithLMHead)
-        engine.module = module
-        engine._autocast_dtype = torch.float32  # fp32 on CPU: forward_step skips autocast
-        engine.pad_to_length, engine.pad_to_length_bucket = False, 1024
-        engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size, engine.pass_packed_cu_seqlens = False, 1, False
-        engine.ulysses_device_mesh = None  # the loss asks for the data-parallel group: torch's default
-        engine.engine_config = types.SimpleNamespace(entropy_checkpointing=False,
-                                                     entropy_from_logits_with_chunking=False,
-                                                     entropy_from_logits_chunk_size=2048)
-        engine.compute_entropy_from_logits = entropy_from_logits
-        return engine
-
-    return types.SimpleNamespace(model=model, fused=fused, td=td, seqs=seqs, engine=engine_for(model),
-                                 fused_engine=engine_for(fused), impl=transformer_impl, tu=tu,
+    # verl's FSDP engine without building FSDP (benchmarks/gpu/pass_bench.py times the same path on the GPU);
+    # fp32 on CPU: forward_step skips autocast
+    engine_for = pass_bench.engine_for
+    return types.SimpleNamespace(model=model, fused=fused, td=td, seqs=seqs, engine=engine_for(model, "cpu"),
+                                 fused_engine=engine_for(fused, "cpu"), impl=transformer_impl, tu=tu,
                                  no_padding_2_padding=no_padding_2_padding, logprobs_from_logits=logprobs_from_logits)
 
 
