@@ -156,15 +156,17 @@ def main(argv: list[str] | None = None) -> int:
               "update": (a.update_tokens, True, True)}
     res = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, "passes": {}}
+    batches = {}  # the same micro-batches for both settings
     for fused in (False, True):
         model, cfg = build(a.size, a.lora_rank, fused, dev)
         engine = engine_for(model, dev)
         for name, (budget, entropy, train) in passes.items():
-            batches = micro_batches(a.seqs, a.prompt, a.response, budget, cfg.vocab_size, dev)
-            s = run_pass(engine, batches, fused, entropy, train, dev)
-            row = res["passes"].setdefault(name, {"micro_batches": len(batches),
-                                                  "tokens": sum(t for _, t in batches)})
-            row["fused_s" if fused else "guide_s"] = s
+            if name not in batches:
+                batches[name] = micro_batches(a.seqs, a.prompt, a.response, budget, cfg.vocab_size, dev)
+                res["passes"][name] = {"micro_batches": len(batches[name]),
+                                       "tokens": sum(t for _, t in batches[name])}
+            s = run_pass(engine, batches[name], fused, entropy, train, dev)
+            res["passes"][name]["fused_s" if fused else "guide_s"] = s
         del model, engine
         if dev == "cuda":
             torch.cuda.empty_cache()
