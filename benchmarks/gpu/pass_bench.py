@@ -70,35 +70,30 @@ def engine_for(module, dev: str):
 
 def micro_batches(seqs: int, prompt: int, response: int, budget: int, vocab: int, dev: str, seed: int = 0):
     """The rollout batch as verl stores it (prompts left-padded, answers right-padded; answer lengths spread from a
-    quarter of RESPONSE to RESPONSE), cut into packed micro-batches of at most `budget` tokens (verl balances them;
-    this fills them in order)."""
+    quarter of RESPONSE to RESPONSE), cut into packed micro-batches of at most `budget` tokens by verl's own dynamic
+    batching (seqlen_balancing.rearrange_micro_batches, as its engine does with use_dynamic_bsz)."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.utils.model import compute_position_id_with_mask
+    from verl.utils.seqlen_balancing import rearrange_micro_batches
     from verl.workers.utils.padding import left_right_2_no_padding
 
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(max(1, response // 4), response + 1, (seqs,), generator=g).tolist()
-    groups: list[list[int]] = [[]]
-    for rl in lens:  # whole answers, in order, while the micro-batch's tokens stay within the budget
-        if groups[-1] and (len(groups[-1]) + 1) * prompt + sum(groups[-1]) + rl > budget:
-            groups.append([])
-        groups[-1].append(rl)
+    lens = torch.randint(max(1, response // 4), response + 1, (seqs,), generator=g)
+    prompts = torch.randint(1, vocab, (seqs, prompt), generator=g)
+    rmask = (torch.arange(response)[None, :] < lens[:, None]).long()
+    responses = torch.randint(1, vocab, (seqs, response), generator=g) * rmask
+    mask = torch.cat([torch.ones(seqs, prompt, dtype=torch.long), rmask], dim=1)
+    batch = TensorDict({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": mask,
+                        "position_ids": compute_position_id_with_mask(mask), "response_mask": rmask,
+                        "prompts": prompts, "responses": responses}, batch_size=[seqs])
     out = []
-    for rl in groups:
-        n = len(rl)
-        prompts = torch.randint(1, vocab, (n, prompt), generator=g)
-        responses = torch.randint(1, vocab, (n, response), generator=g)
-        rmask = (torch.arange(response)[None, :] < torch.tensor(rl)[:, None]).long()
-        responses = responses * rmask
-        mask = torch.cat([torch.ones(n, prompt, dtype=torch.long), rmask], dim=1)
-        td = TensorDict({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": mask,
-                         "position_ids": compute_position_id_with_mask(mask), "response_mask": rmask,
-                         "prompts": prompts, "responses": responses}, batch_size=[n]).to(dev)
-        td = left_right_2_no_padding(td)
+    for td in rearrange_micro_batches(batch, max_token_len=budget)[0]:
+        tokens = int(td["attention_mask"].sum())
+        td = left_right_2_no_padding(td.to(dev))
         for key, value in {"temperature": 1.0, "use_remove_padding": True}.items():
             tu.assign_non_tensor_data(td, key, value)
-        out.append((td, n * prompt + sum(rl)))
+        out.append((td, tokens))
     return out
 
 
