@@ -7,8 +7,8 @@
 #   bash benchmarks/gpu/speed_session.sh prepare      # random Qwen3-0.6B and 1.7B, tiny arithmetic, SmolLM2, one-shot
 #                                                     # arithmetic (NO_SMOL=1: without the last two; SIZES="": no Qwen3)
 #   bash benchmarks/gpu/speed_session.sh logprob      # log-probs of 100k tokens: verl's per-token loop vs its fused kernel
-#   bash benchmarks/gpu/speed_session.sh passes       # the three training passes of the 1.7B LoRA smoke and the 0.6B
-#                                                     # smoke, guide vs speed=fused (pass_bench.py; needs no vLLM)
+#   bash benchmarks/gpu/speed_session.sh passes       # the three training passes of the 1.7B LoRA smoke, the 0.6B and
+#                                                     # the 4B smoke, guide vs speed=fused (pass_bench.py; no vLLM)
 #   bash benchmarks/gpu/speed_session.sh smol_guide   # learn_smollm2, $STEPS steps (4), the preset as it is
 #   bash benchmarks/gpu/speed_session.sh smol_budgets # the same with the passes' token budgets x4-5 and no activation
 #                                                     # checkpointing (ran 2026-12-04 as "smol_fast": no faster)
@@ -108,6 +108,7 @@ case "${1:-}" in
     timed passes_1_7b_lora 300 python3 benchmarks/gpu/pass_bench.py --out "$LOGS/pass_bench_1_7b_lora.json"
     timed passes_0_6b 300 python3 benchmarks/gpu/pass_bench.py --size 0_6b --lora-rank 0 \
       --out "$LOGS/pass_bench_0_6b.json"
+    timed passes_4b 300 python3 benchmarks/gpu/pass_bench.py --size 4b --lora-rank 0 --out "$LOGS/pass_bench_4b.json"
     pack passes ;;
   smol_guide) job smol_guide 900 "${SMOL[@]}" "${GUIDE_ARGS[@]}" ;;
   smol_budgets) job smol_budgets 900 "${SMOL[@]}" "${BUDGETS[@]}" ;;
