@@ -475,6 +475,28 @@ def test_make_doctor_names_the_drivers_exception(tmp_path):
     assert "Stopped before the first step" not in out and "num_cpus" not in out and "try:" not in out
 
 
+VERL_LORA_EXAMPLE = ROOT / "benchmarks" / "gpu" / "results" / "2026-12-06-h100" / "lora_fsdp1.tgz"
+
+
+def test_make_doctor_on_verls_own_lora_settings_on_one_gpu(tmp_path):
+    """RECORDED (GPU test machine, 2026-12-06, one H100): verl's LoRA example settings (FSDP1, layered_summon=True,
+    safetensors) on Qwen3-0.6B through raw verl. Its layered summon found no adapter tensors (the traceback is in the
+    fallback's `with summon_ctx:`) and the fallback hit NO_SHARD: make doctor names that and the FSDP2 fix."""
+    import tarfile
+
+    with tarfile.open(VERL_LORA_EXAMPLE) as tar:
+        tar.extractall(tmp_path, filter="data")
+    log = tmp_path / "lora_fsdp1.log"
+    text = log.read_text()
+    assert "actor_rollout_ref.rollout.layered_summon=true" in (tmp_path / "lora_fsdp1_args.txt").read_text()
+    assert "in collect_lora_params" in text and "with summon_ctx:" in text  # fsdp_utils.py's empty-adapter fallback
+    made = subprocess.run(["make", "-s", "-C", str(ROOT), "doctor", f"LOG={log}", f"PY={sys.executable}"],
+                          text=True, capture_output=True, timeout=60)
+    out = made.stdout
+    assert "[lora_fsdp_no_shard]" in out and "actor_rollout_ref.actor.strategy=fsdp2" in out, out + made.stderr
+    assert "Stopped before the first step" not in out
+
+
 def test_diagnose_job_dir_uses_verl_config(tmp_path):
     job = synth.write_job(tmp_path / "job0", log=SYN / "oom_generation_vllm_sampler.log", status="failed",
                           verl=synth.verl_config(n=6, max_response_length=512, util=0.35))

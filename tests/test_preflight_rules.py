@@ -344,6 +344,23 @@ def test_lora_on_one_gpu_through_run_py(tmp_path):
     assert "nothing was started" in out
 
 
+def test_verls_own_lora_example_settings_on_one_gpu_are_refused_as_they_failed(tmp_path):
+    """issue 28 item 9: examples/tuning/lora's settings (FSDP1, layered_summon=True, safetensors) on Qwen3-0.6B, as
+    speed_session.sh's lora_fsdp1 ran them through raw verl on one H100: the run failed at the first weight sync
+    (benchmarks/gpu/results/2026-12-06-h100/lora_fsdp1.tgz, tests/test_doctor.py); run.py refuses the same command."""
+    from conftest import run_py
+
+    proc = run_py("experiment=smoke", "hardware=h100x1", "dataset=arith_tiny",
+                  "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                  "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_alpha=32",
+                  "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.actor.strategy=fsdp",
+                  "actor_rollout_ref.rollout.layered_summon=true", "actor_rollout_ref.rollout.load_format=safetensors",
+                  "preflight.only=true", f"hydra.run.dir={tmp_path / 'job'}")
+    errors = {e["rule"]: e for e in json.loads((tmp_path / "job" / "plan.json").read_text())["errors"]}
+    assert proc.returncode == 2 and {"lora_layered_summon_one_gpu", "lora_fsdp1_adapter"} <= errors.keys(), proc.stdout
+    assert errors["lora_layered_summon_one_gpu"]["fix"] == FSDP2
+
+
 def test_qwen3_8b_lora_on_one_gpu_passes_the_lora_rules_through_run_py(tmp_path):
     from conftest import run_py
 

@@ -294,7 +294,8 @@ def _lora_no_shard(log: Log, v: Values) -> list[Diagnosis]:
         id="lora_fsdp_no_shard",
         title="LoRA weight sync failed: FSDP on one GPU (NO_SHARD) cannot summon with offload_to_cpu",
         evidence=log.evidence(i), line=i + 1, phase="training",
-        remedy=("Seen on the GPU test machine (verl 0.9.1, SmolLM2-135M, one H200): with one GPU torch's FSDP runs "
+        remedy=("Seen on the GPU test machine (verl 0.9.1: SmolLM2-135M on one H200; verl's own LoRA example "
+                "settings, FSDP1 + layered_summon=True, on Qwen3-0.6B on one H100): with one GPU torch's FSDP runs "
                 "NO_SHARD, and verl's LoRA sync with rollout.layered_summon=true falls back to "
                 "FSDP.summon_full_params(offload_to_cpu=True), which NO_SHARD does not support; it fails at the first "
                 "weight sync, after start-up. The preflight refuses this (rule lora_layered_summon_one_gpu). Use "

@@ -462,7 +462,8 @@ def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
     world = c.batch["n_gpus"]  # GPUs per node x nodes: FSDP's world size
     if _fsdp1_lora_adapter(c) and world == 1:
         # seen on the GPU test machine (benchmarks/gpu/README.md, 2026-12-03): both load formats failed at the first
-        # weight sync with "NotImplementedError: offload_to_cpu=True and NO_SHARD is not supported yet".
+        # weight sync with "NotImplementedError: offload_to_cpu=True and NO_SHARD is not supported yet"; so did verl's
+        # own LoRA example settings on Qwen3-0.6B (benchmarks/gpu/results/2026-12-06-h100/lora_fsdp1.tgz).
         # layered_summon=false is no way out with peft >= 0.21 (rule lora_fsdp1_adapter); FSDP2 has no NO_SHARD
         yield error(f"LoRA (lora_rank={lora}) with actor_rollout_ref.rollout.layered_summon=true on {world} GPU with "
                     f"FSDP1 (strategy {strategy!r}): torch's FSDP runs NO_SHARD on one GPU, and verl 0.9.1's LoRA "
