@@ -10,15 +10,20 @@ A job is a folder under benchmarks/gpu/results/ with its verl_config.yaml and me
 others (calibrate_memplan.side_by_side) are listed, not fitted. Each phase's verl timer (timing_s/*) of the steady
 steps (2 on, validation taken out) is the physics of grpo_lab/memory/timeplan.py at the job's measured lengths plus
 seconds per count, fitted by non-negative least squares over the jobs. Start-up ("ready to fit") and the first
-validation come from the stamped logs (<job>.log.gz beside the folder, benchmarks/gpu/stamp.py). docs/time_plan.md.
+validation come from the stamped logs (<job>.log.gz beside the folder, benchmarks/gpu/stamp.py). verl's fused log-prob
+(use_fused_kernels), which no recorded full step has, takes its seconds per 512-token chunk from the recorded
+pass_bench runs (pass_bench_*.json): the fitted per-token loop term less the seconds the switch saved there.
+docs/time_plan.md.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +68,10 @@ def startup_of(job: Path) -> dict[str, float] | None:
     f = stamped_log(job)
     if f is None:
         return None
-    tmp = Path("/tmp") / f"grpo-lab-{job.name}.log"
-    tmp.write_bytes(gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes())
-    m = milestones(str(tmp))
-    tmp.unlink()
+    with tempfile.TemporaryDirectory() as d:  # its own: calibrations at once share no file
+        tmp = Path(d) / f"{job.name}.log"
+        tmp.write_bytes(gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes())
+        m = milestones(str(tmp))
     return {"ready_s": m["ready to fit"], "step1_done_s": m.get("step 1 done")} if "ready to fit" in m else None
 
 
@@ -141,6 +146,22 @@ def fit(jobs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return coef
 
 
+def fused_from_passes(coef: dict[str, dict[str, float]], results: Path = RESULTS) -> dict[str, Any]:
+    """Per training pass, the seconds per 512-token chunk that leave the plan's step as much shorter as the switch made
+    that pass in every recorded pass_bench run ((loop term x tokens - (guide_s - fused_s)) / chunks; the median)."""
+    per_pass: dict[str, list[float]] = {}
+    files = sorted(results.rglob("pass_bench_*.json"))
+    for f in files:
+        for phase, row in json.loads(f.read_text())["passes"].items():
+            loop = (coef.get(phase) or {}).get("loop_tokens")
+            if loop:
+                chunks = math.ceil(row["tokens"] / timeplan.FUSED_CHUNK)
+                saved = row["guide_s"] - row["fused_s"]
+                per_pass.setdefault(phase, []).append(round(max(0.0, loop * row["tokens"] - saved) / chunks, 5))
+    return {"files": [rel(f) for f in files], "per_run_s": per_pass,
+            "fused_chunks": {k: float(f"{statistics.median(v):.4g}") for k, v in per_pass.items()}}
+
+
 def collect(results: Path = RESULTS) -> dict[str, Any]:
     facts = model_facts()
     jobs, beside = [], []
@@ -152,6 +173,9 @@ def collect(results: Path = RESULTS) -> dict[str, Any]:
         (beside if j["side_by_side"] else jobs).append(j)
     steady = [j for j in jobs if "step_s" in j]
     coef = fit(steady)
+    fused = fused_from_passes(coef, results)
+    for phase, v in fused["fused_chunks"].items():
+        coef[phase]["fused_chunks"] = v
     for j in steady:
         preds = [timeplan.phase_seconds(p["features"], coef) for p in j.pop("per_step")]
         pred = {ph: statistics.fmean(p[ph] for p in preds) for ph in timeplan.PHASES}
@@ -166,6 +190,7 @@ def collect(results: Path = RESULTS) -> dict[str, Any]:
         "assumed": {"mfu": timeplan.MFU, "bw_share": timeplan.BW_SHARE, "disk_gb_s": timeplan.DISK_GB_S,
                     "unmeasured": timeplan.UNMEASURED},
         "coefficients": coef,
+        "fused_from_passes": {k: fused[k] for k in ("files", "per_run_s")},
         "first_step_extra_s": round(statistics.fmean(j["first_step_extra_s"] for j in steady), 1),
         "startup_fixed_s": round(statistics.fmean(starts), 1) if starts else 0.0,
         "startup_measured_s": [j["startup_s"] for j in jobs if "startup_s" in j],
@@ -195,6 +220,13 @@ def render(result: dict[str, Any]) -> str:
            "## Fitted seconds per count", "", "| phase | term | seconds |", "|---|---|---|"]
     for phase, c in result["coefficients"].items():
         out += [f"| {phase} | {k} | {v:.4g} |" for k, v in c.items()]
+    fp = result.get("fused_from_passes") or {}
+    if fp.get("files"):
+        out += ["", "fused_chunks (verl's fused log-prob, `speed=fused`): no recorded full step has it; from the "
+                "training passes alone (benchmarks/gpu/pass_bench.py: " + ", ".join(fp["files"]) + "), the loop "
+                "term less what the switch saved there, per 512-token chunk (each run: "
+                + "; ".join(f"{k} {', '.join(f'{x * 1e3:.1f}' for x in v)} ms" for k, v in fp["per_run_s"].items())
+                + "; the median is used)."]
     out += ["", f"First step: {result['first_step_extra_s']} s above a steady step (mean). Start-up to \"ready to "
             f"fit\": {result['startup_fixed_s']} s plus the weights' loading (measured "
             f"{', '.join(str(x) for x in result['startup_measured_s'])} s). First validation: "
