@@ -31,9 +31,13 @@ ALLREDUCE_S = {True: 10e-6, False: 50e-6}  # one small all-reduce over NVLink / 
 NVLINK_GB_S = 300.0  # card to card over NVLink (A100: 600 GB/s both ways) (assumed)
 FUSED_CHUNK = 512  # verl's FusedLinearForPPO takes log-probs in chunks of this many tokens
 # seconds per count for terms no recorded run has measured yet (said as "not measured" where they count)
-UNMEASURED = {"fused_chunks": 0.002}
-NOT_MEASURED = {"fused_chunks": f"verl's fused log-prob (use_fused_kernels): {UNMEASURED['fused_chunks'] * 1e3:g} ms "
-                                f"per chunk of {FUSED_CHUNK} tokens assumed"}
+UNMEASURED = {"fused_chunks": 0.002, "fused_chunks_flash_attn": 0.002}
+NOT_MEASURED = {k: f"verl's fused log-prob (use_fused_kernels){' with flash-attn' if 'flash' in k else ''}: "
+                   f"{v * 1e3:g} ms per chunk of {FUSED_CHUNK} tokens assumed" for k, v in UNMEASURED.items()}
+# fused_chunks replaces the per-token loop (no flash-attn): its seconds come from the training passes measured alone
+# (benchmarks/calibrate_timeplan.py, fused_from_passes); with flash-attn there is no loop to compare it with
+PASS_LEVEL = {"fused_chunks": "verl's fused log-prob (use_fused_kernels): its saving measured on the training passes "
+                              "alone (benchmarks/gpu/pass_bench.py), not yet in a full step"}
 PHASES = ("generation", "old_log_prob", "reference", "update", "weight_sync", "other")
 TIMERS = {"generation": "gen", "old_log_prob": "old_log_prob", "reference": "ref", "update": "update_actor",
           "weight_sync": "update_weights"}  # verl's timing_s/* in metrics.jsonl
@@ -110,6 +114,7 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     t, n = w.tokens, max(1, s.n_gpus)
     loop = t if per_token_loop(s) else 0.0
     fused = math.ceil(t / FUSED_CHUNK) if s.use_fused_kernels else 0.0
+    fused_key = "fused_chunks_flash_attn" if s.attn_implementation == "flash_attention_2" else "fused_chunks"
     waves = kv_cache(arch, s)["waves"] or 1
     eager = 1.0 if s.enforce_eager else 0.0
     layer_steps = w.decode_steps * waves * arch.num_hidden_layers
@@ -129,7 +134,7 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     shard_s = 2 * param_bytes(s) * arch.params() / s.fsdp * pcie_s if s.param_offload else 0.0
     per_layer = arch.hidden_size * 2 if s.gradient_checkpointing else arch.layer_activation_bytes_per_token()
     act_s = 2 * t * arch.num_hidden_layers * per_layer * pcie_s if s.activation_offload else 0.0  # out and back
-    ref = {"fixed": 1.0, "loop_tokens": loop, "fused_chunks": fused, "micro_batches": mb_lp}
+    ref = {"fixed": 1.0, "loop_tokens": loop, fused_key: fused, "micro_batches": mb_lp}
     return {
         "generation": {"count": {"fixed": 1.0, "eager_layer_steps": eager * layer_steps,
                                  "graph_layer_steps": (1 - eager) * layer_steps},
@@ -138,7 +143,7 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
         "reference": {"count": ref if s.ref_used else {},
                       "physics_s": fwd_s + mb_lp * gather_s + (2.0 * arch.params() * pcie_s if s.ref_param_offload
                                                               else 0.0) if s.ref_used else 0.0},
-        "update": {"count": {"fixed": 1.0, "loop_tokens": loop, "fused_chunks": fused, "updates": updates,
+        "update": {"count": {"fixed": 1.0, "loop_tokens": loop, fused_key: fused, "updates": updates,
                              "micro_batches": mb_upd},
                    "physics_s": fwd_s * (1 + bwd + recompute) + opt_s + mb_upd * gather_s * (1 + bwd) + shard_s
                    + act_s},
@@ -199,8 +204,9 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     run = startup + first + max(0, shape.steps - 1) * step + validations * val_s
     if validations:
         run += float(cal.get("first_validation_extra_s", 0.0))
-    unmeasured = [NOT_MEASURED[k] for k in UNMEASURED if any(f["count"].get(k) for f in features(
-        arch, s, w, card).values())]
+    counted = {k: [ph for ph, f in features(arch, s, w, card).items() if f["count"].get(k)] for k in UNMEASURED}
+    unmeasured = [PASS_LEVEL[k] if k in PASS_LEVEL and all(k in (coef.get(ph) or {}) for ph in phs) else NOT_MEASURED[k]
+                  for k, phs in counted.items() if phs]
     if not per_token_loop(s) and not s.use_fused_kernels:
         unmeasured.append("log-probs through flash-attn's cross-entropy (no recorded run had flash-attn): the passes' "
                           "fixed costs without the per-token loop")
