@@ -187,7 +187,8 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     n = max(1, s.n_gpus)
     resp = float(s.max_response_length)
     w = Work(s.train_batch_size * s.rollout_n / n, shape.prompt_tokens, resp, resp)
-    phases = phase_seconds(features(arch, s, w, card), coef)
+    feats = features(arch, s, w, card)
+    phases = phase_seconds(feats, coef)
     step = sum(phases.values())
     first = step + float(cal.get("first_step_extra_s", 0.0))
     load_s = 3 * 2.0 * arch.params() / (DISK_GB_S * 1e9)
@@ -204,7 +205,7 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     run = startup + first + max(0, shape.steps - 1) * step + validations * val_s
     if validations:
         run += float(cal.get("first_validation_extra_s", 0.0))
-    counted = {k: [ph for ph, f in features(arch, s, w, card).items() if f["count"].get(k)] for k in UNMEASURED}
+    counted = {k: [ph for ph, f in feats.items() if f["count"].get(k)] for k in UNMEASURED}
     unmeasured = [PASS_LEVEL[k] if k in PASS_LEVEL and all(k in (coef.get(ph) or {}) for ph in phs) else NOT_MEASURED[k]
                   for k, phs in counted.items() if phs]
     if not per_token_loop(s) and not s.use_fused_kernels:
