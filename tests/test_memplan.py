@@ -7,10 +7,10 @@ import json
 from dataclasses import asdict, replace
 
 import pytest
-from conftest import ROOT, composed
+from conftest import ROOT, composed, run_py
 
 from grpo_lab.checks.rules.values import settings_from_verl
-from grpo_lab.memory import memplan
+from grpo_lab.memory import memplan, memplan_phases
 from grpo_lab.memory.memplan import Arch, Settings, memory_plan
 
 
@@ -236,3 +236,40 @@ def test_gpu_benchmark_tiny_cpu_mode(tmp_path):
     # the full matrix the GPU run covers: 3 models x checkpointing on/off x optimizer offload on/off
     args = bench.argparse.Namespace(tiny=False, quick=False, models="0.6b,1.7b,4b")
     assert len(bench.rows_for(args)) == 12
+
+
+def test_fused_log_prob_holds_one_chunk_of_logits_whatever_the_budget():
+    # verl's FusedLinearForPPO (speed=fused) takes log-probs 512 tokens at a time: the budget no longer scales logits
+    a = QWEN3_1_7B
+    loop = [memplan_phases.update_peaks(a, base_settings(ppo_max_token_len_per_gpu=t))["backward_start"]["logits"]
+            for t in (4096, 32768)]
+    fused = [memplan_phases.update_peaks(a, base_settings(ppo_max_token_len_per_gpu=t, use_fused_kernels=True))
+             ["backward_start"]["logits"] for t in (4096, 32768)]
+    assert loop[1] == pytest.approx(8 * loop[0])
+    assert fused[0] == fused[1] == pytest.approx(512 * a.vocab_size * memplan_phases.FUSED_BACKWARD_BYTES)
+    assert fused[1] < loop[1] / 10
+    # a micro-batch shorter than a chunk holds only its own tokens
+    short = memplan_phases.update_peaks(a, base_settings(ppo_max_token_len_per_gpu=300, use_fused_kernels=True))
+    per_token = a.vocab_size * memplan_phases.FUSED_BACKWARD_BYTES
+    assert short["backward_start"]["logits"] == pytest.approx(300 * per_token)
+
+
+def test_run_py_plans_large_budgets_with_the_fused_log_prob_and_refuses_them_without(tmp_path):
+    # the 1.7B LoRA smoke on an emulated 32 GB card, every pass at 32,768 tokens: the loop's logits (6 B x T x vocab)
+    # do not fit there; verl's fused log-prob keeps one chunk's and does
+    base = ["experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1", "lab.hardware.gpu_memory_gb=32",
+            "lab.hardware.emulate.real_gpu_memory_gb=139.8", "dataset=arith_tiny",
+            "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_alpha=32",
+            "actor_rollout_ref.rollout.load_format=safetensors",
+            "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768",
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768", "preflight.only=true"]
+    guide = run_py(*base, "speed=guide", f"hydra.run.dir={tmp_path / 'guide'}")
+    fused = run_py(*base, "speed=fused", f"hydra.run.dir={tmp_path / 'fused'}")
+    assert guide.returncode == 2, guide.stdout + guide.stderr
+    assert "logits" in guide.stdout and "oom" in guide.stdout
+    assert fused.returncode == 3, fused.stdout + fused.stderr
+    plan = json.loads((tmp_path / "fused" / "plan.json").read_text())
+    assert plan["memory"]["phases"]["training"]["verdict"] == "fits"
+    update = plan["memory"]["phases"]["training"]
+    assert update["peak_gb_per_gpu"] < 0.8 * 32

@@ -32,6 +32,9 @@ LOGITS_UPDATE_BYTES = 6.0        # per token x vocab in the update: bf16 logits 
 LOGITS_FORWARD_BYTES = 2.0       # per token x vocab in a forward-only pass: the bf16 logits
 ENTROPY_BYTES = 4.0              # per token x vocab: the fp32 softmax an entropy in the loss saves for backward
 ENTROPY_EAGER_BYTES = 12.0       # per token x vocab: eager entropy under autocast (fp32 softmax, product, logsumexp)
+FUSED_CHUNK = 512                # verl's FusedLinearForPPO (use_fused_kernels): log-probs this many tokens at a time
+FUSED_FORWARD_BYTES = 14.0       # per chunk token x vocab, forward: fp32 logits, softmax, their product, bf16 logits
+FUSED_BACKWARD_BYTES = 20.0      # per chunk token x vocab, backward: fp32 logits, softmax, one-hot, difference, grad
 HOST_PER_GPU_WORKER_GB = 3.0     # RSS of one FSDP worker process (torch, CUDA libraries, model code)
 HOST_PER_VLLM_WORKER_GB = 3.0    # RSS of one vLLM worker process
 HOST_BASE_GB = 6.0               # Ray, TaskRunner, reward workers, data loaders
@@ -113,9 +116,12 @@ def attention_extra(arch: Arch, s: Settings, tokens: int, training: bool) -> flo
 
 
 def logits_peak(arch: Arch, tokens: int, *, update: bool, entropy: bool, chunked: bool, chunk: int,
-                checkpointed: bool = False, compiled: bool = True) -> float:
+                checkpointed: bool = False, compiled: bool = True, fused: bool = False) -> float:
     """The vocabulary-sized tensors of one micro-batch (bytes): docs/memory_plan.md, "Logits peak"."""
     v = arch.vocab_size
+    if fused:  # no whole logits: one chunk's at a time, entropy included, recomputed in the backward
+        per = FUSED_BACKWARD_BYTES + (ENTROPY_EAGER_BYTES if entropy else 0.0) if update else FUSED_FORWARD_BYTES
+        return min(FUSED_CHUNK, tokens) * v * per
     base = tokens * v * (LOGITS_UPDATE_BYTES if update else LOGITS_FORWARD_BYTES)
     if not entropy:
         return base
@@ -148,7 +154,7 @@ def update_peaks(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
         "activations": activations(arch, s, t),
         "logits": logits_peak(arch, t, update=True, entropy=s.entropy_in_update, chunked=s.actor_entropy_chunking,
                               chunk=s.entropy_chunk_size, checkpointed=s.entropy_checkpointing,
-                              compiled=s.use_torch_compile),
+                              compiled=s.use_torch_compile, fused=s.use_fused_kernels),
     }
     end = {
         "actor_state": st.total,
@@ -361,7 +367,7 @@ def training_subphases(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
         "fsdp_gathered": fsdp_gathered(arch, s, backward=False),
         "forward_activations": t_lp * arch.layer_forward_bytes_per_token() + attention_extra(arch, s, t_lp, False),
         "logits": logits_peak(arch, t_lp, update=False, entropy=True, chunked=s.actor_entropy_chunking,
-                              chunk=s.entropy_chunk_size, compiled=s.use_torch_compile)}
+                              chunk=s.entropy_chunk_size, compiled=s.use_torch_compile, fused=s.use_fused_kernels)}
     # reference forward: the actor's resident state beside it; the reference streams fp32 shards in, gathers bf16
     if s.ref_used:
         t_ref = s.ref_log_prob_tokens
@@ -373,7 +379,8 @@ def training_subphases(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
             "actor_resident": resident, "reference_streamed": stream,
             "forward_activations": (t_ref * arch.layer_forward_bytes_per_token()
                                     + attention_extra(arch, s, t_ref, False)),
-            "logits": logits_peak(arch, t_ref, update=False, entropy=False, chunked=False, chunk=0)}
+            "logits": logits_peak(arch, t_ref, update=False, entropy=False, chunked=False, chunk=0,
+                                  fused=s.use_fused_kernels)}
     for sub in out.values():
         sub["cublas_workspaces"] = CUBLAS_WORKSPACE_GB * GB
     return out
