@@ -15,7 +15,7 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.memory.memplan_arch import Arch, Settings
-from grpo_lab.memory.memplan_phases import kv_cache, param_bytes
+from grpo_lab.memory.memplan_phases import FUSED_CHUNK, kv_cache, param_bytes
 
 TABLE = facts.ROOT / "benchmarks" / "gpu" / "timeplan_calibration.json"
 TABLE_MD = "benchmarks/gpu/timeplan_calibration.md"
@@ -29,13 +29,13 @@ PCIE_GB_S = {"pcie3": 12.0, "pcie4": 25.0, "pcie5": 50.0}  # host<->card per x16
 PCIE_DEFAULT = ("pcie4", 25.0)
 ALLREDUCE_S = {True: 10e-6, False: 50e-6}  # one small all-reduce over NVLink / PCIe (vLLM's TP, per layer) (assumed)
 NVLINK_GB_S = 300.0  # card to card over NVLink (A100: 600 GB/s both ways) (assumed)
-FUSED_CHUNK = 512  # verl's FusedLinearForPPO takes log-probs in chunks of this many tokens
 # seconds per count for terms no recorded run has measured yet (said as "not measured" where they count)
 UNMEASURED = {"fused_chunks": 0.002, "fused_chunks_flash_attn": 0.002}
 NOT_MEASURED = {k: f"verl's fused log-prob (use_fused_kernels){' with flash-attn' if 'flash' in k else ''}: "
                    f"{v * 1e3:g} ms per chunk of {FUSED_CHUNK} tokens assumed" for k, v in UNMEASURED.items()}
 # fused_chunks replaces the per-token loop (no flash-attn): its seconds come from the training passes measured alone
-# (benchmarks/calibrate_timeplan.py, fused_from_passes); with flash-attn there is no loop to compare it with
+# (calibrate_timeplan.py, fused_from_passes), said so until a recorded full step checks them (full_steps_with);
+# with flash-attn there is no loop to compare it with
 PASS_LEVEL = {"fused_chunks": "verl's fused log-prob (use_fused_kernels): its saving measured on the training passes "
                               "alone (benchmarks/gpu/pass_bench.py), not yet in a full step"}
 PHASES = ("generation", "old_log_prob", "reference", "update", "weight_sync", "other")
@@ -206,8 +206,10 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     if validations:
         run += float(cal.get("first_validation_extra_s", 0.0))
     counted = {k: [ph for ph, f in feats.items() if f["count"].get(k)] for k in UNMEASURED}
-    unmeasured = [PASS_LEVEL[k] if k in PASS_LEVEL and all(k in (coef.get(ph) or {}) for ph in phs) else NOT_MEASURED[k]
-                  for k, phs in counted.items() if phs]
+    fitted = {k for k, phs in counted.items() if phs and all(k in (coef.get(ph) or {}) for ph in phs)}
+    checked = {k for k in fitted if (cal.get("full_steps_with") or {}).get(k)}
+    unmeasured = [PASS_LEVEL[k] if k in fitted and k in PASS_LEVEL else NOT_MEASURED[k]
+                  for k, phs in counted.items() if phs and k not in checked]
     if not per_token_loop(s) and not s.use_fused_kernels:
         unmeasured.append("log-probs through flash-attn's cross-entropy (no recorded run had flash-attn): the passes' "
                           "fixed costs without the per-token loop")
