@@ -33,9 +33,13 @@ ALLOWED = {
     "ppo_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.actor.entropy_checkpointing",
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking", "actor_rollout_ref.rollout.layered_summon",
+    "actor_rollout_ref.model.use_fused_kernels",
 }
 LORA_KEYS = {"actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora_alpha",
              "actor_rollout_ref.rollout.load_format", "actor_rollout_ref.actor.strategy"}
+SPEED_KEYS = {"actor_rollout_ref.model.use_fused_kernels", "ppo_max_token_len_per_gpu",
+              "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+              "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"}
 BATCH = ("train_batch_size", "rollout_n", "ppo_mini_batch_size", "updates_per_step", "sequence_length")
 WAY_OUT = re.compile(r"a bigger card: .* \d+ GB|more GPUs: \d+ GPUs|LoRA|a smaller model: model=\w+")
 
@@ -83,7 +87,16 @@ def test_every_model_on_every_hardware_fits_or_says_what_would(model, hardware):
     else:
         assert not extra, extra
     if before.ok and before.memory["verdict"]["overall"] == "fits":
-        assert res.overrides == [] and "No change needed" in text
+        assert res.changes == [] and "No change needed" in text
+    # what it adds for time: only where every phase still fits (above), and each a tenth or more of the step
+    assert _keys(o for c in res.speedups for o in c.overrides) <= SPEED_KEYS
+    for c in res.speedups:
+        was, now = map(float, re.search(r"a step (\d+) -> (\d+) s by the time plan", c.cost).groups())
+        assert now <= 0.9 * was + 0.5, c.cost  # (whole seconds printed)
+    if res.speedups:
+        assert "Faster, the same algorithm" in text
+    else:
+        assert "Faster, the same algorithm" not in text
     if res.overrides:  # the command line, composed as typed, is the config that was checked
         args = [f"model={model}", f"hardware={hardware}", *first_fix]
         assert composed(*F.fitted_args(args, res.overrides))[0] == v2
@@ -288,3 +301,35 @@ def test_a_refusal_that_no_fix_fits_points_at_make_fit_with_the_users_own_argume
     plan = json.loads((tmp_path / "d" / "plan.json").read_text())
     assert plan["fix_all"] == {"overrides": "ppo_mini_batch_size=8 rollout_gpu_mem_util=0.5", "passes": True}
     assert "fit" not in plan and "make fit" not in ok.stdout
+
+
+def test_make_fit_makes_the_1_7b_smoke_faster_with_the_same_algorithm_where_it_still_fits(tmp_path):
+    # issue 27's pair: the 1.7B smoke on an emulated 32 GB card; the fit's LoRA, then verl's fused log-prob and larger
+    # token budgets, each kept for a tenth or more of the planned step (the budgets fit only with the fused log-prob)
+    typed = ["experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1", "lab.hardware.gpu_memory_gb=32",
+             "lab.hardware.emulate.real_gpu_memory_gb=139.8", "dataset=arith_tiny",
+             "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
+    proc = subprocess.run(["make", "--no-print-directory", "fit", f"PY={sys.executable}",
+                           f"ARGS={' '.join(typed)} hydra.run.dir={tmp_path}/fit"],
+                          cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    faster = out.split("Faster, the same algorithm", 1)[1].split("Not taken", 1)[0]
+    assert "1. actor_rollout_ref.model.use_fused_kernels=true" in faster
+    steps = [tuple(map(int, m)) for m in re.findall(r"a step (\d+) -> (\d+) s by the time plan", faster)]
+    assert len(steps) == 2 and steps[0][1] == steps[1][0] and all(b <= 0.9 * a + 0.5 for a, b in steps), steps
+    args = _command(out)
+    assert "actor_rollout_ref.model.lora_rank=64" in args  # the memory's own change comes first
+    budget = int(next(a for a in args if a.startswith("ppo_max_token_len_per_gpu=")).split("=")[1])
+    assert budget > 3000 and budget & (budget - 1) == 0  # above the guide's 3000, a power of two
+    # the printed command, typed: it fits, and its plan is the shorter step the fit printed
+    after = run_py("preflight.only=true", *[a for a in args if not a.startswith("hydra.run.dir=")],
+                   f"hydra.run.dir={tmp_path}/c")
+    assert planned(after) and "overall: fits" in after.stdout, after.stdout[-3000:]
+    step = json.loads((tmp_path / "c" / "plan.json").read_text())["time"]["step_s"]
+    assert re.search(rf"  the fit's command: a step {step:.0f} s", out)
+    # without the fused log-prob the same budget's logits do not fit that card
+    loop = run_py("preflight.only=true", *[a for a in args if not a.startswith(("hydra.run.dir=",
+                                                                                 "actor_rollout_ref.model.use_fused"))],
+                  f"hydra.run.dir={tmp_path}/d")
+    assert "overall: fits" not in loop.stdout

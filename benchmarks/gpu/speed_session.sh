@@ -18,6 +18,9 @@
 #   bash benchmarks/gpu/speed_session.sh q17lora_guide  # the guide's smoke on Qwen3-1.7B on an emulated 32 GB card,
 #                                                     # with make fit's LoRA (full fine-tuning does not fit there)
 #   bash benchmarks/gpu/speed_session.sh q17lora_fast # the same job with $FAST
+#   bash benchmarks/gpu/speed_session.sh q17lora_fit  # the command `make fit` prints for the guide's 1.7B smoke there
+#                                                     # (its LoRA, then what it adds for time), as printed
+#   bash benchmarks/gpu/speed_session.sh q06_fit      # the same for the 0.6B smoke
 #   bash benchmarks/gpu/speed_session.sh lora_fsdp1   # issue 28 item 9: verl's LoRA example settings (FSDP1,
 #                                                     # layered_summon=True, safetensors) on Qwen3-0.6B, 3 steps,
 #                                                     # through raw verl (the preflight's lora_fsdp1_adapter refuses it)
@@ -85,6 +88,15 @@ Q17LORA=(experiment=smoke model=qwen3_1_7b hardware=$HW lab.hardware.gpu_memory_
   lab.hardware.emulate.real_gpu_memory_gb=$REAL_GB dataset=arith_tiny model_path="$Q17" "$SDPA"
   actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32
   actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.actor.strategy=fsdp2)
+fitted() {  # fitted NAME ARGS...: run the command `make fit` prints for ARGS (its output kept as NAME.fit.txt)
+  local name=$1; shift
+  python3 run.py preflight.fit=true "$@" hydra.run.dir="$LOGS/$name.fit" > "$LOGS/$name.fit.txt" 2>&1
+  local cmd; cmd=$(sed -n '/^The command:/{n;p;}' "$LOGS/$name.fit.txt" | sed 's/^ *python run.py //')
+  [ -n "$cmd" ] || { echo "$name: make fit printed no command (see $name.fit.txt)"; pack "$name"; return 1; }
+  read -ra FIT_ARGS <<< "$cmd"
+  job "$name" 900 "${FIT_ARGS[@]}"
+}
+
 case "${1:-}" in
   prepare)
     for size in ${SIZES-0_6b 1_7b}; do  # SIZES="": a session of SmolLM2 jobs only
@@ -117,6 +129,8 @@ case "${1:-}" in
   q06_fast)   job q06_fast 900 "${QS[@]}" "${FAST_ARGS[@]}" ;;
   q17lora_guide) job q17lora_guide 900 "${Q17LORA[@]}" "${GUIDE_ARGS[@]}" ;;
   q17lora_fast)  job q17lora_fast 900 "${Q17LORA[@]}" "${FAST_ARGS[@]}" ;;
+  q17lora_fit)   fitted q17lora_fit "${Q17LORA[@]}" ;;
+  q06_fit)       fitted q06_fit "${QS[@]}" ;;
   lora_fsdp1)
     # examples/tuning/lora/run_qwen3_8b_fsdp.sh's LoRA on the smoke: whether verl's own settings run with peft >= 0.21
     # (the recorded failure behind lora_fsdp1_adapter had layered_summon=false: benchmarks/gpu/README.md)

@@ -18,7 +18,7 @@ import datetime as dt
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,14 @@ from grpo_lab.checks.fit_moves import (
     PHASES,
     RANK,
     REQUIRED,
+    SPEED_MOVES,
     A,
     FitContext,
     move_title,
     one_sequence,
     tp_ok,
 )
-from grpo_lab.checks.fit_search import State, lora_start, search, way_out
+from grpo_lab.checks.fit_search import State, faster, lora_start, search, way_out
 from grpo_lab.checks.fit_text import Change, FitResult, cost_words, format_result, override_strs
 from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
 from grpo_lab.checks.rules.values import settings_from_verl
@@ -54,6 +55,7 @@ from grpo_lab.verl_keys import put as _put
 # ---------------------------------------------------------------------------------------------------------------
 
 FASTER = 0.10  # a setting must be this much faster by the time plan to win over one earlier in the guide's order
+SPEED_IDS = {mid for mid, _, _ in SPEED_MOVES}
 
 
 class FitError(Exception):
@@ -124,12 +126,15 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
         found = lfound
     card, shape = timeplan.Card.of(lab.hardware), run_shape(verl, lab, base_report.batch, s0)
 
-    steps: dict[int, float] = {}
+    steps: dict[str, float] = {}
+
+    def plan_step(s: memplan.Settings) -> float:
+        if repr(s) not in steps:
+            steps[repr(s)] = timeplan.time_plan(arch, s, card, shape)["step_s"]
+        return steps[repr(s)]
 
     def step_s(st: State) -> float:
-        if id(st) not in steps:
-            steps[id(st)] = timeplan.time_plan(arch, st.s, card, shape)["step_s"]
-        return steps[id(st)]
+        return plan_step(st.s)
 
     fitting = [f for f in found if f.lora == (best is None)]  # the fastest of the same kind (LoRA only when needed)
     if len(fitting) > 1:
@@ -151,11 +156,14 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
     if chosen is None:
         return res
 
+    chosen = faster(ctx, chosen, plan_step, FASTER)  # then the same algorithm in a shorter step, where it still fits
     res.ok, res.lora, res.values = True, chosen.lora, dict(chosen.values)
     res.after = memplan.memory_plan(arch, chosen.s, remedies=False)
     res.time_after = timeplan.time_plan(arch, chosen.s, card, shape)
-    res.changes = _changes(ctx, chosen, cfg)
-    res.overrides = [o for c in res.changes for o in c.overrides]
+    changes = _changes(ctx, chosen, cfg, plan_step)
+    res.changes = [c for c in changes if c.move not in SPEED_IDS]
+    res.speedups = [c for c in changes if c.move in SPEED_IDS]
+    res.overrides = [o for c in changes for o in c.overrides]
     # verify: the overrides on the verl config, the plan's settings from it, and the whole preflight on it
     v2, l2 = apply_overrides(verl, lab, chosen.values)
     s2 = settings_from_verl(v2, l2)
@@ -179,7 +187,7 @@ def _batch_facts(b: Mapping[str, Any]) -> dict[str, Any]:
     return {k: b.get(k) for k in keys}
 
 
-def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Change]:
+def _changes(ctx: FitContext, chosen: State, cfg: Any, plan_step: Callable[[memplan.Settings], float]) -> list[Change]:
     """Each move of the chosen state in the order applied, with its overrides, its cost and a one-line reason."""
     later: set[str] = set()
     out = []
@@ -192,8 +200,13 @@ def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Change]:
         title = move_title(mid)
         lowered = [f"{ph.replace('_', ' ')} {e0.peaks[ph]:g} -> {e1.peaks[ph]:g} GB" for ph in PHASES
                    if abs(e0.peaks[ph] - e1.peaks[ph]) >= 0.01]
-        reason = f"{title}: " + (", ".join(lowered) if lowered else "lets vLLM start (room for its KV cache)")
-        out.append(Change(mid, title, override_strs(keep, cfg), cost_words(ctx, mid, s_before, s_after), reason))
+        cost = cost_words(ctx, mid, s_before, s_after)
+        if mid in SPEED_IDS:
+            faster_by = f"a step {plan_step(s_before):.0f} -> {plan_step(s_after):.0f} s by the time plan"
+            cost, reason = f"{cost}; {faster_by}", f"{title}: {faster_by}" + "".join(f"; {x}" for x in lowered)
+        else:
+            reason = f"{title}: " + (", ".join(lowered) if lowered else "lets vLLM start (room for its KV cache)")
+        out.append(Change(mid, title, override_strs(keep, cfg), cost, reason))
     return out[::-1]
 
 

@@ -303,11 +303,46 @@ MOVES: tuple[Move, ...] = (
 )
 LORA_RANK = 100
 
-RANK = {m.id: m.rank for m in MOVES} | {"lora": LORA_RANK, "tp_fix": -1, "budget_fix": -1}
+# ---- moves for time, taken after the memory fits: the same algorithm, a shorter step by the time plan ----
+
+def _m_fused(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
+    if s.use_fused_kernels:
+        return "already on"
+    return [({A + "model.use_fused_kernels": True}, replace(s, use_fused_kernels=True))]
+
+
+def _m_larger_budgets(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
+    """Each power of two above the update's token budget, up to one that holds a whole update per GPU; the log-prob
+    passes' budgets raised to it too (never lowered)."""
+    if not s.use_dynamic_bsz:
+        return "dynamic batch size is off (micro-batch sizes instead)"
+    cap = ctx.tokens_per_gpu_per_update(s)
+    t, opts = 1 << int(s.ppo_max_token_len_per_gpu).bit_length(), []
+    while cap and t < 2 * cap:
+        s2 = replace(s, ppo_max_token_len_per_gpu=t,
+                     log_prob_max_token_len_per_gpu=max(s.log_prob_max_token_len_per_gpu, t),
+                     ref_log_prob_max_token_len_per_gpu=max(s.ref_log_prob_max_token_len_per_gpu, t))
+        vals = {A + "actor.ppo_max_token_len_per_gpu": t}
+        if s2.log_prob_max_token_len_per_gpu != s.log_prob_max_token_len_per_gpu:
+            vals[A + "rollout.log_prob_max_token_len_per_gpu"] = t
+        if s.ref_used and s2.ref_log_prob_max_token_len_per_gpu != s.ref_log_prob_max_token_len_per_gpu:
+            vals[A + "ref.log_prob_max_token_len_per_gpu"] = t
+        opts.append((vals, s2))
+        t *= 2
+    return opts or f"the budget ({s.ppo_max_token_len_per_gpu}) already holds a whole update ({cap} tokens per GPU)"
+
+
+SPEED_MOVES = (  # (id, title, options): in this order, each kept when every phase still fits and the step is shorter
+    ("fused", "verl's fused log-prob (speed=fused)", _m_fused),
+    ("larger_budgets", "larger token budgets", _m_larger_budgets),
+)
+
+RANK = ({m.id: m.rank for m in MOVES} | {"lora": LORA_RANK, "tp_fix": -1, "budget_fix": -1}
+        | {mid: -1 for mid, _, _ in SPEED_MOVES})
 REQUIRED = ("tp_fix", "budget_fix")  # the fit's first moves, not choices: what verl needs to start or to run
 BY_ID = {m.id: m for m in MOVES}
 
 
 def move_title(mid: str) -> str:
-    return {"lora": "LoRA", "tp_fix": "rollout TP that the GPUs allow",
-            "budget_fix": "token budgets of one sequence"}.get(mid) or BY_ID[mid].title
+    return ({"lora": "LoRA", "tp_fix": "rollout TP that the GPUs allow", "budget_fix": "token budgets of one sequence"}
+            | {i: t for i, t, _ in SPEED_MOVES}).get(mid) or BY_ID[mid].title

@@ -12,7 +12,7 @@ from typing import Any
 
 from grpo_lab.checks.fit_moves import GB, MARGIN, FitContext
 from grpo_lab.cli.knobs import KNOBS, short_key_targets
-from grpo_lab.memory import calibration, memplan
+from grpo_lab.memory import calibration, memplan, memplan_phases
 
 # ---------------------------------------------------------------------------------------------------------------
 # what each change costs, in words and numbers
@@ -83,6 +83,16 @@ def cost_words(ctx: FitContext, move: str, before: memplan.Settings, after: memp
     if move == "entropy_chunk":
         return f"the entropy over the {arch.vocab_size}-token vocabulary in chunks of {after.entropy_chunk_size} " \
                f"tokens: a little slower"
+    if move == "fused":
+        return (f"log-probs and entropy from the hidden states {memplan_phases.FUSED_CHUNK} tokens at a time (verl's "
+                f"FusedLinearForPPO) instead of its per-token loop: the same numbers within bf16 rounding, no "
+                f"vocabulary-sized logits of a whole micro-batch")
+    if move == "larger_budgets":
+        tok = ctx.tokens_per_gpu_per_update(after)
+        t0, t1 = before.ppo_max_token_len_per_gpu, after.ppo_max_token_len_per_gpu
+        return (f"micro-batches of up to {t1} tokens instead of {t0} in the update (and at least that in the log-prob "
+                f"passes): up to {math.ceil(tok / t1)} per update instead of {math.ceil(tok / t0)} ({tok} tokens per "
+                f"GPU per update); verl packs the same sequences, fewer passes each pay the fixed costs")
     if move == "layered_summon":
         return "the LoRA weight sync gathers one layer at a time instead of the whole model: a slower sync"
     if move == "lora":
@@ -141,6 +151,7 @@ class FitResult:
     time_after: dict[str, Any] | None = None
     faster_than: int = 0  # the other fitting settings found, all slower by the time plan
     guide_first: tuple[list[str], float] | None = None  # the guide's first choice (overrides, step s) when slower
+    speedups: list[Change] = field(default_factory=list)  # after the memory fits: the same algorithm, a shorter step
 
 
 def _fmt_value(v: Any) -> str:
@@ -262,6 +273,12 @@ def format_result(res: FitResult, command: str | None) -> str:
                 out.append(f"     {c.title}: {c.cost}")
         else:
             out.append("No change needed: every phase already fits.")
+        if res.speedups:
+            out.append("")
+            out.append("Faster, the same algorithm (batch, group size, lengths, learning rate and loss unchanged)")
+            for i, c in enumerate(res.speedups, 1):
+                out.append(f"  {i}. {' '.join(c.overrides)}")
+                out.append(f"     {c.title}: {c.cost}")
     if res.rejected:
         out.append("")
         out.append("Not taken")

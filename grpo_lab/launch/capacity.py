@@ -40,7 +40,8 @@ PHASES = ("generation", "training", "weight_sync")
 # make fit's changes in words ({v}: the value it sets); others by their title
 SHORT = {"opt_offload": "optimizer offload", "param_offload": "parameter offload", "tp": "rollout TP {v}",
          "tp_fix": "rollout TP {v}", "util": "vLLM util {v}", "bucket": "sync bucket {v} MiB",
-         "token_budget": "token budget {v}", "budget_fix": "token budget {v}", "lora": "LoRA"}
+         "token_budget": "token budget {v}", "budget_fix": "token budget {v}", "lora": "LoRA",
+         "fused": "fused log-prob", "larger_budgets": "token budgets {v}"}
 OFFLOAD = {"opt_offload", "param_offload"}
 LORA_RANK = "actor_rollout_ref.model.lora_rank"
 HEAD = ["model", "hardware", "fits", "make fit's changes", "peak phase per GPU", "KV cache tokens", "step", "run"]
@@ -93,11 +94,12 @@ def _peak(plan: dict[str, Any], card: float) -> str:
 
 def _changes(res: Any) -> tuple[str, bool]:
     """(make fit's changes in words, whether one offloads the actor's state to host RAM)."""
-    words = []
-    for c in res.changes:
-        value = c.overrides[0].split("=", 1)[1] if c.overrides else ""
-        words.append(SHORT[c.move].format(v=value) if c.move in SHORT else c.title)
-    return ", ".join(words) or "none", any(c.move in OFFLOAD for c in res.changes)
+    def words(changes: list[Any]) -> str:
+        return ", ".join(SHORT[c.move].format(v=c.overrides[0].split("=", 1)[1] if c.overrides else "")
+                         if c.move in SHORT else c.title for c in changes)
+
+    faster = f"; faster: {words(res.speedups)}" if res.speedups else ""  # the same algorithm, a shorter step
+    return (words(res.changes) or "none") + faster, any(c.move in OFFLOAD for c in res.changes)
 
 
 def row(model: str, hardware: str, extra: tuple[str, ...] = ()) -> Row:
@@ -181,7 +183,9 @@ def header(rows: list[Row], merged: dict[str, str], run: dict[str, Any]) -> list
         "(`offload`: part of the actor's state in host RAM between phases); `LoRA r<rank>`: adapters of that rank "
         "instead of the whole model (what is trained changes); `no`: nothing make fit tries fits (the peak is then "
         "as composed). Fitting is the memory plan's verdict: every phase below 80% of the card and of host RAM; "
-        "several GPUs are not measured (docs/memory_plan.md).",
+        "several GPUs are not measured (docs/memory_plan.md). After `faster:`, what make fit adds where every phase "
+        "still fits, for a step a tenth or more shorter by the time plan with the same algorithm (verl's fused "
+        "log-prob, larger token budgets: docs/presets.md).",
         f"- `{FULL_8B_NAME}`: that option with {', '.join(f'`{o}`' for o in FULL_8B[1])}: Qwen3-8B fully "
         f"fine-tuned, where it fits.",
         f"- step and run: planned, not measured: the time plan of the settings shown, fitted to solo runs on one "
