@@ -21,6 +21,10 @@
 #   bash benchmarks/gpu/speed_session.sh q17lora_fit  # the command `make fit` prints for the guide's 1.7B smoke there
 #                                                     # (its LoRA, then what it adds for time), as printed
 #   bash benchmarks/gpu/speed_session.sh q06_fit      # the same for the 0.6B smoke
+#   bash benchmarks/gpu/speed_session.sh p17_guide    # the qwen3_1_7b_gsm8k preset (its batch: 128 x 5, 512 + 1024
+#                                                     # tokens) on an emulated 32 GB card with make fit's LoRA, the
+#                                                     # guide's speed settings, $EXTRA's steps, no validation (~1,000 s)
+#   bash benchmarks/gpu/speed_session.sh p17_fit      # the command make fit prints for it (~600 s planned)
 #   bash benchmarks/gpu/speed_session.sh lora_fsdp1   # issue 28 item 9: verl's LoRA example settings (FSDP1,
 #                                                     # layered_summon=True, safetensors) on Qwen3-0.6B, 3 steps,
 #                                                     # through raw verl (the preflight's lora_fsdp1_adapter refuses it)
@@ -84,17 +88,22 @@ REAL_GB=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))[
 SMOL=(experiment=learn_smollm2 hardware=$HW trainer.total_training_steps="${STEPS:-4}")
 QS=(experiment=smoke hardware=$HW dataset=arith_tiny model_path="$Q06" "$SDPA")
 # the 1.7B smoke on one emulated 32 GB card with the LoRA that `make fit` prints for it (full fine-tuning runs out there)
-Q17LORA=(experiment=smoke model=qwen3_1_7b hardware=$HW lab.hardware.gpu_memory_gb=32
-  lab.hardware.emulate.real_gpu_memory_gb=$REAL_GB dataset=arith_tiny model_path="$Q17" "$SDPA"
-  actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32
+LORA=(actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32
   actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.actor.strategy=fsdp2)
-fitted() {  # fitted NAME ARGS...: run the command `make fit` prints for ARGS (its output kept as NAME.fit.txt)
-  local name=$1; shift
+Q17LORA=(experiment=smoke model=qwen3_1_7b hardware=$HW lab.hardware.gpu_memory_gb=32
+  lab.hardware.emulate.real_gpu_memory_gb=$REAL_GB dataset=arith_tiny model_path="$Q17" "$SDPA" "${LORA[@]}")
+# the guide's 1.7B preset there: random weights, the tiny arithmetic data; no validation or checkpoint (steps only)
+P17=(experiment=qwen3_1_7b_gsm8k hardware=$HW lab.hardware.gpu_memory_gb=32 lab.hardware.emulate.real_gpu_memory_gb=$REAL_GB
+  dataset=arith_tiny model_path="$Q17" "$SDPA" trainer.val_before_train=false test_freq=-1 save_freq=-1
+  trainer.resume_mode=disable)
+
+fitted() {  # fitted NAME LIMIT_S ARGS...: run the command `make fit` prints for ARGS (its output kept as NAME.fit.txt)
+  local name=$1 limit=$2; shift 2
   python3 run.py preflight.fit=true "$@" hydra.run.dir="$LOGS/$name.fit" > "$LOGS/$name.fit.txt" 2>&1
   local cmd; cmd=$(sed -n '/^The command:/{n;p;}' "$LOGS/$name.fit.txt" | sed 's/^ *python run.py //')
   [ -n "$cmd" ] || { echo "$name: make fit printed no command (see $name.fit.txt)"; pack "$name"; return 1; }
   read -ra FIT_ARGS <<< "$cmd"
-  job "$name" 900 "${FIT_ARGS[@]}"
+  job "$name" "$limit" "${FIT_ARGS[@]}"
 }
 
 case "${1:-}" in
@@ -129,8 +138,10 @@ case "${1:-}" in
   q06_fast)   job q06_fast 900 "${QS[@]}" "${FAST_ARGS[@]}" ;;
   q17lora_guide) job q17lora_guide 900 "${Q17LORA[@]}" "${GUIDE_ARGS[@]}" ;;
   q17lora_fast)  job q17lora_fast 900 "${Q17LORA[@]}" "${FAST_ARGS[@]}" ;;
-  q17lora_fit)   fitted q17lora_fit "${Q17LORA[@]}" ;;
-  q06_fit)       fitted q06_fit "${QS[@]}" ;;
+  q17lora_fit)   fitted q17lora_fit 900 "${Q17LORA[@]}" ;;
+  q06_fit)       fitted q06_fit 900 "${QS[@]}" ;;
+  p17_guide)     job p17_guide 1500 "${P17[@]}" "${LORA[@]}" "${GUIDE_ARGS[@]}" ;;
+  p17_fit)       fitted p17_fit 1500 "${P17[@]}" ;;
   lora_fsdp1)
     # examples/tuning/lora/run_qwen3_8b_fsdp.sh's LoRA on the smoke: whether verl's own settings run with peft >= 0.21
     # (the recorded failure behind lora_fsdp1_adapter had layered_summon=false: benchmarks/gpu/README.md)
