@@ -445,3 +445,22 @@ def test_a_solo_runs_steps_agree_with_the_time_plan_and_a_crowded_ones_are_flagg
     crowded = checks_of(RESULTS / "2026-12-04-qwen3-random" / "side_by_side" / "p17", write=False)
     check = crowded["timing_s/step vs the time plan"]
     assert check["status"] == "warn" and "measured 651 s" in check["message"] and "outside" in check["message"]
+
+
+def test_room_to_spare_names_make_fit_on_the_runs_own_command_which_then_adds_the_faster_settings(tmp_path):
+    """The recorded guide 1.7B LoRA smoke (36% of its 32 GB card): `make report` points at `make fit` with the run's own
+    overrides, and that command, typed, prints the fused log-prob and larger budgets (issue 27)."""
+    job = RESULTS / "2026-12-06-h200-speed" / "q17lora_guide"
+    proc = subprocess.run(["make", "-s", "report", f"RUN={job}", f"PY={sys.executable}"], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = _memory_line(proc.stdout)
+    fit = re.search(r'Room to spare: make fit ARGS="([^"]+)" adds larger token budgets', line)
+    assert fit, line
+    assert fit.group(1).split() == (job / ".hydra" / "overrides.yaml").read_text().replace("- ", "").split()
+    typed = subprocess.run(["make", "--no-print-directory", "fit", f"PY={sys.executable}",
+                            f"ARGS={fit.group(1)} hydra.run.dir={tmp_path}"], cwd=ROOT, text=True,
+                           capture_output=True, timeout=120)
+    assert typed.returncode == 0, typed.stdout[-3000:] + typed.stderr[-3000:]
+    faster = typed.stdout.split("Faster, the same algorithm", 1)[1].split("Not taken", 1)[0]
+    assert "use_fused_kernels=true" in faster and "ppo_max_token_len_per_gpu=16384" in faster

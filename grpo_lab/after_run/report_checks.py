@@ -436,11 +436,11 @@ def check_memory(run: RunInfo) -> Check:
                                          "Its verdicts may be off for this configuration: copy the job folder under "
                                          "benchmarks/gpu/results/ and run make calibrate.")
     tip = ""
-    if frac < 0.5 and run.max_prompt_length and run.max_response_length:
-        target = 2 * (run.max_prompt_length + run.max_response_length)
-        if values.token_len < target:
-            tip = (f" Room to spare: ppo_max_token_len_per_gpu={target} (2 x (prompt + response)) would run fewer, "
-                   "larger micro-batches.")
+    if frac < 0.5:
+        from grpo_lab.checks.preflight import fit_command
+
+        tip = (f" Room to spare: {fit_command(run.overrides)} adds larger token budgets (fewer, larger micro-batches) "
+               "where every phase still fits and the time plan says a step a tenth or more shorter.")
     return Check(metric, OK, msg + "." + tip)
 
 

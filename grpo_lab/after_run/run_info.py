@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from grpo_lab import facts
 from grpo_lab.after_run import doctor
 from grpo_lab.after_run import metrics as M
 from grpo_lab.after_run.doctor.logread import load_yaml
@@ -29,6 +30,12 @@ class RunInfo:
     plan: dict[str, Any] = field(default_factory=dict)  # plan.json
     log_text: str = ""
     partial_last_line: bool = False
+
+    @property
+    def overrides(self) -> list[str] | None:
+        """The command line's overrides as Hydra kept them (.hydra/overrides.yaml), or None without that file."""
+        got = facts.load_yaml_or(self.run_dir / ".hydra" / "overrides.yaml", None)
+        return [str(o) for o in got] if isinstance(got, list) else None
 
     @property
     def lab(self) -> Lab:
