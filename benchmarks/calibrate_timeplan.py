@@ -86,7 +86,8 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None
     s = settings_from_verl(verl, Lab.of({"hardware": {"gpu_memory_gb": 139.8}}))
     steady = [r for r in rows if r.get("training/global_step", 0) >= 2] or []
     out: dict[str, Any] = {"job": rel(job), "model": info["name"], "side_by_side": side_by_side(job),
-                           "steps": len(rows), "steady_steps": len(steady), "fused": s.use_fused_kernels}
+                           "steps": len(rows), "steady_steps": len(steady), "fused": s.use_fused_kernels,
+                           "update_tokens": s.update_tokens}
     if steady:
         per_step = []
         for r in steady:
@@ -193,6 +194,9 @@ def collect(results: Path = RESULTS) -> dict[str, Any]:
         "fused_from_passes": {k: fused[k] for k in ("files", "per_run_s")},
         # the full steps that check the pass-level term: once there is one, the plan no longer calls it not measured
         "full_steps_with": {"fused_chunks": [j["job"] for j in steady if j["fused"]]},
+        # the update micro-batch sizes the fit saw: a plan beyond them extrapolates its per-micro-batch cost
+        "measured_range": {"update_tokens": [min(j["update_tokens"] for j in steady),
+                                             max(j["update_tokens"] for j in steady)]} if steady else {},
         "first_step_extra_s": round(statistics.fmean(j["first_step_extra_s"] for j in steady), 1),
         "startup_fixed_s": round(statistics.fmean(starts), 1) if starts else 0.0,
         "startup_measured_s": [j["startup_s"] for j in jobs if "startup_s" in j],
@@ -232,6 +236,10 @@ def render(result: dict[str, Any]) -> str:
                 + "; the median is used). Full steps with it, planned / measured: "
                 + (", ".join(f"{j['job']} {j['predicted_step_s']} / {j['step_s']} s" for j in checked) or "none yet")
                 + "."]
+    lo_hi = (result.get("measured_range") or {}).get("update_tokens")
+    if lo_hi:
+        out += ["", f"Update micro-batches of the fitted runs: {lo_hi[0]}-{lo_hi[1]} tokens (a plan above that "
+                "extrapolates the seconds per micro-batch, and says so)."]
     out += ["", f"First step: {result['first_step_extra_s']} s above a steady step (mean). Start-up to \"ready to "
             f"fit\": {result['startup_fixed_s']} s plus the weights' loading (measured "
             f"{', '.join(str(x) for x in result['startup_measured_s'])} s). First validation: "

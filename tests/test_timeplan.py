@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -115,3 +116,15 @@ def test_the_readme_quotes_the_tables_accuracy():
     readme = (ROOT / "README.md").read_text()
     said = f"{acc['step_ratio_min']:.2f}-{acc['step_ratio_max']:.2f} of the measured steady step on {acc['runs']} runs"
     assert said in " ".join(readme.split())
+
+
+def test_budgets_beyond_the_recorded_runs_are_said_extrapolated_and_make_fit_stays_within_them(tmp_path):
+    lo, hi = timeplan.table()["measured_range"]["update_tokens"]
+    inside, _ = plan_of(tmp_path / "a", *SMOL, f"ppo_max_token_len_per_gpu={hi}")
+    beyond, out = plan_of(tmp_path / "b", *SMOL, f"ppo_max_token_len_per_gpu={4 * hi}")
+    said = f"update micro-batches of {4 * hi} tokens (the recorded runs': {lo}-{hi})"
+    assert said in " ".join(out.split()) and not any("update micro-batches" in m for m in inside["not_measured"])
+    # the fit's larger budgets stop at the largest recorded one (here the 0.6B on one H200 would take more)
+    fit = run_py("preflight.fit=true", "model=qwen3_0_6b", "hardware=h200x1", f"hydra.run.dir={tmp_path / 'fit'}")
+    budgets = [int(b) for b in re.findall(r"ppo_max_token_len_per_gpu=(\d+)", fit.stdout)]
+    assert budgets and max(budgets) <= hi, fit.stdout[-2000:]

@@ -312,13 +312,15 @@ def _m_fused(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
 
 
 def _m_larger_budgets(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
-    """Each power of two above the update's token budget, up to one that holds a whole update per GPU; the log-prob
-    passes' budgets raised to it too (never lowered)."""
+    """Each power of two above the update's token budget, up to one that holds a whole update per GPU and no larger
+    than the recorded runs measured (the time plan's saving is fitted there); the log-prob passes' budgets raised to
+    it too (never lowered)."""
     if not s.use_dynamic_bsz:
         return "dynamic batch size is off (micro-batch sizes instead)"
     cap = ctx.tokens_per_gpu_per_update(s)
+    measured = ((timeplan.table().get("measured_range") or {}).get("update_tokens") or [0, math.inf])[1]
     t, opts = 1 << int(s.ppo_max_token_len_per_gpu).bit_length(), []
-    while cap and t < 2 * cap:
+    while cap and t < 2 * cap and t <= measured:
         s2 = replace(s, ppo_max_token_len_per_gpu=t,
                      log_prob_max_token_len_per_gpu=max(s.log_prob_max_token_len_per_gpu, t),
                      ref_log_prob_max_token_len_per_gpu=max(s.ref_log_prob_max_token_len_per_gpu, t))
@@ -329,6 +331,8 @@ def _m_larger_budgets(ctx: FitContext, s: memplan.Settings) -> list[Choice] | st
             vals[A + "ref.log_prob_max_token_len_per_gpu"] = t
         opts.append((vals, s2))
         t *= 2
+    if not opts and t > measured:
+        return f"no recorded run measured update micro-batches above {measured} tokens"
     return opts or f"the budget ({s.ppo_max_token_len_per_gpu}) already holds a whole update ({cap} tokens per GPU)"
 
 

@@ -110,9 +110,9 @@ def search(ctx: FitContext, start: State, *, combos: bool = True) -> tuple[State
 
 
 def faster(ctx: FitContext, st: State, step_s: Callable[[memplan.Settings], float], by: float) -> State:
-    """The fitting state made quicker: each of SPEED_MOVES in turn, its least change (options come in that order)
-    among those where every phase still fits and the planned step is within `by` of the quickest, kept when that step
-    is at least `by` (a fraction) shorter than before."""
+    """The fitting state made quicker: each of SPEED_MOVES in turn, its option with the shortest planned step (to the
+    whole second; the least change among equals: options come in that order) among those where every phase still fits,
+    kept when that step is at least `by` (a fraction) shorter than before."""
     for mid, _, options in SPEED_MOVES:
         opts = options(ctx, st.s)
         if isinstance(opts, str):
@@ -120,8 +120,7 @@ def faster(ctx: FitContext, st: State, step_s: Callable[[memplan.Settings], floa
         fitting = [(vals, s2) for vals, s2 in opts if ctx.eval(s2).fits]
         if not fitting:
             continue
-        quickest = min(step_s(s2) for _, s2 in fitting)
-        vals, s2 = next(o for o in fitting if step_s(o[1]) <= quickest * (1 + by))
+        vals, s2 = min(fitting, key=lambda o: round(step_s(o[1])))
         if step_s(s2) <= step_s(st.s) * (1 - by):
             st = State(s2, {**st.values, **vals}, st.moves + (mid,), st.lora, st.history + ((mid, vals, st.s, s2),))
     return st

@@ -210,6 +210,10 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     checked = {k for k in fitted if (cal.get("full_steps_with") or {}).get(k)}
     unmeasured = [PASS_LEVEL[k] if k in fitted and k in PASS_LEVEL else NOT_MEASURED[k]
                   for k, phs in counted.items() if phs and k not in checked]
+    lo_hi = (cal.get("measured_range") or {}).get("update_tokens")
+    if lo_hi and s.update_tokens > lo_hi[1]:
+        unmeasured.append(f"update micro-batches of {s.update_tokens} tokens (the recorded runs': "
+                          f"{lo_hi[0]}-{lo_hi[1]}): the fitted seconds per micro-batch carried beyond them")
     if not per_token_loop(s) and not s.use_fused_kernels:
         unmeasured.append("log-probs through flash-attn's cross-entropy (no recorded run had flash-attn): the passes' "
                           "fixed costs without the per-token loop")
