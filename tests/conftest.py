@@ -100,6 +100,9 @@ def fresh_clone(dest: Path) -> Path:
         shutil.copy2(ROOT / name, dest / name)
     for name in ("conf", "grpo_lab", "hydra_plugins"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "benchmarks" / "gpu").mkdir(parents=True)
+    for name in ("memplan_calibration.json", "timeplan_calibration.json"):  # the plans' calibration tables
+        shutil.copy2(ROOT / "benchmarks" / "gpu" / name, dest / "benchmarks" / "gpu" / name)
     (dest / "data").mkdir()
     return dest
 

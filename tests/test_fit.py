@@ -333,3 +333,27 @@ def test_make_fit_makes_the_1_7b_smoke_faster_with_the_same_algorithm_where_it_s
                                                                                  "actor_rollout_ref.model.use_fused"))],
                   f"hydra.run.dir={tmp_path}/d")
     assert "overall: fits" not in loop.stdout
+
+
+def test_fit_write_keeps_the_faster_settings_with_their_reasons(tmp_path):
+    root = fresh_clone(tmp_path / "clone")
+    name = f"zz_fit_test_{uuid.uuid4().hex[:8]}"
+    path = root / "conf" / "experiment" / f"{name}.yaml"
+    user = ["experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1", "lab.hardware.gpu_memory_gb=32",
+            "lab.hardware.emulate.real_gpu_memory_gb=139.8", "dataset=arith_tiny",
+            "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
+    try:
+        proc = run_py(f"preflight.fit_write={name}", *user, f"hydra.run.dir={tmp_path}/a", root=root)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        text = path.read_text()
+        assert re.search(r"# verl's fused log-prob \(speed=fused\): a step \d+ -> \d+ s by the time plan.*\n\s+"
+                         r"use_fused_kernels: true", text), text
+        assert re.search(r"# larger token budgets: a step \d+ -> \d+ s by the time plan.*\n\s*"
+                         r"ppo_max_token_len_per_gpu: \d+", text), text
+        args = [a for a in _command(proc.stdout) if not a.startswith("hydra.")]
+        files = ("train_file=/x/train.parquet", "test_file=/x/t.parquet")
+        v_file, _ = compose_split(f"experiment={name}", *files, conf=root / "conf")
+        v_cmd, _ = compose_split(*args, *files, conf=root / "conf")
+        assert v_file == v_cmd and v_file["actor_rollout_ref"]["model"]["use_fused_kernels"] is True
+    finally:
+        path.unlink(missing_ok=True)

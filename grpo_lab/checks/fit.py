@@ -309,7 +309,7 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
     for k, v in user_vals.items():
         _put(tree, k, v)
         comments[k] = "from the command line"
-    for c in res.changes:
+    for c in [*res.changes, *res.speedups]:
         for i, o in enumerate(c.overrides):
             k, v = o.split("=", 1)
             _put(tree, k, yaml.safe_load(v))
