@@ -357,3 +357,16 @@ def test_fit_write_keeps_the_faster_settings_with_their_reasons(tmp_path):
         assert v_file == v_cmd and v_file["actor_rollout_ref"]["model"]["use_fused_kernels"] is True
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_make_fit_leaves_the_fused_log_prob_out_where_verl_has_none(tmp_path):
+    # the optimal-token-baseline estimators need sum(pi^2) over the whole logits: verl 0.9.1 refuses it with the fused
+    # kernel (preflight rule fused_sum_pi_squared); the fit still adds what fits without it, and its command passes
+    proc = run_py("preflight.fit=true", "experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1",
+                  "lab.hardware.gpu_memory_gb=32", "lab.hardware.emulate.real_gpu_memory_gb=139.8",
+                  "dataset=arith_tiny", "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                  "actor_rollout_ref.actor.calculate_sum_pi_squared=true", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0 and "checked: the preflight passes" in proc.stdout, proc.stdout[-3000:]
+    args = _command(proc.stdout)
+    assert not any("use_fused_kernels" in a for a in args)
+    assert any(a.startswith("ppo_max_token_len_per_gpu=") for a in args)

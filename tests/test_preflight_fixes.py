@@ -39,6 +39,7 @@ CORPUS: list[tuple[tuple[str, ...], set[str]]] = [
     ((*H200, "ngpus_per_node=0"), {"value_range"}),
     (("actor_lr=-1e-6",), {"value_range"}),
     (("actor_lr=abc",), {"value_types"}),
+    (("speed=fused", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"), {"fused_sum_pi_squared"}),
     (("rollout_n=1", "algorithm.adv_estimator=grpo_passk"), {"group_size"}),
     (("total_epochs=-1",), {"value_range"}),
     (("max_response_length=0",), {"value_range"}),

@@ -109,11 +109,14 @@ def search(ctx: FitContext, start: State, *, combos: bool = True) -> tuple[State
     return (ranked[0] if ranked else None), ranked
 
 
-def faster(ctx: FitContext, st: State, step_s: Callable[[memplan.Settings], float], by: float) -> State:
+def faster(ctx: FitContext, st: State, step_s: Callable[[memplan.Settings], float], by: float,
+           skip: Iterable[str] = ()) -> State:
     """The fitting state made quicker: each of SPEED_MOVES in turn, its option with the shortest planned step (to the
     whole second; the least change among equals: options come in that order) among those where every phase still fits,
     kept when that step is at least `by` (a fraction) shorter than before."""
     for mid, _, options in SPEED_MOVES:
+        if mid in skip:
+            continue
         opts = options(ctx, st.s)
         if isinstance(opts, str):
             continue
