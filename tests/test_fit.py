@@ -370,3 +370,13 @@ def test_make_fit_leaves_the_fused_log_prob_out_where_verl_has_none(tmp_path):
     args = _command(proc.stdout)
     assert not any("use_fused_kernels" in a for a in args)
     assert any(a.startswith("ppo_max_token_len_per_gpu=") for a in args)
+
+
+def test_the_readmes_fit_example_is_what_run_py_prints(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    typed = ".venv/bin/python run.py preflight.fit=true model=qwen3_4b hardware=rtx4080_16gbx4\n"
+    start = readme.index(typed) + len(typed)
+    shown = readme[start:readme.index("```", start)]
+    proc = run_py("preflight.fit=true", "model=qwen3_4b", "hardware=rtx4080_16gbx4", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert shown == proc.stdout, "README's make fit example is stale: paste run.py's output again"
