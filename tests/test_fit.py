@@ -380,3 +380,13 @@ def test_the_readmes_fit_example_is_what_run_py_prints(tmp_path):
     proc = run_py("preflight.fit=true", "model=qwen3_4b", "hardware=rtx4080_16gbx4", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shown == proc.stdout, "README's make fit example is stale: paste run.py's output again"
+
+
+def test_the_faster_budgets_pass_their_own_check_without_a_reference_model(tmp_path):
+    # without the KL loss verl builds no reference model; the larger budgets' overrides must still give the settings
+    # the search planned (the fit printed no command when the reference's budget was raised but not written)
+    proc = run_py("preflight.fit=true", "experiment=smoke", "hardware=h200x1", "dataset=arith_tiny",
+                  "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                  "actor_rollout_ref.actor.use_kl_loss=false", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0 and "checked: the preflight passes" in proc.stdout, proc.stdout[-3000:]
+    assert any(a.startswith("ppo_max_token_len_per_gpu=") for a in _command(proc.stdout))

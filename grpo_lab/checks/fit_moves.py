@@ -167,14 +167,18 @@ def _m_budget(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     opts = []
     while t > seq:
         t = max(seq, t // 2)
-        s2 = _with_budget(s, t)
-        vals = {A + "actor.ppo_max_token_len_per_gpu": t}
-        if s2.log_prob_max_token_len_per_gpu != s.log_prob_max_token_len_per_gpu:
-            vals[A + "rollout.log_prob_max_token_len_per_gpu"] = s2.log_prob_max_token_len_per_gpu
-        if s2.ref_log_prob_max_token_len_per_gpu != s.ref_log_prob_max_token_len_per_gpu:
-            vals[A + "ref.log_prob_max_token_len_per_gpu"] = s2.ref_log_prob_max_token_len_per_gpu
-        opts.append((vals, s2))
+        opts.append(_budget_choice(s, _with_budget(s, t)))
     return _pick(ctx, s, opts) if opts else f"already one sequence ({seq} tokens): it cannot go lower"
+
+
+def _budget_choice(s: memplan.Settings, s2: memplan.Settings) -> Choice:
+    """The overrides that take the three passes' token budgets from `s` to `s2` (each one that changed)."""
+    vals = {A + "actor.ppo_max_token_len_per_gpu": s2.ppo_max_token_len_per_gpu}
+    if s2.log_prob_max_token_len_per_gpu != s.log_prob_max_token_len_per_gpu:
+        vals[A + "rollout.log_prob_max_token_len_per_gpu"] = s2.log_prob_max_token_len_per_gpu
+    if s2.ref_log_prob_max_token_len_per_gpu != s.ref_log_prob_max_token_len_per_gpu:
+        vals[A + "ref.log_prob_max_token_len_per_gpu"] = s2.ref_log_prob_max_token_len_per_gpu
+    return vals, s2
 
 
 def one_sequence(s: memplan.Settings) -> dict[str, tuple[str, int]]:
@@ -321,15 +325,9 @@ def _m_larger_budgets(ctx: FitContext, s: memplan.Settings) -> list[Choice] | st
     measured = ((timeplan.table().get("measured_range") or {}).get("update_tokens") or [0, math.inf])[1]
     t, opts = 1 << int(s.ppo_max_token_len_per_gpu).bit_length(), []
     while cap and t < 2 * cap and t <= measured:
-        s2 = replace(s, ppo_max_token_len_per_gpu=t,
-                     log_prob_max_token_len_per_gpu=max(s.log_prob_max_token_len_per_gpu, t),
-                     ref_log_prob_max_token_len_per_gpu=max(s.ref_log_prob_max_token_len_per_gpu, t))
-        vals = {A + "actor.ppo_max_token_len_per_gpu": t}
-        if s2.log_prob_max_token_len_per_gpu != s.log_prob_max_token_len_per_gpu:
-            vals[A + "rollout.log_prob_max_token_len_per_gpu"] = t
-        if s.ref_used and s2.ref_log_prob_max_token_len_per_gpu != s.ref_log_prob_max_token_len_per_gpu:
-            vals[A + "ref.log_prob_max_token_len_per_gpu"] = t
-        opts.append((vals, s2))
+        opts.append(_budget_choice(s, replace(
+            s, ppo_max_token_len_per_gpu=t, log_prob_max_token_len_per_gpu=max(s.log_prob_max_token_len_per_gpu, t),
+            ref_log_prob_max_token_len_per_gpu=max(s.ref_log_prob_max_token_len_per_gpu, t))))
         t *= 2
     if not opts and t > measured:
         return f"no recorded run measured update micro-batches above {measured} tokens"
