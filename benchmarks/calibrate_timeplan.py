@@ -11,8 +11,8 @@ others (calibrate_memplan.side_by_side) are listed, not fitted. Each phase's ver
 steps (2 on, validation taken out) is the physics of grpo_lab/memory/timeplan.py at the job's measured lengths plus
 seconds per count, fitted by non-negative least squares over the jobs. Start-up ("ready to fit") and the first
 validation come from the stamped logs (<job>.log.gz beside the folder, benchmarks/gpu/stamp.py). verl's fused log-prob
-(use_fused_kernels), which no recorded full step has, takes its seconds per 512-token chunk from the recorded
-pass_bench runs (pass_bench_*.json): the fitted per-token loop term less the seconds the switch saved there.
+(use_fused_kernels) takes its seconds per 512-token chunk from the recorded pass_bench runs (pass_bench_*.json): the
+fitted per-token loop term less the seconds the switch saved there; the recorded full steps with it check it.
 docs/time_plan.md.
 """
 
