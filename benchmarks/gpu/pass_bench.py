@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-def build(size: str, lora_rank: int, fused: bool, dev: str):
+def build(size: str, lora_rank: int, fused: bool, dev: str, checkpointing: bool = True):
     """A random Qwen3 of the size's architecture (conf/model), bf16 on the GPU, patched as verl patches it."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from verl.models.transformers.monkey_patch import patch_forward_with_backends
@@ -42,11 +42,12 @@ def build(size: str, lora_rank: int, fused: bool, dev: str):
     with torch.device(dev):
         model = cls(cfg).to(torch.bfloat16 if dev == "cuda" else torch.float32)
     patch_forward_with_backends(model, use_fused_kernels=fused, fused_kernels_backend="torch")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora_rank:
         from peft import LoraConfig, get_peft_model
 
-        model.enable_input_require_grads()  # as verl does for LoRA with checkpointing
+        model.enable_input_require_grads()  # as verl does for LoRA
         model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=32, target_modules="all-linear"))
     return model, cfg
 
