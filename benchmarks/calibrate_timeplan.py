@@ -36,12 +36,25 @@ import numpy as np  # noqa: E402
 from calibrate_memplan import RESULTS, _yaml, job_model_facts, model_facts, rel, run_cli, side_by_side  # noqa: E402
 from phases import milestones  # noqa: E402
 
+from grpo_lab.after_run.metrics import step_less_validation  # noqa: E402
 from grpo_lab.checks.rules.values import settings_from_verl  # noqa: E402
 from grpo_lab.labconf import Lab  # noqa: E402
 from grpo_lab.memory import memplan, timeplan  # noqa: E402
 
 COMMAND = "python benchmarks/calibrate_timeplan.py --write"
 H200 = timeplan.Card("H200", timeplan.MEASURED["bf16_tflops"], timeplan.MEASURED["memory_gb_s"], 25.0, 25.0, 0.0)
+
+
+def card_of(job: Path) -> tuple[timeplan.Card, float]:
+    """The card a job ran on and its memory (GiB, the real card's under an emulation), from its composed lab.hardware
+    (.hydra/config.yaml); the H200 where it says nothing. verl_config.yaml's vLLM share is of that real card."""
+    cfg = job / ".hydra" / "config.yaml"
+    hw = ((_yaml(cfg) or {}).get("lab") or {}).get("hardware") or {} if cfg.is_file() else {}
+    name, flops, bw = str(hw.get("gpu_name") or ""), hw.get("bf16_tflops"), hw.get("memory_gb_s")
+    real_gb = float((hw.get("emulate") or {}).get("real_gpu_memory_gb") or hw.get("gpu_memory_gb") or 139.8)
+    if not name or "H200" in name or not flops or not bw:
+        return H200, real_gb
+    return timeplan.Card(name, float(flops), float(bw), 25.0, 25.0, 0.0), real_gb
 
 
 def steps_of(job: Path) -> list[dict[str, float]]:
@@ -83,9 +96,10 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None
     model_path = str(verl["actor_rollout_ref"]["model"]["path"]).rstrip("/")
     info = facts.get(model_path.rsplit("/", 1)[-1]) or job_model_facts(job)
     arch = memplan.Arch.from_mapping(info, source=info["name"])
-    s = settings_from_verl(verl, Lab.of({"hardware": {"gpu_memory_gb": 139.8}}))
+    card, real_gb = card_of(job)
+    s = settings_from_verl(verl, Lab.of({"hardware": {"gpu_memory_gb": real_gb}}))
     steady = [r for r in rows if r.get("training/global_step", 0) >= 2] or []
-    out: dict[str, Any] = {"job": rel(job), "model": info["name"], "side_by_side": side_by_side(job),
+    out: dict[str, Any] = {"job": rel(job), "model": info["name"], "card": card.name, "side_by_side": side_by_side(job),
                            "steps": len(rows), "steady_steps": len(steady), "fused": s.use_fused_kernels,
                            "update_tokens": s.update_tokens}
     if steady:
@@ -94,16 +108,16 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None
             w = timeplan.Work(s.train_batch_size * s.rollout_n / max(1, s.n_gpus), float(r["prompt_length/mean"]),
                               float(r["response_length/mean"]), float(r["response_length/max"]))
             measured = {ph: float(r[f"timing_s/{t}"]) for ph, t in timeplan.TIMERS.items() if f"timing_s/{t}" in r}
-            step = float(r["timing_s/step"]) - float(r.get("timing_s/testing", 0.0))
+            step = step_less_validation(r)
             measured["other"] = step - sum(measured.values())
-            per_step.append({"step_s": step, "measured_s": measured, "features": timeplan.features(arch, s, w, H200),
+            per_step.append({"step_s": step, "measured_s": measured, "features": timeplan.features(arch, s, w, card),
                              "tokens": w.tokens})
         out["per_step"] = per_step
         out["step_s"] = round(statistics.fmean(p["step_s"] for p in per_step), 2)
         out["measured_s"] = {ph: round(statistics.fmean(p["measured_s"].get(ph, 0.0) for p in per_step), 2)
                              for ph in timeplan.PHASES}
         out["tokens_per_gpu"] = round(statistics.fmean(p["tokens"] for p in per_step))
-        first = float(rows[0]["timing_s/step"]) - float(rows[0].get("timing_s/testing", 0.0))
+        first = step_less_validation(rows[0])
         out["first_step_extra_s"] = round(first - out["step_s"], 2)
     st = startup_of(job)
     if st:
@@ -217,10 +231,11 @@ def outside(result: dict[str, Any]) -> list[str]:
 def render(result: dict[str, Any]) -> str:
     acc = result["accuracy"]
     out = ["# Time plan vs the recorded solo GPU runs", "",
-           f"Written by `{result['command']}` (`make calibrate`); do not edit by hand. Seconds on one H200 "
-           f"(verl 0.9.1, vLLM 0.24, sdpa attention). Each phase is grpo_lab/memory/timeplan.py's physics at the "
-           f"job's measured lengths plus fitted seconds per count (docs/time_plan.md). Steady step: the mean of "
-           f"steps 2 on, validation taken out. Stated accuracy: every solo run's steady step within "
+           f"Written by `{result['command']}` (`make calibrate`); do not edit by hand. Seconds on one GPU of the "
+           f"test machine, an H200 or an H100 (the card column; verl 0.9.1, vLLM 0.24, sdpa attention). Each phase "
+           f"is grpo_lab/memory/timeplan.py's physics on the job's card at its measured lengths plus fitted seconds "
+           f"per count (docs/time_plan.md). Steady step: the mean of steps 2 on, without validation (verl 0.9.1 times "
+           f"it outside the step). Stated accuracy: every solo run's steady step within "
            f"{result['stated']:.0%}; here {acc.get('step_ratio_min', 0):.2f}-{acc.get('step_ratio_max', 0):.2f} "
            f"of measured on {acc.get('runs', 0)} run(s).", "",
            "## Fitted seconds per count", "", "| phase | term | seconds |", "|---|---|---|"]
@@ -245,14 +260,14 @@ def render(result: dict[str, Any]) -> str:
             f"{', '.join(str(x) for x in result['startup_measured_s'])} s). First validation: "
             f"{result['first_validation_extra_s']} s above a later one (verl's agent-loop workers start on first "
             f"use).", "", "## Per job (steady step)", "",
-            "| job | model | tokens/GPU | measured s | planned s | ratio | generation | old log-prob | reference | "
-            "update | sync | other (measured / planned) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| job | model | card | tokens/GPU | measured s | planned s | ratio | generation | old log-prob | "
+            "reference | update | sync | other (measured / planned) |", "|---" * 13 + "|"]
     for j in result["jobs"]:
         if "ratio" not in j:
             continue
         cells = [f"{j['measured_s'].get(p, 0):.1f} / {j['predicted_s'][p]:.1f}" for p in timeplan.PHASES]
-        out.append(f"| {j['job']} | {j['model']} | {j['tokens_per_gpu']} | {j['step_s']} | {j['predicted_step_s']} | "
-                   f"{j['ratio']} | " + " | ".join(cells) + " |")
+        out.append(f"| {j['job']} | {j['model']} | {j.get('card', 'H200')} | {j['tokens_per_gpu']} | {j['step_s']} | "
+                   f"{j['predicted_step_s']} | {j['ratio']} | " + " | ".join(cells) + " |")
     if outside(result):
         out += ["", "Outside the stated accuracy: " + "; ".join(outside(result)) + " (docs/time_plan.md, Accuracy)."]
     if result["side_by_side_not_fitted"]:

@@ -178,6 +178,32 @@ def train_series(df: pd.DataFrame, name: str) -> pd.Series:
     return s[s.index.isin(training_steps(df))] if not s.empty else s
 
 
+# verl's timers of the work inside a step (the trainer's marked_timer names)
+STEP_TIMERS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
+               "update_weights", "save_checkpoint")
+
+
+def step_less_validation(d: dict[str, Any]) -> float:
+    """timing_s/step of one step without its validation, where the step's timer holds it. verl 0.9.1's V1 trainer
+    times validation (timing_s/testing) after the step's timer: there step = its phases (every recorded step with
+    both, benchmarks/gpu/results/); a trainer that validates inside it shows a step longer than its phases by it."""
+    step, test = float(d["timing_s/step"]), float(d.get("timing_s/testing") or 0.0)
+    phases = sum(float(d.get(f"timing_s/{t}") or 0.0) for t in STEP_TIMERS)
+    return step - test if test and step >= phases + 0.5 * test else step
+
+
+def steps_less_validation(df: pd.DataFrame) -> pd.Series:
+    """step_less_validation at each step that trained."""
+    import pandas as pd
+
+    step = train_series(df, "timing_s/step").dropna()
+    cols = {k: train_series(df, k).reindex(step.index) for k in
+            ("timing_s/testing", *(f"timing_s/{t}" for t in STEP_TIMERS))}
+    rows = [{"timing_s/step": step[i], **{k: v[i] for k, v in cols.items() if not math.isnan(v[i])}}
+            for i in step.index]
+    return pd.Series([step_less_validation(r) for r in rows], index=step.index, dtype=float)
+
+
 def steady_mean(s: pd.Series) -> float | None:
     """Mean over the steps after the first when there are more than two (step 1 carries warm-up and compile time)."""
     s = s.dropna()

@@ -344,21 +344,22 @@ def check_timing(run: RunInfo) -> Check:
 def check_step_plan(run: RunInfo) -> Check:
     """The measured steady step (validation taken out) against the time plan at this run's own prompt and answer
     lengths (grpo_lab/memory/timeplan.py); flagged when further apart than the plan's stated accuracy."""
+    from grpo_lab.after_run.doctor.verdict import in_users_terms
     from grpo_lab.checks.rules import Ctx
     from grpo_lab.checks.rules.values import settings_from_verl
     from grpo_lab.memory import timeplan
 
     metric = "timing_s/step vs the time plan"
-    step = M.train_series(run.df, "timing_s/step")
-    test = M.train_series(run.df, "timing_s/testing").reindex(step.index).fillna(0.0)
+    step = M.steps_less_validation(run.df)
     lengths = [M.steady_mean(M.train_series(run.df, k)) for k in
                ("prompt_length/mean", "response_length/mean", "response_length/max")]
     if step.empty or None in lengths or not run.verl:
         return Check(metric, WARN, "no step timings or lengths logged yet (or no verl_config.yaml).")
-    measured = M.steady_mean(step - test)
+    measured = M.steady_mean(step)
+    verl = in_users_terms(run.verl, run.plan)  # an emulated card's run: planned as on the card it emulates
     try:
-        arch = Ctx.of(run.verl, run.lab, launching=False, environ={}).model.arch
-        st = settings_from_verl(run.verl, run.lab)
+        arch = Ctx.of(verl, run.lab, launching=False, environ={}).model.arch
+        st = settings_from_verl(verl, run.lab)
     except (AttributeError, KeyError, TypeError, ValueError):
         arch = None
     if arch is None:  # a recorded job folder without .hydra/: the model option of its model folder's name
@@ -435,13 +436,28 @@ def check_memory(run: RunInfo) -> Check:
                                          "allocated peak on the recorded runs (benchmarks/gpu/memplan_calibration.md). "
                                          "Its verdicts may be off for this configuration: copy the job folder under "
                                          "benchmarks/gpu/results/ and run make calibrate.")
-    tip = ""
-    if frac < 0.5:
+    tip, left = "", _speed_moves_left(run.verl)
+    if frac < 0.5 and left:
         from grpo_lab.checks.preflight import fit_command
 
-        tip = (f" Room to spare: {fit_command(run.overrides)} adds larger token budgets (fewer, larger micro-batches) "
-               "where every phase still fits and the time plan says a step a tenth or more shorter.")
+        tip = (f" Room to spare: {fit_command(run.overrides)} tries {' and '.join(left)} where every phase still fits, "
+               "and keeps what the time plan says makes a step a tenth or more shorter.")
     return Check(metric, OK, msg + "." + tip)
+
+
+def _speed_moves_left(verl: dict[str, Any]) -> list[str]:
+    """What `make fit`'s moves for time (grpo_lab/checks/fit_moves.py SPEED_MOVES) could still change in this run."""
+    from grpo_lab.memory import timeplan
+
+    left = []
+    if not _get(verl, "actor_rollout_ref.model.use_fused_kernels") and \
+            not _get(verl, "actor_rollout_ref.actor.calculate_sum_pi_squared"):
+        left.append("verl's fused log-prob")
+    measured = ((timeplan.table().get("measured_range") or {}).get("update_tokens") or [0, math.inf])[1]
+    budget = int_or_none(_get(verl, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")) or 0
+    if _get(verl, "actor_rollout_ref.actor.use_dynamic_bsz") and 1 << budget.bit_length() <= measured:
+        left.append("larger token budgets (fewer, larger micro-batches)")
+    return left
 
 
 def _planned_allocator(plan: dict[str, Any], steps: int) -> tuple[float | None, str]:

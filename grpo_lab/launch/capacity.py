@@ -169,8 +169,10 @@ def header(rows: list[Row], merged: dict[str, str], run: dict[str, Any]) -> list
     """What the table is, how it was made, and what it leaves out: markdown paragraphs."""
     said = {r.run_facts[:3] for r in rows if r.run_facts}
     steps, response, validations = min(said) if len(said) == 1 else ("(per config)", run["response"], "its")
-    fitted = sorted({r.hardware for r in rows if r.run_facts and not r.run_facts[3]})
-    on_it = f"the card of {', '.join(fitted)}; " if fitted else ""
+    fitted = sorted({r.hardware for r in rows if r.run_facts and "not measured" not in r.run_facts[3]})
+    on_it = f"the card{'s' if len(fitted) > 1 else ''} of {', '.join(fitted)}; " if fitted else ""
+    cards = sorted({j["card"] for j in timeplan.table().get("jobs", []) if "ratio" in j and j.get("card")},
+                   reverse=True) or ["H200"]
     return [
         f"Made by `{COMMAND}` (`{MODULE}`), on no GPU: each row is `python run.py model=<model> "
         f"hardware=<hardware>` as composed, the guide's run on `dataset={run['dataset']}` ({run['batch']} prompts x "
@@ -189,8 +191,9 @@ def header(rows: list[Row], merged: dict[str, str], run: dict[str, Any]) -> list
         f"- `{FULL_8B_NAME}`: that option with {', '.join(f'`{o}`' for o in FULL_8B[1])}: Qwen3-8B fully "
         f"fine-tuned, where it fits.",
         f"- step and run: planned, not measured: the time plan of the settings shown, fitted to solo runs on one "
-        f"H200 ({on_it}`benchmarks/gpu/timeplan_calibration.md`); other cards are scaled from the H200 by published "
-        f"bf16 FLOP/s and memory bandwidth, and no run on several GPUs is recorded. Every answer is assumed to run to "
+        f"{' or one '.join(cards)} ({on_it}`benchmarks/gpu/timeplan_calibration.md`); a card without a recorded run "
+        f"is scaled from the H200 by published bf16 FLOP/s and memory bandwidth, and no run on several GPUs is "
+        f"recorded. Every answer is assumed to run to "
         f"max_response_length ({response} tokens): an upper bound where answers stop earlier. run: start-up, the "
         f"{steps} steps and {validations} validations (docs/time_plan.md).",
         "- left out: " + "; ".join(f"`{k}` ({v})" for k, v in LEFT_OUT.items())

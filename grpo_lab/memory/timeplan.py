@@ -76,7 +76,14 @@ class Card:
                        "" if on_it else "card speed unknown (lab.hardware.bf16_tflops, memory_gb_s): planned as an "
                                         "H200")
         same = abs(flops - MEASURED["bf16_tflops"]) < 1 and abs(bw - MEASURED["memory_gb_s"]) < 1
-        return cls(name, float(flops), float(bw), pcie, link, ar, "" if same else
+        runs = sum(1 for j in table().get("jobs", []) if "ratio" in j and j.get("card") and j["card"] in name)
+        if same:
+            return cls(name, float(flops), float(bw), pcie, link, ar, "")
+        if runs:
+            return cls(name, float(flops), float(bw), pcie, link, ar,
+                       f"the {name}'s published bf16 FLOP/s ({flops:g}) and memory bandwidth ({bw:g} GB/s), fixed "
+                       f"costs fitted with {runs} recorded solo run(s) on it ({TABLE_MD})")
+        return cls(name, float(flops), float(bw), pcie, link, ar,
                    f"scaled from the H200 by published bf16 FLOP/s ({flops:g} vs 989 TFLOP/s) and memory bandwidth "
                    f"({bw:g} vs 4800 GB/s): not measured")
 
