@@ -135,7 +135,7 @@ case "${1:-}" in
     timed passes_4b 300 python3 benchmarks/gpu/pass_bench.py --size 4b --lora-rank 0 --out "$LOGS/pass_bench_4b.json"
     pack passes ;;
   budgets)  # a micro-batch's cost by its size, speed=fused, in one process (budget_bench.py)
-    timed budgets_1_7b_lora 300 python3 benchmarks/gpu/budget_bench.py --budgets 3000,4096,8192,16384 \
+    timed budgets_1_7b_lora 300 python3 benchmarks/gpu/budget_bench.py --budgets 3000,4096,8192,16384 --profile 16384 \
       --out "$LOGS/budget_bench_1_7b_lora.json"
     timed budgets_0_6b 300 python3 benchmarks/gpu/budget_bench.py --size 0_6b --lora-rank 0 \
       --budgets 3000,4096,8192,16384 --out "$LOGS/budget_bench_0_6b.json"
