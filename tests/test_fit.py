@@ -361,7 +361,8 @@ def test_fit_write_keeps_the_faster_settings_with_their_reasons(tmp_path):
 
 def test_make_fit_leaves_the_fused_log_prob_out_where_verl_has_none(tmp_path):
     # the optimal-token-baseline estimators need sum(pi^2) over the whole logits: verl 0.9.1 refuses it with the fused
-    # kernel (preflight rule fused_sum_pi_squared); the fit still adds what fits without it, and its command passes
+    # kernel (preflight rule fused_sum_pi_squared); the fit leaves it out and says why, weighs the budgets without it,
+    # and its command passes
     proc = run_py("preflight.fit=true", "experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1",
                   "lab.hardware.gpu_memory_gb=32", "lab.hardware.emulate.real_gpu_memory_gb=139.8",
                   "dataset=arith_tiny", "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -369,7 +370,16 @@ def test_make_fit_leaves_the_fused_log_prob_out_where_verl_has_none(tmp_path):
     assert proc.returncode == 0 and "checked: the preflight passes" in proc.stdout, proc.stdout[-3000:]
     args = _command(proc.stdout)
     assert not any("use_fused_kernels" in a for a in args)
-    assert any(a.startswith("ppo_max_token_len_per_gpu=") for a in args)
+    not_taken = proc.stdout.split("Not taken", 1)[1]
+    assert "verl's fused log-prob (speed=fused): verl 0.9.1 has no fused path for actor.calculate_sum_pi_squared " \
+           "(rule fused_sum_pi_squared)" in not_taken
+    # larger budgets: taken where the time plan says a tenth shorter, else left out with the planned step either way
+    said = re.search(r"larger token budgets: a step (\d+) -> (\d+) s by the time plan, less than 10% shorter",
+                     not_taken)
+    taken = any(a.startswith("ppo_max_token_len_per_gpu=") for a in args)
+    assert taken != bool(said), proc.stdout[-3000:]
+    if said:
+        assert int(said.group(2)) > 0.9 * int(said.group(1)) - 1
 
 
 def test_the_readmes_fit_example_is_what_run_py_prints(tmp_path):

@@ -481,6 +481,9 @@ def test_no_room_to_spare_tip_where_make_fit_has_nothing_left_to_try(tmp_path):
                            capture_output=True, timeout=120)
     assert typed.returncode == 0 and "No change needed" in typed.stdout, typed.stdout[-3000:] + typed.stderr[-3000:]
     assert "Faster, the same algorithm" not in typed.stdout
+    not_taken = typed.stdout.split("Not taken", 1)[1]  # and says why
+    assert "verl's fused log-prob (speed=fused): already on" in not_taken
+    assert "larger token budgets: no recorded run measured update micro-batches above 16384 tokens" in not_taken
 
 
 def test_an_emulated_cards_run_is_planned_as_on_the_card_it_emulates():

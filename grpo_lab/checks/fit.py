@@ -157,8 +157,10 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
         return res
 
     # then the same algorithm in a shorter step, where it still fits (verl has no fused log-prob beside sum(pi^2))
-    skip = ("fused",) if _get(verl, A + "actor.calculate_sum_pi_squared", False) else ()
-    chosen = faster(ctx, chosen, plan_step, FASTER, skip)
+    skip = ({"fused": "verl 0.9.1 has no fused path for actor.calculate_sum_pi_squared (rule fused_sum_pi_squared)"}
+            if _get(verl, A + "actor.calculate_sum_pi_squared", False) else {})
+    chosen, slower = faster(ctx, chosen, plan_step, FASTER, skip)
+    res.rejected += slower
     res.ok, res.lora, res.values = True, chosen.lora, dict(chosen.values)
     res.after = memplan.memory_plan(arch, chosen.s, remedies=False)
     res.time_after = timeplan.time_plan(arch, chosen.s, card, shape)

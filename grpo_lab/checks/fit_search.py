@@ -110,23 +110,31 @@ def search(ctx: FitContext, start: State, *, combos: bool = True) -> tuple[State
 
 
 def faster(ctx: FitContext, st: State, step_s: Callable[[memplan.Settings], float], by: float,
-           skip: Iterable[str] = ()) -> State:
+           skip: dict[str, str] | None = None) -> tuple[State, list[str]]:
     """The fitting state made quicker: each of SPEED_MOVES in turn, its option with the shortest planned step (to the
     whole second; the least change among equals: options come in that order) among those where every phase still fits,
-    kept when that step is at least `by` (a fraction) shorter than before."""
-    for mid, _, options in SPEED_MOVES:
-        if mid in skip:
+    kept when that step is at least `by` (a fraction) shorter than before. Also why each move left out was (`skip`:
+    move id -> why it is not tried)."""
+    why = []
+    for mid, title, options in SPEED_MOVES:
+        if mid in (skip or {}):
+            why.append(f"{title}: {skip[mid]}")
             continue
         opts = options(ctx, st.s)
         if isinstance(opts, str):
+            why.append(f"{title}: {opts}")
             continue
         fitting = [(vals, s2) for vals, s2 in opts if ctx.eval(s2).fits]
         if not fitting:
+            why.append(f"{title}: no option of it fits every phase")
             continue
         vals, s2 = min(fitting, key=lambda o: round(step_s(o[1])))
         if step_s(s2) <= step_s(st.s) * (1 - by):
             st = State(s2, {**st.values, **vals}, st.moves + (mid,), st.lora, st.history + ((mid, vals, st.s, s2),))
-    return st
+        else:
+            why.append(f"{title}: a step {step_s(st.s):.0f} -> {step_s(s2):.0f} s by the time plan, less than "
+                       f"{by:.0%} shorter")
+    return st, why
 
 
 def lora_start(st: State) -> State:
