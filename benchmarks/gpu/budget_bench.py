@@ -16,7 +16,6 @@ as "profile".
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pass_bench import build, engine_for, micro_batches, run_pass  # noqa: E402
+from pass_bench import batch_args, build, device, engine_for, micro_batches, run_pass  # noqa: E402
 
 
 def peak_gb(dev: str) -> float | None:
@@ -45,20 +44,12 @@ def profile_update(engine, batches, dev: str, top: int = 25) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="1_7b", help="0_6b, 1_7b, 4b (conf/model's Qwen3 shapes) or tiny")
-    ap.add_argument("--lora-rank", type=int, default=64)
-    ap.add_argument("--seqs", type=int, default=128, help="answers a step (smoke: 32 prompts x 4)")
-    ap.add_argument("--prompt", type=int, default=35)
-    ap.add_argument("--response", type=int, default=512)
+    ap = batch_args(__doc__)
     ap.add_argument("--budgets", default="3000,8192,16384", help="token budgets, comma-separated")
     ap.add_argument("--profile", type=int, default=0, help="a budget to profile one update at (0: none)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu":  # verl names the device; on a CPU-only machine it is the CPU
-        from verl.workers.engine.fsdp import transformer_impl
-        transformer_impl.get_device_id = transformer_impl.get_device_name = lambda: "cpu"
+    dev = device()
     budgets = [int(b) for b in a.budgets.split(",")]
     res = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, "rows": []}

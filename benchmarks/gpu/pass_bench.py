@@ -132,22 +132,34 @@ def seconds_after_warmup(once, dev: str) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def batch_args(doc: str) -> argparse.ArgumentParser:
+    """The model and rollout batch arguments both pass benches take (the smoke's 1.7B LoRA batch by default)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--size", default="1_7b", help="0_6b, 1_7b, 4b (conf/model's Qwen3 shapes) or tiny")
     ap.add_argument("--lora-rank", type=int, default=64)
     ap.add_argument("--seqs", type=int, default=128, help="answers a step (smoke: 32 prompts x 4)")
     ap.add_argument("--prompt", type=int, default=35)
     ap.add_argument("--response", type=int, default=512)
+    return ap
+
+
+def device() -> str:
+    """cuda where there is one; on a CPU-only machine verl is told its device is the CPU."""
+    if torch.cuda.is_available():
+        return "cuda"
+    from verl.workers.engine.fsdp import transformer_impl
+    transformer_impl.get_device_id = transformer_impl.get_device_name = lambda: "cpu"
+    return "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = batch_args(__doc__)
     ap.add_argument("--log-prob-tokens", type=int, default=4096)
     ap.add_argument("--ref-tokens", type=int, default=8192)
     ap.add_argument("--update-tokens", type=int, default=3000)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu":  # verl names the device; on a CPU-only machine it is the CPU
-        from verl.workers.engine.fsdp import transformer_impl
-        transformer_impl.get_device_id = transformer_impl.get_device_name = lambda: "cpu"
+    dev = device()
     passes = {"old_log_prob": (a.log_prob_tokens, True, False), "reference": (a.ref_tokens, False, False),
               "update": (a.update_tokens, True, True)}
     res = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
