@@ -342,8 +342,9 @@ def check_timing(run: RunInfo) -> Check:
 
 
 def check_step_plan(run: RunInfo) -> Check:
-    """The measured steady step (validation taken out) against the time plan at this run's own prompt and answer
-    lengths (grpo_lab/memory/timeplan.py); flagged when further apart than the plan's stated accuracy."""
+    """The measured steady step (without validation: metrics.step_less_validation) against the time plan at this
+    run's own prompt and answer lengths (grpo_lab/memory/timeplan.py); flagged when further apart than the plan's
+    stated accuracy."""
     from grpo_lab.after_run.doctor.verdict import in_users_terms
     from grpo_lab.checks.rules import Ctx
     from grpo_lab.checks.rules.values import settings_from_verl
