@@ -11,7 +11,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -194,16 +193,6 @@ def test_visible_gpus_fix_rechecked_at_launch(monkeypatch):
     r = check(verl, lab, launching=True, environ={"CUDA_VISIBLE_DEVICES": "0,1"})
     p = next(p for p in r.errors if p.rule == "visible_gpus")
     assert p.fix == "ngpus_per_node=2" and p.checked.startswith("re-checked: the preflight passes")
-
-
-def test_fix_rechecks_stay_fast():
-    """The preflight with its re-checks stays well under 0.2 s per config (three errors, their fixes, fix all)."""
-    verl, lab = composed("ngpus_per_node=3", "actor_lr=-1", "rollout_gpu_mem_util=1.5")
-    check(verl, lab)
-    t = time.perf_counter()
-    for _ in range(3):
-        check(verl, lab)
-    assert (time.perf_counter() - t) / 3 < 0.2
 
 
 # ---- through run.py: the printed fix appended to the command as typed, in each spelling ----------------------------
