@@ -197,11 +197,10 @@ def steps_less_validation(df: pd.DataFrame) -> pd.Series:
     import pandas as pd
 
     step = train_series(df, "timing_s/step").dropna()
-    cols = {k: train_series(df, k).reindex(step.index) for k in
-            ("timing_s/testing", *(f"timing_s/{t}" for t in STEP_TIMERS))}
-    rows = [{"timing_s/step": step[i], **{k: v[i] for k, v in cols.items() if not math.isnan(v[i])}}
-            for i in step.index]
-    return pd.Series([step_less_validation(r) for r in rows], index=step.index, dtype=float)
+    names = ("timing_s/step", "timing_s/testing", *(f"timing_s/{t}" for t in STEP_TIMERS))
+    timers = pd.DataFrame({k: train_series(df, k) for k in names}, index=step.index)
+    return pd.Series([step_less_validation(r.dropna().to_dict()) for _, r in timers.iterrows()], index=step.index,
+                     dtype=float)
 
 
 def steady_mean(s: pd.Series) -> float | None:

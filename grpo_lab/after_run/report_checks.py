@@ -448,15 +448,14 @@ def check_memory(run: RunInfo) -> Check:
 
 def _speed_moves_left(verl: dict[str, Any]) -> list[str]:
     """What `make fit`'s moves for time (grpo_lab/checks/fit_moves.py SPEED_MOVES) could still change in this run."""
-    from grpo_lab.memory import timeplan
+    from grpo_lab.checks.fit_moves import larger_budgets
 
     left = []
     if not _get(verl, "actor_rollout_ref.model.use_fused_kernels") and \
             not _get(verl, "actor_rollout_ref.actor.calculate_sum_pi_squared"):
         left.append("verl's fused log-prob")
-    measured = ((timeplan.table().get("measured_range") or {}).get("update_tokens") or [0, math.inf])[1]
     budget = int_or_none(_get(verl, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")) or 0
-    if _get(verl, "actor_rollout_ref.actor.use_dynamic_bsz") and 1 << budget.bit_length() <= measured:
+    if _get(verl, "actor_rollout_ref.actor.use_dynamic_bsz") and next(larger_budgets(budget), None):
         left.append("larger token budgets (fewer, larger micro-batches)")
     return left
 

@@ -6,8 +6,9 @@ preference (MOVES). The search over them is grpo_lab/checks/fit_search.py; the e
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -315,22 +316,32 @@ def _m_fused(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
     return [({A + "model.use_fused_kernels": True}, replace(s, use_fused_kernels=True))]
 
 
+def _measured_update_tokens() -> float:
+    """The largest update micro-batch (tokens) a recorded run measured; no limit without the calibration table."""
+    return ((timeplan.table().get("measured_range") or {}).get("update_tokens") or [0, math.inf])[1]
+
+
+def larger_budgets(budget: int) -> Iterator[int]:
+    """The update token budgets make fit tries above `budget`, in order: each power of two above it, no larger than
+    the update micro-batches the recorded runs measured (the time plan's saving is fitted there)."""
+    measured, t = _measured_update_tokens(), 1 << int(budget).bit_length()
+    while t <= measured:
+        yield t
+        t *= 2
+
+
 def _m_larger_budgets(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
-    """Each power of two above the update's token budget, up to one that holds a whole update per GPU and no larger
-    than the recorded runs measured (the time plan's saving is fitted there); the log-prob passes' budgets raised to
-    it too (never lowered)."""
+    """larger_budgets up to one that holds a whole update per GPU; the log-prob passes' budgets raised to each too
+    (never lowered)."""
     if not s.use_dynamic_bsz:
         return "dynamic batch size is off (micro-batch sizes instead)"
+    if next(larger_budgets(s.ppo_max_token_len_per_gpu), None) is None:
+        return f"no recorded run measured update micro-batches above {_measured_update_tokens()} tokens"
     cap = ctx.tokens_per_gpu_per_update(s)
-    measured = ((timeplan.table().get("measured_range") or {}).get("update_tokens") or [0, math.inf])[1]
-    t, opts = 1 << int(s.ppo_max_token_len_per_gpu).bit_length(), []
-    while cap and t < 2 * cap and t <= measured:
-        opts.append(_budget_choice(s, replace(
-            s, ppo_max_token_len_per_gpu=t, log_prob_max_token_len_per_gpu=max(s.log_prob_max_token_len_per_gpu, t),
-            ref_log_prob_max_token_len_per_gpu=max(s.ref_log_prob_max_token_len_per_gpu, t))))
-        t *= 2
-    if not opts and t > measured:
-        return f"no recorded run measured update micro-batches above {measured} tokens"
+    opts = [_budget_choice(s, replace(
+        s, ppo_max_token_len_per_gpu=t, log_prob_max_token_len_per_gpu=max(s.log_prob_max_token_len_per_gpu, t),
+        ref_log_prob_max_token_len_per_gpu=max(s.ref_log_prob_max_token_len_per_gpu, t)))
+        for t in itertools.takewhile(lambda t: cap and t < 2 * cap, larger_budgets(s.ppo_max_token_len_per_gpu))]
     return opts or f"the budget ({s.ppo_max_token_len_per_gpu}) already holds a whole update ({cap} tokens per GPU)"
 
 

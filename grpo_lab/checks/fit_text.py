@@ -235,6 +235,11 @@ def time_lines(res: FitResult) -> list[str]:
     return ["", head, *out]
 
 
+def _numbered(head: str, changes: list[Change]) -> list[str]:
+    return [head] + [ln for i, c in enumerate(changes, 1)
+                     for ln in (f"  {i}. {' '.join(c.overrides)}", f"     {c.title}: {c.cost}")]
+
+
 def format_result(res: FitResult, command: str | None) -> str:
     out = [f"grpo-lab fit: {res.title}"]
     card = res.card_gb
@@ -267,18 +272,12 @@ def format_result(res: FitResult, command: str | None) -> str:
     if res.ok or res.after:
         out.append("")
         if res.changes:
-            out.append("Changes, in the guide's order of preference, and what each costs")
-            for i, c in enumerate(res.changes, 1):
-                out.append(f"  {i}. {' '.join(c.overrides)}")
-                out.append(f"     {c.title}: {c.cost}")
+            out += _numbered("Changes, in the guide's order of preference, and what each costs", res.changes)
         else:
             out.append("No change needed: every phase already fits.")
         if res.speedups:
-            out.append("")
-            out.append("Faster, the same algorithm (batch, group size, lengths, learning rate and loss unchanged)")
-            for i, c in enumerate(res.speedups, 1):
-                out.append(f"  {i}. {' '.join(c.overrides)}")
-                out.append(f"     {c.title}: {c.cost}")
+            out += ["", *_numbered("Faster, the same algorithm (batch, group size, lengths, learning rate and loss "
+                                   "unchanged)", res.speedups)]
     if res.rejected:
         out.append("")
         out.append("Not taken")

@@ -171,8 +171,7 @@ def header(rows: list[Row], merged: dict[str, str], run: dict[str, Any]) -> list
     steps, response, validations = min(said) if len(said) == 1 else ("(per config)", run["response"], "its")
     fitted = sorted({r.hardware for r in rows if r.run_facts and "not measured" not in r.run_facts[3]})
     on_it = f"the card{'s' if len(fitted) > 1 else ''} of {', '.join(fitted)}; " if fitted else ""
-    cards = sorted({j["card"] for j in timeplan.table().get("jobs", []) if "ratio" in j and j.get("card")},
-                   reverse=True) or ["H200"]
+    cards = sorted(timeplan.recorded_cards(), reverse=True) or ["H200"]
     return [
         f"Made by `{COMMAND}` (`{MODULE}`), on no GPU: each row is `python run.py model=<model> "
         f"hardware=<hardware>` as composed, the guide's run on `dataset={run['dataset']}` ({run['batch']} prompts x "

@@ -75,10 +75,9 @@ class Card:
             return cls(name, MEASURED["bf16_tflops"], MEASURED["memory_gb_s"], pcie, link, ar,
                        "" if on_it else "card speed unknown (lab.hardware.bf16_tflops, memory_gb_s): planned as an "
                                         "H200")
-        same = abs(flops - MEASURED["bf16_tflops"]) < 1 and abs(bw - MEASURED["memory_gb_s"]) < 1
-        runs = sum(1 for j in table().get("jobs", []) if "ratio" in j and j.get("card") and j["card"] in name)
-        if same:
+        if abs(flops - MEASURED["bf16_tflops"]) < 1 and abs(bw - MEASURED["memory_gb_s"]) < 1:
             return cls(name, float(flops), float(bw), pcie, link, ar, "")
+        runs = sum(n for card, n in recorded_cards().items() if card in name)
         if runs:
             return cls(name, float(flops), float(bw), pcie, link, ar,
                        f"the {name}'s published bf16 FLOP/s ({flops:g}) and memory bandwidth ({bw:g} GB/s), fixed "
@@ -164,6 +163,15 @@ def phase_seconds(feats: dict[str, dict[str, Any]], coef: dict[str, dict[str, fl
     return {phase: f["physics_s"] + sum((coef.get(phase) or {}).get(k, UNMEASURED.get(k, 0.0)) * v
                                         for k, v in f["count"].items())
             for phase, f in feats.items()}
+
+
+def recorded_cards() -> dict[str, int]:
+    """The cards the calibration table's fitted solo runs ran on, and how many runs each."""
+    out: dict[str, int] = {}
+    for j in table().get("jobs", []):
+        if "ratio" in j and j.get("card"):
+            out[j["card"]] = out.get(j["card"], 0) + 1
+    return out
 
 
 def table() -> dict[str, Any]:
