@@ -5,14 +5,15 @@
     python3 benchmarks/gpu/budget_bench.py --profile 16384 --out $OUT/budget_bench.json   # and torch's profiler on
                                                                  # one update at that budget: the kernels it ran
 
-The same rollout batch (pass_bench.py's: SEQS answers, verl's own dynamic batching and forward_step, sdpa, packed) cut
-at each budget, with activation checkpointing on and off: seconds of the update (forward + backward, no optimizer) and
-of the old log-prob pass, micro-batches, and the card's peak allocated memory of each. Fewer micro-batches pay fewer
-fixed costs; without flash-attn, sdpa attends over a whole packed micro-batch under a block-diagonal mask, whose work
-grows with the square of its tokens. Which wins at which size is what this measures (issue 27,
-benchmarks/gpu/README.md). --profile BUDGET adds torch.profiler over one update at that budget (checkpointing on):
-the operators and kernels that took the card's time over two updates, the top 25 by self device time, into the JSON
-as "profile".
+The same rollout batch (pass_bench.py's: SEQS answers, verl's own dynamic batching and forward_step, sdpa) cut at
+each budget, with activation checkpointing on and off, packed (verl's use_remove_padding, the presets') and padded
+(use_remove_padding=false: each micro-batch padded to its longest answer): seconds of the update (forward + backward,
+no optimizer) and of the old log-prob pass, micro-batches, and the card's peak allocated memory of each. Fewer
+micro-batches pay fewer fixed costs; without flash-attn, sdpa attends over a whole packed micro-batch under a
+block-diagonal mask, whose work grows with the square of its tokens; padded, each answer attends only to itself, at the
+price of the padding. Which wins at which size is what this measures (issue 27, benchmarks/gpu/README.md).
+--profile BUDGET adds torch.profiler over one packed update at that budget (checkpointing on): the operators and
+kernels that took the card's time over two updates, the top 25 by self device time, into the JSON as "profile".
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ from pass_bench import batch_args, build, device, engine_for, micro_batches, run
 
 def peak_gb(dev: str) -> float | None:
     return round(torch.cuda.max_memory_allocated() / 1e9, 2) if dev == "cuda" else None
+
+
+def padded(td) -> int:
+    """Tokens the model runs on for a micro-batch padded to its longest answer (rows x longest)."""
+    lengths = td["input_ids"].offsets().diff()
+    return int(lengths.numel() * lengths.max())
 
 
 def profile_update(engine, batches, dev: str, top: int = 25) -> list[dict]:
@@ -46,6 +53,7 @@ def profile_update(engine, batches, dev: str, top: int = 25) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = batch_args(__doc__)
     ap.add_argument("--budgets", default="3000,8192,16384", help="token budgets, comma-separated")
+    ap.add_argument("--layouts", default="packed,padded", help="packed (use_remove_padding), padded, or both")
     ap.add_argument("--profile", type=int, default=0, help="a budget to profile one update at (0: none)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -58,10 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     for checkpointing in (True, False):
         model, cfg = build(a.size, a.lora_rank, True, dev, checkpointing=checkpointing)
         engine = engine_for(model, dev)
-        for budget in budgets:
-            batches = micro_batches(a.seqs, a.prompt, a.response, budget, cfg.vocab_size, dev)
-            row = {"checkpointing": checkpointing, "budget": budget, "micro_batches": len(batches),
-                   "tokens": sum(t for _, t in batches), "largest": max(t for _, t in batches)}
+        for layout, budget in [(lay, b) for lay in a.layouts.split(",") for b in budgets]:
+            batches = micro_batches(a.seqs, a.prompt, a.response, budget, cfg.vocab_size, dev,
+                                    remove_padding=layout == "packed")
+            row = {"checkpointing": checkpointing, "layout": layout, "budget": budget, "micro_batches": len(batches),
+                   "tokens": sum(t for _, t in batches), "largest": max(t for _, t in batches),
+                   "padded_tokens": sum(padded(td) for td, _ in batches)}
             for name, (entropy, train) in {"update": (True, True), "old_log_prob": (True, False)}.items():
                 if dev == "cuda":
                     torch.cuda.reset_peak_memory_stats()
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             res["rows"].append(row)
             if a.out:  # as it goes: a later row that takes the process down loses nothing before it
                 a.out.write_text(json.dumps(res, indent=1) + "\n")
-            if checkpointing and budget == a.profile:
+            if checkpointing and layout == "packed" and budget == a.profile:
                 res["profile"] = profile_update(engine, batches, dev)
                 total = sum(r["self_s"] for r in res["profile"])
                 print(f"  profile, budget {budget}: the top {len(res['profile'])} operators, {total:.2f} s of "
@@ -83,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
                 for r in res["profile"]:
                     print(f"    {r['self_s']:8.3f} s {r['calls']:>7} x {r['name']}")
             secs = {k: "out of memory" if row[k] is None else f"{row[k]:.2f} s" for k in ("update_s", "old_log_prob_s")}
-            print(f"  checkpointing {'on ' if checkpointing else 'off'} budget {budget:>6}: {row['micro_batches']:>3} "
-                  f"micro-batches (largest {row['largest']:,} tokens): update {secs['update_s']} "
+            print(f"  checkpointing {'on ' if checkpointing else 'off'} {layout} budget {budget:>6}: "
+                  f"{row['micro_batches']:>3} micro-batches (largest {row['largest']:,} tokens, "
+                  f"{row['padded_tokens']:,} with padding): update {secs['update_s']} "
                   f"(peak {row['update_peak_gb']} GB), old log-prob {secs['old_log_prob_s']}", flush=True)
         del model, engine
         if dev == "cuda":

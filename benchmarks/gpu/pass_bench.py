@@ -69,10 +69,12 @@ def engine_for(module, dev: str):
     return engine
 
 
-def micro_batches(seqs: int, prompt: int, response: int, budget: int, vocab: int, dev: str, seed: int = 0):
+def micro_batches(seqs: int, prompt: int, response: int, budget: int, vocab: int, dev: str, seed: int = 0,
+                  remove_padding: bool = True):
     """The rollout batch as verl stores it (prompts left-padded, answers right-padded; answer lengths spread from a
     quarter of RESPONSE to RESPONSE), cut into packed micro-batches of at most `budget` tokens by verl's own dynamic
-    batching (seqlen_balancing.rearrange_micro_batches, as its engine does with use_dynamic_bsz)."""
+    batching (seqlen_balancing.rearrange_micro_batches, as its engine does with use_dynamic_bsz). remove_padding=False:
+    verl's engine pads each micro-batch to its longest answer instead of packing it (model.use_remove_padding=false)."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.utils.model import compute_position_id_with_mask
@@ -92,7 +94,7 @@ def micro_batches(seqs: int, prompt: int, response: int, budget: int, vocab: int
     for td in rearrange_micro_batches(batch, max_token_len=budget)[0]:
         tokens = int(td["attention_mask"].sum())
         td = left_right_2_no_padding(td.to(dev))
-        for key, value in {"temperature": 1.0, "use_remove_padding": True}.items():
+        for key, value in {"temperature": 1.0, "use_remove_padding": remove_padding}.items():
             tu.assign_non_tensor_data(td, key, value)
         out.append((td, tokens))
     return out

@@ -10,8 +10,8 @@
 #   bash benchmarks/gpu/speed_session.sh passes       # the three training passes of the 1.7B LoRA smoke, the 0.6B and
 #                                                     # the 4B smoke, guide vs speed=fused (pass_bench.py; no vLLM)
 #   bash benchmarks/gpu/speed_session.sh budgets      # what a micro-batch costs by its size: the update and old
-#                                                     # log-prob of the 1.7B LoRA smoke and the 0.6B smoke's batch at
-#                                                     # budgets 3,000-16,384, checkpointing on and off (budget_bench.py)
+#                                                     # log-prob of the 1.7B LoRA smoke's batch at budgets 3,000-16,384,
+#                                                     # checkpointing on/off, packed/padded (budget_bench.py)
 #   bash benchmarks/gpu/speed_session.sh smol_guide   # learn_smollm2, $STEPS steps (4), the preset as it is
 #   bash benchmarks/gpu/speed_session.sh smol_budgets # the same with the passes' token budgets x4-5 and no activation
 #                                                     # checkpointing (ran 2026-12-04 as "smol_fast": no faster)
@@ -135,10 +135,8 @@ case "${1:-}" in
     timed passes_4b 300 python3 benchmarks/gpu/pass_bench.py --size 4b --lora-rank 0 --out "$LOGS/pass_bench_4b.json"
     pack passes ;;
   budgets)  # a micro-batch's cost by its size, speed=fused, in one process (budget_bench.py)
-    timed budgets_1_7b_lora 300 python3 benchmarks/gpu/budget_bench.py --budgets 3000,4096,8192,16384 --profile 16384 \
+    timed budgets_1_7b_lora 480 python3 benchmarks/gpu/budget_bench.py --budgets 3000,8192,16384 --profile 16384 \
       --out "$LOGS/budget_bench_1_7b_lora.json"
-    timed budgets_0_6b 300 python3 benchmarks/gpu/budget_bench.py --size 0_6b --lora-rank 0 \
-      --budgets 3000,4096,8192,16384 --out "$LOGS/budget_bench_0_6b.json"
     pack budgets ;;
   smol_guide) job smol_guide 900 "${SMOL[@]}" "${GUIDE_ARGS[@]}" ;;
   smol_budgets) job smol_budgets 900 "${SMOL[@]}" "${BUDGETS[@]}" ;;
