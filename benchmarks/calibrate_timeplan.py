@@ -11,8 +11,9 @@ others (calibrate_memplan.side_by_side) are listed, not fitted. Each phase's ver
 steps (2 on, validation taken out) is the physics of grpo_lab/memory/timeplan.py at the job's measured lengths plus
 seconds per count, fitted by non-negative least squares over the jobs. Start-up ("ready to fit") and the first
 validation come from the stamped logs (<job>.log.gz beside the folder, benchmarks/gpu/stamp.py). verl's fused log-prob
-(use_fused_kernels) takes its seconds per 512-token chunk from the recorded pass_bench runs (pass_bench_*.json): the
-fitted per-token loop term less the seconds the switch saved there; the recorded full steps with it check it.
+(use_fused_kernels) is fitted like the other terms over the recorded full steps with it; a pass none fitted takes
+its seconds per 512-token chunk from the recorded pass_bench runs (pass_bench_*.json): the fitted per-token loop term
+less the seconds the switch saved there.
 docs/time_plan.md.
 """
 
@@ -153,7 +154,7 @@ def fit(jobs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         rows = [p for p in steps if phase in p["measured_s"] and p["features"][phase]["count"]]
         if not rows:
             continue
-        names = sorted({k for p in rows for k in p["features"][phase]["count"]} - set(timeplan.UNMEASURED))
+        names = sorted({k for p in rows for k in p["features"][phase]["count"]})
         a = np.array([[p["features"][phase]["count"].get(k, 0.0) for k in names] for p in rows])
         b = np.array([p["measured_s"][phase] - p["features"][phase]["physics_s"] for p in rows])
         x = nnls(a, b)
@@ -189,8 +190,8 @@ def collect(results: Path = RESULTS) -> dict[str, Any]:
     steady = [j for j in jobs if "step_s" in j]
     coef = fit(steady)
     fused = fused_from_passes(coef, results)
-    for phase, v in fused["fused_chunks"].items():
-        coef[phase]["fused_chunks"] = v
+    for phase, v in fused["fused_chunks"].items():  # where no full step with it was fitted
+        coef[phase].setdefault("fused_chunks", v)
     for j in steady:
         preds = [timeplan.phase_seconds(p["features"], coef) for p in j.pop("per_step")]
         pred = {ph: statistics.fmean(p[ph] for p in preds) for ph in timeplan.PHASES}
@@ -244,11 +245,11 @@ def render(result: dict[str, Any]) -> str:
     fp = result.get("fused_from_passes") or {}
     if fp.get("files"):
         checked = [j for j in result["jobs"] if j["job"] in result["full_steps_with"]["fused_chunks"]]
-        out += ["", "fused_chunks (verl's fused log-prob, `speed=fused`): taken from the "
-                "training passes alone (benchmarks/gpu/pass_bench.py: " + ", ".join(fp["files"]) + "), the loop "
-                "term less what the switch saved there, per 512-token chunk (each run: "
+        out += ["", "fused_chunks (verl's fused log-prob, `speed=fused`): fitted over the full steps with it; the "
+                "training passes alone (benchmarks/gpu/pass_bench.py: " + ", ".join(fp["files"]) + ") give, as the "
+                "loop term less what the switch saved there, per 512-token chunk (each run: "
                 + "; ".join(f"{k} {', '.join(f'{x * 1e3:.1f}' for x in v)} ms" for k, v in fp["per_run_s"].items())
-                + "; the median is used). Full steps with it, planned / measured: "
+                + "; the median is taken for a pass no full step fitted). Full steps with it, planned / measured: "
                 + (", ".join(f"{j['job']} {j['predicted_step_s']} / {j['step_s']} s" for j in checked) or "none yet")
                 + "."]
     lo_hi = (result.get("measured_range") or {}).get("update_tokens")

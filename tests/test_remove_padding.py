@@ -186,3 +186,33 @@ def test_fused_kernels_skip_the_per_token_loop(setup, monkeypatch):
         calls.clear()
         s.fused_engine.forward_step(_with(s, use_fused_kernels=True), loss_function=None, forward_only=True)
     assert not calls
+
+
+def _responses_and_entropy(model_output, data, dp_group):
+    """A loss over the answers' log-probs (a sequence's last position predicts past it: unused) and every entropy."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    return no_padding_2_padding(model_output["log_probs"], data).sum() + model_output["entropy"].values().sum(), {}
+
+
+def test_padded_micro_batches_give_the_same_log_probs_entropy_and_gradients(setup, monkeypatch):
+    """make fit's padded move (use_remove_padding=false, with the fused log-prob it comes after): verl pads each answer
+    to the micro-batch's longest instead of packing them; the answers' log-probs, entropy and gradients are the same."""
+    s = setup
+    monkeypatch.setattr(s.impl, "get_device_id", lambda: "cpu")
+    monkeypatch.setattr(s.impl, "get_device_name", lambda: "cpu")
+    outputs = {}
+    for packed in (True, False):
+        td = _with(s, calculate_entropy=True, use_fused_kernels=True, use_remove_padding=packed)
+        s.fused_engine.module.zero_grad()
+        loss, out = s.fused_engine.forward_step(td, loss_function=_responses_and_entropy, forward_only=False)
+        loss.backward()
+        outputs[packed] = (s.no_padding_2_padding(out["model_output"]["log_probs"], td),
+                           out["model_output"]["entropy"].values(),
+                           {n: p.grad.clone() for n, p in s.fused_engine.module.named_parameters()})
+    (lp, ent, grads), (lp2, ent2, grads2) = outputs[True], outputs[False]
+    assert lp.shape == lp2.shape == (len(PROMPT_LENS), R) and lp.abs().sum() > 0
+    assert (lp - lp2).abs().max().item() < 1e-5 and (ent - ent2).abs().max().item() < 1e-5
+    assert grads.keys() == grads2.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, grads2[name], atol=1e-5, rtol=1e-4), name

@@ -316,6 +316,21 @@ def _m_fused(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
     return [({A + "model.use_fused_kernels": True}, replace(s, use_fused_kernels=True))]
 
 
+def _m_padded(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
+    """Without flash-attn, a packed micro-batch's attention spans all of its answers under a mask; padded, each
+    answer's only itself (benchmarks/gpu/results/2026-12-06-h100-padded)."""
+    if not s.use_remove_padding:
+        return "already on"
+    if s.attn_implementation.startswith("flash"):
+        return "flash-attn attends within each answer of a packed micro-batch already"
+    if s.sp_size > 1:
+        return "Ulysses sequence parallelism needs packed micro-batches (use_remove_padding)"
+    key, padded = {A + "model.use_remove_padding": False}, replace(s, use_remove_padding=False)
+    # padded micro-batches drop the attention that grew with their size: with each larger budget too, as one move
+    budgets = _m_larger_budgets(ctx, padded)
+    return [(key, padded)] + ([({**key, **vals}, s2) for vals, s2 in budgets] if isinstance(budgets, list) else [])
+
+
 def _measured_update_tokens() -> float:
     """The largest update micro-batch (tokens) a recorded run measured; no limit without the calibration table."""
     return ((timeplan.table().get("measured_range") or {}).get("update_tokens") or [0, math.inf])[1]
@@ -347,6 +362,7 @@ def _m_larger_budgets(ctx: FitContext, s: memplan.Settings) -> list[Choice] | st
 
 SPEED_MOVES = (  # (id, title, options): in this order, each kept when every phase still fits and the step is shorter
     ("fused", "verl's fused log-prob (speed=fused)", _m_fused),
+    ("padded", "padded micro-batches (use_remove_padding=false)", _m_padded),
     ("larger_budgets", "larger token budgets", _m_larger_budgets),
 )
 

@@ -87,6 +87,13 @@ def cost_words(ctx: FitContext, move: str, before: memplan.Settings, after: memp
         return (f"log-probs and entropy from the hidden states {memplan_phases.FUSED_CHUNK} tokens at a time (verl's "
                 f"FusedLinearForPPO) instead of its per-token loop: the same numbers within bf16 rounding, no "
                 f"vocabulary-sized logits of a whole micro-batch")
+    if move == "padded":
+        why = (f"without flash-attn ({after.attn_implementation}), each answer attends only to itself in a micro-batch "
+               f"padded to its longest answer, not across the whole packed micro-batch under a mask: the same numbers, "
+               f"no attention work growing with the square of the micro-batch (answers of mixed lengths add padding)")
+        if after.ppo_max_token_len_per_gpu != before.ppo_max_token_len_per_gpu:
+            why += "; and " + cost_words(ctx, "larger_budgets", before, after)
+        return why
     if move == "larger_budgets":
         tok = ctx.tokens_per_gpu_per_update(after)
         t0, t1 = before.ppo_max_token_len_per_gpu, after.ppo_max_token_len_per_gpu

@@ -182,6 +182,7 @@ class Settings:
     gradient_checkpointing: bool = True
     activation_offload: bool = False
     attn_implementation: str = "flash_attention_2"
+    use_remove_padding: bool = True  # model.use_remove_padding: packed micro-batches; false: each padded to its longest
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = 16384
     ppo_micro_batch_size_per_gpu: int | None = None

@@ -101,17 +101,19 @@ def activations(arch: Arch, s: Settings, tokens: int) -> float:
 
 
 def attention_extra(arch: Arch, s: Settings, tokens: int, training: bool) -> float:
-    """Packed sequences without flash-attn: sdpa takes a dense T x T mask; eager also materialises the scores."""
+    """Without flash-attn, the attention mask (and eager's scores) of a micro-batch: over the whole micro-batch when it
+    is packed (sdpa takes a dense T x T block-causal mask), over each answer's row when it is padded (B x L x L)."""
     impl = s.attn_implementation
     if impl.startswith("flash"):
         return 0.0
-    extra = tokens * tokens * 1.0  # boolean block-causal mask, shared by the layers
+    span = tokens if s.use_remove_padding else min(tokens, s.seq_len)  # the keys each query's mask row covers
+    extra = tokens * span * 1.0  # the boolean mask, shared by the layers
     if impl == "sdpa" and training and not s.gradient_checkpointing:
         # each layer's sdpa turns it into a bf16 additive mask that its backward keeps (results/2026-12-04-speed)
-        extra += arch.num_hidden_layers * tokens * tokens * 2.0
+        extra += arch.num_hidden_layers * tokens * span * 2.0
     if impl == "eager":
         layers = arch.num_hidden_layers if (training and not s.gradient_checkpointing) else 1
-        extra += layers * tokens * tokens * arch.num_attention_heads * (2 + 4)
+        extra += layers * tokens * span * arch.num_attention_heads * (2 + 4)
     return extra
 
 

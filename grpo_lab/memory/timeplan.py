@@ -107,6 +107,16 @@ def per_token_loop(s: Settings) -> bool:
     return not s.use_fused_kernels and s.attn_implementation != "flash_attention_2"
 
 
+def packed_attention_tflop(arch: Arch, s: Settings, tokens: float, budget: int) -> float:
+    """TFLOP of the attention a pass spends across answers: packed micro-batches without flash-attn attend over the
+    whole micro-batch under a block-diagonal mask (4 x T^2 x heads x head_dim per layer, forward), padded ones and
+    flash-attn's varlen kernel only within each answer (benchmarks/gpu/results/2026-12-06-h100-padded)."""
+    if not s.use_remove_padding or s.attn_implementation.startswith("flash"):
+        return 0.0
+    m = max(1, math.ceil(tokens / max(1, budget)))
+    return m * 4.0 * (tokens / m) ** 2 * arch.num_attention_heads * arch.head_dim * arch.num_hidden_layers / 1e12
+
+
 def updates_per_step(s: Settings) -> int:
     mini = s.ppo_mini_batch_size or s.train_batch_size
     return max(1, s.train_batch_size // max(1, mini)) * max(1, s.ppo_epochs)
@@ -140,7 +150,9 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     shard_s = 2 * param_bytes(s) * arch.params() / s.fsdp * pcie_s if s.param_offload else 0.0
     per_layer = arch.hidden_size * 2 if s.gradient_checkpointing else arch.layer_activation_bytes_per_token()
     act_s = 2 * t * arch.num_hidden_layers * per_layer * pcie_s if s.activation_offload else 0.0  # out and back
-    ref = {"fixed": 1.0, "loop_tokens": loop, fused_key: fused, "micro_batches": mb_lp}
+    ref = {"fixed": 1.0, "loop_tokens": loop, fused_key: fused, "micro_batches": mb_lp,
+           "packed_attention_tflop": packed_attention_tflop(arch, s, t, s.log_prob_tokens)}
+    packed_upd = updates * packed_attention_tflop(arch, s, t / updates, s.update_tokens)
     return {
         "generation": {"count": {"fixed": 1.0, "eager_layer_steps": eager * layer_steps,
                                  "graph_layer_steps": (1 - eager) * layer_steps},
@@ -150,7 +162,7 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
                       "physics_s": fwd_s + mb_lp * gather_s + (2.0 * arch.params() * pcie_s if s.ref_param_offload
                                                               else 0.0) if s.ref_used else 0.0},
         "update": {"count": {"fixed": 1.0, "loop_tokens": loop, fused_key: fused, "updates": updates,
-                             "micro_batches": mb_upd},
+                             "micro_batches": mb_upd, "packed_attention_tflop": packed_upd},
                    "physics_s": fwd_s * (1 + bwd + recompute) + opt_s + mb_upd * gather_s * (1 + bwd) + shard_s
                    + act_s},
         "weight_sync": {"count": {"fixed": 1.0}, "physics_s": 2.0 * arch.params() / n * byte_s + shard_s},

@@ -325,6 +325,7 @@ def settings_from_verl(verl: Mapping[str, Any], lab: Lab) -> memplan.Settings:
         use_torch_compile=bool(_get(verl, A + "actor.use_torch_compile", True))
         and bool(_get(verl, A + "actor.fsdp_config.use_torch_compile", True)),
         use_fused_kernels=bool(_get(verl, A + "model.use_fused_kernels", False)),
+        use_remove_padding=bool(_get(verl, A + "model.use_remove_padding", True)),
         max_prompt_length=int(_get(verl, "data.max_prompt_length", 512)),
         max_response_length=int(_get(verl, "data.max_response_length", 512)),
         log_prob_use_dynamic_bsz=bool(_get(verl, A + "rollout.log_prob_use_dynamic_bsz", False)),
