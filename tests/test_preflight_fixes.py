@@ -84,6 +84,7 @@ WARNED: list[tuple[tuple[str, ...], str, str]] = [
      "32% of each step's samples are padding"),
     (("rollout_n=1",), "group_size", "the raw score as the advantage, no baseline"),
     (("actor_lr=0",), "learning_rate_zero", "the actor never changes"),
+    (("speed=fast",), "padded_with_flash_attn", "the padding only adds tokens"),
     (("actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",), "dynamic_bsz_mismatch", "so this runs"),
     (("variant=dapo", "max_response_length=256", "reward.reward_kwargs.overlong_buffer_cfg.len=256"),
      "dapo_overlong_buffer", "every answer, however short, gets a penalty"),

@@ -450,14 +450,15 @@ def test_a_solo_runs_steps_agree_with_the_time_plan_and_a_crowded_ones_are_flagg
 
 def test_room_to_spare_names_make_fit_on_the_runs_own_command_which_then_adds_the_faster_settings(tmp_path):
     """The recorded guide 1.7B LoRA smoke (36% of its 32 GB card): `make report` points at `make fit` with the run's own
-    overrides, and that command, typed, prints the fused log-prob and larger budgets (issue 27)."""
+    overrides, and that command, typed, prints the fused log-prob, padded micro-batches (sdpa) and larger budgets
+    (issue 27)."""
     job = RESULTS / "2026-12-06-h200-speed" / "q17lora_guide"
     proc = subprocess.run(["make", "-s", "report", f"RUN={job}", f"PY={sys.executable}"], cwd=ROOT, text=True,
                           capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = _memory_line(proc.stdout)
-    fit = re.search(r'Room to spare: make fit ARGS="([^"]+)" tries verl\'s fused log-prob and larger token budgets',
-                    line)
+    fit = re.search(r'Room to spare: make fit ARGS="([^"]+)" tries verl\'s fused log-prob, padded micro-batches and '
+                    r'larger token budgets', line)
     assert fit, line
     assert fit.group(1).split() == (job / ".hydra" / "overrides.yaml").read_text().replace("- ", "").split()
     typed = subprocess.run(["make", "--no-print-directory", "fit", f"PY={sys.executable}",
@@ -466,12 +467,14 @@ def test_room_to_spare_names_make_fit_on_the_runs_own_command_which_then_adds_th
     assert typed.returncode == 0, typed.stdout[-3000:] + typed.stderr[-3000:]
     faster = typed.stdout.split("Faster, the same algorithm", 1)[1].split("Not taken", 1)[0]
     assert "use_fused_kernels=true" in faster and "ppo_max_token_len_per_gpu=16384" in faster
+    assert "use_remove_padding=false" in faster
 
 
 def test_no_room_to_spare_tip_where_make_fit_has_nothing_left_to_try(tmp_path):
-    """The recorded run of make fit's own command (fused log-prob, budgets at the largest any recorded run measured,
-    40% of its 32 GB card): make fit on its overrides prints no faster settings, so the report points at none."""
-    job = RESULTS / "2026-12-06-h100-speed" / "q17lora_fit"
+    """The recorded run of make fit's own command (fused log-prob, padded micro-batches, budgets at the largest any
+    recorded run measured, 40% of its 32 GB card): make fit on its overrides prints no faster settings, so the report
+    points at none."""
+    job = RESULTS / "2026-12-06-h100-padded" / "q17lora_fast"
     line = _memory_line(run_module("grpo_lab.after_run.report", job).stdout)
     assert line.lstrip().startswith("[ok  ]") and "of the 32 GiB card" in line, line
     assert "Room to spare" not in line, line
@@ -483,6 +486,7 @@ def test_no_room_to_spare_tip_where_make_fit_has_nothing_left_to_try(tmp_path):
     assert "Faster, the same algorithm" not in typed.stdout
     not_taken = typed.stdout.split("Not taken", 1)[1]  # and says why
     assert "verl's fused log-prob (speed=fused): already on" in not_taken
+    assert "padded micro-batches (use_remove_padding=false): already on" in not_taken
     assert "larger token budgets: no recorded run measured update micro-batches above 16384 tokens" in not_taken
 
 

@@ -91,6 +91,33 @@ def test_fused_kernels_shorten_the_passes_by_what_the_passes_alone_saved_checked
     assert res["fused_from_passes"]["per_run_s"]["old_log_prob"][0] == pytest.approx(first, abs=1e-5)
 
 
+def test_padded_micro_batches_drop_the_packed_attention_the_calibration_fitted(tmp_path, refit):
+    # speed=fast (conf/speed/): the fused log-prob and padded micro-batches; without flash-attn each pass loses the
+    # attention a packed micro-batch spends across its answers, a term fitted on the recorded runs (packed and padded)
+    sdpa = "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+    budgets = ("ppo_max_token_len_per_gpu=16384", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384",
+               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16384")
+    fused, _ = plan_of(tmp_path / "a", *SMOL, sdpa, "speed=fused", *budgets)
+    fast, fast_out = plan_of(tmp_path / "b", *SMOL, sdpa, "speed=fast", *budgets)
+    changed = json.loads((tmp_path / "b" / "plan.json").read_text())["changed_defaults"]
+    assert {"key": "actor_rollout_ref.model.use_remove_padding", "verl": True, "ours": False,
+            "set_by": "conf/speed/fast.yaml"} in changed
+    for phase in ("old_log_prob", "reference", "update"):
+        assert fast["phases_s"][phase] < fused["phases_s"][phase], phase
+    assert fast["phases_s"]["generation"] == fused["phases_s"]["generation"]
+    res = refit[1]
+    assert all(res["coefficients"][ph]["packed_attention_tflop"] > 0 for ph in ("old_log_prob", "update"))
+    padded = [j for j in res["jobs"] if j["job"].endswith(("h100-padded/q17lora_fast", "h100-padded/q06_fast"))]
+    assert len(padded) == 2 and all(abs(j["ratio"] - 1) <= res["stated"] for j in padded), padded
+    # with flash-attn the same switch saves no attention, it only pads: planned no shorter, and the preflight says so
+    flash = "++actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2"
+    flash_fused, out_fused = plan_of(tmp_path / "c", *SMOL, flash, "speed=fused", *budgets)
+    flash_fast, out = plan_of(tmp_path / "d", *SMOL, flash, "speed=fast", *budgets)
+    assert flash_fast["phases_s"] == flash_fused["phases_s"]
+    assert "[padded_with_flash_attn]" in out and "fix: actor_rollout_ref.model.use_remove_padding=true" in out
+    assert "[padded_with_flash_attn]" not in out_fused and "[padded_with_flash_attn]" not in fast_out
+
+
 def test_fused_kernels_with_flash_attn_are_assumed_and_said(tmp_path):
     t, out = plan_of(tmp_path, *SMOL, "speed=fused",
                      "++actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2")

@@ -441,19 +441,25 @@ def check_memory(run: RunInfo) -> Check:
     if frac < 0.5 and left:
         from grpo_lab.checks.preflight import fit_command
 
-        tip = (f" Room to spare: {fit_command(run.overrides)} tries {' and '.join(left)} where every phase still fits, "
+        what = ", ".join(left[:-1]) + " and " * (len(left) > 1) + left[-1]
+        tip = (f" Room to spare: {fit_command(run.overrides)} tries {what} where every phase still fits, "
                "and keeps what the time plan says makes a step a tenth or more shorter.")
     return Check(metric, OK, msg + "." + tip)
 
 
 def _speed_moves_left(verl: dict[str, Any]) -> list[str]:
     """What `make fit`'s moves for time (grpo_lab/checks/fit_moves.py SPEED_MOVES) could still change in this run."""
-    from grpo_lab.checks.fit_moves import larger_budgets
+    from grpo_lab.checks.fit_moves import larger_budgets, padded_why_not
 
     left = []
     if not _get(verl, "actor_rollout_ref.model.use_fused_kernels") and \
             not _get(verl, "actor_rollout_ref.actor.calculate_sum_pi_squared"):
         left.append("verl's fused log-prob")
+    attn = (_get(verl, "actor_rollout_ref.model.override_config") or {}).get("attn_implementation")
+    if not padded_why_not(str(attn or "flash_attention_2"),
+                          bool(_get(verl, "actor_rollout_ref.model.use_remove_padding", True)),
+                          int(_get(verl, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1) or 1)):
+        left.append("padded micro-batches")
     budget = int_or_none(_get(verl, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")) or 0
     if _get(verl, "actor_rollout_ref.actor.use_dynamic_bsz") and next(larger_budgets(budget), None):
         left.append("larger token budgets (fewer, larger micro-batches)")

@@ -316,15 +316,23 @@ def _m_fused(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
     return [({A + "model.use_fused_kernels": True}, replace(s, use_fused_kernels=True))]
 
 
-def _m_padded(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
-    """Without flash-attn, a packed micro-batch's attention spans all of its answers under a mask; padded, each
-    answer's only itself (benchmarks/gpu/results/2026-12-06-h100-padded)."""
-    if not s.use_remove_padding:
+def padded_why_not(attn_implementation: str, use_remove_padding: bool, sp_size: int) -> str:
+    """Why padded micro-batches are not a move for these settings ("" where they are): without flash-attn a packed
+    micro-batch's attention spans all of its answers under a mask; padded, each answer's only itself
+    (benchmarks/gpu/results/2026-12-06-h100-padded)."""
+    if not use_remove_padding:
         return "already on"
-    if s.attn_implementation.startswith("flash"):
+    if attn_implementation.startswith("flash"):
         return "flash-attn attends within each answer of a packed micro-batch already"
-    if s.sp_size > 1:
+    if sp_size > 1:
         return "Ulysses sequence parallelism needs packed micro-batches (use_remove_padding)"
+    return ""
+
+
+def _m_padded(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
+    why = padded_why_not(s.attn_implementation, s.use_remove_padding, s.sp_size)
+    if why:
+        return why
     key, padded = {A + "model.use_remove_padding": False}, replace(s, use_remove_padding=False)
     # padded micro-batches drop the attention that grew with their size: with each larger budget too, as one move
     budgets = _m_larger_budgets(ctx, padded)

@@ -581,6 +581,17 @@ def environment_skipped(c: Ctx) -> Iterable[Problem]:
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
 
 
+@rule("padded_with_flash_attn", kind="setup", phase="preflight")
+def padded_with_flash_attn(c: Ctx) -> Iterable[Problem]:
+    impl = attn_impl(c)
+    if impl.startswith("flash") and not c.get(A + "model.use_remove_padding", True):
+        yield warn(f"actor_rollout_ref.model.use_remove_padding=false with attn_implementation={impl}: verl 0.9.1 "
+                   f"then pads each micro-batch to its longest answer (its FSDP engine's prepare_model_inputs), while "
+                   f"flash-attn's varlen kernel already attends within each answer of a packed one: the padding only "
+                   f"adds tokens (padded micro-batches are for sdpa and eager, where they save the attention across "
+                   f"answers: benchmarks/gpu/results/2026-12-06-h100-padded)", f"{A}model.use_remove_padding=true")
+
+
 @rule("flash_attn_missing", kind="setup", phase="start-up", launching_only=True)
 def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
     impl = attn_impl(c)
