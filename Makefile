@@ -47,7 +47,7 @@ PYTEST = $(TEST_PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 lint: $(VENV)/.installed ## ruff on every Python file (its settings: pyproject.toml), as CI runs it
 	$(VENV)/bin/ruff check .
 
-test: $(VENV)/.installed ## the whole CPU test suite, as CI runs it (makes .venv on first use; ~8 min on 2 cores)
+test: $(VENV)/.installed ## the whole CPU test suite, as CI runs it (makes .venv on first use; ~12 min on 2 cores)
 	$(PYTEST)
 
 test-fast: $(VENV)/.installed ## the edit loop: the tests not marked slow (no processes, Ray or models; ~1 min)
