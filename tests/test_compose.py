@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from grpo_lab import facts
 from grpo_lab.verl_keys import get
 
-GROUPS = ["hardware", "model", "rollout", "variant", "dataset", "logger", "experiment"]
+GROUPS = ["hardware", "model", "rollout", "variant", "dataset", "logger", "speed", "experiment"]
 # vLLM's allowed LoRA ranks (vllm.config.lora.MaxLoRARanks; verl checks a LoRA rank against them when vLLM is there)
 VLLM_LORA_RANKS = {1, 8, 16, 32, 64, 128, 256, 320, 512}
 
