@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu/speed_session.sh smol_budgets # the same with the passes' token budgets x4-5 and no activation
 #                                                     # checkpointing (ran 2026-12-04 as "smol_fast": no faster)
 #   bash benchmarks/gpu/speed_session.sh smol_fast    # the same with $FAST
+#   bash benchmarks/gpu/speed_session.sh smol_fit     # the command `make fit` prints for it: real weights, rewards that
+#                                                     # move, so the pair's first losses can be compared (~500 s)
 #   bash benchmarks/gpu/speed_session.sh q06_guide    # the guide's smoke on Qwen3-0.6B (random weights), 3 steps
 #   bash benchmarks/gpu/speed_session.sh q06_fast     # the same job with $FAST
 #   bash benchmarks/gpu/speed_session.sh q17lora_guide  # the guide's smoke on Qwen3-1.7B on an emulated 32 GB card,
@@ -141,6 +143,7 @@ case "${1:-}" in
   smol_guide) job smol_guide 900 "${SMOL[@]}" "${GUIDE_ARGS[@]}" ;;
   smol_budgets) job smol_budgets 900 "${SMOL[@]}" "${BUDGETS[@]}" ;;
   smol_fast)  job smol_fast 900 "${SMOL[@]}" "${FAST_ARGS[@]}" ;;
+  smol_fit)   fitted smol_fit 900 "${SMOL[@]}" ;;
   q06_guide)  job q06_guide 900 "${QS[@]}" "${GUIDE_ARGS[@]}" ;;
   q06_fast)   job q06_fast 900 "${QS[@]}" "${FAST_ARGS[@]}" ;;
   q17lora_guide) job q17lora_guide 900 "${Q17LORA[@]}" "${GUIDE_ARGS[@]}" ;;
