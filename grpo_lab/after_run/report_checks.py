@@ -437,7 +437,7 @@ def check_memory(run: RunInfo) -> Check:
                                          "allocated peak on the recorded runs (benchmarks/gpu/memplan_calibration.md). "
                                          "Its verdicts may be off for this configuration: copy the job folder under "
                                          "benchmarks/gpu/results/ and run make calibrate.")
-    tip, left = "", _speed_moves_left(run.verl)
+    tip, left = "", _speed_moves_left(run)
     if frac < 0.5 and left:
         from grpo_lab.checks.preflight import fit_command
 
@@ -447,21 +447,21 @@ def check_memory(run: RunInfo) -> Check:
     return Check(metric, OK, msg + "." + tip)
 
 
-def _speed_moves_left(verl: dict[str, Any]) -> list[str]:
+def _speed_moves_left(run: RunInfo) -> list[str]:
     """What `make fit`'s moves for time (grpo_lab/checks/fit_moves.py SPEED_MOVES) could still change in this run."""
     from grpo_lab.checks.fit_moves import larger_budgets, padded_why_not
+    from grpo_lab.checks.rules.values import settings_from_verl
 
+    try:
+        s = settings_from_verl(run.verl, run.lab)
+    except (AttributeError, KeyError, TypeError, ValueError):  # a config verl could not have run
+        return []
     left = []
-    if not _get(verl, "actor_rollout_ref.model.use_fused_kernels") and \
-            not _get(verl, "actor_rollout_ref.actor.calculate_sum_pi_squared"):
+    if not s.use_fused_kernels and not _get(run.verl, "actor_rollout_ref.actor.calculate_sum_pi_squared"):
         left.append("verl's fused log-prob")
-    attn = (_get(verl, "actor_rollout_ref.model.override_config") or {}).get("attn_implementation")
-    if not padded_why_not(str(attn or "flash_attention_2"),
-                          bool(_get(verl, "actor_rollout_ref.model.use_remove_padding", True)),
-                          int(_get(verl, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1) or 1)):
+    if not padded_why_not(s):
         left.append("padded micro-batches")
-    budget = int_or_none(_get(verl, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")) or 0
-    if _get(verl, "actor_rollout_ref.actor.use_dynamic_bsz") and next(larger_budgets(budget), None):
+    if s.use_dynamic_bsz and next(larger_budgets(s.ppo_max_token_len_per_gpu), None):
         left.append("larger token budgets (fewer, larger micro-batches)")
     return left
 

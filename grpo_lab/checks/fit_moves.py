@@ -316,21 +316,20 @@ def _m_fused(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
     return [({A + "model.use_fused_kernels": True}, replace(s, use_fused_kernels=True))]
 
 
-def padded_why_not(attn_implementation: str, use_remove_padding: bool, sp_size: int) -> str:
-    """Why padded micro-batches are not a move for these settings ("" where they are): without flash-attn a packed
-    micro-batch's attention spans all of its answers under a mask; padded, each answer's only itself
-    (benchmarks/gpu/results/2026-12-06-h100-padded)."""
-    if not use_remove_padding:
+def padded_why_not(s: memplan.Settings) -> str:
+    """Why padded micro-batches are not a move for `s` ("" where they are): they save the attention a packed
+    micro-batch spends across its answers without flash-attn (benchmarks/gpu/results/2026-12-06-h100-padded)."""
+    if not s.use_remove_padding:
         return "already on"
-    if attn_implementation.startswith("flash"):
+    if not s.packed_attention:
         return "flash-attn attends within each answer of a packed micro-batch already"
-    if sp_size > 1:
+    if s.sp_size > 1:
         return "Ulysses sequence parallelism needs packed micro-batches (use_remove_padding)"
     return ""
 
 
 def _m_padded(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
-    why = padded_why_not(s.attn_implementation, s.use_remove_padding, s.sp_size)
+    why = padded_why_not(s)
     if why:
         return why
     key, padded = {A + "model.use_remove_padding": False}, replace(s, use_remove_padding=False)

@@ -231,6 +231,12 @@ class Settings:
         return self.max_prompt_length + self.max_response_length
 
     @property
+    def packed_attention(self) -> bool:
+        """Packed micro-batches without flash-attn: sdpa and eager attend across all of a micro-batch's answers under
+        a block-diagonal mask (flash-attn's varlen kernel and padded micro-batches stay within each answer)."""
+        return self.use_remove_padding and not self.attn_implementation.startswith("flash")
+
+    @property
     def fsdp(self) -> int:
         """GPUs one actor shard is split over."""
         dp = self.n_gpus

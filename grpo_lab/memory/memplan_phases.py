@@ -106,7 +106,7 @@ def attention_extra(arch: Arch, s: Settings, tokens: int, training: bool) -> flo
     impl = s.attn_implementation
     if impl.startswith("flash"):
         return 0.0
-    span = tokens if s.use_remove_padding else min(tokens, s.seq_len)  # the keys each query's mask row covers
+    span = tokens if s.packed_attention else min(tokens, s.seq_len)  # the keys each query's mask row covers
     extra = tokens * span * 1.0  # the boolean mask, shared by the layers
     if impl == "sdpa" and training and not s.gradient_checkpointing:
         # each layer's sdpa turns it into a bf16 additive mask that its backward keeps (results/2026-12-04-speed)

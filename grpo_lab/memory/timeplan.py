@@ -111,7 +111,7 @@ def packed_attention_tflop(arch: Arch, s: Settings, tokens: float, budget: int) 
     """TFLOP of the attention a pass spends across answers: packed micro-batches without flash-attn attend over the
     whole micro-batch under a block-diagonal mask (4 x T^2 x heads x head_dim per layer, forward), padded ones and
     flash-attn's varlen kernel only within each answer (benchmarks/gpu/results/2026-12-06-h100-padded)."""
-    if not s.use_remove_padding or s.attn_implementation.startswith("flash"):
+    if not s.packed_attention:
         return 0.0
     m = max(1, math.ceil(tokens / max(1, budget)))
     return m * 4.0 * (tokens / m) ** 2 * arch.num_attention_heads * arch.head_dim * arch.num_hidden_layers / 1e12
