@@ -204,11 +204,12 @@ def steps_less_validation(df: pd.DataFrame) -> pd.Series:
 
 
 def steady_mean(s: pd.Series) -> float | None:
-    """Mean over the steps after the first when there are more than two (step 1 carries warm-up and compile time)."""
+    """Mean over the steps after the first when there are two or more (step 1 carries warm-up and compile time; the
+    time plan's calibration calls steps 2+ steady too)."""
     s = s.dropna()
     if s.empty:
         return None
-    if len(s) > 2:
+    if len(s) > 1:
         s = s.iloc[1:]
     return float(s.mean())
 

@@ -330,7 +330,7 @@ def check_timing(run: RunInfo) -> Check:
     if gen is None or upd is None:
         return Check(metric, WARN, "no phase timings logged yet.")
     of_step = f" of a {_fmt(step)} s step" if step else ""
-    note = " (means without step 1, which carries the warm-up)" if len(M.train_series(df, "timing_s/gen")) > 2 else ""
+    note = " (means without step 1, which carries the warm-up)" if len(M.train_series(df, "timing_s/gen")) > 1 else ""
     msg = f"generation {_fmt(gen)} s, actor update {_fmt(upd)} s{of_step}{note}"
     if gen >= upd:
         return Check(metric, OK, msg + ": generation takes longer than training.")
@@ -391,7 +391,7 @@ def check_throughput(run: RunInfo) -> Check:
     if s.empty:
         return Check(metric, WARN, "not logged yet.")
     mean = M.steady_mean(s)
-    msg = f"{_fmt(mean)} tokens/s per GPU (mean without step 1)" if len(s) > 2 else f"{_fmt(mean)} tokens/s per GPU"
+    msg = f"{_fmt(mean)} tokens/s per GPU (mean without step 1)" if len(s) > 1 else f"{_fmt(mean)} tokens/s per GPU"
     tr = trend(s) if len(s) >= 6 else None
     if tr and tr.first > 0 and tr.last < 0.7 * tr.first:
         return Check(metric, WARN, f"{msg}; dropping from {_fmt(tr.first)} to {_fmt(tr.last)}: longer answers "

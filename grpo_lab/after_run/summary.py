@@ -228,7 +228,7 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
     out.append("")
     if "steps" in cols:
         out += ["step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
-                "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has more than 2 steps; "
+                "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has 2 steps or more; "
                 "peak_train_mem_gib: max of actor/perf/max_memory_allocated_gb (GiB, as verl logs it); last_score: "
                 "critic/score/mean of the last step; val_first, val_last, val_step: the job's main validation metric "
                 "(val-core/.../mean@N) at its first and last validation, and the step of the last.", ""]
