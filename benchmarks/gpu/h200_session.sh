@@ -73,6 +73,6 @@ case "${1:-}" in
     raw_run raw_after 300
     pack raw_after
     ;;
-  chain|bg|collect) common_verb "$0" "$@" ;;
+  chain|bg|collect|stop) common_verb "$0" "$@" ;;
   *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

@@ -105,6 +105,6 @@ case "${1:-}" in
     setsid nohup nvidia-smi --query-compute-apps=timestamp,pid,process_name,used_memory --format=csv,noheader -l 10 \
       > "$OUT/smi_procs.csv" 2>/dev/null < /dev/null &
     ;;
-  chain|bg|par|collect) common_verb "$0" "$@" ;;
+  chain|bg|par|collect|stop) common_verb "$0" "$@" ;;
   *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac

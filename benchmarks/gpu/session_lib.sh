@@ -5,6 +5,7 @@
 #   pack NAME                   $LOGS -> $OUT/NAME.tgz
 #   common_verb VERB ARGS...    chain PHASE... | bg PHASE... | collect S: a chain of the script's phases in a new
 #                               process session (setsid) that outlives the call, collected by calls back to back;
+#                               stop S: no further phase, the running job ended (SIGTERM) and packed as it ends;
 #                               par 'SPEC' 'SPEC'...: several chains at once on the one GPU (a SPEC is phases and
 #                               VAR=value words, e.g. 'LRS=3e-5 sweep'; PAUSE=N starts that chain N s later), each in
 #                               $BG_OUT/cN, cleaned up when all end
@@ -26,8 +27,11 @@ cleanup() {  # nothing of one run may hold the GPU for the next (not while other
 timed() {
   local name=$1 limit=$2; shift 2
   local t0; t0=$(date +%s.%N)
-  timeout -k 10 "$limit" "$@" </dev/null 2>&1 | python3 benchmarks/gpu/stamp.py "$t0" > "$LOGS/$name.log"
+  # the job's pid for `stop` (exec keeps the subshell's pid)
+  ( echo "$BASHPID" > "$LOGS/.job.pid"; exec timeout -k 10 "$limit" "$@" ) </dev/null 2>&1 \
+    | python3 benchmarks/gpu/stamp.py "$t0" > "$LOGS/$name.log"
   local rc=${PIPESTATUS[0]}
+  rm -f "$LOGS/.job.pid"
   echo "$name rc=$rc wall_s=$(python3 -c "import time; print(round(time.time() - $t0, 1))")" \
     "steps=$(grep -c ' step:[0-9]' "$LOGS/$name.log")" | tee -a "$OUT/times.txt"
   cleanup
@@ -39,7 +43,10 @@ common_verb() {  # common_verb SCRIPT VERB ARGS...; returns 1 when VERB is not o
   local script=$1 verb=$2; shift 2
   case "$verb" in
     chain)  # the phases in order; `done` marks the end
-      for phase in "$@"; do bash "$script" "$phase"; echo "$phase finished" >> "$OUT/chain.txt"; done
+      for phase in "$@"; do
+        [ -f "$OUT/stop" ] && { echo "$phase skipped (stop)" >> "$OUT/chain.txt"; continue; }
+        bash "$script" "$phase"; echo "$phase finished" >> "$OUT/chain.txt"
+      done
       touch "$OUT/done"
       ;;
     bg)
@@ -58,7 +65,7 @@ common_verb() {  # common_verb SCRIPT VERB ARGS...; returns 1 when VERB is not o
         # PAUSE=N in a SPEC: the chain starts N s later, also without a `pause` phase (on 2026-12-04 the specs had
         # PAUSE= and no `pause`, and all four chains started at once); a chain that begins with `pause` sleeps there
         OUT=$BG_OUT/c$i PAR=1 setsid nohup env "${vars[@]}" bash -c '[ -n "${PAUSE:-}" ] && [ "${1:-}" != pause ] &&
-          sleep "$PAUSE"; for p in "${@:1}"; do bash "$0" "$p";
+          sleep "$PAUSE"; for p in "${@:1}"; do [ -f "$OUT/stop" ] && continue; bash "$0" "$p";
           echo "$p finished" >> "$OUT/chain.txt"; done; touch "$OUT/done"' "$script" "${phases[@]}" \
           > "$BG_OUT/c$i.log" 2>&1 < /dev/null &
       done
@@ -66,6 +73,14 @@ common_verb() {  # common_verb SCRIPT VERB ARGS...; returns 1 when VERB is not o
       OUT=$BG_OUT setsid nohup bash -c 'n=$1; while [ "$(ls "$OUT"/c*/done 2>/dev/null | wc -l)" -lt "$n" ]; do sleep 5; done
         source benchmarks/gpu/session_lib.sh; PAR=0 cleanup; touch "$OUT/done"' _ "$i" > "$BG_OUT/watch.log" 2>&1 < /dev/null &
       echo "started $i chains side by side (results under $BG_OUT/c1 .. c$i)"
+      ;;
+    stop)  # end the chain(s) where they are, before the device time runs out: no further phase; the running job gets
+      # SIGTERM through its timeout and is packed as usual as it ends (py-spy's files included); waits up to S s
+      local d end=$(( $(date +%s) + ${1:-60} ))
+      for d in "$BG_OUT" "$BG_OUT"/c[0-9]*; do [ -d "$d" ] && touch "$d/stop"; done
+      for d in "$BG_OUT"/logs "$BG_OUT"/c[0-9]*/logs; do [ -f "$d/.job.pid" ] && kill -TERM "$(cat "$d/.job.pid")"; done
+      while [ ! -f "$BG_OUT/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 2; done
+      [ -f "$BG_OUT/done" ] && echo "chain stopped" || echo "chain still ending after ${1:-60} s"
       ;;
     collect)  # wait for the chain(s) up to S seconds, then copy to $OUT what was not delivered yet
       local end=$(( $(date +%s) + ${1:-500} )) f d

@@ -20,6 +20,8 @@
 #                                       # chains side by side on the one H200 (a 135M model leaves it idle most of a
 #                                       # step); with EXTRA=rollout_gpu_mem_util=0.2 each vLLM takes a fifth of it
 #   bash benchmarks/gpu/smollm2_session.sh collect S     # wait up to S s for the bg chain(s), copy new .tgz files to $OUT
+#   bash benchmarks/gpu/smollm2_session.sh stop S        # the device time runs short: no further phase, the running job
+#                                                        # ended and packed (up to S s); then collect
 # EXTRA="key=value ..." is added to every run.py command (and the raw verl one); VARIANTS=grpo,dapo: a part of them;
 # SIDE=N: the sweep's points N at a time (hydra/launcher=side_by_side; send hydra_joblib_launcher + joblib wheels).
 # Measured (2026-12-03, benchmarks/gpu/README.md): staging ~4 min, prepare 40 s, start-up ~130 s a job, a step of 64
@@ -88,6 +90,6 @@ case "${1:-}" in
     pack lora_dummy
     ;;
   lora) bash "$0" lora_safetensors; bash "$0" lora_dummy ;;
-  chain|bg|par|collect) common_verb "$0" "$@" ;;
+  chain|bg|par|collect|stop) common_verb "$0" "$@" ;;
   *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac

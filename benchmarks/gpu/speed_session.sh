@@ -33,7 +33,7 @@
 #   bash benchmarks/gpu/speed_session.sh lora_fsdp1   # issue 28 item 9: verl's LoRA example settings (FSDP1,
 #                                                     # layered_summon=True, safetensors) on Qwen3-0.6B, 3 steps,
 #                                                     # through raw verl (the preflight's lora_fsdp1_adapter refuses it)
-#   bash benchmarks/gpu/speed_session.sh bg|collect ...   # as in smollm2_session.sh (session_lib.sh)
+#   bash benchmarks/gpu/speed_session.sh bg|collect|stop ...   # as in smollm2_session.sh (session_lib.sh)
 # FAST="key=value ..." replaces the settings tried as faster; EXTRA="key=value ..." is added to every job.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -163,6 +163,6 @@ case "${1:-}" in
       timed lora_fsdp1 600 bash benchmarks/gpu/raw_verl.sh
     pack lora_fsdp1
     ;;
-  chain|bg|par|collect) common_verb "$0" "$@" ;;
+  chain|bg|par|collect|stop) common_verb "$0" "$@" ;;
   *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac
