@@ -117,6 +117,14 @@ def packed_attention_tflop(arch: Arch, s: Settings, tokens: float, budget: int) 
     return m * 4.0 * (tokens / m) ** 2 * arch.num_attention_heads * arch.head_dim * arch.num_hidden_layers / 1e12
 
 
+def generation_waves(arch: Arch, s: Settings, w: Work) -> int:
+    """How many rounds of answers vLLM's KV cache holds a step's in, at the step's own lengths: vLLM takes cache blocks
+    as a sequence grows, so answers shorter than max_response_length share the cache among more sequences."""
+    kv = kv_cache(arch, s)
+    concurrent = min(s.max_num_seqs, int(kv["tokens"] // max(1.0, w.prompt + w.response)))
+    return math.ceil(kv["trajectories_per_replica"] / concurrent) if concurrent > 0 else 1
+
+
 def updates_per_step(s: Settings) -> int:
     mini = s.ppo_mini_batch_size or s.train_batch_size
     return max(1, s.train_batch_size // max(1, mini)) * max(1, s.ppo_epochs)
@@ -131,7 +139,7 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     loop = t if per_token_loop(s) else 0.0
     fused = math.ceil(t / FUSED_CHUNK) if s.use_fused_kernels else 0.0
     fused_key = "fused_chunks_flash_attn" if s.attn_implementation == "flash_attention_2" else "fused_chunks"
-    waves = kv_cache(arch, s)["waves"] or 1
+    waves = generation_waves(arch, s, w)
     eager = 1.0 if s.enforce_eager else 0.0
     layer_steps = w.decode_steps * waves * arch.num_hidden_layers
     gen_s = layer_steps / arch.num_hidden_layers * 2.0 * arch.params() / s.tp * byte_s  # a decode step reads weights
@@ -257,7 +265,7 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
         "run_s": round(run, 1),
         "assumed": {"prompt_tokens": round(shape.prompt_tokens, 1), "prompt_source": shape.prompt_source,
                     "response_tokens": int(resp), "tokens_per_gpu_per_step": int(w.tokens),
-                    "per_token_log_prob_loop": per_token_loop(s)},
+                    "generation_waves": generation_waves(arch, s, w), "per_token_log_prob_loop": per_token_loop(s)},
         "card": {"name": card.name, "scaled": card.scaled},
         "not_measured": unmeasured,
         "accuracy": cal.get("accuracy") or {},
