@@ -28,8 +28,9 @@
 #   bash benchmarks/gpu/speed_session.sh q06_fit      # the same for the 0.6B smoke
 #   bash benchmarks/gpu/speed_session.sh p17_guide    # the qwen3_1_7b_gsm8k preset (its batch: 128 x 5, 512 + 1024
 #                                                     # tokens) on an emulated 32 GB card with make fit's LoRA, the
-#                                                     # guide's speed settings, $EXTRA's steps, no validation (~1,000 s)
-#   bash benchmarks/gpu/speed_session.sh p17_fit      # the command make fit prints for it (~600 s planned)
+#                                                     # guide's speed settings, $EXTRA's steps, no validation (2 steps:
+#                                                     # ~1,250 s, start-up ~340 s; alone in a session, with staging)
+#   bash benchmarks/gpu/speed_session.sh p17_fit      # the command make fit prints for it (2 steps: 684 s, 2026-12-06)
 #   bash benchmarks/gpu/speed_session.sh lora_fsdp1   # issue 28 item 9: verl's LoRA example settings (FSDP1,
 #                                                     # layered_summon=True, safetensors) on Qwen3-0.6B, 3 steps,
 #                                                     # through raw verl (the preflight's lora_fsdp1_adapter refuses it)
