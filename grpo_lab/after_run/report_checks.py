@@ -530,9 +530,11 @@ def check_kv_cache(run: RunInfo) -> Check | None:
     seq, per_replica = int_or_none(kv.get("sequence_length")), int_or_none(kv.get("trajectories_per_replica"))
     cap = int_or_none(kv.get("concurrent_sequences"))
     if tokens and seq and per_replica and cap:
-        concurrent = min(min(tokens) // seq, max(cap, 1))
-        if concurrent > 0:
-            waves = (f" Generation then runs in up to {math.ceil(per_replica / concurrent)} wave(s) of "
+        from grpo_lab.memory.memplan_phases import answer_rounds
+
+        concurrent, rounds = answer_rounds(per_replica, min(tokens), seq, max(cap, 1))
+        if rounds:
+            waves = (f" Generation then runs in up to {rounds} wave(s) of "
                      f"{concurrent} answers (planned {kv.get('waves')}).")
     pin = int(planned * 1e9)
     return Check("vLLM KV cache", WARN,

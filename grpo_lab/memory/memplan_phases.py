@@ -239,6 +239,13 @@ def card_bytes(s: Settings) -> float:
     return s.card_gb * CARD_UNIT_BYTES
 
 
+def answer_rounds(answers: int, cache_tokens: float, sequence_tokens: float, max_seqs: int) -> tuple[int, int | None]:
+    """(how many sequences of sequence_tokens a KV cache of cache_tokens holds at once, at most max_seqs; the rounds
+    `answers` take in it, None where not one fits)."""
+    concurrent = min(int(cache_tokens // sequence_tokens), max_seqs) if sequence_tokens > 0 else 0
+    return concurrent, (math.ceil(answers / concurrent) if concurrent > 0 else None)
+
+
 def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
     budget, on_top, rule = engine_budget(arch, s)  # engine hook
     graphs = 0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB
@@ -253,8 +260,7 @@ def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
     replicas = max(1, s.n_gpus // replica_gpus)
     trajectories = s.train_batch_size * s.rollout_n
     per_replica = math.ceil(trajectories / replicas)
-    concurrent = min(sequences, s.max_num_seqs)
-    waves = math.ceil(per_replica / concurrent) if concurrent > 0 else None
+    concurrent, waves = answer_rounds(per_replica, tokens, seq, s.max_num_seqs)
     return {
         "engine": s.rollout_engine,  # engine hook
         "budget_rule": rule,  # engine hook

@@ -15,7 +15,7 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.memory.memplan_arch import Arch, Settings
-from grpo_lab.memory.memplan_phases import FUSED_CHUNK, kv_cache, param_bytes
+from grpo_lab.memory.memplan_phases import FUSED_CHUNK, answer_rounds, kv_cache, param_bytes
 
 TABLE = facts.ROOT / "benchmarks" / "gpu" / "timeplan_calibration.json"
 TABLE_MD = "benchmarks/gpu/timeplan_calibration.md"
@@ -121,8 +121,9 @@ def generation_waves(arch: Arch, s: Settings, w: Work) -> int:
     """How many rounds of answers vLLM's KV cache holds a step's in, at the step's own lengths: vLLM takes cache blocks
     as a sequence grows, so answers shorter than max_response_length share the cache among more sequences."""
     kv = kv_cache(arch, s)
-    concurrent = min(s.max_num_seqs, int(kv["tokens"] // max(1.0, w.prompt + w.response)))
-    return math.ceil(kv["trajectories_per_replica"] / concurrent) if concurrent > 0 else 1
+    _, rounds = answer_rounds(kv["trajectories_per_replica"], kv["tokens"], max(1.0, w.prompt + w.response),
+                              s.max_num_seqs)
+    return rounds or 1
 
 
 def updates_per_step(s: Settings) -> int:
