@@ -44,3 +44,22 @@ def test_a_run_of_one_step_has_no_steady_step_and_is_refused(tmp_path):
     p = subprocess.run([sys.executable, str(SCRIPT), str(one), str(RESULTS / "smol_fast")], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 1 and "fewer than 2 trained steps" in p.stderr and str(one) in p.stderr
+
+
+PRESET = ROOT / "benchmarks" / "gpu" / "results"
+
+
+def test_step_1_against_step_1_when_the_guide_stopped_after_its_first(tmp_path):
+    guide, fit = PRESET / "2026-12-06-h100-preset-guide" / "p17_guide", PRESET / "2026-12-06-h100-preset" / "p17_fit"
+    out = tmp_path / "pair.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(guide), str(fit), "--step", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    rows = [json.loads(line)["data"] for line in (guide / "metrics.jsonl").read_text().splitlines()]
+    assert res["step"] == 1 and res["phases_s"]["step"]["guide_s"] == rows[0]["timing_s/step"]
+    assert "step                 502.20   187.84       2.67x" in p.stdout and p.stdout.count("step 1 ") == 1
+    # a step one of the runs does not have is named, with the steps it has
+    p = subprocess.run([sys.executable, str(SCRIPT), str(guide), str(fit), "--step", "2"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 1 and "has no trained step 2" in p.stderr and "(its steps: 1)" in p.stderr

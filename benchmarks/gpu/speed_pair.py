@@ -2,10 +2,11 @@
 (verl's timing_s/*), the ratio guide / fast, each run's training peak against its own plan (`make report`'s check),
 and the first steps' loss, reward and entropy side by side.
 
-    python3 benchmarks/gpu/speed_pair.py GUIDE_RUN FAST_RUN [--json OUT]
+    python3 benchmarks/gpu/speed_pair.py GUIDE_RUN FAST_RUN [--step N] [--json OUT]
 
 A run is a job folder (metrics.jsonl, plan.json, verl_config.yaml). The steady step is the mean over the steps after
-the first (step 1 carries the warm-up); a run of one step has none and is refused.
+the first (step 1 carries the warm-up); a run of one step has none and is refused. --step N compares step N of both
+runs instead (a run stopped after its first step: step 1 against step 1, both with their warm-up).
 """
 
 from __future__ import annotations
@@ -33,15 +34,25 @@ def steady(df, name: str) -> float | None:
     return float(s.iloc[1:].mean()) if len(s) > 1 else None
 
 
-def compare(guide_dir: Path, fast_dir: Path) -> dict:
+def at_step(df, name: str, step: int) -> float | None:
+    """The metric at one trained step."""
+    s = M.train_series(df, name).dropna()
+    return float(s[step]) if step in s.index else None
+
+
+def compare(guide_dir: Path, fast_dir: Path, step: int | None = None) -> dict:
     runs = {"guide": load_run(guide_dir), "fast": load_run(fast_dir)}
     for label, run in runs.items():
-        if len(M.training_steps(run.df)) < 2:
+        steps = M.training_steps(run.df)
+        if step is None and len(steps) < 2:
             raise SystemExit(f"speed_pair: {run.run_dir} ({label}) has fewer than 2 trained steps in metrics.jsonl: "
-                             "no steady step to compare")
+                             "no steady step to compare (--step 1 compares the first steps)")
+        if step is not None and step not in steps:
+            raise SystemExit(f"speed_pair: {run.run_dir} ({label}) has no trained step {step} in metrics.jsonl "
+                             f"(its steps: {', '.join(map(str, steps)) or 'none'})")
     phases = {}
     for phase, metric in PHASES.items():
-        g, f = (steady(r.df, metric) for r in runs.values())
+        g, f = (steady(r.df, metric) if step is None else at_step(r.df, metric, step) for r in runs.values())
         phases[phase] = {"guide_s": g, "fast_s": f, "ratio": g / f if g and f else None}
     curves = {}
     for metric in CURVES:
@@ -49,7 +60,8 @@ def compare(guide_dir: Path, fast_dir: Path) -> dict:
         steps = sorted(set(g.index) & set(f.index))
         curves[metric] = [{"step": int(s), "guide": float(g[s]), "fast": float(f[s])} for s in steps]
     memory = {label: check_memory(run).to_dict() for label, run in runs.items()}
-    return {"guide": str(guide_dir), "fast": str(fast_dir), "phases_s": phases, "curves": curves, "memory": memory}
+    return {"guide": str(guide_dir), "fast": str(fast_dir), "step": step, "phases_s": phases, "curves": curves,
+            "memory": memory}
 
 
 def cell(v: float | None, width: int) -> str:
@@ -57,8 +69,9 @@ def cell(v: float | None, width: int) -> str:
 
 
 def render(res: dict) -> str:
+    which = "steady (steps 2+)" if res["step"] is None else f"step {res['step']}"
     out = [f"guide: {res['guide']}", f"fast:  {res['fast']}", "",
-           f"{'steady (steps 2+)':<18}{'guide s':>9}{'fast s':>9}{'guide/fast':>12}"]
+           f"{which:<18}{'guide s':>9}{'fast s':>9}{'guide/fast':>12}"]
     for phase, p in res["phases_s"].items():
         out.append(f"{phase:<18}{cell(p['guide_s'], 9)}{cell(p['fast_s'], 9)}{cell(p['ratio'], 11)}x")
     out += ["", "first steps, guide | fast (same seed)"]
@@ -74,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("guide", type=Path)
     ap.add_argument("fast", type=Path)
+    ap.add_argument("--step", type=int, help="compare this step of both runs instead of the steady mean")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    res = compare(a.guide, a.fast)
+    res = compare(a.guide, a.fast, a.step)
     print(render(res))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1) + "\n")
