@@ -5,6 +5,7 @@ registered (with the matcher that gives them)."""
 from __future__ import annotations
 
 import ast
+import gzip
 import importlib
 import importlib.util
 import inspect
@@ -473,6 +474,20 @@ def test_make_doctor_names_the_drivers_exception(tmp_path):
     assert "[job_raised] The job raised omegaconf.errors.InterpolationResolutionError" in out, out + made.stderr
     assert "grpo_lab/__init__.py:10 in <lambda>" in out and "full_key" not in out.split("\n")[1]
     assert "Stopped before the first step" not in out and "num_cpus" not in out and "try:" not in out
+
+
+def test_make_doctor_calls_a_job_stopped_by_sigterm_a_stop_not_the_error_its_cleanup_raised(tmp_path):
+    """A recorded job stopped by SIGTERM in its second step (results/2026-12-06-h100-preset-guide): Ray's handler
+    raised SystemExit: 15 and ray.shutdown() then a BrokenPipeError from its progress bar; the stop is the finding."""
+    log = tmp_path / "train.log"
+    with gzip.open(ROOT / "benchmarks/gpu/results/2026-12-06-h100-preset-guide/p17_guide/train.log.gz", "rt") as f:
+        log.write_text(f.read())
+    made = subprocess.run(["make", "-s", "-C", str(ROOT), "doctor", f"LOG={log}", f"PY={sys.executable}"],
+                          text=True, capture_output=True, timeout=60)
+    out = made.stdout
+    assert "[stopped_without_error] Stopped after step 1 with no error" in out, out + made.stderr
+    assert "then nothing until it was killed" in out and "seconds to fall asleep" in out.split("\n")[2]
+    assert "BrokenPipeError" not in out and "job_raised" not in out
 
 
 VERL_LORA_EXAMPLE = ROOT / "benchmarks" / "gpu" / "results" / "2026-12-06-h100" / "lora_fsdp1.tgz"

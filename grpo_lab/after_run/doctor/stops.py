@@ -40,12 +40,16 @@ RAY_ACTOR_DIED = known("ray_actor_died", kind="ray", phase="any", fatal=(
 # ---------------------------------------------------------------------------------------------------------------------
 # silent stops: where did the log stop?
 
+# Ray's sigterm_handler turns SIGTERM (and SIGINT) into SystemExit(signum): what the unwinding raises after it is the
+# kill's aftermath, not a crash
+_SIGNAL_EXIT = re.compile(r"^SystemExit: (?:15|2)$")
 _KILLED = re.compile(r"SIGTERM received|^KeyboardInterrupt|Command exited with non-zero status|^Terminated|"
-                     r"Terminated with signal|received signal|SIGINT|^\^C")
+                     r"Terminated with signal|received signal|SIGINT|^\^C|" + _SIGNAL_EXIT.pattern)
 NOISE = re.compile(r"SIGTERM received|^Command exited with non-zero status|^WALL |The autoscaler failed|"
                    r"^Terminated|^\s*@\s+0x|logging\.cc:\d+|^PC: @|autoscaler/_private|monitor\.run\(\)|"
                    r"self\._run\(\)|AUTOSCALER_UPDATE_INTERVAL_S|^\s*$|\(autoscaler \+|grpo-lab watchdog|"
-                   r"resource request cannot be scheduled|Tip: use `ray status`|KeyboardInterrupt")
+                   r"resource request cannot be scheduled|Tip: use `ray status`|KeyboardInterrupt|"
+                   r"^grpo-lab: the job raised:")
 _CONFIG_PRINT = re.compile(r"^ray init kwargs:|^\{'actor_rollout_ref'")
 _AFTER_CONFIG = re.compile(r"Using dataset class|dataset len|Total training steps|create worker group|"
                            r"colocated worker base class")
@@ -91,7 +95,8 @@ def raised(log: Log) -> list[Diagnosis]:
     last = next((i for i in range(len(log.clean) - 1, -1, -1) if log.clean[i].strip()
                  and not NOISE.search(log.clean[i]) and not _AFTER_EXCEPTION.search(log.clean[i])), None)
     if last is None or not EXCEPTION_LINE.match(log.clean[last].strip()) \
-            or re.match(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit)\b", log.clean[last].strip()):
+            or re.match(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit)\b", log.clean[last].strip()) \
+            or any(_SIGNAL_EXIT.match(log.clean[j].strip()) for j in range(max(0, last - 400), last)):
         return []
     frames = [m for j in range(last - 1, max(-1, last - 400), -1)
               if not _TRACEBACK.match(log.clean[j]) and (m := FRAME.match(log.clean[j]))]
@@ -128,7 +133,7 @@ def stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Dia
     cut = len(log.clean)
     if kill_i is not None:
         cut = kill_i
-        if log.clean[kill_i].startswith("KeyboardInterrupt"):  # Ctrl+C: its traceback is not the job's output
+        if log.clean[kill_i].startswith(("KeyboardInterrupt", "SystemExit")):  # its traceback is not the job's
             for j in range(kill_i, max(-1, kill_i - 80), -1):
                 if "Traceback (most recent call last)" in log.clean[j]:
                     cut = j
