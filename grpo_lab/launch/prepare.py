@@ -23,7 +23,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_lab import facts
 from grpo_lab.checks.microbatch import PASSES
-from grpo_lab.cli.knobs import SHORT_KEYS, knob_keys
+from grpo_lab.cli.knobs import SHORT_KEYS, followers, knob_keys
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.emulate import ALLOC_VARS, ENV_VARS
@@ -51,14 +51,16 @@ def split(cfg: DictConfig) -> tuple[dict[str, Any], Lab]:
 def set_apart(cfg: Any) -> dict[str, list[str]]:
     """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}:
     the short key no longer reaches them, so a fix must name the verl key (docs/cli.md)."""
-    out: dict[str, list[str]] = {}
-    for key in sorted(SHORT_KEYS):
-        for k in knob_keys(key):
-            parent, _, leaf = k.rpartition(".")
-            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-            if isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf):
-                out.setdefault(key, []).append(k)
-    return out
+    def own(k: str) -> bool:
+        parent, _, leaf = k.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        return isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf)
+
+    # and the verl keys that read another in verl's config (the log-prob passes' budgets read the update's) but are set
+    # here on their own (speed=fast sets all three): changing the one they read leaves them as they are
+    leaders = [(key, knob_keys(key)) for key in sorted(SHORT_KEYS)]
+    leaders += [(key, keys) for key, keys in followers().items() if key not in SHORT_KEYS]
+    return {key: own_keys for key, keys in leaders if (own_keys := [k for k in keys if own(k)])}
 
 
 def _plain(value: Any) -> Any:
