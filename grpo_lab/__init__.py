@@ -17,6 +17,11 @@ if not OmegaConf.has_resolver("lab_sum"):
 if not OmegaConf.has_resolver("lab_fraction"):
     OmegaConf.register_new_resolver("lab_fraction", lambda n, f: max(1, int(n * f)) if _numbers(n, f) else None)
 
+# `${lab_packed:attn_implementation}` in conf/speed/fast.yaml: packed micro-batches (use_remove_padding) unless the
+# attention is sdpa or eager, where padded ones attend within each answer instead of across the micro-batch
+if not OmegaConf.has_resolver("lab_packed"):
+    OmegaConf.register_new_resolver("lab_packed", lambda attn: str(attn) not in ("sdpa", "eager"))
+
 # `${lab_unique_dir:path}`: one folder per run (grpo_lab/cli/config.py; run.py registers it again, create=False)
 if not OmegaConf.has_resolver("lab_unique_dir"):
     from grpo_lab.cli.config import use_run_dirs

@@ -107,7 +107,9 @@ def test_readme_and_outputs_quote_the_table():
 
 
 def test_make_plan_prints_the_range_of_its_regime(tmp_path):
-    p = run_py("experiment=learn_smollm2", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={tmp_path}")
+    # speed=guide: the settings the regime's recorded runs had (the fused log-prob moves the peak to the weight sync)
+    p = run_py("experiment=learn_smollm2", "hardware=h200x1", "speed=guide", "preflight.only=true",
+               f"hydra.run.dir={tmp_path}")
     assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     line = calibration.accuracy_lines(ONE_GPU_SMALL)[0]
     assert line.startswith("training peak: plan 0.") and f"plan vs recorded runs: {line}" in p.stdout
@@ -126,7 +128,9 @@ def test_make_plan_prints_the_range_of_its_regime(tmp_path):
 def test_unmeasured_regime_warns_within_the_margin_and_refuses_beyond_it(tmp_path):
     """A Qwen3-30B-A3B configuration like verl's 8 x 80 GB example (the synthetic config of its published numbers):
     a mixture of experts on several GPUs, which no recorded run measured."""
-    common = ("hardware=a100_80gbx8", f"actor_rollout_ref.model.path={MOE}", "rollout_tp=8", "preflight.only=true")
+    # speed=guide: the per-token log-prob, whose vocabulary-sized logits put these budgets' training peaks past 80 GB
+    common = ("hardware=a100_80gbx8", f"actor_rollout_ref.model.path={MOE}", "rollout_tp=8", "speed=guide",
+              "preflight.only=true")
     p = run_py(*common, "ppo_max_token_len_per_gpu=32768", f"hydra.run.dir={tmp_path / 'a'}")
     assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())

@@ -62,7 +62,7 @@ def test_every_option_composes(group, option):
 
 
 def test_defaults_are_the_guides_real_run():
-    verl, lab = compose_split()
+    verl, lab = compose_split("speed=guide")
     assert lab.hardware.name == "rtx4080x4" and lab.model.name == "qwen3_1_7b"
     assert get(verl, "actor_rollout_ref.model.path") == "Qwen/Qwen3-1.7B"
     assert get(verl, "trainer.n_gpus_per_node") == 4
@@ -92,6 +92,45 @@ def test_defaults_are_the_guides_real_run():
     }
     for key, value in expected.items():
         assert get(verl, key) == value, key
+
+
+def _flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def _job_config(*args: str) -> dict:
+    import yaml
+
+    p = run_py("--cfg", "job", "--resolve", *args)
+    assert p.returncode == 0, p.stderr
+    return _flat(yaml.safe_load(p.stdout))
+
+
+SPEED_KEYS = {"actor_rollout_ref.model.use_fused_kernels", "actor_rollout_ref.model.use_remove_padding",
+              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "ppo_max_token_len_per_gpu",
+              "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+              "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"}
+
+
+@pytest.mark.slow
+def test_the_default_is_faster_and_the_guides_settings_are_one_switch_away():
+    """Issue 27: the presets run the faster settings by default; speed=guide gives the script's exact ones back, and
+    the two differ in nothing else (same batch, group size, lengths, learning rate and loss)."""
+    for preset in ("experiment=qwen3_1_7b_gsm8k", "experiment=smoke"):
+        fast, guide = _job_config(preset), _job_config(preset, "speed=guide")
+        changed = {k for k in fast.keys() | guide.keys() if fast.get(k) != guide.get(k)}
+        # verl copies the model's two switches into its engine sections; ours are the keys above
+        assert {k for k in changed if not k.endswith(("use_fused_kernels", "use_remove_padding"))} <= SPEED_KEYS
+        assert {k: fast[k] for k in SPEED_KEYS} == {k: 16384 for k in SPEED_KEYS if "token_len" in k} | {
+            "actor_rollout_ref.model.use_fused_kernels": True, "actor_rollout_ref.model.use_remove_padding": True}
+        assert guide["actor_rollout_ref.model.use_fused_kernels"] is False
+        assert guide["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 3000
+    # under sdpa the default pads each answer; the guide keeps verl's packed micro-batches
+    sdpa = "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+    assert _job_config(sdpa)["actor_rollout_ref.model.use_remove_padding"] is False
+    assert _job_config(sdpa, "speed=guide")["actor_rollout_ref.model.use_remove_padding"] is True
 
 
 def test_hardware_sizes_ray_for_the_v1_trainer():
@@ -230,7 +269,7 @@ OFFICIAL_SCRIPT = {
 
 
 def test_official_script_parity():
-    verl, _ = compose_split("hardware=a100_80gbx8", "rollout=tp2_mem06", "model=qwen3_4b",
+    verl, _ = compose_split("hardware=a100_80gbx8", "rollout=tp2_mem06", "model=qwen3_4b", "speed=guide",
                             "train_batch_size=512", "ppo_mini_batch_size=256", "max_prompt_length=1024",
                             "max_response_length=1024", "save_freq=20", "test_freq=5", "total_epochs=15")
     mismatched = {k: (get(verl, k, "<missing>"), v) for k, v in OFFICIAL_SCRIPT.items()

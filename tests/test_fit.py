@@ -307,8 +307,8 @@ def test_make_fit_makes_the_1_7b_smoke_faster_with_the_same_algorithm_where_it_s
     # issue 27's pair: the 1.7B smoke on an emulated 32 GB card; the fit's LoRA, then verl's fused log-prob, then
     # (sdpa: no flash-attn) padded micro-batches with larger token budgets, each kept for a tenth or more of the planned
     # step (the budgets fit only with the fused log-prob); measured 2.68x (results/2026-12-06-h100-padded)
-    typed = ["experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1", "lab.hardware.gpu_memory_gb=32",
-             "lab.hardware.emulate.real_gpu_memory_gb=139.8", "dataset=arith_tiny",
+    typed = ["experiment=smoke", "speed=guide", "model=qwen3_1_7b", "hardware=h200x1",
+             "lab.hardware.gpu_memory_gb=32", "lab.hardware.emulate.real_gpu_memory_gb=139.8", "dataset=arith_tiny",
              "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
     proc = subprocess.run(["make", "--no-print-directory", "fit", f"PY={sys.executable}",
                            f"ARGS={' '.join(typed)} hydra.run.dir={tmp_path}/fit"],
@@ -341,7 +341,8 @@ def test_fit_write_keeps_the_faster_settings_with_their_reasons(tmp_path):
     root = fresh_clone(tmp_path / "clone")
     name = f"zz_fit_test_{uuid.uuid4().hex[:8]}"
     path = root / "conf" / "experiment" / f"{name}.yaml"
-    user = ["experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1", "lab.hardware.gpu_memory_gb=32",
+    # from the guide's speed settings, where the fit's faster moves have something to add
+    user = ["experiment=smoke", "speed=guide", "model=qwen3_1_7b", "hardware=h200x1", "lab.hardware.gpu_memory_gb=32",
             "lab.hardware.emulate.real_gpu_memory_gb=139.8", "dataset=arith_tiny",
             "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
     try:
@@ -366,8 +367,8 @@ def test_fit_write_keeps_the_faster_settings_with_their_reasons(tmp_path):
 def test_make_fit_leaves_the_fused_log_prob_out_where_verl_has_none(tmp_path):
     # the optimal-token-baseline estimators need sum(pi^2) over the whole logits: verl 0.9.1 refuses it with the fused
     # kernel (preflight rule fused_sum_pi_squared); the fit leaves it out and says why, weighs the budgets without it,
-    # and its command passes
-    proc = run_py("preflight.fit=true", "experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1",
+    # and its command passes (from the guide's settings: the default's fused log-prob is refused there, with its fix)
+    proc = run_py("preflight.fit=true", "experiment=smoke", "speed=guide", "model=qwen3_1_7b", "hardware=h200x1",
                   "lab.hardware.gpu_memory_gb=32", "lab.hardware.emulate.real_gpu_memory_gb=139.8",
                   "dataset=arith_tiny", "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
                   "actor_rollout_ref.actor.calculate_sum_pi_squared=true", f"hydra.run.dir={tmp_path}")
@@ -399,7 +400,7 @@ def test_the_readmes_fit_example_is_what_run_py_prints(tmp_path):
 def test_the_faster_budgets_pass_their_own_check_without_a_reference_model(tmp_path):
     # without the KL loss verl builds no reference model; the larger budgets' overrides must still give the settings
     # the search planned (the fit printed no command when the reference's budget was raised but not written)
-    proc = run_py("preflight.fit=true", "experiment=smoke", "hardware=h200x1", "dataset=arith_tiny",
+    proc = run_py("preflight.fit=true", "experiment=smoke", "speed=guide", "hardware=h200x1", "dataset=arith_tiny",
                   "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
                   "actor_rollout_ref.actor.use_kl_loss=false", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0 and "checked: the preflight passes" in proc.stdout, proc.stdout[-3000:]
@@ -409,7 +410,7 @@ def test_the_faster_budgets_pass_their_own_check_without_a_reference_model(tmp_p
 def test_make_fit_keeps_packed_micro_batches_where_flash_attn_attends_within_each_answer(tmp_path):
     # the padded move is for sdpa/eager only: flash-attn's varlen kernel has no cross-answer attention to save; the fit
     # says why it left the move out, and still raises the budgets
-    proc = run_py("preflight.fit=true", "experiment=smoke", "model=qwen3_1_7b", "hardware=h200x1",
+    proc = run_py("preflight.fit=true", "experiment=smoke", "speed=guide", "model=qwen3_1_7b", "hardware=h200x1",
                   "lab.hardware.gpu_memory_gb=32", "lab.hardware.emulate.real_gpu_memory_gb=139.8",
                   "dataset=arith_tiny",
                   "++actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",

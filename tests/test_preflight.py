@@ -207,7 +207,7 @@ def test_token_budget_below_one_sequence():
 
 
 def test_token_budget_advice_note():
-    verl, lab = composed()
+    verl, lab = composed("speed=guide")  # the script's update budget, 3000
     notes = check(verl, lab).notes
     assert any("3000" in n and "2 x (max_prompt_length + max_response_length)" in n for n in notes)
     put(verl, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 4096)

@@ -84,7 +84,7 @@ WARNED: list[tuple[tuple[str, ...], str, str]] = [
      "32% of each step's samples are padding"),
     (("rollout_n=1",), "group_size", "the raw score as the advantage, no baseline"),
     (("actor_lr=0",), "learning_rate_zero", "the actor never changes"),
-    (("speed=fast",), "padded_with_flash_attn", "the padding only adds tokens"),
+    (("actor_rollout_ref.model.use_remove_padding=false",), "padded_with_flash_attn", "the padding only adds tokens"),
     (("actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",), "dynamic_bsz_mismatch", "so this runs"),
     (("variant=dapo", "max_response_length=256", "reward.reward_kwargs.overlong_buffer_cfg.len=256"),
      "dapo_overlong_buffer", "every answer, however short, gets a penalty"),
@@ -354,7 +354,7 @@ def test_a_fix_all_that_leaves_errors_is_not_offered_and_make_fit_takes_the_user
     """A 40,000-token answer on 32 GB cards: each token budget below one sequence; the actor's fix alone is out of
     memory, and all the fixes together too. No "Fix all": the pointer to make fit with the arguments as typed, and
     that make fit searches (it raises the budgets itself) instead of sending the user back to the preflight."""
-    args = "model=qwen3_1_7b data.max_response_length=40000"
+    args = "model=qwen3_1_7b speed=guide data.max_response_length=40000"  # the script's unfused log-prob
     proc = run_py(*args.split(), "preflight.only=true", f"hydra.run.dir={tmp_path / 'plan'}")
     assert proc.returncode == 2, proc.stdout[-3000:]
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
@@ -373,7 +373,7 @@ def test_a_fix_all_that_leaves_errors_is_not_offered_and_make_fit_takes_the_user
     assert "What would fit (nothing tried fits these cards)" in fit.stdout
     assert "a bigger card: full fine-tuning fits" in fit.stdout and (tmp_path / "fit" / "fit.json").is_file()
     # the budgets raised to one sequence are the fit's own first move when something fits
-    fit = _make_fit("model=qwen3_1_7b data.max_response_length=8000", tmp_path, "fit2")
+    fit = _make_fit("model=qwen3_1_7b data.max_response_length=20000", tmp_path, "fit2")  # above 16384
     assert fit.returncode == 0, fit.stdout[-3000:]
     assert "token budgets of one sequence: required, not a choice" in fit.stdout
     command = re.search(r"^The command:\n  (python run\.py .*)$", fit.stdout, re.M).group(1)

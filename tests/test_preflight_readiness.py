@@ -301,7 +301,7 @@ def test_a_micro_batch_with_dynamic_batching_set_on_too_is_warned_as_ignored(tmp
     (w,) = [w for w in plan["warnings"] if w["rule"] == "micro_batch_explicit"]
     assert w["message"].startswith(f"your {A}actor.ppo_micro_batch_size_per_gpu=4 (command line "
                                    f"(ppo_micro_batch_size_per_gpu)) is IGNORED: {A}actor.use_dynamic_bsz=true")
-    assert f"({A}actor.ppo_max_token_len_per_gpu=3000 per GPU)" in w["message"]
+    assert f"({A}actor.ppo_max_token_len_per_gpu=16384 per GPU)" in w["message"]
     assert "[micro_batch_explicit]" in proc.stdout and plan["micro_batch"]["turned_off"] == []
     assert w["fix"] == " ".join(f"{k}=false" for k in DYN) and w["checked"].startswith("re-checked")
     # the fix typed back: the micro-batch counts, no warning

@@ -218,11 +218,13 @@ def notes_of(rule_id, *overrides):
 
 
 def test_token_budget_advice():
-    assert any("below 2 x (prompt + response)" in n for n in notes_of("token_budget_advice"))
+    # the guide's budgets (speed=guide: 3000, 4096, 8192) draw the note; the default's 16384 does not
+    assert any("below 2 x (prompt + response)" in n for n in notes_of("token_budget_advice", "speed=guide"))
+    assert notes_of("token_budget_advice") == []
     assert notes_of("token_budget_advice", "ppo_max_token_len_per_gpu=4096", "actor_rollout_ref.rollout."
                     "log_prob_max_token_len_per_gpu=4096", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=4096"
                     ) == []
-    r = check(*composed())  # the actor's default budget (3000) draws the note, 4096 does not
+    r = check(*composed("speed=guide"))  # the script's actor budget (3000) draws the note, 4096 does not
     assert any("below 2 x" in n for n in r.notes if n.startswith("actor.ppo_max_token_len_per_gpu"))
     assert not any("below 2 x" in n for n in check(*composed("ppo_max_token_len_per_gpu=4096")).notes
                    if n.startswith("actor.ppo_max_token_len_per_gpu"))
@@ -283,7 +285,7 @@ def test_memory_weight_sync_tight_is_a_warning():
 
 
 def test_memory_training_oom_fix_is_rechecked():
-    verl, lab = composed("model=qwen3_4b", "ppo_max_token_len_per_gpu=32768")
+    verl, lab = composed("model=qwen3_4b", "speed=guide", "ppo_max_token_len_per_gpu=32768")  # unfused logits
     r = check(verl, lab)
     p = only(r.errors, "memory_training")
     assert p.fix and p.checked.startswith("re-checked: the preflight passes")

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from grpo_lab.cli.overrides import CONF_DIR
 from grpo_lab.facts import load_yaml
 from grpo_lab.verl_keys import MISSING, lookup, put
@@ -75,12 +77,13 @@ class Layers:
             if isinstance(raw, tuple) and len(raw) == 2 and isinstance(raw[0], str) and name == "":
                 return i, raw[0]
             if isinstance(raw, str) and "${" in raw and depth < 4:
-                refs = [r for r in _RESOLVER_ARG_REF.findall(raw) if not r.startswith("hydra")]
-                found = [s for s in (self.set_by(r, depth + 1) for r in refs) if s]
+                # the keys it reads (a resolver's name, `${lab_packed:${...}}`, is none)
+                refs = [r for r in _RESOLVER_ARG_REF.findall(raw)
+                        if not r.startswith("hydra") and not OmegaConf.has_resolver(r)]
+                found = [(s, r) for r in refs if (s := self.set_by(r, depth + 1))]
                 if found:
-                    best = max(found, key=lambda s: s[0])
+                    best, ref = max(found, key=lambda f: f[0][0])
                     if best[0] > i:  # what it reads was set higher up than the interpolation
-                        ref = refs[found.index(best)]
                         return best[0], best[1] if best[1].endswith(")") else f"{best[1]} ({ref})"
             return i, name
         return None

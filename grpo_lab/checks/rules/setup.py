@@ -478,7 +478,7 @@ def fused_sum_pi_squared(c: Ctx) -> Iterable[Problem]:
     # verl 0.9.1 workers/engine/fsdp/transformer_impl.py: "calculate_sum_pi_squared=True is not supported with
     # use_fused_kernels=True" (NotImplementedError in the first log-prob pass, after start-up)
     if c.get(A + "model.use_fused_kernels", False) and c.get(A + "actor.calculate_sum_pi_squared", False):
-        yield error("actor_rollout_ref.model.use_fused_kernels=true (speed=fused) with "
+        yield error("actor_rollout_ref.model.use_fused_kernels=true (the default speed=fast, or speed=fused) with "
                     "actor_rollout_ref.actor.calculate_sum_pi_squared=true: verl's fused log-prob never holds the "
                     "whole logits that sum(pi^2) needs (the optimal-token-baseline estimators), and verl 0.9.1 raises "
                     "NotImplementedError in the first log-prob pass, after start-up",
