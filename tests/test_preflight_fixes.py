@@ -162,10 +162,10 @@ def test_apply_follows_derived_values():
 def test_a_verl_key_set_on_its_own_gets_its_fix_by_that_name():
     """trainer.total_epochs=two typed: the short key no longer reaches it, so the fix names the verl key."""
     verl, lab = composed("trainer.total_epochs=two")
-    assert lab.set_apart == {"total_epochs": ["trainer.total_epochs"]}
+    assert _short(lab.set_apart) == {"total_epochs": ["trainer.total_epochs"]}
     (p,) = [p for p in check(verl, lab).errors if p.rule == "value_types"]
     assert p.fix == "trainer.total_epochs=1" and p.checked.startswith("re-checked: the preflight passes")
-    assert composed("total_epochs=two")[1].set_apart == {}  # the short key typed: nothing set apart
+    assert _short(composed("total_epochs=two")[1].set_apart) == {}  # the short key typed: nothing set apart
 
 
 def test_apply_and_respell_follow_what_composing_does_with_keys_set_apart():
@@ -174,7 +174,7 @@ def test_apply_and_respell_follow_what_composing_does_with_keys_set_apart():
     ref = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
     roll = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
     verl, lab = composed(*STATIC, f"{ref}=3")
-    assert lab.set_apart == {"log_prob_micro_batch_size_per_gpu": [ref]}
+    assert _short(lab.set_apart) == {"log_prob_micro_batch_size_per_gpu": [ref]}
     applied, _ = fixes.apply(verl, lab, fixes.parse("log_prob_micro_batch_size_per_gpu=4"))
     by_compose, _ = composed(*STATIC, f"{ref}=3", "log_prob_micro_batch_size_per_gpu=4")
     assert applied == by_compose and get(applied, ref) == 3 and get(applied, roll) == 4
@@ -185,6 +185,22 @@ def test_apply_and_respell_follow_what_composing_does_with_keys_set_apart():
     assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab.set_apart) == [("", roll, 4)]
     applied, _ = fixes.apply(verl, lab, [("", roll, 4)])
     assert applied == composed(*STATIC, f"{roll}=3", f"{roll}=4")[0]
+    # verl's log-prob budgets read the update's, but conf/speed/fast.yaml sets all three: a new update budget leaves
+    # them as composing does, even where their values are equal (16384)
+    upd = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    verl, lab = composed(*STATIC)
+    assert lab.set_apart[upd] == ["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+                                  "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"]
+    applied, _ = fixes.apply(verl, lab, [("", upd, 8192)])
+    assert applied == composed(*STATIC, f"{upd}=8192")[0]
+    assert get(applied, "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu") == 16384
+
+
+def _short(apart: dict) -> dict:
+    """set_apart's entries of the short keys (conf/config.yaml's `${key}`s)."""
+    from grpo_lab.cli.knobs import SHORT_KEYS
+
+    return {k: v for k, v in apart.items() if k in SHORT_KEYS}
 
 
 def test_visible_gpus_fix_rechecked_at_launch(monkeypatch):
