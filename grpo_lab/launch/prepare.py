@@ -49,15 +49,14 @@ def split(cfg: DictConfig) -> tuple[dict[str, Any], Lab]:
 
 
 def set_apart(cfg: Any) -> dict[str, list[str]]:
-    """{short key: the keys it feeds in conf/config.yaml that this composed (unresolved) config sets on their own}:
-    the short key no longer reaches them, so a fix must name the verl key (docs/cli.md)."""
+    """{short key, or a verl key others read: the keys that read it (conf/config.yaml's, verl's) and that this composed
+    (unresolved) config sets on their own}: it no longer reaches them, so a fix must name them (docs/cli.md)."""
     def own(k: str) -> bool:
         parent, _, leaf = k.rpartition(".")
         node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
         return isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf)
 
-    # and the verl keys that read another in verl's config (the log-prob passes' budgets read the update's) but are set
-    # here on their own (speed=fast sets all three): changing the one they read leaves them as they are
+    # verl's too: the log-prob passes' budgets read the update's, and speed=fast sets all three
     leaders = [(key, knob_keys(key)) for key in sorted(SHORT_KEYS)]
     leaders += [(key, keys) for key, keys in followers().items() if key not in SHORT_KEYS]
     return {key: own_keys for key, keys in leaders if (own_keys := [k for k in keys if own(k)])}

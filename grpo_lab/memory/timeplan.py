@@ -165,7 +165,8 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     return {
         "generation": {"count": {"fixed": 1.0, "eager_layer_steps": eager * layer_steps,
                                  "graph_layer_steps": (1 - eager) * layer_steps},
-                       "physics_s": gen_s + 2.0 * arch.active_params() * w.trajectories * w.prompt * flop_s},
+                       "physics_s": gen_s + 2.0 * arch.active_params() * w.trajectories * w.prompt * flop_s,
+                       "waves": waves},  # said in plan.json's time.assumed
         "old_log_prob": {"count": dict(ref), "physics_s": fwd_s + mb_lp * gather_s + shard_s},
         "reference": {"count": ref if s.ref_used else {},
                       "physics_s": fwd_s + mb_lp * gather_s + (2.0 * arch.params() * pcie_s if s.ref_param_offload
@@ -266,7 +267,7 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
         "run_s": round(run, 1),
         "assumed": {"prompt_tokens": round(shape.prompt_tokens, 1), "prompt_source": shape.prompt_source,
                     "response_tokens": int(resp), "tokens_per_gpu_per_step": int(w.tokens),
-                    "generation_waves": generation_waves(arch, s, w), "per_token_log_prob_loop": per_token_loop(s)},
+                    "generation_waves": feats["generation"]["waves"], "per_token_log_prob_loop": per_token_loop(s)},
         "card": {"name": card.name, "scaled": card.scaled},
         "not_measured": unmeasured,
         "accuracy": cal.get("accuracy") or {},
