@@ -7,7 +7,7 @@
     make calibrate                                    # the same as --write
 
 A job is a folder under benchmarks/gpu/results/ with the verl_config.yaml it ran with. The plan is made from that
-config exactly as the preflight makes it (grpo_lab.checks.rules.values.settings_from_verl, the model's facts
+config exactly as the preflight makes it (grpo_lab.memory.settings.settings_from_verl, the model's facts
 from conf/model/ by the model folder's name, the card from the job's plan.json). Measured:
 
 * training: the largest `actor/perf/max_memory_reserved_gb` (and `..._allocated_gb`) in its metrics.jsonl: verl's
@@ -41,9 +41,9 @@ if str(ROOT) not in sys.path:
 
 import yaml  # noqa: E402
 
-from grpo_lab.checks.rules.values import settings_from_verl  # noqa: E402
 from grpo_lab.labconf import Lab  # noqa: E402
 from grpo_lab.memory import calibration, memplan  # noqa: E402
+from grpo_lab.memory.settings import settings_from_verl  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 BENCH_JSON = RESULTS / "2026-12-02" / "memplan" / "memplan_h200.json"

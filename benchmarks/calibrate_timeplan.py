@@ -38,9 +38,9 @@ from calibrate_memplan import RESULTS, _yaml, job_model_facts, model_facts, rel,
 from phases import milestones  # noqa: E402
 
 from grpo_lab.after_run.metrics import step_less_validation  # noqa: E402
-from grpo_lab.checks.rules.values import settings_from_verl  # noqa: E402
 from grpo_lab.labconf import Lab  # noqa: E402
 from grpo_lab.memory import memplan, timeplan  # noqa: E402
+from grpo_lab.memory.settings import settings_from_verl  # noqa: E402
 
 COMMAND = "python benchmarks/calibrate_timeplan.py --write"
 H200 = timeplan.Card("H200", timeplan.MEASURED["bf16_tflops"], timeplan.MEASURED["memory_gb_s"], 25.0, 25.0, 0.0)

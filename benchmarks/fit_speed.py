@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from conftest import composed, options  # the tests' compose helper: the config run.py would build, no files
 
     from grpo_lab.checks import fit as F
+    from grpo_lab.memory.run import Run
 
     rows = []
     print(f"{'model':<16} {'hardware':<16} {'search s':>8} {'plans':>6}  outcome")
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             times, res = [], None
             for _ in range(max(1, args.repeat)):
                 t0 = time.perf_counter()
-                res = F.fit(verl, lab)
+                res = F.fit(Run.build(verl, lab))
                 times.append(time.perf_counter() - t0)
             assert res is not None
             outcome = ("blocked: " + res.blocked[0].split("]")[0][1:] if res.blocked else

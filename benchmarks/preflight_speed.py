@@ -177,7 +177,8 @@ HydraConfig.instance().set_config(cfg)
 verl, lab = split(cfg)
 t4 = time.time()
 from grpo_lab.checks.preflight import run_preflight
-r = run_preflight(verl, lab, launching=True)
+from grpo_lab.memory.run import Run
+r = run_preflight(Run.build(verl, lab), launching=True)
 t5 = time.time()
 print(json.dumps({{"import_hydra_s": round(t1 - t0, 3), "compose_1_s": round(t2 - t1, 3),
                   "compose_2_s": round(t3 - t2, 3), "resolve_s": round(t4 - t3, 3), "preflight_s": round(t5 - t4, 3)}}))

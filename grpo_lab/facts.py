@@ -267,6 +267,20 @@ def _field_header(buf: bytes, pos: int, fid: int) -> tuple[int, int, int]:
     return fid, ft, pos
 
 
+def local_files(value: Any) -> list[str] | None:
+    """Local paths of data.train_files / val_files (a string or a list); None when any is remote (hdfs://, s3://)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in items:
+        if item is None:
+            continue
+        s = str(item)
+        if "://" in s and not s.startswith("file://"):
+            return None
+        out.append(os.path.expanduser(s.removeprefix("file://")))
+    return out
+
+
 def parquet_num_rows(path: str | os.PathLike) -> int:
     """Row count from a parquet file's footer (FileMetaData.num_rows), without pyarrow: reads only the footer (else,
     when it is not the plain thrift-compact kind, e.g. encrypted, from pyarrow's metadata)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 A = "actor_rollout_ref."
@@ -62,3 +63,21 @@ def lookup(d: Any, dotted: str) -> Any:
             return MISSING
         cur = cur[part]
     return cur
+
+
+def freeze(x: Any) -> Any:
+    """A read-only copy: mappings become MappingProxyType, lists tuples (rules cannot change what they read)."""
+    if isinstance(x, Mapping):
+        return MappingProxyType({k: freeze(v) for k, v in x.items()})
+    if isinstance(x, (list, tuple)):
+        return tuple(freeze(v) for v in x)
+    return x
+
+
+def thaw(x: Any) -> Any:
+    """Plain dicts and lists again from what freeze made (to compare with plain data, or hand on as verl would)."""
+    if isinstance(x, Mapping):
+        return {k: thaw(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [thaw(v) for v in x]
+    return x

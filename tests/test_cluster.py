@@ -325,11 +325,12 @@ def test_a_worker_gives_up_when_the_head_ended_or_never_came():
 
 def test_the_preflight_counts_each_nodes_ray_cpus():
     from grpo_lab.checks.preflight import run_preflight
+    from grpo_lab.memory.run import Run
 
     fake = FakeRay()
     verl, lab = composed("hardware=rtx4080x4", "nnodes=2", "ray_kwargs.ray_init.num_cpus=12")
     _cluster(verl, lab, _env(), run=fake, ray="ray")
-    report = run_preflight(verl, lab, launching=False, environ={})
+    report = run_preflight(Run.build(verl, lab, {}), launching=False)
     [p] = [p for p in report.errors if p.rule == "ray_cpus"]
     assert "needs 14 CPUs per node" in p.message and "has 12 per node" in p.message
     assert "`ray start --num-cpus=12` on each node of SLURM job 4242" in p.message
@@ -337,7 +338,7 @@ def test_the_preflight_counts_each_nodes_ray_cpus():
     assert not [p for p in report.errors if p.rule in ("ray_join_num_cpus", "ray_nnodes_without_cluster")]
     verl, lab = composed("hardware=ray_cluster")
     _cluster(verl, lab, _env(), run=fake, ray="ray")
-    assert not run_preflight(verl, lab, launching=False, environ={}).errors
+    assert not run_preflight(Run.build(verl, lab, {}), launching=False).errors
 
 
 def _run_py_in_job(tmp_path, env, *args):

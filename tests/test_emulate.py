@@ -236,7 +236,7 @@ def test_raw_verl_gets_the_same_emulated_values(tmp_path):
 def test_one_transform_gives_the_planned_and_the_handed_config_and_leaves_its_input(tmp_path):
     from conftest import composed
 
-    from grpo_lab.checks.rules import freeze
+    from grpo_lab.verl_keys import freeze
 
     verl, lab = composed(EMU)
     before = json.dumps(verl, sort_keys=True)

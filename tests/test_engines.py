@@ -11,9 +11,9 @@ import yaml
 from conftest import composed, options, planned, run_py
 from omegaconf import OmegaConf
 
-from grpo_lab.checks.rules.values import settings_from_verl
 from grpo_lab.memory import engines, memplan
 from grpo_lab.memory.memplan import Arch, memory_plan
+from grpo_lab.memory.settings import settings_from_verl
 from grpo_lab.verl_keys import get
 
 SGLANG = ["sglang_tp1_mem04", "sglang_tp2_mem04"]

@@ -18,8 +18,9 @@ from conftest import ROOT, compose_split, composed, fresh_clone, options, planne
 from grpo_lab.checks import fit as F
 from grpo_lab.checks import fit_search
 from grpo_lab.checks.preflight import run_preflight
-from grpo_lab.checks.rules.values import settings_from_verl
 from grpo_lab.memory import memplan
+from grpo_lab.memory.run import Run
+from grpo_lab.memory.settings import settings_from_verl
 
 GRID = [(m, h) for m in options("model") for h in options("hardware")]
 # what the fit may set without changing what is trained (LoRA aside, said loudly)
@@ -51,7 +52,7 @@ def _keys(overrides):
 @pytest.mark.parametrize("model,hardware", GRID, ids=[f"{m}-{h}" for m, h in GRID])
 def test_every_model_on_every_hardware_fits_or_says_what_would(model, hardware):
     verl, lab = composed(f"model={model}", f"hardware={hardware}")
-    res = F.fit(verl, lab)
+    res = F.fit(Run.build(verl, lab))
     text = F.format_result(res, "python run.py ...")
     first_fix: list[str] = []
     if res.blocked and "[lora_layered_summon_one_gpu]" in res.blocked[0]:
@@ -60,7 +61,7 @@ def test_every_model_on_every_hardware_fits_or_says_what_would(model, hardware):
         assert len(res.blocked) == 1 and "actor_rollout_ref.actor.strategy=fsdp2" in text, text
         first_fix = ["actor_rollout_ref.actor.strategy=fsdp2"]
         verl, lab = composed(f"model={model}", f"hardware={hardware}", *first_fix)
-        res = F.fit(verl, lab)
+        res = F.fit(Run.build(verl, lab))
         text = F.format_result(res, "python run.py ...")
     assert not res.blocked, text
     if not res.ok:
@@ -72,8 +73,8 @@ def test_every_model_on_every_hardware_fits_or_says_what_would(model, hardware):
         return
     # the printed overrides, applied to verl's config, pass the whole preflight with the batch arithmetic unchanged
     v2, l2 = F.apply_overrides(verl, lab, res.overrides)
-    before = run_preflight(verl, lab, launching=False)
-    after = run_preflight(v2, l2, launching=False)
+    before = run_preflight(Run.build(verl, lab), launching=False)
+    after = run_preflight(Run.build(v2, l2), launching=False)
     assert after.ok, [p.message for p in after.errors]
     assert {k: after.batch[k] for k in BATCH} == {k: before.batch[k] for k in BATCH}
     assert after.memory["verdict"]["overall"] == "fits"
@@ -104,7 +105,7 @@ def test_every_model_on_every_hardware_fits_or_says_what_would(model, hardware):
 
 def test_the_course_machine_4b_gets_the_fastest_fit_and_the_guides_first_choice_beside_it():
     verl, lab = composed("model=qwen3_4b", "hardware=rtx4080x4")
-    res = F.fit(verl, lab)
+    res = F.fit(Run.build(verl, lab))
     assert res.ok and not res.lora and res.faster_than >= 1
     # the guide's first remedy still fits, and the fit names it with its time (issue 27 item 4)
     guide, guide_step = res.guide_first
@@ -123,7 +124,7 @@ def test_the_course_machine_4b_gets_the_fastest_fit_and_the_guides_first_choice_
 
 def test_a_gen_only_problem_moves_util_and_says_what_the_kv_cache_becomes():
     verl, lab = composed("model=qwen3_0_6b", "hardware=rtx4080_16gbx4", "rollout_gpu_mem_util=0.85")
-    res = F.fit(verl, lab)
+    res = F.fit(Run.build(verl, lab))
     assert res.ok and not res.lora
     (change,) = [c for c in res.changes if c.move == "util"]
     u = float(change.overrides[0].split("=")[1])
@@ -137,10 +138,10 @@ def test_the_search_keeps_dynamic_batch_off_and_uses_micro_batches():
                          "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
                          "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",
                          "actor_rollout_ref.model.enable_gradient_checkpointing=false")
-    res = F.fit(verl, lab)
+    res = F.fit(Run.build(verl, lab))
     assert res.ok, F.format_result(res, None)
     v2, l2 = F.apply_overrides(verl, lab, res.overrides)
-    assert run_preflight(v2, l2, launching=False).ok
+    assert run_preflight(Run.build(v2, l2), launching=False).ok
     assert v2["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is False
     # gradient checkpointing comes first in the guide's order, after the free moves (a smaller weight-sync bucket)
     guide = [c.move for c in res.changes if c.move not in ("max_model_len", "free_cache_engine", "bucket")]
@@ -168,7 +169,7 @@ def test_apply_overrides_matches_compose():
 
 def test_nothing_fits_names_a_bigger_card_more_gpus_and_a_smaller_model():
     verl, lab = composed("model=qwen3_8b_lora", "hardware=rtx4080_16gbx4")
-    res = F.fit(verl, lab)
+    res = F.fit(Run.build(verl, lab))
     assert not res.ok and res.after is None
     text = "\n".join(res.way_out)
     card = int(re.search(r"cards of (\d+) GB", text).group(1))
@@ -247,7 +248,7 @@ def test_fit_write_saves_an_experiment_that_composes_to_the_fitted_config(tmp_pa
         v_cmd, _ = compose_split(*args, "train_file=/x/train.parquet", "test_file=/x/t.parquet", conf=conf)
         assert v_file == v_cmd
         assert v_file["data"]["train_batch_size"] == 64
-        assert run_preflight(v_file, l_file, launching=False).ok
+        assert run_preflight(Run.build(v_file, l_file), launching=False).ok
         ran = run_py(f"experiment={name}", "preflight.only=true", f"hydra.run.dir={tmp_path}/b", root=root)
         assert planned(ran), ran.stdout[-2000:]
         # an existing file is not replaced without preflight.fit_overwrite=true, and nothing else is written

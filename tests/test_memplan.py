@@ -9,9 +9,9 @@ from dataclasses import asdict, replace
 import pytest
 from conftest import ROOT, composed, run_py
 
-from grpo_lab.checks.rules.values import settings_from_verl
 from grpo_lab.memory import memplan, memplan_phases
 from grpo_lab.memory.memplan import Arch, Settings, memory_plan
+from grpo_lab.memory.settings import settings_from_verl
 
 
 def plan_for(*overrides: str) -> dict:

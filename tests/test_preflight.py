@@ -18,6 +18,7 @@ from grpo_lab import facts
 from grpo_lab.checks import preflight
 from grpo_lab.checks.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
 from grpo_lab.memory import memplan
+from grpo_lab.memory.run import Run
 from grpo_lab.verl_schema import schema
 
 
@@ -29,7 +30,7 @@ def put(d: dict, dotted: str, value) -> None:
 
 
 def check(verl, lab, launching=False, environ=None) -> PreflightReport:
-    return run_preflight(verl, lab, launching=launching, environ={} if environ is None else environ)
+    return run_preflight(Run.build(verl, lab, {} if environ is None else environ), launching=launching)
 
 
 def rules(problems: list[Problem]) -> list[str]:
@@ -520,8 +521,9 @@ def test_no_heavy_imports_and_fast():
         "t = time.time()\n"
         "from grpo_lab.checks.preflight import run_preflight\n"
         "from grpo_lab.labconf import Lab\n"
+        "from grpo_lab.memory.run import Run\n"
         "verl, lab = json.load(sys.stdin)\n"
-        "r = run_preflight(verl, Lab.of(lab), launching=False, environ={})\n"
+        "r = run_preflight(Run.build(verl, Lab.of(lab), {}), launching=False)\n"
         "heavy = [m for m in ('verl', 'torch', 'ray', 'vllm', 'pyarrow', 'transformers') if m in sys.modules]\n"
         "print(json.dumps({'heavy': heavy, 'seconds': time.time() - t, 'batch': r.batch['trajectories_per_step']}))\n")
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps([verl, asdict(lab)]), capture_output=True,

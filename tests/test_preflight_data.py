@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from conftest import composed, fresh_clone, run_py, write_rows
 
 from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.memory.run import Run
 
 N = 300  # rows: more than one train batch of any dataset option
 
@@ -77,7 +78,7 @@ def _check(tmp_path, *overrides, **columns):
     pq.write_table(pa.table(columns), f) if columns else write_rows(f, N)
     verl, lab = composed(*overrides)
     verl["data"]["train_files"] = verl["data"]["val_files"] = str(f)
-    return [p for p in run_preflight(verl, lab, launching=False, environ={}).errors if p.rule == "data_columns"]
+    return [p for p in run_preflight(Run.build(verl, lab, {}), launching=False).errors if p.rule == "data_columns"]
 
 
 def test_what_is_needed_follows_the_composed_config(tmp_path):

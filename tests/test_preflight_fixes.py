@@ -21,6 +21,7 @@ from grpo_lab import facts
 from grpo_lab.checks import fixes
 from grpo_lab.checks.preflight import run_preflight
 from grpo_lab.cli.knobs import KNOBS
+from grpo_lab.memory.run import Run
 from grpo_lab.verl_keys import get
 
 STATIC = ("actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
@@ -92,7 +93,7 @@ WARNED: list[tuple[tuple[str, ...], str, str]] = [
 
 
 def check(verl, lab, launching=False, environ=None):
-    return run_preflight(verl, lab, launching=launching, environ={} if environ is None else environ)
+    return run_preflight(Run.build(verl, lab, {} if environ is None else environ), launching=launching)
 
 
 def test_ngpus_per_node_3_gets_one_fix_that_keeps_two_updates():
@@ -129,7 +130,7 @@ def test_no_single_fix_is_said_plainly(monkeypatch):
     from grpo_lab.checks.rules import Problem
 
     verl, lab = composed(*LEGACY, "ngpus_per_node=3")  # the legacy trainer: 129 is not whole mini-batches either
-    checker = fixes.FixChecker(verl, lab, launching=False, environ={}, problems=check(verl, lab).errors)
+    checker = fixes.FixChecker(Run.build(verl, lab, {}), launching=False, problems=check(verl, lab).errors)
     p = checker.check(Problem("batch_divisibility", "x", "train_batch_size=129"))
     assert p.fix.startswith("no single fix is known: train_batch_size=129 still fails")
     assert p.checked == "re-checked: no single fix passes"
@@ -137,7 +138,7 @@ def test_no_single_fix_is_said_plainly(monkeypatch):
 
 def test_words_and_group_choices_are_not_applied_but_marked():
     verl, lab = composed()
-    checker = fixes.FixChecker(verl, lab, launching=False, environ={}, problems=[])
+    checker = fixes.FixChecker(Run.build(verl, lab, {}), launching=False, problems=[])
     from grpo_lab.checks.rules import Problem
 
     p = checker.check(Problem("x", "y", "model=qwen3_4b  or  point train_file at a parquet file", "warn"))
@@ -306,7 +307,7 @@ def test_what_verl_runs_is_planned_with_a_warning_and_its_fix(tmp_path, argv, ru
     assert "verl 0.9.1" in w["message"] or "verl's V1 trainer" in w["message"], w["message"]
     assert w["checked"].startswith("re-checked: the preflight passes"), w
     fix = shlex.split(w["fix"].split("  or  ")[0])
-    r = run_preflight(*composed(*argv, *fix), launching=False, environ={})
+    r = run_preflight(Run.build(*composed(*argv, *fix), {}), launching=False)
     assert r.ok and not [p for p in r.warnings if p.rule == rule and says in p.message], (fix, r.format())
 
 

@@ -19,6 +19,7 @@ from conftest import ROOT, composed, planned, run_py
 from grpo_lab.after_run import doctor
 from grpo_lab.checks import reward_probe
 from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.memory.run import Run
 
 KEY = "reward.custom_reward_function"
 GOOD = """\
@@ -293,7 +294,7 @@ def check(tmp_path, path, name="compute_score", kwargs=None, train=None):
     verl["reward"]["custom_reward_function"] = {"path": str(path), "name": name, "reward_kwargs": kwargs or {}}
     if train:
         verl["data"]["train_files"] = str(train)
-    r = run_preflight(verl, lab, launching=False, environ={})
+    r = run_preflight(Run.build(verl, lab, {}), launching=False)
     return [p for p in r.errors + r.warnings if p.rule.startswith("reward_fn")]
 
 
@@ -301,20 +302,20 @@ def test_shipped_strict_format_passes(train, tmp_path):
     assert check(tmp_path, ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py") == []
     assert check(tmp_path, ROOT / "grpo_lab" / "tasks" / "rewards" / "strict_format.py", train=train) == []
     verl, lab = composed("experiment=learn_smollm2", "hardware=h200x1")
-    assert not [p for p in run_preflight(verl, lab, launching=False, environ={}).errors if "reward" in p.rule]
+    assert not [p for p in run_preflight(Run.build(verl, lab, {}), launching=False).errors if "reward" in p.rule]
 
 
 def test_no_custom_file_no_probe(monkeypatch):
     monkeypatch.setattr(reward_probe, "_run_child", lambda *a: pytest.fail("probed without a custom file"))
     verl, lab = composed("reward_fn=verl_default")
-    assert not [p for p in run_preflight(verl, lab, launching=False, environ={}).errors if "reward" in p.rule]
+    assert not [p for p in run_preflight(Run.build(verl, lab, {}), launching=False).errors if "reward" in p.rule]
 
 
 def test_missing_file_of_a_preset(tmp_path):
     """The preset's file gone (reward_fn=strict_format): the fix offers the preset of verl's scorer too."""
     verl, lab = composed("reward_fn=strict_format")
     verl["reward"]["custom_reward_function"]["path"] = str(tmp_path / "gone.py")
-    (p,) = [p for p in run_preflight(verl, lab, launching=False, environ={}).errors if p.rule == "reward_fn_file"]
+    (p,) = [p for p in run_preflight(Run.build(verl, lab, {}), launching=False).errors if p.rule == "reward_fn_file"]
     assert f"the reward file {tmp_path / 'gone.py'} does not exist" in p.message
     assert p.alternatives == [f"{KEY}.path=null", "reward_fn=verl_default"], p.fix
 

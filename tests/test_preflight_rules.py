@@ -12,12 +12,13 @@ from conftest import ROOT, composed, planned
 from grpo_lab.checks.preflight import run_preflight
 from grpo_lab.checks.rules import Ctx, ids, run_rules
 from grpo_lab.memory import memplan
+from grpo_lab.memory.run import Run
 
 MOE = ROOT / "tests" / "fixtures" / "synthetic" / "qwen3_30b_a3b"
 
 
 def check(verl, lab, launching=False, environ=None):
-    return run_preflight(verl, lab, launching=launching, environ={} if environ is None else environ)
+    return run_preflight(Run.build(verl, lab, {} if environ is None else environ), launching=launching)
 
 
 def rules(problems):

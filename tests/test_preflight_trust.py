@@ -9,6 +9,7 @@ import shlex
 from conftest import ROOT, composed, planned, run_py
 
 from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.memory.run import Run
 
 H16_4B = ("hardware=rtx4080_16gbx4", "model=qwen3_4b")
 
@@ -82,4 +83,4 @@ def test_keys_verl_never_reads_are_refused_with_the_key_it_reads_and_the_fix_wor
 
 def test_a_key_only_the_legacy_trainer_reads_is_left_alone_under_it():
     verl, lab = composed("trainer.balance_batch=false", "trainer.use_v1=false", "actor_rollout_ref.actor.grad_clip=1.0")
-    assert "key_unread" not in {p.rule for p in run_preflight(verl, lab, launching=False, environ={}).errors}
+    assert "key_unread" not in {p.rule for p in run_preflight(Run.build(verl, lab, {}), launching=False).errors}

@@ -16,6 +16,7 @@ from conftest import NOT_READY_EXIT, composed, run_py
 
 from grpo_lab.checks.preflight import run_preflight
 from grpo_lab.checks.rules import memory_ids
+from grpo_lab.memory.run import Run
 
 PLANNED = (0, NOT_READY_EXIT)  # a plan that holds: ready here, or not (no GPU on the CPU test machine)
 
@@ -66,7 +67,7 @@ def refused_then_fixed(tmp_path, args: tuple[str, ...], rule: str, *says: str, r
         rc2, plan2, text2 = preflight(tmp_path, *args, *fix)
         assert rc2 in PLANNED and not plan2["errors"], (fix, text2[-3000:])
     else:
-        r = run_preflight(*composed(*args, *fix), launching=False, environ={})
+        r = run_preflight(Run.build(*composed(*args, *fix), {}), launching=False)
         left = {p.rule for p in r.errors}
         # the fix clears its rule; what may remain is memory, which the console sends to `make fit` (a micro-batch
         # that verl accepts can still be too large for the card: #405's 80 sequences of 1536 tokens a micro-batch)
@@ -94,10 +95,10 @@ def test_verl_issue_1004_divisibility_chain(tmp_path):
             "ppo_micro_batch_size_per_gpu=2", "log_prob_micro_batch_size_per_gpu=1")
     refused_then_fixed(tmp_path, args, "batch_divisibility",
                        "'real_train_batch_size (30) must be divisible by minimal possible batch size (4)'")
-    r = run_preflight(*composed(*args), launching=False, environ={})
+    r = run_preflight(Run.build(*composed(*args), {}), launching=False)
     assert {"batch_divisibility", "updates_per_step_integer", "micro_batch"} <= {p.rule for p in r.errors}
     # verl 0.9.1's V1 trainer (the default) pads a step that is not whole mini-batches instead: a warning there
-    r = run_preflight(*composed(*args[1:]), launching=False, environ={})
+    r = run_preflight(Run.build(*composed(*args[1:]), {}), launching=False)
     assert "updates_per_step_integer" in {p.rule for p in r.warnings}
     assert {"batch_divisibility", "micro_batch"} <= {p.rule for p in r.errors}
 

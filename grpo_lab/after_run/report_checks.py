@@ -345,9 +345,6 @@ def check_step_plan(run: RunInfo) -> Check:
     """The measured steady step (without validation: metrics.step_less_validation) against the time plan at this
     run's own prompt and answer lengths (grpo_lab/memory/timeplan.py); flagged when further apart than the plan's
     stated accuracy."""
-    from grpo_lab.after_run.doctor.verdict import in_users_terms
-    from grpo_lab.checks.rules import Ctx
-    from grpo_lab.checks.rules.values import settings_from_verl
     from grpo_lab.memory import timeplan
 
     metric = "timing_s/step vs the time plan"
@@ -357,19 +354,14 @@ def check_step_plan(run: RunInfo) -> Check:
     if step.empty or None in lengths or not run.verl:
         return Check(metric, WARN, "no step timings or lengths logged yet (or no verl_config.yaml).")
     measured = M.steady_mean(step)
-    verl = in_users_terms(run.verl, run.plan)  # an emulated card's run: planned as on the card it emulates
-    try:
-        arch = Ctx.of(verl, run.lab, launching=False, environ={}).model.arch
-        st = settings_from_verl(verl, run.lab)
-    except (AttributeError, KeyError, TypeError, ValueError):
-        arch = None
-    if arch is None:  # a recorded job folder without .hydra/: the model option of its model folder's name
+    arch, st = run.job.model.arch, run.job.settings
+    if arch is None and st is not None:  # a recorded job folder without .hydra/: the model option of its folder's name
         from grpo_lab.memory.memplan_arch import Arch
 
         info = facts.model_group_of_folder(str(run.verl_value("actor_rollout_ref.model.path", "")).rstrip("/")
                                            .rsplit("/", 1)[-1])
         arch = Arch.from_mapping(info) if info and info.get("hidden_size") else None
-    if arch is None:
+    if arch is None or st is None:
         return Check(metric, WARN, f"{_fmt(measured)} s a step; no architecture facts to plan it with.")
     w = timeplan.Work(st.train_batch_size * st.rollout_n / max(1, st.n_gpus), *lengths)
     card = timeplan.Card.of(run.lab.hardware)
@@ -450,11 +442,9 @@ def check_memory(run: RunInfo) -> Check:
 def _speed_moves_left(run: RunInfo) -> list[str]:
     """What `make fit`'s moves for time (grpo_lab/checks/fit_moves.py SPEED_MOVES) could still change in this run."""
     from grpo_lab.checks.fit_moves import larger_budgets, padded_why_not
-    from grpo_lab.checks.rules.values import settings_from_verl
 
-    try:
-        s = settings_from_verl(run.verl, run.lab)
-    except (AttributeError, KeyError, TypeError, ValueError):  # a config verl could not have run
+    s = run.job.settings
+    if s is None:  # a config verl could not have run
         return []
     left = []
     if not s.use_fused_kernels and not _get(run.verl, "actor_rollout_ref.actor.calculate_sum_pi_squared"):

@@ -3,6 +3,7 @@ it ran with (verl_config.yaml, else the one printed in train.log), Hydra's confi
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from grpo_lab.after_run import doctor
 from grpo_lab.after_run import metrics as M
 from grpo_lab.after_run.doctor.logread import load_yaml
 from grpo_lab.labconf import Lab
+from grpo_lab.memory.run import Run
 from grpo_lab.verl_keys import get as _get
 
 
@@ -40,6 +42,13 @@ class RunInfo:
     @property
     def lab(self) -> Lab:
         return Lab.of(self.hydra.get("lab"))
+
+    @functools.cached_property
+    def job(self) -> Run:
+        """The job's Run, as planned: an emulated card's run in the user's terms (docs/after_run.md)."""
+        from grpo_lab.after_run.doctor.verdict import in_users_terms
+
+        return Run.build(in_users_terms(self.verl, self.plan) or {}, self.lab, {}, quick=True)
 
     def verl_value(self, path: str, default: Any = None) -> Any:
         return _get(self.verl, path, default)

@@ -19,7 +19,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +42,13 @@ from grpo_lab.checks.fit_moves import (
 from grpo_lab.checks.fit_search import State, faster, lora_start, search, way_out
 from grpo_lab.checks.fit_text import Change, FitResult, cost_words, format_result, override_strs
 from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
-from grpo_lab.checks.rules.values import settings_from_verl
 from grpo_lab.cli.apply import apply_overrides
 from grpo_lab.cli.apply import groups as _conf_groups
-from grpo_lab.labconf import Lab
 from grpo_lab.memory import engines, memplan, timeplan
+from grpo_lab.memory.run import Run, run_shape
 from grpo_lab.verl_keys import get as _get
 from grpo_lab.verl_keys import put as _put
+from grpo_lab.verl_keys import thaw
 
 # ---------------------------------------------------------------------------------------------------------------
 # the fit: search, then the preflight on its result
@@ -74,20 +74,22 @@ def unmeasured_engine(name: Any) -> str:
             f"one it knows: actor_rollout_ref.rollout.name=vllm (or rollout=sglang_tp1_mem04)")
 
 
-def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
-        environ: Mapping[str, str] | None = None) -> FitResult:
-    """Search the settings that make every phase fit; verify the result with the preflight."""
-    from grpo_lab.checks.preflight import run_preflight, run_shape
-    from grpo_lab.checks.rules import Ctx as RuleCtx
+def fit(run: Run, *, cfg: Any = None) -> FitResult:
+    """Search the settings that make every phase of the job's Run fit; verify the result with the preflight."""
+    from grpo_lab.checks.preflight import run_preflight
 
-    environ = os.environ if environ is None else environ
-    lab = copy.deepcopy(lab)
+    environ, verl = run.environ, thaw(run.verl)
+    lab = copy.deepcopy(run.lab)
     lab.preflight.strict = True
-    arch = RuleCtx.of(verl, lab, launching=False, environ=environ).model.arch  # the model the preflight plans
+    run = replace(run, lab=lab)
+    arch = run.model.arch  # the model the preflight plans
     if arch is None:
         raise FitError("no architecture facts for this model (no local config.json, no lab.model): nothing to plan. "
                        "Pick a model group (model=qwen3_1_7b) or point model_path at a folder with its config.json")
-    s0 = settings_from_verl(verl, lab)
+    s0 = run.settings
+    if s0 is None:
+        raise FitError("the preflight names values that are not numbers: nothing to plan until they are (" +
+                       "; ".join(run.notes) + ")")
     if str(s0.rollout_engine or "vllm").lower() not in engines.ENGINES:
         raise FitError(unmeasured_engine(s0.rollout_engine))
     if s0.card_gb <= 0:
@@ -95,7 +97,7 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
                        "(hardware=rtx4080x4) or set it: lab.hardware.gpu_memory_gb=24")
     ctx = FitContext(arch, s0, lab, mini=int(_get(verl, A + "actor.ppo_mini_batch_size", 0) or 0),
               ref_offload=_get(verl, A + "ref.fsdp_config.param_offload"))
-    base_report = run_preflight(copy.deepcopy(dict(verl)), copy.deepcopy(lab), launching=False, environ=environ)
+    base_report = run_preflight(run, launching=False)
     budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
     s_req = replace(s0, **{f: v for f, (_, v) in budgets.items()})  # what the search starts from and plans "before"
     blocked = [f"[{p.rule}] {p.message}" + (f"\n      fix: {p.fix}" if p.fix else "")
@@ -124,7 +126,7 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
     if best is None and s0.lora_rank == 0:
         lora_best, lfound = search(ctx, lora_start(start))
         found = lfound
-    card, shape = timeplan.Card.of(lab.hardware), run_shape(verl, lab, base_report.batch, s0)
+    card, shape = timeplan.Card.of(lab.hardware), run_shape(run.keys, lab, run.batch, s0)
 
     steps: dict[str, float] = {}
 
@@ -169,12 +171,12 @@ def fit(verl: Mapping[str, Any], lab: Lab, *, cfg: Any = None,
     res.speedups = [c for c in changes if c.move in SPEED_IDS]
     res.overrides = [o for c in changes for o in c.overrides]
     # verify: the overrides on the verl config, the plan's settings from it, and the whole preflight on it
-    v2, l2 = apply_overrides(verl, lab, chosen.values)
-    s2 = settings_from_verl(v2, l2)
+    after = Run.build(*apply_overrides(verl, lab, chosen.values), environ)
+    s2 = after.settings
     if s2 != chosen.s:
-        diff = [f.name for f in s2.__dataclass_fields__.values() if getattr(s2, f.name) != getattr(chosen.s, f.name)]
+        diff = [f.name for f in fields(chosen.s) if getattr(s2, f.name, None) != getattr(chosen.s, f.name)]
         res.verify_problems.append(f"the overrides do not give the settings the search planned ({', '.join(diff)})")
-    report = run_preflight(v2, l2, launching=False, environ=environ)
+    report = run_preflight(after, launching=False)
     res.verify_problems += [f"[{p.rule}] {p.message}" for p in report.errors]
     res.warnings = [f"[{p.rule}]" for p in report.warnings]
     after_batch = _batch_facts(report.batch)
@@ -360,14 +362,14 @@ def write_experiment(name: str, text: str, *, overwrite: bool) -> Path:
     return path
 
 
-def fit_job(cfg: Any, verl: dict[str, Any], lab: Lab, job_dir: Path) -> str:
+def fit_job(cfg: Any, run: Run, job_dir: Path) -> str:
     """The `preflight.fit=true` branch of a job (grpo_lab/launch/job.py): search, print, maybe save; never launches."""
     from hydra.core.hydra_config import HydraConfig
 
     from grpo_lab.errors import GrpoLabError
     from grpo_lab.facts import write_json
 
-    args = list(HydraConfig.get().overrides.task)
+    args, lab = list(HydraConfig.get().overrides.task), run.lab
     name = lab.preflight.fit_write
     if name:  # a bad name or an existing file: refuse before searching, nothing written
         try:
@@ -375,7 +377,7 @@ def fit_job(cfg: Any, verl: dict[str, Any], lab: Lab, job_dir: Path) -> str:
         except (ValueError, FileExistsError) as e:
             raise GrpoLabError(f"fit: {e}") from None
     try:
-        res = fit(verl, lab, cfg=cfg)
+        res = fit(run, cfg=cfg)
     except FitError as e:
         raise GrpoLabError(f"fit: {e}") from None
     final = fitted_args(args, res.overrides)

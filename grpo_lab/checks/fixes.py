@@ -19,7 +19,8 @@ from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 from grpo_lab.cli.apply import apply_overrides, parse, respell
 from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import get
+from grpo_lab.memory.run import Run
+from grpo_lab.verl_keys import get, thaw
 
 ROOT = facts.ROOT
 MAX_ROUNDS = 3
@@ -87,11 +88,10 @@ def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[t
 
 
 class FixChecker:
-    def __init__(self, verl: Mapping, lab: Lab, *, launching: bool, environ: Mapping[str, str],
-                 problems: list[Problem]) -> None:
-        self.verl, self.lab, self.launching, self.environ = verl, lab, launching, environ
+    def __init__(self, run: Run, *, launching: bool, problems: list[Problem]) -> None:
+        self.verl, self.lab, self.launching, self.environ = thaw(run.verl), run.lab, launching, run.environ
         self.before = Counter(p.rule for p in problems if p.level == "error")
-        self.apart = lab.set_apart
+        self.apart = run.lab.set_apart
         self._memo: dict[tuple, list[Problem]] = {}
         self.runs = 0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.facts import hf_cached_config, hf_model_cache_dir
+from grpo_lab.facts import hf_cached_config, hf_model_cache_dir, local_files
 from grpo_lab.labconf import ModelFacts
 
 ROOT = facts.ROOT
@@ -73,20 +73,6 @@ class Missing:
     def to_json(self) -> dict[str, str]:
         return {"rule": "input_missing", "key": self.key, "path": self.path, "message": self.message,
                 "command": self.command}
-
-
-def local_files(value: Any) -> list[str] | None:
-    """Local paths of data.train_files / val_files (a string or a list); None when any is remote (hdfs://, s3://)."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for item in items:
-        if item is None:
-            continue
-        s = str(item)
-        if "://" in s and not s.startswith("file://"):
-            return None
-        out.append(os.path.expanduser(s.removeprefix("file://")))
-    return out
 
 
 def _looks_local(path: str) -> bool:

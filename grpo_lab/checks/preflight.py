@@ -1,10 +1,11 @@
 """Preflight: refuse configs that will fail, explain the batch arithmetic and the memory plan, before Ray starts.
 
     from grpo_lab.checks.preflight import run_preflight
-    report = run_preflight(verl_cfg, lab_cfg, launching=True)
+    run = Run.build(verl_cfg, lab_cfg, os.environ)                # grpo_lab/memory/run.py
+    report = run_preflight(run, launching=True)
     print(report.format()); json.dump(report.to_json(), f)      # plan.json
     if not report.ok: sys.exit(1)
-    report.not_ready = not_ready_here(verl, lab, os.environ, plan_only=True)   # what this machine lacks
+    report.not_ready = not_ready_here(run, plan_only=True)       # what this machine lacks
 
 The rules, the fix re-check and why it is fast: docs/preflight.md. What this machine lacks to launch (its input files,
 grpo_lab/checks/inputs.py; for a plan, the environment rules a launch runs as refusals, each fix re-checked) does not
@@ -13,7 +14,7 @@ refuse a plan: its verdict is then "plan OK; not ready to launch here: ..." (exi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +24,8 @@ from grpo_lab.checks.rules import ALT, A, Ctx, Problem, ids, launching_only_ids,
 from grpo_lab.checks.rules.batch import num as _num
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
 from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
-from grpo_lab.labconf import Lab
 from grpo_lab.memory import calibration, timeplan
-from grpo_lab.verl_keys import get
+from grpo_lab.memory.run import Run
 
 __all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
            "machine_cpus"]
@@ -107,34 +107,28 @@ class PreflightReport:
         return _format(self)
 
 
-def run_preflight(verl: dict, lab: Lab | None, *, launching: bool, environ: Mapping[str, str] | None = None,
-                  check_fixes: bool = True) -> PreflightReport:
-    """Check a resolved verl config (plain dict) and grpo-lab's typed `lab` view (grpo_lab/labconf.py); collect every
-    problem.
+def run_preflight(run: Run, *, launching: bool, check_fixes: bool = True) -> PreflightReport:
+    """Check a job's Run (grpo_lab/memory/run.py); collect every problem.
 
     launching=True: Ray is about to start here, so the environment checks run too (flash-attn importable, visible
     GPUs, the machine's CPUs when ray num_cpus is null); launching=False (preflight.only on any machine) skips
     them and says so in the notes. check_fixes=False prints the fixes as the rules made them (not re-checked).
     """
-    import os
-
-    environ = os.environ if environ is None else environ
-    verl, lab = verl or {}, lab or Lab()
-    c = Ctx.of(verl, lab, launching=launching, environ=environ)
+    c = Ctx.on(run, launching=launching)
     problems = run_rules(c)
     report = PreflightReport(launching=launching)
-    name = (c.model.info or {}).get("name") if c.model else None
-    report.title = (f"{name or c.get(A + 'model.path', '?')} on "
-                    f"{lab.hardware.name or '?'}, variant {lab.variant or '?'}")
-    report.random_weights = c.model.random_weights if c.model else ""
+    name = (c.model.info or {}).get("name")
+    report.title = f"{name or c.get(A + 'model.path', '?')} on {run.lab.hardware.name or '?'}, variant " \
+                   f"{run.lab.variant or '?'}"
+    report.random_weights = c.model.random_weights
     report.batch = c.batch
-    report.memory = {k: v for k, v in c.plan.items() if not k.startswith("_")}
-    report.time = _time_plan(c, verl, lab)
+    report.memory = copy.deepcopy(dict(run.memory))
+    report.time = dict(run.time)
     report.errors = [p for p in problems if p.level == "error"]
     report.warnings = [p for p in problems if p.level == "warn"]
     report.notes = [p.message for p in problems if p.level == "note"]
     if check_fixes:
-        checker = FixChecker(verl, lab, launching=launching, environ=environ, problems=problems)
+        checker = FixChecker(run, launching=launching, problems=problems)
         for p in report.errors + report.warnings:
             checker.check(p)
             p.caution = _lora_caution(c, p.fix)
@@ -151,50 +145,19 @@ def run_preflight(verl: dict, lab: Lab | None, *, launching: bool, environ: Mapp
     return report
 
 
-def _time_plan(c: Ctx, verl: dict, lab: Lab) -> dict[str, Any]:
-    """The time plan beside the memory plan ({} when the memory plan was not made)."""
-    s = c.plan.get("_settings")
-    if s is None or not c.model or c.model.arch is None:
-        return {}
-    return timeplan.time_plan(c.model.arch, s, timeplan.Card.of(lab.hardware), run_shape(verl, lab, c.batch, s))
-
-
-def run_shape(verl: Mapping[str, Any], lab: Lab, batch: dict[str, Any], s: Any) -> timeplan.RunShape:
-    """The run's steps, validations and planned prompt length, from the resolved verl config, lab and the batch."""
-    ds = lab.dataset
-    steps = batch.get("total_training_steps")
-    if steps is None and ds.train_rows:  # the train file is not here yet: the dataset option's published size
-        steps = ds.train_rows // max(1, s.train_batch_size) * timeplan.int_or(batch.get("total_epochs"), 1)
-    val_rows, vf = ds.test_rows, get(verl, "data.val_files")
-    try:  # the validation file when it is here (verl validates all of it)
-        val_rows = parquet_num_rows(vf[0] if isinstance(vf, list) and vf else vf)
-    except (OSError, ValueError, TypeError):
-        pass
-    if ds.prompt_tokens:
-        prompt, source = float(ds.prompt_tokens), f"lab.dataset.prompt_tokens of {ds.name}"
-    else:
-        prompt, source = s.max_prompt_length / 2, "half of max_prompt_length (lab.dataset.prompt_tokens not set)"
-    return timeplan.RunShape(steps=timeplan.int_or(steps, 0), prompt_tokens=prompt, prompt_source=source,
-                             val_rows=val_rows, val_n=timeplan.int_or(get(verl, A + "rollout.val_kwargs.n", 1), 1),
-                             test_freq=timeplan.int_or(get(verl, "trainer.test_freq", -1), -1),
-                             val_before_train=bool(get(verl, "trainer.val_before_train", True)))
-
-
-def not_ready_here(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str], *,
-                   plan_only: bool) -> list[NotReady]:
+def not_ready_here(run: Run, *, plan_only: bool) -> list[NotReady]:
     """What this machine lacks to launch the job: missing inputs; with plan_only, the environment rules too (those a
     launch runs as refusals: flash-attn importable, visible GPUs), each with its fix re-checked."""
-    inputs = {key: get(verl, key) for key in INPUT_KEYS}
+    inputs = {key: run.get(key) for key in INPUT_KEYS}
     out = [NotReady("input_missing", m.message, m.command, short=m.short())
-           for m in missing_inputs(inputs, lab.dataset.name, lab.model, environ)]
+           for m in missing_inputs(inputs, run.lab.dataset.name, run.lab.model, run.environ)]
     if not plan_only:
         return out
-    problems = [p for p in run_rules(Ctx.of(verl, lab, launching=True, environ=environ), only=launching_only_ids())
-                if p.level == "error"]
+    c = Ctx.on(run, launching=True)
+    problems = [p for p in run_rules(c, only=launching_only_ids()) if p.level == "error"]
     if any(p.fix for p in problems):
         # the fix is re-checked as a launch here would check it: every rule, with this machine's environment
-        every = run_rules(Ctx.of(verl, lab, launching=True, environ=environ, quick=True))
-        checker = FixChecker(verl, lab, launching=True, environ=environ, problems=every)
+        checker = FixChecker(run, launching=True, problems=run_rules(Ctx.on(run, launching=True)))
         for p in problems:
             checker.check(p)
     for p in problems:
@@ -212,7 +175,7 @@ def _lora_caution(c: Ctx, fix: str) -> str:
     rank = lora_rank_set(fix, c.verl)
     if not rank:
         return ""
-    arch = c.model.arch if c.model else None
+    arch = c.model.arch
     words = lora_words(arch, rank, c.get(A + "model.target_modules", "all-linear")) if arch else ""
     return lora_banner("fix") + (f"\nLoRA: {words}" if words else "")  # make fit's banner, and its words for LoRA
 

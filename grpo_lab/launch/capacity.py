@@ -16,14 +16,16 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_lab import facts
 from grpo_lab.memory import timeplan
-from grpo_lab.verl_keys import get
 
 CONF = facts.ROOT / "conf"
 COMMAND = "make capacity"
+if TYPE_CHECKING:
+    from grpo_lab.memory.run import Run
+
 MODULE = "python -m grpo_lab.launch.capacity"
 # left out, and why (the header says so)
 LEFT_OUT = {
@@ -74,8 +76,8 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml") if p.stem not in LEFT_OUT)
 
 
-def composed(overrides: list[str]) -> tuple[dict[str, Any], Any]:
-    """(verl, lab) as a job of `python run.py OVERRIDES` has them after its prepare stage (Hydra initialised)."""
+def composed(overrides: list[str]) -> Run:
+    """The Run of a job of `python run.py OVERRIDES` after its prepare stage (Hydra initialised)."""
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
@@ -84,7 +86,7 @@ def composed(overrides: list[str]) -> tuple[dict[str, Any], Any]:
     cfg = compose("config", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     prepared = prepare(cfg, Job(Path("capacity"), False, ""))  # no sweep point: nothing is written for the job
-    return prepared.verl, prepared.lab
+    return prepared.run
 
 
 def _peak(plan: dict[str, Any], card: float) -> str:
@@ -106,18 +108,18 @@ def row(model: str, hardware: str, extra: tuple[str, ...] = ()) -> Row:
     """One config's row: make fit's search on it, and the memory and time plans of the settings it takes."""
     from grpo_lab.checks.fit import FitError, fit
 
-    verl, lab = composed([f"model={model}", f"hardware={hardware}", *extra])
+    run = composed([f"model={model}", f"hardware={hardware}", *extra])
     name = FULL_8B_NAME if extra else model
-    emulated = lab.hardware.emulate.real_gpu_memory_gb is not None
+    emulated = run.lab.hardware.emulate.real_gpu_memory_gb is not None
     try:
-        res = fit(verl, lab)
+        res = fit(run)
     except FitError as e:
         return Row(name, hardware, "refused", str(e).split(":")[0], "-", "-", "-", "-", emulated=emulated)
     if res.blocked:
         return Row(name, hardware, "refused: " + " ".join(b.split("]")[0] + "]" for b in res.blocked),
                    "-", "-", "-", "-", "-", emulated=emulated)
     plan, times = (res.after, res.time_after) if res.ok else (res.before, res.time_before)
-    rank = int(res.values.get(LORA_RANK) or get(verl, LORA_RANK) or 0)
+    rank = int(res.values.get(LORA_RANK) or run.get(LORA_RANK) or 0)
     changes, offload = _changes(res)
     if not res.ok:  # nothing fits; or (a bug) the fitted settings failed the preflight's re-check
         fits, changes = ("no", "-") if res.after is None else ("no: the fit failed its re-check", "-")
@@ -143,11 +145,11 @@ def grid() -> tuple[list[Row], dict[str, str], dict[str, Any]]:
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         configs = [(m, ()) for m in options("model")] + [FULL_8B]
         table = {h: {c: row(c[0], h, c[1]) for c in configs} for h in options("hardware")}
-        verl, lab = composed([])
-    run = {"rows": lab.dataset.train_rows, "batch": get(verl, "data.train_batch_size"),
-           "epochs": get(verl, "trainer.total_epochs"), "n": get(verl, "actor_rollout_ref.rollout.n"),
-           "prompt": get(verl, "data.max_prompt_length"), "response": get(verl, "data.max_response_length"),
-           "dataset": lab.dataset.name}
+        job = composed([])
+    run = {"rows": job.lab.dataset.train_rows, "batch": job.get("data.train_batch_size"),
+           "epochs": job.get("trainer.total_epochs"), "n": job.get("actor_rollout_ref.rollout.n"),
+           "prompt": job.get("data.max_prompt_length"), "response": job.get("data.max_response_length"),
+           "dataset": job.lab.dataset.name}
     merged: dict[str, str] = {}  # an emulation that plans exactly as another option is named, not repeated
     for h, by in table.items():
         if any(r.emulated for r in by.values()):

@@ -1,9 +1,9 @@
 """One job as a pipeline of stages, each a small function of what the one before gave:
 
-    prepare(cfg, job) -> Prepared                 verl's and lab's dicts (resolved, split) with the job's own values
+    prepare(cfg, job) -> Prepared                 the job's Run (its settings and plans, built once: memory/run.py)
+                                                  and the config verl gets (emulated card, KV cache pinned)
       fit(cfg, prepared, job)                     preflight.fit (make fit): search, print one command, never launch
-    emulate(prepared, job) -> Emulated            the workers' environment; the config as planned and as verl gets it
-    check(emulated, prepared, job) -> Checked     KV cache pinned; verl_config.yaml, the preflight, plan.json;
+    check(prepared, job) -> Checked               verl_config.yaml, the preflight on the Run, plan.json;
                                                   a refusal raises
       plan(checked, job)                          preflight.only: what was planned, nothing started
       train(checked, prepared)                    verl's PPO entrypoint
@@ -34,21 +34,11 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.facts import atomic_write, write_json
 from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
-from grpo_lab.launch.prepare import (
-    Job,
-    Prepared,
-    changed_defaults,
-    emulate,
-    mark_changed,
-    mark_scaled,
-    pin_side_by_side,
-    prepare,
-)
+from grpo_lab.launch.prepare import Job, Prepared, changed_defaults, mark_changed, mark_scaled, prepare
 
 if TYPE_CHECKING:
     from grpo_lab.checks.preflight import PreflightReport as Report
     from grpo_lab.cli.overrides import CommandLine
-    from grpo_lab.memory.emulate import Emulated
 
 
 @dataclass
@@ -98,10 +88,11 @@ def launch_job(cfg: DictConfig, cli: CommandLine | None = None, doctor: Any = No
 def run_stages(cfg: DictConfig, job: Job) -> tuple[str, bool]:
     """(what the job did, whether it was ready here: False only for a plan of a run that cannot start here)."""
     prepared = prepare(cfg, job)
-    if prepared.lab.preflight.fit or prepared.lab.preflight.fit_write:
+    preflight = prepared.run.lab.preflight
+    if preflight.fit or preflight.fit_write:
         return fit(cfg, prepared, job), True
-    checked = check(emulate(prepared, job), prepared, job)
-    if prepared.lab.preflight.only:
+    checked = check(prepared, job)
+    if preflight.only:
         return plan(checked, job), checked.report.ready
     return train(checked, prepared, job), True
 
@@ -113,24 +104,22 @@ def fit(cfg: DictConfig, prepared: Prepared, job: Job) -> str:
     """make fit (grpo_lab/checks/fit.py): settings that fit every phase, searched with the preflight; never launches."""
     from grpo_lab.checks.fit import fit_job
 
-    return fit_job(cfg, prepared.verl, prepared.lab, job.dir)
+    return fit_job(cfg, prepared.run, job.dir)
 
 
-def check(emulated: Emulated, prepared: Prepared, job: Job) -> Checked:
-    """The preflight on the config as planned; verl_config.yaml (what verl gets) and plan.json (what was checked, and
-    the values that differ from verl's defaults) on record, the report printed. Refused: GrpoLabError."""
-    planned, lab = emulated.planned, prepared.lab
-    # side by side (grpo_lab/launch/prepare.py): each job's vLLM KV cache pinned to the plan's (the user's pin wins)
-    verl, kv_pin = pin_side_by_side(planned, emulated.verl, lab, os.environ)
+def check(prepared: Prepared, job: Job) -> Checked:
+    """The preflight on the job's Run; verl_config.yaml (what verl gets) and plan.json (what was checked, and the
+    values that differ from verl's defaults) on record, the report printed. Refused: GrpoLabError."""
+    run, verl = prepared.run, prepared.verl
     _write_yaml(job.dir / "verl_config.yaml", verl)
     from grpo_lab.checks.preflight import not_ready_here, run_preflight
 
-    only = prepared.lab.preflight.only
-    report = run_preflight(planned, lab, launching=not only)
+    only = run.lab.preflight.only
+    report = run_preflight(run, launching=not only)
     # what this machine lacks: refused when launching; a plan that holds gets "not ready to launch here"
-    report.not_ready = not_ready_here(planned, lab, os.environ, plan_only=only)
+    report.not_ready = not_ready_here(run, plan_only=only)
     report.fit_args = own_args(job.multirun, job.cli)  # for `make fit ARGS="..."` when no fix fits every phase
-    plan_json = _plan_record(report, verl, emulated, kv_pin, prepared, job)
+    plan_json = _plan_record(report, prepared, job)
     write_json(job.dir / "plan.json", plan_json)
     print(report.format())
     print(f"grpo-lab: {len(plan_json['changed_defaults'])} value(s) differ from verl's defaults, each with verl's "
@@ -163,22 +152,22 @@ def train(checked: Checked, prepared: Prepared, job: Job) -> str:
 # ------------------------------------------------------------------------------------------------ what they use
 
 
-def _plan_record(report: Report, verl: dict[str, Any], emulated: Emulated, kv_pin: dict[str, Any] | None,
-                 prepared: Prepared, job: Job) -> dict[str, Any]:
+def _plan_record(report: Report, prepared: Prepared, job: Job) -> dict[str, Any]:
     """plan.json: the preflight's report, the values that differ from verl's defaults (of what verl gets, with what
     set them), the values given twice, the micro-batch settled, the emulation."""
+    lab = prepared.run.lab
     plan_json = report.to_json()
-    plan_json["changed_defaults"] = changed = changed_defaults(verl, prepared.layers, job.multirun)
-    mark_changed(changed, kv_pin)
+    plan_json["changed_defaults"] = changed = changed_defaults(prepared.verl, prepared.run.layers, job.multirun)
+    mark_changed(changed, prepared.kv_pin)
     # a value given twice (grpo_lab/cli/overrides.py warned on the console before composing): which one wins, on record
     twice = job.cli.warnings if job.cli is not None else []
     plan_json["warnings"] = list(plan_json.get("warnings", [])) + [
         {"rule": "key_given_twice", "message": w, "fix": ""} for w in twice]
-    if prepared.lab.micro_batch:
-        plan_json["micro_batch"] = prepared.lab.micro_batch
-    if emulated.info:  # what vLLM and torch really get, and which values emulation scaled
-        plan_json["emulation"] = emulated.info
-        mark_scaled(changed, emulated.info)
+    if lab.micro_batch:
+        plan_json["micro_batch"] = lab.micro_batch
+    if prepared.emulation:  # what vLLM and torch really get, and which values emulation scaled
+        plan_json["emulation"] = prepared.emulation
+        mark_scaled(changed, prepared.emulation)
     return plan_json
 
 

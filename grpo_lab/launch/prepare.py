@@ -1,7 +1,8 @@
 """The launch's prepare stage, every change to the config in one place: `split` (resolved in the driver, grpo-lab's
 sections as one typed view), `prepare` (checkpoint folder, jobs side by side, the micro-batch `settle`d, the SLURM
-job's cluster), `emulate` (workers' environment, a smaller card), `pin_side_by_side` (vLLM's KV cache). The rules
-(grpo_lab/checks/) read what they did from the typed view (lab.micro_batch, lab.side_by_side_kv_pin, ...).
+job's cluster, the workers' environment and a smaller card `emulate`d, then the job's one `Run` and vLLM's KV cache
+pinned from its plan). The rules (grpo_lab/checks/) read what they did from the Run (lab.micro_batch,
+lab.side_by_side_kv_pin, ...).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib.util
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from grpo_lab.cli.knobs import SHORT_KEYS, followers, knob_keys
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.emulate import ALLOC_VARS, ENV_VARS
+from grpo_lab.memory.run import Run
 from grpo_lab.verl_keys import MISSING, flatten, get, lookup, put, with_value
 
 if TYPE_CHECKING:
@@ -92,19 +94,22 @@ class Job:
         return cls(Path(hc.runtime.output_dir), hc.mode == RunMode.MULTIRUN, hc.job.override_dirname, cli, doctor)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prepared:
-    """prepare's output: the composed config as plain dicts, with the job's own values."""
+    """prepare's output: the job's Run (as planned) and the config verl gets."""
 
-    verl: dict[str, Any]
-    lab: Lab
-    layers: Layers  # what set each value (plan.json's changed_defaults)
+    run: Run  # the job as planned: its settings, model, memory and time plans (grpo_lab/memory/run.py)
+    verl: dict[str, Any]  # what verl gets: emulation's scaled utilizations, side by side's KV pin
+    emulation: dict[str, Any] | None = None  # plan.json's "emulation" (grpo_lab/memory/emulate.py); None without
+    kv_pin: dict[str, Any] | None = None  # side by side's KV cache pin: {"bytes", "by"}
     cluster: RayNodes | None = None  # the Ray cluster of a SLURM job of several nodes (its first node only)
 
 
 def prepare(cfg: DictConfig, job: Job) -> Prepared:
-    """The composed config as verl's and lab's plain dicts, with what this job adds: a sweep point's own checkpoint
-    folder, how many jobs run side by side, the micro-batch settled, the SLURM job's Ray cluster."""
+    """The job's Run, from the composed config with what this job adds: a sweep point's own checkpoint folder, how
+    many jobs run side by side, the micro-batch settled, the SLURM job's Ray cluster, the workers' environment and
+    an emulated card; and the config verl gets. Input that cannot be planned is refused here, before anything is
+    written."""
     from grpo_lab.cli.provenance import job_layers
     from grpo_lab.launch.slurm import cluster_for_job
 
@@ -133,19 +138,23 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
                               lab.hardware.cpu_cores)
     if cluster:
         lab.ray_cluster = cluster.described  # each node's CPUs, for the preflight
-    return Prepared(verl, lab, layers, cluster)
+    emulated = emulate(verl, lab, job)
+    run = Run.build(emulated.planned, lab, os.environ, layers=layers)
+    engine_verl, pin = pin_side_by_side(run, emulated.verl)
+    if pin:  # the rule side_by_side_jobs reads it; the plans are the same (the pin is in verl's copy only)
+        run = replace(run, lab=replace(lab, side_by_side_kv_pin=pin))
+    return Prepared(run, engine_verl, emulated.info, pin, cluster)
 
 
-def emulate(prepared: Prepared, job: Job) -> Emulated:
+def emulate(verl: dict[str, Any], lab: Lab, job: Job) -> Emulated:
     """The config as the preflight plans it and as verl gets it: the workers' environment added, then the one
-    transform for an emulated smaller card (grpo_lab/memory/emulate.py; without emulation both are the same dict).
-    Input emulation cannot take is refused here, before anything is written."""
+    transform for an emulated smaller card (grpo_lab/memory/emulate.py; without emulation both are the same dict)."""
     from grpo_lab.memory.emulate import EmulationError
     from grpo_lab.memory.emulate import emulate as for_card
 
-    config = with_value(prepared.verl, WORKER_ENV, worker_env(prepared.verl, prepared.lab, job.dir))
+    config = with_value(verl, WORKER_ENV, worker_env(verl, lab, job.dir))
     try:
-        return for_card(config, prepared.lab, os.environ)
+        return for_card(config, lab, os.environ)
     except EmulationError as e:
         raise GrpoLabError(str(e)) from None
 
@@ -242,39 +251,30 @@ OVERRIDE = "+" + KEY
 SET_BY = "hydra/launcher=side_by_side: the memory plan's KV cache (grpo_lab/launch/prepare.py)"
 
 
-def planned_kv_bytes(verl: Mapping[str, Any], lab: Lab, environ: Mapping[str, str]) -> int | None:
+def planned_kv_bytes(run: Run) -> int | None:
     """The memory plan's vLLM KV cache per GPU in bytes, or None (no plan, not vLLM, no room for a cache)."""
-    from grpo_lab.checks.rules import Ctx
-
-    plan = Ctx.of(verl, lab, launching=False, environ=environ, quick=True).plan or {}
-    kv = plan.get("kv_cache") or {}
+    kv = run.memory.get("kv_cache") or {}
     gb = float(kv.get("kv_cache_gb") or 0)
     if kv.get("engine") != "vllm" or gb <= 0 or int(kv.get("tokens") or 0) <= 0:
         return None
     return int(gb * 1e9)
 
 
-def pin_side_by_side(planned: dict[str, Any], verl: dict[str, Any], lab: Lab,
-                     environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def pin_side_by_side(run: Run, verl: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Under side by side (lab.side_by_side_jobs > 1): (the config verl gets, the pin). The user's own pin is
-    kept; else the plan's KV cache goes into verl's config only (a copy when it is the planned one): the preflight
-    plans the config as the user wrote it, so a fix that changes vLLM's share is re-checked with the cache it
-    sizes. The pin is recorded in lab.side_by_side_kv_pin for the rule side_by_side_jobs."""
-    if lab.side_by_side_jobs <= 1:
+    kept; else the plan's KV cache goes into verl's config only (a copy): the preflight plans the config as the user
+    wrote it, so a fix that changes vLLM's share is re-checked with the cache it sizes."""
+    if run.lab.side_by_side_jobs <= 1:
         return verl, None
-    own = get(planned, KEY)
+    own = run.get(KEY)
     if own is not None:
-        pin = {"bytes": own, "by": "user"}
-    else:
-        n = planned_kv_bytes(planned, lab, environ)
-        if n is None:
-            return verl, None
-        if verl is planned:
-            verl = copy.deepcopy(planned)
-        put(verl, KEY, n)
-        pin = {"bytes": n, "by": "launcher"}
-    lab.side_by_side_kv_pin = pin
-    return verl, pin
+        return verl, {"bytes": own, "by": "user"}
+    n = planned_kv_bytes(run)
+    if n is None:
+        return verl, None
+    verl = copy.deepcopy(verl)
+    put(verl, KEY, n)
+    return verl, {"bytes": n, "by": "launcher"}
 
 
 def mark_changed(changed: list[dict[str, Any]], pin: dict[str, Any] | None) -> None:

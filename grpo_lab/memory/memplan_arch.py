@@ -1,6 +1,6 @@
 """The memory plan's inputs: the model's shapes (`Arch`, from a config.json-like mapping: parameter counts, per-token
 sizes, mixture of experts) and the knobs of a run that move memory (`Settings`, read from a resolved verl config by
-grpo_lab/checks/rules/values.py's settings_from_verl). No phase arithmetic here: that is
+grpo_lab/memory/settings.py's settings_from_verl). No phase arithmetic here: that is
 grpo_lab/memory/memplan_phases.py; the plan itself is grpo_lab/memory/memplan.py.
 """
 
@@ -163,7 +163,7 @@ class Arch:
 
 @dataclass(frozen=True)
 class Settings:
-    """The knobs of a run that move memory (read from a verl config by checks.rules.values.settings_from_verl)."""
+    """The knobs of a run that move memory (read from a verl config by memory.settings.settings_from_verl)."""
 
     n_gpus: int
     card_gb: float

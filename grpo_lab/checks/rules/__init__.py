@@ -20,13 +20,13 @@ import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from types import MappingProxyType
 from typing import Any
 
 from grpo_lab.labconf import Lab
+from grpo_lab.memory.planned_model import PlannedModel
+from grpo_lab.memory.run import Run
 from grpo_lab.registry import Entry, Registry
 from grpo_lab.verl_keys import A  # noqa: F401 (A: for the rule modules)
-from grpo_lab.verl_keys import get as _get
 
 ALT = "  or  "  # between the alternatives of one fix
 
@@ -107,42 +107,43 @@ def rule(rule_id: str, *, kind: str, phase: str, launching_only: bool = False) -
     return deco
 
 
-def freeze(x: Any) -> Any:
-    """A read-only copy: mappings become MappingProxyType, lists tuples (rules cannot change what they read)."""
-    if isinstance(x, Mapping):
-        return MappingProxyType({k: freeze(v) for k, v in x.items()})
-    if isinstance(x, (list, tuple)):
-        return tuple(freeze(v) for v in x)
-    return x
-
-
-def thaw(x: Any) -> Any:
-    """Plain dicts and lists again from what freeze made (to compare with plain data, or hand on as verl would)."""
-    if isinstance(x, Mapping):
-        return {k: thaw(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [thaw(v) for v in x]
-    return x
-
-
 @dataclass
 class Ctx:
-    """What every rule reads. `quick`: a re-check of a fix (the memory plan without its remedies)."""
+    """What every rule reads: the job's Run (grpo_lab/memory/run.py) and where it is checked."""
 
-    verl: Mapping[str, Any]
-    lab: Lab
+    run: Run
     launching: bool
     environ: Mapping[str, str]
-    quick: bool = False
     notes: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, verl: Mapping[str, Any], lab: Lab | None, *, launching: bool, environ: Mapping[str, str],
            quick: bool = False) -> Ctx:
-        return cls(freeze(verl or {}), lab or Lab(), launching, environ, quick)
+        """A context on a Run built here (a fix's re-check: `quick`, the memory plan without its remedies)."""
+        return cls.on(Run.build(verl, lab, environ, quick=quick), launching=launching, environ=environ)
+
+    @classmethod
+    def on(cls, run: Run, *, launching: bool, environ: Mapping[str, str] | None = None) -> Ctx:
+        return cls(run, launching, run.environ if environ is None else environ, list(run.notes))
+
+    @property
+    def verl(self) -> Mapping[str, Any]:
+        return self.run.verl
+
+    @property
+    def lab(self) -> Lab:
+        return self.run.lab
+
+    @property
+    def model(self) -> PlannedModel:
+        return self.run.model
+
+    @property
+    def plan(self) -> Mapping[str, Any]:
+        return self.run.memory
 
     def get(self, dotted: str, default: Any = None) -> Any:
-        return _get(self.verl, dotted, default)
+        return self.run.get(dotted, default)
 
     @property
     def strict(self) -> bool:
@@ -150,21 +151,8 @@ class Ctx:
 
     @cached_property
     def batch(self) -> dict[str, Any]:
-        from grpo_lab.checks.rules.batch import batch_facts
-
-        return batch_facts(self)
-
-    @cached_property
-    def model(self) -> Any:
-        from grpo_lab.checks.rules.values import resolve_model
-
-        return resolve_model(self)
-
-    @cached_property
-    def plan(self) -> dict[str, Any]:
-        from grpo_lab.checks.rules.values import plan_memory
-
-        return plan_memory(self)
+        """The Run's batch arithmetic, with what the rules add for the report (token budgets, Ray's CPUs)."""
+        return dict(self.run.batch)
 
 
 # the rule modules in the preflight's report order (a module's rules in the order of its file)

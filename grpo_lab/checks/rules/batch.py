@@ -5,97 +5,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
-from grpo_lab import facts
-from grpo_lab.checks.inputs import data_command, has_column, local_files, maker_for, parquet_columns
+from grpo_lab.checks.inputs import data_command, has_column, maker_for, parquet_columns
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
-
-
-def as_int(x: Any, default: int = 0) -> int:
-    """An integer config value; `default` when it is not one (values.* rules name the bad ones)."""
-    if isinstance(x, bool):
-        return default
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float) and x.is_integer():
-        return int(x)
-    if isinstance(x, str):
-        try:
-            return int(x.strip())
-        except ValueError:
-            return default
-    return default
+from grpo_lab.facts import local_files
+from grpo_lab.memory.settings import as_int, mode, ref_used
 
 
 def num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
-
-
-def sp_size(c: Ctx) -> int:
-    """Ulysses sequence-parallel size as verl 0.9.1 takes it: actor.fsdp_config.ulysses_sequence_parallel_size, unless
-    the deprecated actor.ulysses_sequence_parallel_size is above 1 (FSDPActorConfig.__post_init__ copies it over)."""
-    old = as_int(c.get(A + "actor.ulysses_sequence_parallel_size", 1), 1)
-    new = as_int(c.get(A + "actor.fsdp_config.ulysses_sequence_parallel_size", 1), 1)
-    return max(1, old if old > 1 else new)
-
-
-def ref_used(c: Ctx) -> bool:
-    return bool(c.get(A + "actor.use_kl_loss", False)) or bool(c.get("algorithm.use_kl_in_reward", False))
-
-
-def critic_used(c: Ctx) -> bool:
-    """verl 0.9.1's need_critic (verl/trainer/ppo/utils.py): critic.enable when set, else adv_estimator == gae."""
-    enable = c.get("critic.enable")
-    return bool(enable) if enable is not None else str(c.get("algorithm.adv_estimator", "gae")) == "gae"
-
-
-# ---- the trainer mode: which batch shapes verl 0.9.1 fails on, and which it only pads ---------------------------
-
-@dataclass(frozen=True)
-class Mode:
-    """verl 0.9.1's trainer and batching mode, the one thing the batch rules' verdicts turn on.
-
-    v1 (trainer.use_v1, verl's default true): the V1 trainer pads every step's batch with synthetic no-op samples
-    (tag is_padding, a 128-token sequence with zero response mask and reward, a uid of their own) up to a multiple of
-    lcm(actor data-parallel size, ppo_mini_batch_size x n) (and the critic's mini-batch x n when a critic is used):
-    verl/trainer/ppo/v1/trainer_base.py PPOTrainer._balance_batch -> _get_required_batch_multiple,
-    verl/trainer/ppo/padding_utils.py upsample_batch_to_divisible_size. A step that does not split over the GPUs or
-    into whole mini-batches then runs, its compute partly spent on padding. The legacy trainer (trainer.use_v1=false,
-    deprecated: verl/trainer/main_ppo_v0.py) pads nothing: its _balance_batch partitions the step in equal parts over
-    the data-parallel ranks (verl/utils/seqlen_balancing.py karmarkar_karp asserts it) and each rank's share must be
-    whole mini-batches (verl/workers/engine_workers.py TrainingWorker.train_mini_batch -> tu.make_iterator,
-    verl/utils/tensordict_utils.py, asserts it).
-    dyn (actor.use_dynamic_bsz): without it, verl's validate_config (verl/utils/config.py; grpo-lab's launch calls it
-    before run_ppo, as verl's main_ppo does) asserts the step splits over every GPU and ActorConfig.validate
-    (verl/workers/config/actor.py) raises for a train batch below the mini-batch, in both trainers."""
-
-    v1: bool
-    dyn: bool
-
-    @property
-    def name(self) -> str:
-        trainer = "verl's V1 trainer" if self.v1 else "verl's legacy trainer (trainer.use_v1=false)"
-        return trainer + (" with dynamic batching" if self.dyn else
-                          " without dynamic batching (actor.use_dynamic_bsz=false)")
-
-
-def mode(c: Ctx) -> Mode:
-    return Mode(bool(c.get("trainer.use_v1", True)), bool(c.get(A + "actor.use_dynamic_bsz", False)))
-
-
-def v1_padding(c: Ctx, b: dict[str, Any]) -> dict[str, Any] | None:
-    """What the V1 trainer adds to each step (Mode): the multiple it pads to and the no-op samples it adds."""
-    traj, dp, n, mini = b["trajectories_per_step"], b["data_parallel_size"], b["rollout_n"], b["ppo_mini_batch_size"]
-    if traj <= 0 or mini <= 0 or n <= 0:
-        return None
-    multiple = math.lcm(dp, mini * n)
-    if critic_used(c):
-        multiple = math.lcm(multiple, max(1, as_int(c.get("critic.ppo_mini_batch_size"), mini)) * n)
-    padded = math.ceil(traj / multiple) * multiple
-    return {"multiple": multiple, "padded_trajectories": padded, "samples": padded - traj,
-            "fraction": round((padded - traj) / padded, 3), "updates_per_step": padded // (mini * n)}
 
 
 def padding_text(c: Ctx) -> str:
@@ -108,40 +26,6 @@ def padding_text(c: Ctx) -> str:
             f"{pad['multiple']}): {pad['fraction']:.0%} of each step's samples are padding (short 128-token "
             f"sequences with zero reward and loss mask, verl/trainer/ppo/padding_utils.py "
             f"upsample_batch_to_divisible_size), {pad['updates_per_step']} actor update(s) per step")
-
-
-def batch_facts(c: Ctx) -> dict[str, Any]:
-    per_node = as_int(c.get("trainer.n_gpus_per_node", 1), 1)
-    nnodes = max(1, as_int(c.get("trainer.nnodes", 1), 1))
-    n_gpus = max(1, per_node * nnodes)
-    sp = sp_size(c)
-    dp = max(1, n_gpus // sp)
-    tb = as_int(c.get("data.train_batch_size", 0))
-    n = as_int(c.get(A + "rollout.n", 1), 1)
-    mini = as_int(c.get(A + "actor.ppo_mini_batch_size", 0))
-    prompt = as_int(c.get("data.max_prompt_length", 0))
-    resp = as_int(c.get("data.max_response_length", 0))
-    tp = max(1, as_int(c.get(A + "rollout.tensor_model_parallel_size", 1), 1))
-    rdp = max(1, as_int(c.get(A + "rollout.data_parallel_size", 1), 1))
-    rpp = max(1, as_int(c.get(A + "rollout.pipeline_model_parallel_size", 1), 1))
-    traj, mini_traj, replica = tb * n, mini * n, tp * rdp * rpp
-    replicas = n_gpus // replica if replica else 0
-    b = {
-        "n_gpus": n_gpus, "n_gpus_per_node": per_node, "nnodes": nnodes, "sequence_parallel_size": sp,
-        "data_parallel_size": dp, "train_batch_size": tb, "rollout_n": n, "ppo_mini_batch_size": mini,
-        "ppo_epochs": as_int(c.get(A + "actor.ppo_epochs", 1), 1),
-        "trajectories_per_step": traj, "mini_batch_trajectories": mini_traj,
-        "updates_per_step": (tb // mini if mini > 0 and tb % mini == 0 else round(tb / mini, 3) if mini > 0 else None),
-        "trajectories_per_gpu": (mini_traj // dp if mini_traj % dp == 0 else round(mini_traj / dp, 3)),
-        "trajectories_per_gpu_per_step": (traj // dp if traj % dp == 0 else round(traj / dp, 3)),
-        "sequence_length": prompt + resp, "rollout_replica_gpus": replica, "rollout_replicas": replicas,
-        "trajectories_per_replica": math.ceil(traj / replicas) if replicas else None,
-        "train_rows": None, "steps_per_epoch": None,
-        "total_epochs": as_int(c.get("trainer.total_epochs", 1), 1),
-        "total_training_steps": c.get("trainer.total_training_steps"),
-    }
-    b["padding"] = v1_padding(c, b) if mode(c).v1 else None
-    return b
 
 
 def _sizes_ok(c: Ctx) -> bool:
@@ -206,7 +90,7 @@ def train_batch_vs_mini_batch(c: Ctx) -> Iterable[Problem]:
     tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
     if not (_sizes_ok(c) and tb < mini):
         return
-    m, fix = mode(c), _batch_fix_text(c)
+    m, fix = mode(c.run.keys), _batch_fix_text(c)
     what = f"the train batch ({tb} prompts) is smaller than the PPO mini-batch ({mini} prompts)"
     if not m.dyn:
         yield error(f"{what}. {m.name}: verl 0.9.1's validate_config raises 'ValueError: train_batch_size ({tb}) must "
@@ -226,7 +110,7 @@ def updates_per_step_integer(c: Ctx) -> Iterable[Problem]:
     tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
     if not (_sizes_ok(c) and tb >= mini and tb % mini):
         return
-    m, fix = mode(c), _batch_fix_text(c)
+    m, fix = mode(c.run.keys), _batch_fix_text(c)
     what = (f"the train batch ({tb} prompts) is not a whole number of PPO mini-batches ({mini}): {tb}/{mini} = "
             f"{tb / mini:.2f} updates per step")
     if m.v1:
@@ -246,7 +130,7 @@ def batch_divisibility(c: Ctx) -> Iterable[Problem]:
     traj, dp, n_gpus = b["trajectories_per_step"], b["data_parallel_size"], b["n_gpus"]
     if not _sizes_ok(c):
         return
-    m = mode(c)
+    m = mode(c.run.keys)
     steps = f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do not split"
     if not m.dyn and traj % n_gpus:
         yield error(f"{steps} over all {n_gpus} GPUs ({traj}/{n_gpus} = {traj / n_gpus:.2f}). {m.name}: verl 0.9.1's "
@@ -348,7 +232,7 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
     pad = b.get("padding")  # the V1 trainer pads the step before the log-prob passes (Mode)
     per_gpu_step = (pad["padded_trajectories"] if pad else b["trajectories_per_step"]) / b["data_parallel_size"]
     for key in ("rollout", "ref"):
-        if c.get(A + f"{key}.log_prob_use_dynamic_bsz", False) or (key == "ref" and not ref_used(c)):
+        if c.get(A + f"{key}.log_prob_use_dynamic_bsz", False) or (key == "ref" and not ref_used(c.run.keys)):
             continue
         micro = c.get(A + f"{key}.log_prob_micro_batch_size_per_gpu")
         if micro is None:
@@ -404,20 +288,11 @@ def data_files(c: Ctx) -> Iterable[Problem]:
         yield note(f"train file not there yet ({', '.join(missing)}): steps_per_epoch unknown"
                    + (f"; `{'`, `'.join(cmds)}` writes it" if cmds else ""))
         return
-    parquet = [f for f in files if f.lower().endswith(".parquet")]
-    if len(parquet) != len(files):
+    if not all(f.lower().endswith(".parquet") for f in files):
         yield note("steps per epoch unknown: the train file is not parquet (its rows are not counted here)")
         return
-    try:
-        rows = sum(facts.parquet_num_rows(f) for f in files)
-    except (OSError, ValueError, ImportError):
-        return  # named above
-    b["train_rows"] = rows
-    tb = b["train_batch_size"]
-    if tb > 0:
-        b["steps_per_epoch"] = rows // tb  # verl's train dataloader drops the last partial batch
-        if b["total_training_steps"] is None:
-            b["total_training_steps"] = b["steps_per_epoch"] * b["total_epochs"]
+    rows, tb = b["train_rows"], b["train_batch_size"]
+    if rows is not None and tb > 0:
         if rows < tb:
             yield error(f"the train file has {rows} rows, fewer than one train batch ({tb}): verl's dataloader "
                         f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
@@ -467,7 +342,7 @@ def _budget_checks(c: Ctx) -> list[tuple[str, str, str, str, str]]:
                "the actor update"),
               ("rollout", "rollout.log_prob_use_dynamic_bsz", "rollout.log_prob_max_token_len_per_gpu",
                A + "rollout.log_prob_max_token_len_per_gpu", "the old-log-prob pass")]
-    if ref_used(c):
+    if ref_used(c.run.keys):
         checks.append(("ref", "ref.log_prob_use_dynamic_bsz", "ref.log_prob_max_token_len_per_gpu",
                        A + "ref.log_prob_max_token_len_per_gpu", "the reference log-prob pass"))
     return checks

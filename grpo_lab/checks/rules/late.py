@@ -21,12 +21,12 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks import reward_probe
-from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, thaw, warn
-from grpo_lab.checks.rules.batch import as_int, sp_size
-from grpo_lab.checks.rules.values import position_override
+from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
 from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import emulate
-from grpo_lab.verl_keys import MISSING, lookup
+from grpo_lab.memory.planned_model import position_override
+from grpo_lab.memory.settings import as_int, sp_size
+from grpo_lab.verl_keys import MISSING, lookup, thaw
 from grpo_lab.verl_schema import schema
 
 # ---------------------------------------------------------------------------------- keys verl takes and never reads
@@ -412,7 +412,7 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     path, _, _ = _cfg(c)
     if path or c.get("reward.reward_model.enable", False):
         return  # a custom reward file (rules above) or a reward model scores the rows
-    from grpo_lab.checks.inputs import local_files
+    from grpo_lab.facts import local_files
 
     files = [f for key in ("data.train_files", "data.val_files") for f in (local_files(c.get(key)) or [])]
     sources = _data_sources(files)
@@ -495,7 +495,7 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
     (verl/models/transformers/monkey_patch.py apply_monkey_patch), builds a (dp, sp) device mesh over the GPUs
     (verl/workers/engine/fsdp/transformer_impl.py _init_device_mesh: torch refuses a shape that does not cover them)
     and raises without use_remove_padding (same file): all when the actor is built, after Ray has started."""
-    sp = sp_size(c)
+    sp = sp_size(c.run.keys)
     if sp <= 1:
         return
     key, n_gpus = _sp_key(c), c.batch["n_gpus"]
@@ -560,7 +560,7 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     want = prompt + resp if not mpe else min(prompt + resp, mpe)
     fix = f"{A}rollout.max_model_len={want}"
     if mpe and mml > mpe:
-        where = (f"{A}model.override_config.max_position_embeddings" if position_override(c) else arch.source)
+        where = (f"{A}model.override_config.max_position_embeddings" if position_override(c.verl) else arch.source)
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's max_position_embeddings "
                     f"({mpe}, {where}): verl 0.9.1 raises 'max_model_len ({mml}) should be less than or equal "
                     f"to max_position_embeddings ({mpe})' when the rollout engine starts, after Ray and the actor", fix)
@@ -568,7 +568,7 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
         own = c.model.file_positions
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's own max_position_embeddings "
                     f"({own}, its config.json): {A}model.override_config.max_position_embeddings="
-                    f"{position_override(c)} reaches verl, not vLLM (verl 0.9.1 hands vLLM only quantization "
+                    f"{position_override(c.verl)} reaches verl, not vLLM (verl 0.9.1 hands vLLM only quantization "
                     f"overrides: vllm_async_server.py _apply_quantization), and vLLM 0.24 refuses 'User-specified "
                     f"max_model_len ({mml}) is greater than the derived max_model_len' at engine start unless "
                     f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set for its process (vllm/config/model.py)",

@@ -9,8 +9,8 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
-from grpo_lab.checks.rules.batch import as_int, ref_used
 from grpo_lab.memory import memplan
+from grpo_lab.memory.settings import as_int, ref_used
 from grpo_lab.verl_schema import schema
 
 # A Qwen3 chat model thinks first (<think>...</think>); the answer's "#### n" comes after the trace. Qwen's model card
@@ -222,7 +222,7 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
                     f"AssertionError) when it builds the actor, after Ray has started (verl/workers/engine_workers.py "
                     f"ActorRolloutRefWorker.init_model), with either trainer",
                     f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz={val}")
-    if ref_used(c):
+    if ref_used(c.run.keys):
         ref = bool(c.get(A + "ref.log_prob_use_dynamic_bsz", False))
         if ref != actor_dyn:
             how = ("packs micro-batches by tokens (ref.log_prob_max_token_len_per_gpu)" if ref else

@@ -1,19 +1,9 @@
 """Rules on the values: single values verl accepts without a word and then fails on, or trains nothing with; and what
-they add up to on the cards: the memory plan (grpo_lab/memory/memplan.py) of the model planned, with the settings it
-reads of verl's config (settings_from_verl).
-
-The model planned is the one verl will load: a local folder's config.json, else the Hugging Face cache's copy of the
-hub id, else the conf/model/ group whose model_path is that id (MODEL_PATH=Qwen/Qwen3-0.6B plans the 0.6B, whatever
-the model group), else the model group's own facts (lab.model).
-"""
+they add up to on the cards: the memory plan of the job's Run (grpo_lab/memory/run.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from grpo_lab import facts
@@ -22,8 +12,8 @@ from grpo_lab.cli.config import safe_name, unsafe_name
 from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.facts import preset_learning_rates
 from grpo_lab.labconf import Lab
-from grpo_lab.memory import calibration, engines, memplan
-from grpo_lab.verl_keys import get as _get
+from grpo_lab.memory import calibration, memplan
+from grpo_lab.memory.settings import NUMBERS, is_kind, wrong_types
 
 # --------------------------------------------------------------------------------- values verl takes but cannot use
 
@@ -56,74 +46,14 @@ def override_key(verl_key: str) -> str:
     return _SHORT.get(verl_key, verl_key)
 
 
-# (verl key, int or float, lowest allowed (None: any, or another rule's range), value of the fix, what goes wrong)
-NUMBERS: tuple[tuple[str, type, float | None, Any, str], ...] = (
-    ("trainer.n_gpus_per_node", int, 1, 1,
-     "verl builds a Ray resource pool with no GPU and Ray stops after ~40 s with 'Bundles must be a non-empty list'"),
-    ("trainer.nnodes", int, 1, 1, "verl builds a Ray resource pool with no node"),
-    ("data.train_batch_size", int, 1, 128, "there is no batch to train on"),
-    (A + "actor.ppo_mini_batch_size", int, 1, 64, "there is no mini-batch to update with"),
-    (A + "rollout.n", int, 1, 5, "no answer is generated"),
-    ("data.max_prompt_length", int, 1, 512, "every prompt is too long (filter_overlong_prompts drops them all)"),
-    ("data.max_response_length", int, 1, 1024, "vLLM may generate no token: every answer is empty and scores 0"),
-    ("trainer.total_epochs", int, 1, 1,
-     "verl's step count, steps per epoch x total_epochs, is not positive: no training step runs"),
-    (A + "rollout.tensor_model_parallel_size", int, 1, 1, "vLLM cannot place a replica"),
-    (A + "actor.ppo_max_token_len_per_gpu", int, 1, 4096, "dynamic batching has no token budget"),
-    # (0 itself runs and trains nothing: learning_rate_zero's warning)
-    (A + "actor.optim.lr", float, 0, 1e-6,
-     "torch refuses it when verl builds the actor's optimizer, after Ray and the model have started "
-     "(torch.optim.AdamW: 'ValueError: Invalid learning rate'); a negative rate would move away from reward"),
-    (A + "actor.kl_loss_coef", float, 0, 0.001, "a negative KL coefficient pushes the actor away from the reference"),
-    # null (verl's default) lets the epochs decide: steps per epoch x total_epochs
-    ("trainer.total_training_steps", int, 1, "null",
-     "verl ends training once its step count reaches total_training_steps (ray_trainer.py: is_last_step = "
-     "global_steps >= total_training_steps), and the count starts at 1: it trains one step and stops, not 'no limit'. "
-     "null lets total_epochs decide"),
-    # the types only: the micro-batch rules (rules.batch) judge their sizes; 0 or -1 are "never" for the frequencies
-    (A + "actor.ppo_micro_batch_size_per_gpu", int, None, 2, "the actor update has no micro-batch size"),
-    (A + "rollout.log_prob_micro_batch_size_per_gpu", int, None, 2, "the log-prob pass has no micro-batch size"),
-    (A + "ref.log_prob_micro_batch_size_per_gpu", int, None, 2, "the reference pass has no micro-batch size"),
-    (A + "actor.entropy_coeff", float, None, 0, "the entropy term has no coefficient"),
-    ("trainer.test_freq", int, None, 10, "validation has no interval"),
-    ("trainer.save_freq", int, None, 50, "checkpoints have no interval"),
-)
-
 # a learning rate from here up is warned: GRPO fine-tunes a pretrained model with rates around 1e-6 to 1e-5
 LR_WARN = 1e-3
-
-
-def _is(value: Any, kind: type) -> bool:
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) if kind is int else isinstance(value, (int, float))
-
-
-def wrong_types(c: Ctx) -> Iterator[tuple[str, Any, Any, str, Any, str]]:
-    """(key, value, verl's default, what it must be, fix value, why) of each number verl needs that is no number, or
-    null where verl's own default is a number. A key that only follows one named already (the ref's log-prob
-    micro-batch reads the rollout's) is not named again."""
-    from grpo_lab.cli.knobs import followers
-    from grpo_lab.verl_schema import schema
-
-    named: dict[str, Any] = {}
-    for key, kind, _, fix, why in NUMBERS:
-        v = c.get(key)
-        default = _get(schema().defaults, key)
-        if v is None and default is None or _is(v, kind):
-            continue
-        if kind is int and isinstance(v, float) and v.is_integer():
-            continue
-        if any(key in followers().get(k, ()) and named[k] == v for k in named):
-            continue
-        named[key] = v
-        yield key, v, default, "a whole number" if kind is int else "a number", fix, why
 
 
 @rule("value_types", kind="values", phase="compose")
 def value_types(c: Ctx) -> Iterable[Problem]:
     """A number verl needs given as text (train_batch_size=abc) or null: named, not read as 0."""
-    for key, v, default, what, fix, why in wrong_types(c):
+    for key, v, default, what, fix, why in wrong_types(c.run.keys):
         if v is None:
             yield error(f"{key}=null is not {what} (verl's own default is {default}): verl would fail on it, or "
                         f"{why}", f"{override_key(key)}={fix}")
@@ -137,7 +67,7 @@ def value_range(c: Ctx) -> Iterable[Problem]:
     """Numbers below what verl can use (ngpus_per_node=0, actor_lr=-1e-6, total_epochs=-1, max_response_length=0)."""
     for key, kind, lo, fix, why in NUMBERS:
         v = c.get(key)
-        if lo is None or v is None or not _is(v, kind) and not (kind is int and isinstance(v, float)):
+        if lo is None or v is None or not is_kind(v, kind) and not (kind is int and isinstance(v, float)):
             continue
         if v < lo:
             if key == "trainer.n_gpus_per_node" and c.launching:
@@ -154,7 +84,7 @@ def learning_rate_zero(c: Ctx) -> Iterable[Problem]:
     learned, at the full cost of the run."""
     key = A + "actor.optim.lr"
     v = c.get(key)
-    if _is(v, float) and v == 0:
+    if is_kind(v, float) and v == 0:
         yield warn(f"{key}=0: verl 0.9.1 runs it (torch.optim.AdamW accepts a rate of 0), but every actor update then "
                    f"moves no weight, so the run generates and scores answers at full cost and the actor never changes "
                    f"(the rewards stay where they start)", f"{override_key(key)}=1e-06")
@@ -166,7 +96,7 @@ def group_size(c: Ctx) -> Iterable[Problem]:
     others run with no baseline (GROUP_ESTIMATORS says what each does)."""
     est = str(c.get("algorithm.adv_estimator", "gae"))
     n = c.get(A + "rollout.n", 1)
-    if est not in GROUP_ESTIMATORS or not _is(n, int) or n != 1:
+    if est not in GROUP_ESTIMATORS or not is_kind(n, int) or n != 1:
         return
     what = (f"algorithm.adv_estimator={est} compares the answers of one prompt with each other, and rollout.n=1 gives "
             f"each prompt one answer: there is no group")
@@ -186,7 +116,7 @@ def learning_rate_high(c: Ctx) -> Iterable[Problem]:
     learning rate each step, so the pretrained model is overwritten within a few steps. The presets' rates: conf/."""
     key = A + "actor.optim.lr"
     v = c.get(key)
-    if not _is(v, float) or v < LR_WARN:
+    if not is_kind(v, float) or v < LR_WARN:
         return
     presets = preset_learning_rates()
     used = "; ".join(f"{lr:g} ({f})" for lr, f in presets) or "none found under conf/"
@@ -210,206 +140,6 @@ def experiment_name_folder(c: Ctx) -> Iterable[Problem]:
 
 
 # ---------------------------------------------------------------------- the memory plan, and which model is planned
-
-
-@dataclass
-class ModelFacts:
-    arch: memplan.Arch | None
-    info: dict[str, Any] = field(default_factory=dict)  # name, hub_id, thinking (a model group's lab.model)
-    mismatch: str = ""  # model_path names no model we know, and the model group is another one
-    notes: list[str] = field(default_factory=list)
-    # the folder's mark: random weights, for memory and speed only (grpo_lab.tasks.qwen3_random)
-    random_weights: str = ""
-    # max_position_embeddings of the model's own config, when override_config raised it
-    file_positions: int | None = None
-
-
-def _from_config_json(path: Path, source: str) -> memplan.Arch:
-    cfg = json.loads(path.read_text())
-    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
-        cfg = cfg["text_config"]
-    return memplan.Arch.from_mapping(cfg, source=source)
-
-
-def position_override(c: Ctx) -> int | None:
-    """actor_rollout_ref.model.override_config's max_position_embeddings (under its model_config when it has one), as
-    verl 0.9.1 sets it on the model's config before the rollout checks max_model_len against it
-    (verl/workers/config/model.py HFModelConfig.__post_init__ -> verl/utils/model.py update_model_config)."""
-    ov = c.get(A + "model.override_config", {}) or {}
-    ov = ov.get("model_config", ov) if isinstance(ov, Mapping) else {}
-    v = ov.get("max_position_embeddings") if isinstance(ov, Mapping) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-
-
-def resolve_model(c: Ctx) -> ModelFacts:
-    """The model verl will load (module docstring), with the positions override_config gives it."""
-    m = _model_files(c)
-    positions = position_override(c)
-    if m.arch is not None and positions is not None:
-        m.file_positions = m.arch.max_position_embeddings
-        m.arch = replace(m.arch, max_position_embeddings=positions)
-    return m
-
-
-def _model_files(c: Ctx) -> ModelFacts:
-    path = str(c.get(A + "model.hf_config_path") or c.get(A + "model.path") or "")
-    group = asdict(c.lab.model)
-    groups = facts.model_groups()
-    known = groups.get(path)
-    info = dict(known) if known else group
-    local = Path(os.path.expanduser(path)) if path else None
-    notes: list[str] = []
-    if local is not None and (local / "config.json").is_file():
-        try:
-            return ModelFacts(_from_config_json(local / "config.json", str(local / "config.json")), info,
-                              random_weights=facts.random_weights_mark(local / "config.json"))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            notes.append(f"could not read {local / 'config.json'} ({e}); planning the model group's facts")
-    elif local is not None and local.is_dir():  # a folder with no model in it is no model: not the group's either
-        return ModelFacts(None, {}, notes=[f"memory plan skipped: {path} holds no config.json, so there is no model "
-                                           f"to plan (the model option's {group.get('name')} is not planned in its "
-                                           f"place)"])
-    cached = facts.hf_cached_config(path, c.environ) if path and not (local and local.exists()) else None
-    if cached is not None:
-        try:
-            return ModelFacts(_from_config_json(cached, str(cached)), info, notes=notes)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    if known and all(known.get(k) is not None for k in memplan.Arch.FIELDS):
-        return ModelFacts(memplan.Arch.from_mapping(known, source=f"conf/model ({known.get('name')}: {path})"),
-                          info, notes=notes)
-    if all(group.get(k) is not None for k in memplan.Arch.FIELDS):
-        hub = group.get("hub_id")
-        mismatch = ""
-        if path and hub and path != hub and not (local and local.exists()):
-            mismatch = path
-        return ModelFacts(memplan.Arch.from_mapping(group, source=f"lab.model ({group.get('name')})"), group,
-                          mismatch, notes)
-    return ModelFacts(None, info, notes=notes + [
-        "no architecture facts (no local config.json, no known model, no lab.model): memory plan skipped"])
-
-
-def settings_from_verl(verl: Mapping[str, Any], lab: Lab) -> memplan.Settings:
-    """The memory-relevant settings of a resolved verl config (plain dict) and the job's card and host (`lab`)."""
-    n_gpus = int(_get(verl, "trainer.n_gpus_per_node", 1)) * int(_get(verl, "trainer.nnodes", 1))
-    override = _get(verl, A + "model.override_config", {}) or {}
-    entropy_coeff = _get(verl, A + "actor.entropy_coeff", 0) or 0
-    use_kl = bool(_get(verl, A + "actor.use_kl_loss", False)) or bool(_get(verl, "algorithm.use_kl_in_reward", False))
-    max_model_len = _get(verl, A + "rollout.max_model_len")
-    return memplan.Settings(
-        n_gpus=max(1, n_gpus),
-        card_gb=float(lab.hardware.gpu_memory_gb or 0),
-        host_ram_gb=lab.hardware.host_ram_gb,
-        fsdp_size=int(_get(verl, A + "actor.fsdp_config.fsdp_size", -1)),
-        nnodes=max(1, int(_get(verl, "trainer.nnodes", 1) or 1)),
-        strategy=str(_get(verl, A + "actor.strategy", "fsdp") or "fsdp"),
-        ref_model_dtype=str(_get(verl, A + "ref.fsdp_config.model_dtype", "fp32") or "bf16"),
-        # verl 0.9.1: fsdp_config.ulysses_sequence_parallel_size; the deprecated actor key wins when above 1
-        sp_size=max(int(_get(verl, A + "actor.ulysses_sequence_parallel_size", 1) or 1),
-                    int(_get(verl, A + "actor.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)),
-        lora_rank=int(_get(verl, A + "model.lora_rank", 0) or 0),
-        lora_targets=_get(verl, A + "model.target_modules", "all-linear"),
-        param_offload=bool(_get(verl, A + "actor.fsdp_config.param_offload", False)),
-        optimizer_offload=bool(_get(verl, A + "actor.fsdp_config.optimizer_offload", False)),
-        model_dtype=str(_get(verl, A + "actor.fsdp_config.model_dtype", "fp32") or "fp32"),
-        gradient_checkpointing=bool(_get(verl, A + "model.enable_gradient_checkpointing", True)),
-        activation_offload=bool(_get(verl, A + "model.enable_activation_offload", False)),
-        attn_implementation=str(override.get("attn_implementation", "flash_attention_2")),
-        use_dynamic_bsz=bool(_get(verl, A + "actor.use_dynamic_bsz", False)),
-        ppo_max_token_len_per_gpu=int(_get(verl, A + "actor.ppo_max_token_len_per_gpu", 16384)),
-        ppo_micro_batch_size_per_gpu=_int_or_none(_get(verl, A + "actor.ppo_micro_batch_size_per_gpu")),
-        entropy_in_update=bool(_get(verl, A + "actor.calculate_entropy", False)) or float(entropy_coeff) != 0.0,
-        entropy_checkpointing=bool(_get(verl, A + "actor.entropy_checkpointing", False)),
-        actor_entropy_chunking=bool(_get(verl, A + "actor.entropy_from_logits_with_chunking", False)),
-        entropy_chunk_size=int(_get(verl, A + "actor.entropy_from_logits_chunk_size", 2048)),
-        use_torch_compile=bool(_get(verl, A + "actor.use_torch_compile", True))
-        and bool(_get(verl, A + "actor.fsdp_config.use_torch_compile", True)),
-        use_fused_kernels=bool(_get(verl, A + "model.use_fused_kernels", False)),
-        use_remove_padding=bool(_get(verl, A + "model.use_remove_padding", True)),
-        max_prompt_length=int(_get(verl, "data.max_prompt_length", 512)),
-        max_response_length=int(_get(verl, "data.max_response_length", 512)),
-        log_prob_use_dynamic_bsz=bool(_get(verl, A + "rollout.log_prob_use_dynamic_bsz", False)),
-        log_prob_max_token_len_per_gpu=int(_get(verl, A + "rollout.log_prob_max_token_len_per_gpu", 16384)),
-        log_prob_micro_batch_size_per_gpu=_int_or_none(_get(verl, A + "rollout.log_prob_micro_batch_size_per_gpu")),
-        ref_used=use_kl,
-        ref_log_prob_use_dynamic_bsz=bool(_get(verl, A + "ref.log_prob_use_dynamic_bsz", False)),
-        ref_log_prob_max_token_len_per_gpu=int(_get(verl, A + "ref.log_prob_max_token_len_per_gpu", 16384)),
-        ref_log_prob_micro_batch_size_per_gpu=_int_or_none(_get(verl, A + "ref.log_prob_micro_batch_size_per_gpu")),
-        ref_entropy_chunking=bool(_get(verl, A + "ref.entropy_from_logits_with_chunking", False)),
-        ref_param_offload=bool(_get(verl, A + "ref.fsdp_config.param_offload", False)),
-        rollout_engine=str(_get(verl, A + "rollout.name", "vllm")),
-        gpu_memory_utilization=float(_get(verl, A + "rollout.gpu_memory_utilization", 0.5)),
-        tp=int(_get(verl, A + "rollout.tensor_model_parallel_size", 1) or 1),
-        rollout_dp=int(_get(verl, A + "rollout.data_parallel_size", 1) or 1),
-        free_cache_engine=bool(_get(verl, A + "rollout.free_cache_engine", True)),
-        enforce_eager=bool(_get(verl, A + "rollout.enforce_eager", False)),
-        max_num_seqs=int(_get(verl, A + "rollout.max_num_seqs", 256)),
-        max_num_batched_tokens=int(_get(verl, A + "rollout.max_num_batched_tokens", 8192)),
-        enable_chunked_prefill=bool(_get(verl, A + "rollout.enable_chunked_prefill", True)),
-        max_model_len=int(max_model_len) if max_model_len else None,
-        layered_summon=bool(_get(verl, A + "rollout.layered_summon", False)),
-        vllm_kv_cache_bytes=_positive_int(_get(verl, A + "rollout.engine_kwargs.vllm.kv_cache_memory_bytes")),
-        bucket_mb=int(_get(verl, A + "rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
-        train_batch_size=int(_get(verl, "data.train_batch_size", 128)),
-        rollout_n=int(_get(verl, A + "rollout.n", 1)),
-        ppo_mini_batch_size=int(_get(verl, A + "actor.ppo_mini_batch_size", 0) or 0),
-        ppo_epochs=int(_get(verl, A + "actor.ppo_epochs", 1) or 1),
-    )
-
-
-def _int_or_none(v: Any) -> int | None:
-    """A size that may be unset (null); any other value that is no number raises, as int() does."""
-    return None if v is None else int(v)
-
-
-def _positive_int(v: Any) -> int | None:
-    try:
-        n = int(float(v))
-    except (TypeError, ValueError):
-        return None
-    return n if n > 0 else None
-
-
-def plan_memory(c: Ctx) -> dict[str, Any]:
-    m = c.model
-    c.notes.extend(m.notes)
-    if m.arch is None:
-        return {}
-    nulls = [key for key, v, *_ in wrong_types(c) if v is None]  # the plan would read verl's default in their place
-    if nulls:
-        c.notes.append(f"memory plan skipped until the values named above are numbers ({', '.join(nulls)}: null)")
-        return {}
-    try:
-        s = settings_from_verl(c.verl, c.lab)
-    except (TypeError, ValueError) as e:
-        c.notes.append(f"memory plan skipped until the values named above are numbers ({e})")
-        return {}
-    engine = str(s.rollout_engine or "vllm").lower()
-    if engine not in engines.ENGINES:  # verl may know it (trtllm); the plan has not been measured with it
-        why = (f"rollout engine {s.rollout_engine!r} not measured: the memory plan knows how "
-               f"{' and '.join(engines.ENGINES)} use gpu_memory_utilization (grpo_lab/memory/engines.py), not this "
-               f"one, so it gives no memory verdict for this job (weights, KV cache and the phases unchecked)")
-        c.notes.append(why)
-        return {"params": m.arch.params(), "architecture_source": m.arch.source, "rollout_engine": s.rollout_engine,
-                "verdict": {"overall": "not measured"}, "not_measured": why}
-    if s.card_gb <= 0:  # card_memory_unknown refuses it
-        return {"params": m.arch.params(), "architecture_source": m.arch.source}
-    util = s.gpu_memory_utilization
-    if not 0.0 < util <= 1.0 or (util == 1.0 and engine == "vllm"):
-        # refused by gpu_memory_utilization_range (out of (0, 1], or 1.0 on vLLM); plan with the guide's 0.4
-        s = replace(s, gpu_memory_utilization=0.4)
-        c.notes.append("memory plan made with gpu_memory_utilization 0.4 (the configured value is refused)")
-    if m.arch.is_moe:
-        a = m.arch
-        c.notes.append(f"mixture of experts: {a.num_experts} experts, {a.num_experts_per_tok} per token in "
-                       f"{a.sparse_layers} layers: planned with all {a.params() / 1e9:.1f}B parameters for weights, "
-                       f"gradients, optimizer and vLLM, {a.active_params() / 1e9:.1f}B active for activations")
-    plan = memplan.memory_plan(m.arch, s, remedies=not c.quick)
-    plan["_settings"] = s
-    for phase, opts in list(plan.get("remedies", {}).items()):  # once some remedy ends the OOM, drop those that do not
-        if any(o["verdict"] != "oom" for o in opts):
-            plan["remedies"][phase] = [o for o in opts if o["verdict"] != "oom"]
-    return plan
 
 
 def _fix_for(plan: dict[str, Any], phase: str) -> str:
@@ -481,7 +211,7 @@ def full_finetune_too_big(c: Ctx) -> Iterable[Problem]:
     plan = c.plan
     if not plan.get("phases"):
         return
-    s, arch = plan["_settings"], c.model.arch
+    s, arch = c.run.planned, c.model.arch
     state_full = plan["actor_state_full_gb_per_gpu"]
     if s.lora_rank == 0 and state_full > memplan.TIGHT_FRACTION * s.card_gb:
         big = arch.params() > 6e9
@@ -498,7 +228,7 @@ def vllm_kv_cache(c: Ctx) -> Iterable[Problem]:
     plan = c.plan
     if not plan.get("phases"):
         return
-    s, kv = plan["_settings"], plan["kv_cache"]
+    s, kv = c.run.planned, plan["kv_cache"]
     if kv["tokens"] <= 0:
         yield oom(f"vLLM's budget gpu_memory_utilization {s.gpu_memory_utilization} x {s.card_gb:g} GB = "
                   f"{kv['budget_gb']} GB cannot hold its own weights ({kv['vllm_weights_gb']} GB at TP {s.tp}) and "
@@ -522,7 +252,7 @@ def _phase_rule(phase: str, label: str, job_phase: str):
         plan = c.plan
         if not plan.get("phases"):
             return
-        card = plan["_settings"].card_gb
+        card = c.run.planned.card_gb
         ph, v = plan["phases"][phase], plan["verdict"][phase]
         peak = ph["peak_gb_per_gpu"]
         parts = " + ".join(f"{k.replace('_', ' ')} {val}" for k, val in ph["components_gb"].items() if val)
@@ -568,7 +298,7 @@ def memory_host_ram(c: Ctx) -> Iterable[Problem]:
     if host["verdict"] == "oom":
         fix = _fix_for(plan, "host_ram")
         if not fix:  # no override of the model's settings helps: each GPU's processes take ~6 GB of the node's RAM
-            s = plan["_settings"]
+            s = c.run.planned
             per_gpu = memplan.HOST_PER_GPU_WORKER_GB + memplan.HOST_PER_VLLM_WORKER_GB
             fixed = max(host["total_gb"] - s.n_gpus // max(1, s.nnodes) * per_gpu, memplan.HOST_BASE_GB)
             k = int((host["capacity_gb"] - fixed) // per_gpu)
@@ -587,7 +317,6 @@ def memory_host_ram(c: Ctx) -> Iterable[Problem]:
 @rule("memory_notes", kind="plan", phase="preflight")
 def memory_notes(c: Ctx) -> Iterable[Problem]:
     """The plan's own notes (what was planned from where, what was skipped)."""
-    c.plan  # noqa: B018 (plans once, fills c.notes)
     for n in c.notes:
         yield note(n)
     c.notes.clear()
