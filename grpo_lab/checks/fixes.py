@@ -19,7 +19,7 @@ from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 from grpo_lab.cli.apply import apply_overrides, parse, respell
 from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import get
+from grpo_lab.verl_keys import MISSING, get, lookup
 
 ROOT = facts.ROOT
 MAX_ROUNDS = 3
@@ -98,7 +98,11 @@ class FixChecker:
     def parse(self, alt: str) -> list[tuple[str, str, Any]] | None:
         """One alternative's overrides, in the spelling that wins in this config (module docstring)."""
         parsed = parse(alt)
-        return respell(parsed, self.apart) if parsed else parsed
+        if not parsed:
+            return parsed
+        # a key the config already has (the user's own `+key`): Hydra's `+` cannot add it again, `++` sets it
+        parsed = [("++" if op == "+" and lookup(self.verl, k) is not MISSING else op, k, v) for op, k, v in parsed]
+        return respell(parsed, self.apart)
 
     def spelled(self, alt: str) -> str:
         """An override text (a memory remedy) in the spelling that wins; words are left as they are."""

@@ -33,12 +33,13 @@ def override_value(v: Any) -> str:
     return quote(v)
 
 
-def attn_impl(c: Ctx) -> str:
-    override = c.get(A + "model.override_config", {}) or {}
-    if isinstance(override, Mapping):
-        inner = override.get("model_config") if isinstance(override.get("model_config"), Mapping) else override
-        return str(inner.get("attn_implementation") or "flash_attention_2")
-    return "flash_attention_2"
+def attn_impl(c: Ctx) -> tuple[str, str | None]:
+    """(the actor's attn_implementation, the key that sets it; None: verl's default, flash_attention_2)."""
+    key = A + "model.override_config"
+    if isinstance(c.get(key + ".model_config"), Mapping):
+        key += ".model_config"
+    value = c.get(key + ".attn_implementation")
+    return (str(value), key + ".attn_implementation") if value else ("flash_attention_2", None)
 
 
 @rule("gpu_memory_utilization_range", kind="memory", phase="start-up")
@@ -576,14 +577,14 @@ def environment_skipped(c: Ctx) -> Iterable[Problem]:
                    "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join; "
                    "a plan through run.py lists what this machine lacks under 'Not ready to launch here' instead of "
                    "refusing")
-    if attn_impl(c) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
-        yield note(f"use_remove_padding with attn_implementation={attn_impl(c)} is correct because verl's FSDP engine "
+    if (impl := attn_impl(c)[0]) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
+        yield note(f"use_remove_padding with attn_implementation={impl} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
 
 
 @rule("padded_with_flash_attn", kind="setup", phase="preflight")
 def padded_with_flash_attn(c: Ctx) -> Iterable[Problem]:
-    impl = attn_impl(c)
+    impl = attn_impl(c)[0]
     if impl.startswith("flash") and not c.get(A + "model.use_remove_padding", True):
         yield warn(f"actor_rollout_ref.model.use_remove_padding=false with attn_implementation={impl}: verl 0.9.1 "
                    f"then pads each micro-batch to its longest answer (its FSDP engine's prepare_model_inputs), while "
@@ -594,16 +595,16 @@ def padded_with_flash_attn(c: Ctx) -> Iterable[Problem]:
 
 @rule("flash_attn_missing", kind="setup", phase="start-up", launching_only=True)
 def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
-    impl = attn_impl(c)
+    impl, key = attn_impl(c)
     if not impl.startswith("flash_attention"):
         return
     mods = ("flash_attn_interface",) if impl == "flash_attention_3" else ("flash_attn", "flash_attn_2_cuda")
     if not all(facts.module_available(m) for m in mods):
-        yield error(f"the actor would load with attn_implementation={impl} (verl's default when "
-                    f"actor_rollout_ref.model.override_config.attn_implementation is not set), but the flash-attn "
+        why = f"{key}={impl}" if key else f"verl's default when {A}model.override_config.attn_implementation is not set"
+        yield error(f"the actor would load with attn_implementation={impl} ({why}), but the flash-attn "
                     f"package is not installed; verl fails when it builds the model. sdpa is correct with "
                     f"use_remove_padding (verl calls the model with use_cache=False)",
-                    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa")
+                    f"+{key or A + 'model.override_config.attn_implementation'}=sdpa")
 
 
 @rule("visible_gpus", kind="setup", phase="start-up", launching_only=True)
