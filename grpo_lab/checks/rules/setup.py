@@ -95,16 +95,32 @@ def joins_cluster(c: Ctx) -> str | None:
 def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
     """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
     where = joins_cluster(c)
-    num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
+    num_cpus = c.get(NUM_CPUS)
     if where and num_cpus is not None and not c.lab.ray_cluster:  # a cluster of ours: its ray start gets it
-        yield error(f"ray.init connects to an existing Ray cluster ({where}) and ray_kwargs.ray_init.num_cpus="
-                    f"{num_cpus} is set (the hardware file sets it for a Ray started here): Ray raises 'When "
-                    f"connecting to an existing cluster, num_cpus and num_gpus must not be provided'. The cluster's "
-                    f"nodes declare their own CPUs", "ray_kwargs.ray_init.num_cpus=null")
+        yield error(f"ray.init connects to an existing Ray cluster ({where}) and {NUM_CPUS}={num_cpus} is set (by "
+                    f"{set_by(NUM_CPUS)}, for a Ray started here): Ray raises 'When connecting to an existing "
+                    f"cluster, num_cpus and num_gpus must not be provided'. The cluster's nodes declare their own "
+                    f"CPUs", f"{NUM_CPUS}=null")
 
 
-START_RAY = ("start Ray on the nodes first (README, 'More than one machine'): `ray start --head --port=6379` on this "
-             "node and `ray start --address=<this node's ip>:6379` on each other node; then the same command joins it")
+NUM_CPUS = "ray_kwargs.ray_init.num_cpus"
+
+
+def set_by(key: str) -> str:
+    """What set `key` in the running Hydra job (grpo_lab/cli/provenance.py's layers); outside one, "the config"."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from grpo_lab.cli.provenance import job_layers
+
+    by = job_layers().source(key) if HydraConfig.initialized() else "the config"
+    return "the command line" if by == "command line" else by
+
+
+def start_ray(c: Ctx) -> str:
+    """Advice: the cluster to start, then the same command (without num_cpus, which Ray refuses when joining)."""
+    then = f"with {NUM_CPUS}=null appended joins it" if c.get(NUM_CPUS) is not None else "joins it"
+    return ("start Ray on the nodes first (README, 'More than one machine'): `ray start --head --port=6379` on this "
+            f"node and `ray start --address=<this node's ip>:6379` on each other node; then the same command {then}")
 
 
 @rule("ray_nnodes_without_cluster", kind="setup", phase="start-up")
@@ -129,7 +145,7 @@ def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
         return  # ray_no_cluster_to_join says it
     yield error(f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes ({nnodes * gpus} GPUs), and ray.init() "
                 f"finds none to join ({t.looked_at}): it would start a Ray of this machine alone, and verl's "
-                f"resource pool would wait for the other nodes' GPUs forever", START_RAY)
+                f"resource pool would wait for the other nodes' GPUs forever", start_ray(c))
 
 
 @rule("ray_no_cluster_to_join", kind="setup", phase="start-up", launching_only=True)
@@ -139,7 +155,7 @@ def ray_no_cluster_to_join(c: Ctx) -> Iterable[Problem]:
         return
     t = ray_target(c)
     if t.fails:
-        yield error(f"{t.fails} ({t.looked_at})", START_RAY)
+        yield error(f"{t.fails} ({t.looked_at})", start_ray(c))
 
 
 @rule("ray_cpus", kind="setup", phase="start-up")
