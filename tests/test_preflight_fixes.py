@@ -449,3 +449,19 @@ def test_the_flash_attn_fix_names_the_key_that_sets_it(monkeypatch):
     r = check(*composed(f"+{key}=flash_attention_2"), launching=True)
     (p,) = [p for p in r.errors if p.rule == "flash_attn_missing"]
     assert p.fix == f"++{key}=sdpa" and f"({key}=flash_attention_2)" in p.message
+
+
+def test_a_kv_cache_pin_too_big_gets_a_fix_of_that_pin(tmp_path):
+    """The user's +kv_cache_memory_bytes is the cause: the fix sets that key (++: they added it) to the KV cache the
+    memory plan gives vLLM without it, re-checked; appended to the command, the plan holds."""
+    from grpo_lab.launch.prepare import KEY, planned_kv_bytes
+
+    argv = ("preflight.only=true", "experiment=smoke", "hardware=h100x1", f"+{KEY}=900000000000")
+    bad = run_py(*argv, f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2, bad.stdout[-3000:]
+    (e,) = json.loads((tmp_path / "bad" / "plan.json").read_text())["errors"]
+    planned_kv = planned_kv_bytes(*composed("experiment=smoke", "hardware=h100x1"), {})
+    assert e["rule"] == "memory_generation" and e["fix"] == f"++{KEY}={planned_kv}", e
+    assert e["checked"].startswith("re-checked: the preflight passes") and f"fix: {e['fix']}" in bad.stdout
+    good = run_py(*argv, e["fix"], f"hydra.run.dir={tmp_path / 'good'}")
+    assert planned(good), good.stdout[-3000:] + good.stderr
