@@ -10,6 +10,7 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
 from grpo_lab.checks.rules.batch import as_int, ref_used
+from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import memplan
 from grpo_lab.verl_schema import schema
 
@@ -25,12 +26,6 @@ def env_str(v: Any) -> str:
     if isinstance(v, bool):
         return "1" if v else "0"
     return "" if v is None else str(v)
-
-
-def override_value(v: Any) -> str:
-    from grpo_lab.cli.overrides import quote
-
-    return quote(v)
 
 
 def attn_impl(c: Ctx) -> tuple[str, str | None]:
@@ -324,7 +319,7 @@ def model_key_unknown(c: Ctx) -> Iterable[Problem]:
         close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         fix = f"~actor_rollout_ref.model.{key}" + (
-            f" actor_rollout_ref.model.{close[0]}={override_value(model_cfg[key])}" if close else "")
+            f" actor_rollout_ref.model.{close[0]}={quote(model_cfg[key])}" if close else "")
         yield error(f"actor_rollout_ref.model.{key} is not a key verl knows ({source}){hint} verl would fail on it "
                     f"inside a worker, after Ray and the model have started", fix)
 
