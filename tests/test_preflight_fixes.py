@@ -418,3 +418,52 @@ def test_a_fix_that_switches_to_lora_carries_the_warning_make_fit_gives(tmp_path
             assert after[1].strip() == words
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert all("WHAT IS TRAINED CHANGES" in e["caution"] for e in plan["errors"] if "lora_rank=64" in e["fix"])
+
+
+# ---- issue 43: a fix of a key the user added with +, appended to the command as typed ----
+
+ATTN = "actor_rollout_ref.model.override_config.attn_implementation"
+
+
+@pytest.mark.skipif(facts.module_available("flash_attn"), reason="flash-attn installed: nothing to fix")
+def test_a_key_the_user_added_gets_its_fix_with_two_pluses(tmp_path):
+    """The user's own +key: Hydra's + cannot add it again, so the fix is ++key, and the message says what they set.
+    Their own second +key is refused before composing with the ++ spelling (not a 'given 2 times' warning)."""
+    argv = ("preflight.only=true", "experiment=smoke", "hardware=h100x1", f"+{ATTN}=flash_attention_2")
+    bad = run_py(*argv, f"hydra.run.dir={tmp_path / 'bad'}")
+    (p,) = [n for n in json.loads((tmp_path / "bad" / "plan.json").read_text())["not_ready_here"]
+            if n["rule"] == "flash_attn_missing"]
+    assert p["command"] == f"++{ATTN}=sdpa" and f"fix: ++{ATTN}=sdpa" in bad.stdout, bad.stdout[-3000:]
+    assert f"({ATTN}=flash_attention_2)" in p["message"] and "verl's default" not in p["message"]
+    good = run_py(*argv, *shlex.split(p["command"]), f"hydra.run.dir={tmp_path / 'good'}")
+    assert planned(good) and "[flash_attn_missing]" not in good.stdout, good.stdout[-3000:] + good.stderr
+    assert "the last, sdpa, wins" in good.stderr
+    twice = run_py(*argv, f"+{ATTN}=sdpa", f"hydra.run.dir={tmp_path / 'twice'}")
+    assert twice.returncode == 2 and f"write ++{ATTN}=sdpa" in twice.stderr, twice.stderr[-2000:]
+    assert "given 2 times" not in twice.stderr and not (tmp_path / "twice").exists()
+
+
+def test_the_flash_attn_fix_names_the_key_that_sets_it(monkeypatch):
+    """Set under override_config.model_config: the fix changes that key, in the spelling that sets it again."""
+    monkeypatch.setattr(facts, "module_available", lambda name: False)
+    key = ATTN.replace(".attn_implementation", ".model_config.attn_implementation")
+    r = check(*composed(f"+{key}=flash_attention_2"), launching=True)
+    (p,) = [p for p in r.errors if p.rule == "flash_attn_missing"]
+    assert p.fix == f"++{key}=sdpa" and f"({key}=flash_attention_2)" in p.message
+
+
+def test_a_kv_cache_pin_too_big_gets_a_fix_of_that_pin(tmp_path):
+    """The user's +kv_cache_memory_bytes is the cause: the fix sets that key (++: they added it) to the KV cache the
+    memory plan gives vLLM without it, re-checked; appended to the command, the plan holds."""
+    from grpo_lab.launch.prepare import KEY
+    from grpo_lab.memory.run import Run, planned_kv_bytes
+
+    argv = ("preflight.only=true", "experiment=smoke", "hardware=h100x1", f"+{KEY}=900000000000")
+    bad = run_py(*argv, f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2, bad.stdout[-3000:]
+    (e,) = json.loads((tmp_path / "bad" / "plan.json").read_text())["errors"]
+    planned_kv = planned_kv_bytes(Run.build(*composed("experiment=smoke", "hardware=h100x1"), {}).memory)
+    assert e["rule"] == "memory_generation" and e["fix"] == f"++{KEY}={planned_kv}", e
+    assert e["checked"].startswith("re-checked: the preflight passes") and f"fix: {e['fix']}" in bad.stdout
+    good = run_py(*argv, e["fix"], f"hydra.run.dir={tmp_path / 'good'}")
+    assert planned(good), good.stdout[-3000:] + good.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -262,6 +263,25 @@ def test_verl_multi_node_script_joins_the_cluster_ray_start_recorded(tmp_path, l
     # and then Ray refuses the hardware file's num_cpus for a cluster it joins: said, with the fix
     (p,) = [p for p in plan["errors"] if p["rule"] == "ray_join_num_cpus"]
     assert "10.0.0.7:6379" in p["message"] and p["fix"] == "ray_kwargs.ray_init.num_cpus=null"
+    assert "(by conf/hardware/a100_80gbx8.yaml," in p["message"]
+
+
+def test_the_start_ray_advice_followed_as_printed_joins_without_a_refusal(tmp_path, launch_env):
+    """Issue 43 item 2: `ray start --head`, then the same command as the advice says (with num_cpus=null appended),
+    is refused by no Ray rule; num_cpus typed on the command line is said to come from there."""
+    for own in ((), ("ray_kwargs.ray_init.num_cpus=32",)):
+        (tmp_path / "raytmp" / "ray" / "ray_current_cluster").unlink(missing_ok=True)
+        (p,) = [p for p in _launch(tmp_path, launch_env, *MULTI_NODE, *own)["errors"]
+                if p["rule"] == "ray_nnodes_without_cluster"]
+        appended = re.search(r"then the same command with (\S+) appended joins it", p["fix"]).group(1)
+        (tmp_path / "raytmp" / "ray").mkdir(parents=True, exist_ok=True)  # what `ray start --head` records
+        (tmp_path / "raytmp" / "ray" / "ray_current_cluster").write_text("10.0.0.7:6379\n")
+        if own:
+            (q,) = [q for q in _launch(tmp_path, launch_env, *MULTI_NODE, *own)["errors"]
+                    if q["rule"] == "ray_join_num_cpus"]
+            assert "num_cpus=32 is set (by the command line," in q["message"], q["message"]
+        errors = _launch(tmp_path, launch_env, *MULTI_NODE, *own, appended)["errors"]
+        assert not [e for e in errors if e["rule"].startswith("ray_")], errors
 
 
 # ---- verl's example scripts: planned, never refused for what verl 0.9.1 runs ----------------------------------------

@@ -15,21 +15,15 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 from grpo_lab.cli.apply import apply_overrides, parse, respell
-from grpo_lab.labconf import Lab
 from grpo_lab.memory.run import Run
-from grpo_lab.verl_keys import get, thaw
+from grpo_lab.verl_keys import MISSING, get, lookup, thaw
 
-ROOT = facts.ROOT
 MAX_ROUNDS = 3
-GROUPS = frozenset(p.name for p in (ROOT / "conf").iterdir() if p.is_dir()) if (ROOT / "conf").is_dir() else frozenset()
 
 
-def apply(verl: Mapping, lab: Lab, overrides: list[tuple[str, str, Any]]) -> tuple[dict, Lab]:
-    """Copies of (verl, lab) with the overrides applied and derived values derived again (grpo_lab/cli/apply.py)."""
-    return apply_overrides(verl, lab, overrides)
+apply = apply_overrides  # copies of (verl, lab) with the overrides applied, derived values derived again
 
 
 def merge(*alternatives: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any]]:
@@ -98,7 +92,11 @@ class FixChecker:
     def parse(self, alt: str) -> list[tuple[str, str, Any]] | None:
         """One alternative's overrides, in the spelling that wins in this config (module docstring)."""
         parsed = parse(alt)
-        return respell(parsed, self.apart) if parsed else parsed
+        if not parsed:
+            return parsed
+        # a key the config already has (the user's own `+key`): Hydra's `+` cannot add it again, `++` sets it
+        parsed = [("++" if op == "+" and lookup(self.verl, k) is not MISSING else op, k, v) for op, k, v in parsed]
+        return respell(parsed, self.apart)
 
     def spelled(self, alt: str) -> str:
         """An override text (a memory remedy) in the spelling that wins; words are left as they are."""

@@ -449,6 +449,9 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
             _check_our_group(o, conf_dir)
         elif kind is None and not any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in added):
             _check_key(o, conf_dir, tree_ok)
+        if o.is_add() and not o.is_force_add() and o.key_or_group in added:  # Hydra: "Could not append to config"
+            raise OverrideError(f"{o.input_line}: an earlier +{o.key_or_group} of this command line added it, and "
+                                f"Hydra's + only adds: write ++{o.input_line.lstrip('+')} to set it again")
         if o.is_add() or o.is_force_add():
             added.add(o.key_or_group)
 

@@ -28,7 +28,8 @@ from grpo_lab.cli.knobs import SHORT_KEYS, followers, knob_keys
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.emulate import ALLOC_VARS, ENV_VARS
-from grpo_lab.memory.run import Run
+from grpo_lab.memory.run import Run, planned_kv_bytes
+from grpo_lab.memory.settings import KV_PIN
 from grpo_lab.verl_keys import MISSING, flatten, get, lookup, put, with_value
 
 if TYPE_CHECKING:
@@ -246,18 +247,9 @@ def settle(verl: dict[str, Any], layers: Layers) -> dict[str, Any]:
 
 # ---- side by side: vLLM's KV cache pinned to the plan's ----
 
-KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+KEY = KV_PIN
 OVERRIDE = "+" + KEY
 SET_BY = "hydra/launcher=side_by_side: the memory plan's KV cache (grpo_lab/launch/prepare.py)"
-
-
-def planned_kv_bytes(run: Run) -> int | None:
-    """The memory plan's vLLM KV cache per GPU in bytes, or None (no plan, not vLLM, no room for a cache)."""
-    kv = run.memory.get("kv_cache") or {}
-    gb = float(kv.get("kv_cache_gb") or 0)
-    if kv.get("engine") != "vllm" or gb <= 0 or int(kv.get("tokens") or 0) <= 0:
-        return None
-    return int(gb * 1e9)
 
 
 def pin_side_by_side(run: Run, verl: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -269,7 +261,7 @@ def pin_side_by_side(run: Run, verl: dict[str, Any]) -> tuple[dict[str, Any], di
     own = run.get(KEY)
     if own is not None:
         return verl, {"bytes": own, "by": "user"}
-    n = planned_kv_bytes(run)
+    n = planned_kv_bytes(run.memory)
     if n is None:
         return verl, None
     verl = copy.deepcopy(verl)

@@ -114,3 +114,12 @@ def run_shape(read: Keys, lab: Lab, batch: Mapping[str, Any], s: Settings) -> ti
                              val_rows=val_rows, val_n=timeplan.int_or(read(A + "rollout.val_kwargs.n", 1), 1),
                              test_freq=timeplan.int_or(read("trainer.test_freq", -1), -1),
                              val_before_train=bool(read("trainer.val_before_train", True)))
+
+
+def planned_kv_bytes(memory: Mapping[str, Any]) -> int | None:
+    """A memory plan's vLLM KV cache per GPU in bytes, or None (no plan, not vLLM, no room for a cache)."""
+    kv = memory.get("kv_cache") or {}
+    gb = float(kv.get("kv_cache_gb") or 0)
+    if kv.get("engine") != "vllm" or gb <= 0 or int(kv.get("tokens") or 0) <= 0:
+        return None
+    return int(gb * 1e9)

@@ -17,6 +17,8 @@ from grpo_lab.memory.memplan_arch import Settings
 from grpo_lab.verl_keys import A
 from grpo_lab.verl_keys import get as schema_get
 
+KV_PIN = A + "rollout.engine_kwargs.vllm.kv_cache_memory_bytes"  # vLLM's KV cache in bytes (side by side pins it)
+
 # (verl key, int or float, lowest allowed (None: any, or another rule's range), value of the fix, what goes wrong)
 NUMBERS: tuple[tuple[str, type, float | None, Any, str], ...] = (
     ("trainer.n_gpus_per_node", int, 1, 1,
@@ -162,7 +164,7 @@ def settings_from_verl(verl: Mapping[str, Any] | Keys, lab: Lab) -> Settings:
         enable_chunked_prefill=bool(read(A + "rollout.enable_chunked_prefill", True)),
         max_model_len=int(max_model_len) if max_model_len else None,
         layered_summon=bool(read(A + "rollout.layered_summon", False)),
-        vllm_kv_cache_bytes=_positive_int(read(A + "rollout.engine_kwargs.vllm.kv_cache_memory_bytes")),
+        vllm_kv_cache_bytes=_positive_int(read(KV_PIN)),
         bucket_mb=int(read(A + "rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
         train_batch_size=int(read("data.train_batch_size", 128)),
         rollout_n=int(read(A + "rollout.n", 1)),

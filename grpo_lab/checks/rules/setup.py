@@ -9,6 +9,7 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
+from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import memplan
 from grpo_lab.memory.settings import as_int, ref_used
 from grpo_lab.verl_schema import schema
@@ -27,18 +28,13 @@ def env_str(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def override_value(v: Any) -> str:
-    from grpo_lab.cli.overrides import quote
-
-    return quote(v)
-
-
-def attn_impl(c: Ctx) -> str:
-    override = c.get(A + "model.override_config", {}) or {}
-    if isinstance(override, Mapping):
-        inner = override.get("model_config") if isinstance(override.get("model_config"), Mapping) else override
-        return str(inner.get("attn_implementation") or "flash_attention_2")
-    return "flash_attention_2"
+def attn_impl(c: Ctx) -> tuple[str, str | None]:
+    """(the actor's attn_implementation, the key that sets it; None: verl's default, flash_attention_2)."""
+    key = A + "model.override_config"
+    if isinstance(c.get(key + ".model_config"), Mapping):
+        key += ".model_config"
+    value = c.get(key + ".attn_implementation")
+    return (str(value), key + ".attn_implementation") if value else ("flash_attention_2", None)
 
 
 @rule("gpu_memory_utilization_range", kind="memory", phase="start-up")
@@ -94,16 +90,28 @@ def joins_cluster(c: Ctx) -> str | None:
 def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
     """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
     where = joins_cluster(c)
-    num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
+    num_cpus = c.get(NUM_CPUS)
     if where and num_cpus is not None and not c.lab.ray_cluster:  # a cluster of ours: its ray start gets it
-        yield error(f"ray.init connects to an existing Ray cluster ({where}) and ray_kwargs.ray_init.num_cpus="
-                    f"{num_cpus} is set (the hardware file sets it for a Ray started here): Ray raises 'When "
-                    f"connecting to an existing cluster, num_cpus and num_gpus must not be provided'. The cluster's "
-                    f"nodes declare their own CPUs", "ray_kwargs.ray_init.num_cpus=null")
+        yield error(f"ray.init connects to an existing Ray cluster ({where}) and {NUM_CPUS}={num_cpus} is set (by "
+                    f"{set_by(c, NUM_CPUS)}, for a Ray started here): Ray raises 'When connecting to an existing "
+                    f"cluster, num_cpus and num_gpus must not be provided'. The cluster's nodes declare their own "
+                    f"CPUs", f"{NUM_CPUS}=null")
 
 
-START_RAY = ("start Ray on the nodes first (README, 'More than one machine'): `ray start --head --port=6379` on this "
-             "node and `ray start --address=<this node's ip>:6379` on each other node; then the same command joins it")
+NUM_CPUS = "ray_kwargs.ray_init.num_cpus"
+
+
+def set_by(c: Ctx, key: str) -> str:
+    """What set `key` in this job (its provenance layers, grpo_lab/cli/provenance.py); without them, "the config"."""
+    by = c.run.layers.source(key) if c.run.layers is not None else "the config"
+    return "the command line" if by == "command line" else by
+
+
+def start_ray(c: Ctx) -> str:
+    """Advice: the cluster to start, then the same command (without num_cpus, which Ray refuses when joining)."""
+    then = f"with {NUM_CPUS}=null appended joins it" if c.get(NUM_CPUS) is not None else "joins it"
+    return ("start Ray on the nodes first (README, 'More than one machine'): `ray start --head --port=6379` on this "
+            f"node and `ray start --address=<this node's ip>:6379` on each other node; then the same command {then}")
 
 
 @rule("ray_nnodes_without_cluster", kind="setup", phase="start-up")
@@ -128,7 +136,7 @@ def ray_nnodes_without_cluster(c: Ctx) -> Iterable[Problem]:
         return  # ray_no_cluster_to_join says it
     yield error(f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes ({nnodes * gpus} GPUs), and ray.init() "
                 f"finds none to join ({t.looked_at}): it would start a Ray of this machine alone, and verl's "
-                f"resource pool would wait for the other nodes' GPUs forever", START_RAY)
+                f"resource pool would wait for the other nodes' GPUs forever", start_ray(c))
 
 
 @rule("ray_no_cluster_to_join", kind="setup", phase="start-up", launching_only=True)
@@ -138,7 +146,7 @@ def ray_no_cluster_to_join(c: Ctx) -> Iterable[Problem]:
         return
     t = ray_target(c)
     if t.fails:
-        yield error(f"{t.fails} ({t.looked_at})", START_RAY)
+        yield error(f"{t.fails} ({t.looked_at})", start_ray(c))
 
 
 @rule("ray_cpus", kind="setup", phase="start-up")
@@ -307,7 +315,7 @@ def model_key_unknown(c: Ctx) -> Iterable[Problem]:
         close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         fix = f"~actor_rollout_ref.model.{key}" + (
-            f" actor_rollout_ref.model.{close[0]}={override_value(model_cfg[key])}" if close else "")
+            f" actor_rollout_ref.model.{close[0]}={quote(model_cfg[key])}" if close else "")
         yield error(f"actor_rollout_ref.model.{key} is not a key verl knows ({source}){hint} verl would fail on it "
                     f"inside a worker, after Ray and the model have started", fix)
 
@@ -576,14 +584,14 @@ def environment_skipped(c: Ctx) -> Iterable[Problem]:
                    "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join; "
                    "a plan through run.py lists what this machine lacks under 'Not ready to launch here' instead of "
                    "refusing")
-    if attn_impl(c) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
-        yield note(f"use_remove_padding with attn_implementation={attn_impl(c)} is correct because verl's FSDP engine "
+    if (impl := attn_impl(c)[0]) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
+        yield note(f"use_remove_padding with attn_implementation={impl} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
 
 
 @rule("padded_with_flash_attn", kind="setup", phase="preflight")
 def padded_with_flash_attn(c: Ctx) -> Iterable[Problem]:
-    impl = attn_impl(c)
+    impl = attn_impl(c)[0]
     if impl.startswith("flash") and not c.get(A + "model.use_remove_padding", True):
         yield warn(f"actor_rollout_ref.model.use_remove_padding=false with attn_implementation={impl}: verl 0.9.1 "
                    f"then pads each micro-batch to its longest answer (its FSDP engine's prepare_model_inputs), while "
@@ -594,16 +602,16 @@ def padded_with_flash_attn(c: Ctx) -> Iterable[Problem]:
 
 @rule("flash_attn_missing", kind="setup", phase="start-up", launching_only=True)
 def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
-    impl = attn_impl(c)
+    impl, key = attn_impl(c)
     if not impl.startswith("flash_attention"):
         return
     mods = ("flash_attn_interface",) if impl == "flash_attention_3" else ("flash_attn", "flash_attn_2_cuda")
     if not all(facts.module_available(m) for m in mods):
-        yield error(f"the actor would load with attn_implementation={impl} (verl's default when "
-                    f"actor_rollout_ref.model.override_config.attn_implementation is not set), but the flash-attn "
+        why = f"{key}={impl}" if key else f"verl's default when {A}model.override_config.attn_implementation is not set"
+        yield error(f"the actor would load with attn_implementation={impl} ({why}), but the flash-attn "
                     f"package is not installed; verl fails when it builds the model. sdpa is correct with "
                     f"use_remove_padding (verl calls the model with use_cache=False)",
-                    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa")
+                    f"+{key or A + 'model.override_config.attn_implementation'}=sdpa")
 
 
 @rule("visible_gpus", kind="setup", phase="start-up", launching_only=True)

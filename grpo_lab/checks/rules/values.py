@@ -4,6 +4,7 @@ they add up to on the cards: the memory plan of the job's Run (grpo_lab/memory/r
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from grpo_lab import facts
@@ -13,7 +14,8 @@ from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.facts import preset_learning_rates
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import calibration, memplan
-from grpo_lab.memory.settings import NUMBERS, is_kind, wrong_types
+from grpo_lab.memory.run import planned_kv_bytes
+from grpo_lab.memory.settings import KV_PIN, NUMBERS, is_kind, wrong_types
 
 # --------------------------------------------------------------------------------- values verl takes but cannot use
 
@@ -148,6 +150,15 @@ def _fix_for(plan: dict[str, Any], phase: str) -> str:
     return good[0]["override"] if good else (opts[0]["override"] if opts else "")
 
 
+def _pin_fix(c: Ctx) -> str:
+    """The user's vLLM KV-cache pin set to the cache the plan gives vLLM without it, where that is smaller; else ""."""
+    s = c.run.planned
+    pin = s.vllm_kv_cache_bytes if s else None
+    n = planned_kv_bytes(memplan.memory_plan(c.model.arch, replace(s, vllm_kv_cache_bytes=None), remedies=False)) \
+        if pin else None
+    return f"+{KV_PIN}={n}" if n and n < pin else ""
+
+
 def _alternatives(plan: dict[str, Any], phase: str) -> str:
     opts = plan.get("remedies", {}).get(phase, [])
     if not opts:
@@ -259,6 +270,7 @@ def _phase_rule(phase: str, label: str, job_phase: str):
         if phase == "training":
             parts = f"{ph['peak_of']}: {parts}"
         margin = float(((plan.get("calibration") or {}).get(phase) or {}).get("margin", 0.0))
+        fix = (phase == "generation" and v != "fits" and _pin_fix(c)) or _fix_for(plan, phase)
         if v == "oom":
             comps = ph["components_gb"]
             exact = float(comps.get("vllm_budget", comps.get("sglang_static", 0.0))) if phase == "generation" else 0.0
@@ -267,16 +279,16 @@ def _phase_rule(phase: str, label: str, job_phase: str):
             of = " on what is not the engine's exact budget" if exact else ""
             yield oom(f"{label} phase: predicted peak {peak} GB per GPU on {card:g} GB cards, {peak / card - 1:.0%} "
                       f"above the card ({parts}); beyond the plan's margin of {margin:.0%}{of} "
-                      f"({_how_sure(plan, phase)}).{_alternatives(plan, phase)}", _fix_for(plan, phase))
+                      f"({_how_sure(plan, phase)}).{_alternatives(plan, phase)}", fix)
         elif v == "tight" and peak > card:
             yield warn(f"{label} phase may not fit: predicted peak {peak} GB per GPU, {peak / card - 1:.0%} above the "
                        f"{card:g} GB card, within the plan's margin of {margin:.0%} for this regime, so not refused "
                        f"({_how_sure(plan, phase)}) ({parts}). If it runs out of memory, apply the fix."
-                       f"{_alternatives(plan, phase)}", _fix_for(plan, phase))
+                       f"{_alternatives(plan, phase)}", fix)
         elif v == "tight":
             yield warn(f"{label} phase is tight: predicted peak {peak} GB of {card:g} GB ({peak / card:.0%}, above "
                        f"{int(memplan.TIGHT_FRACTION * 100)}%; {_how_sure(plan, phase)}) ({parts})."
-                       f"{_alternatives(plan, phase)}", _fix_for(plan, phase))
+                       f"{_alternatives(plan, phase)}", fix)
 
     check.__name__ = f"memory_{phase}"
     return rule(f"memory_{phase}", kind="memory", phase=job_phase)(check)
