@@ -96,7 +96,7 @@ sweep: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## smoke test over rollout 
 	$(GPU_PY) run.py -m experiment=smoke rollout_gpu_mem_util=$(UTILS) $(ATTN) $(ARGS)
 
 # run.py's exit code 3 (the plan holds, not ready to launch on this machine) is a plan that passed: make exits 0
-plan: ## preflight only: batch arithmetic, memory plan, problems; writes plan.json (ARGS="model=qwen3_4b ...")
+plan: ## preflight only: phases vs the card, time plan, problems with fixes, verdict; plan.json (ARGS="model=qwen3_4b ...")
 	$(PY) run.py preflight.only=true $(ARGS) || [ $$? -eq 3 ]
 
 .PHONY: fit

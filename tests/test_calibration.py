@@ -109,7 +109,7 @@ def test_readme_and_outputs_quote_the_table():
 def test_make_plan_prints_the_range_of_its_regime(tmp_path):
     # speed=guide: the settings the regime's recorded runs had (the fused log-prob moves the peak to the weight sync)
     p = run_py("experiment=learn_smollm2", "hardware=h200x1", "speed=guide", "preflight.only=true",
-               f"hydra.run.dir={tmp_path}")
+               "preflight.verbose=true", f"hydra.run.dir={tmp_path}")
     assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     line = calibration.accuracy_lines(ONE_GPU_SMALL)[0]
     assert line.startswith("training peak: plan 0.") and f"plan vs recorded runs: {line}" in p.stdout

@@ -27,7 +27,8 @@ def refit(tmp_path_factory):
 
 
 def plan_of(tmp_path, *args: str) -> tuple[dict, str]:
-    p = run_py(*args, f"hydra.run.dir={tmp_path}")
+    """plan.json's time plan and the console with all of it (preflight.verbose=true: assumptions, not measured)."""
+    p = run_py(*args, "preflight.verbose=true", f"hydra.run.dir={tmp_path}")
     assert planned(p), p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads((tmp_path / "plan.json").read_text())["time"], p.stdout
 
