@@ -104,7 +104,7 @@ fit: ## search settings that fit every phase, print one command (ARGS="model=qwe
 	$(PY) run.py preflight.fit=true $(ARGS) $(if $(WRITE),preflight.fit_write=$(WRITE)) $(if $(OVERWRITE),preflight.fit_overwrite=true)
 
 .PHONY: capacity
-capacity: ## what fits and how long the guide's run takes, every model on every hardware option (README's table)
+capacity: ## what fits and how long the guide's run takes, every model on every hardware option (docs/time_plan.md)
 	@$(PY) -m grpo_lab.launch.capacity
 
 .PHONY: calibrate

@@ -107,7 +107,7 @@ def fresh_clone(dest: Path) -> Path:
     return dest
 
 
-NOT_READY_EXIT = 3  # run.py's exit code: a plan that holds but cannot start here (grpo_lab/launch/outcome.py, README)
+NOT_READY_EXIT = 3  # run.py's exit code: a plan that holds but cannot start here (launch/outcome.py, docs/launch.md)
 
 
 def planned(proc: subprocess.CompletedProcess) -> bool:

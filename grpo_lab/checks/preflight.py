@@ -8,7 +8,8 @@
 
 The rules, the fix re-check and why it is fast: docs/preflight.md. What this machine lacks to launch (its input files,
 grpo_lab/checks/inputs.py; for a plan, the environment rules a launch runs as refusals, each fix re-checked) does not
-refuse a plan: its verdict is then "plan OK; not ready to launch here: ..." (exit code 3, README); a launch refuses.
+refuse a plan: its verdict is then "plan OK; not ready to launch here: ..." (exit code 3, docs/launch.md); a launch
+refuses.
 """
 
 from __future__ import annotations

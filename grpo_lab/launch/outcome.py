@@ -26,7 +26,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-REFUSED_EXIT = 2  # a config grpo-lab refused: nothing was started (README: exit codes)
+REFUSED_EXIT = 2  # a config grpo-lab refused: nothing was started (docs/launch.md: exit codes)
 NOT_READY_EXIT = 3  # a plan (preflight.only) that holds, but cannot start on this machine
 
 

@@ -102,8 +102,9 @@ def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
                     f"nodes declare their own CPUs", "ray_kwargs.ray_init.num_cpus=null")
 
 
-START_RAY = ("start Ray on the nodes first (README, 'More than one machine'): `ray start --head --port=6379` on this "
-             "node and `ray start --address=<this node's ip>:6379` on each other node; then the same command joins it")
+START_RAY = ("start Ray on the nodes first (docs/launch.md, 'More than one machine'): `ray start --head --port=6379` "
+             "on this node and `ray start --address=<this node's ip>:6379` on each other node; then the same command "
+             "joins it")
 
 
 @rule("ray_nnodes_without_cluster", kind="setup", phase="start-up")
