@@ -96,7 +96,7 @@ sweep: gpu-check $(GPU_DEP) data/gsm8k/train.parquet ## smoke test over rollout 
 	$(GPU_PY) run.py -m experiment=smoke rollout_gpu_mem_util=$(UTILS) $(ATTN) $(ARGS)
 
 # run.py's exit code 3 (the plan holds, not ready to launch on this machine) is a plan that passed: make exits 0
-plan: ## preflight only: batch arithmetic, memory plan, problems; writes plan.json (ARGS="model=qwen3_4b ...")
+plan: ## preflight only: phases vs the card, time plan, problems with fixes, verdict; plan.json (ARGS="model=qwen3_4b ...")
 	$(PY) run.py preflight.only=true $(ARGS) || [ $$? -eq 3 ]
 
 .PHONY: fit
@@ -104,7 +104,7 @@ fit: ## search settings that fit every phase, print one command (ARGS="model=qwe
 	$(PY) run.py preflight.fit=true $(ARGS) $(if $(WRITE),preflight.fit_write=$(WRITE)) $(if $(OVERWRITE),preflight.fit_overwrite=true)
 
 .PHONY: capacity
-capacity: ## what fits and how long the guide's run takes, every model on every hardware option (README's table)
+capacity: ## what fits and how long the guide's run takes, every model on every hardware option (docs/time_plan.md)
 	@$(PY) -m grpo_lab.launch.capacity
 
 .PHONY: calibrate

@@ -82,6 +82,7 @@ class Preflight:  # conf's `preflight` (grpo_lab/checks/preflight.py, make plan 
     fit: bool = False
     fit_write: str | None = None
     fit_overwrite: bool = False
+    verbose: bool = False
 
 
 @dataclass

@@ -107,14 +107,16 @@ def fresh_clone(dest: Path) -> Path:
     return dest
 
 
-NOT_READY_EXIT = 3  # run.py's exit code: a plan that holds but cannot start here (grpo_lab/launch/outcome.py, README)
+NOT_READY_EXIT = 3  # run.py's exit code: a plan that holds but cannot start here (launch/outcome.py, docs/launch.md)
 
 
 def planned(proc: subprocess.CompletedProcess) -> bool:
     """A plan (preflight.only=true) that passed, with its verdict and exit code agreeing: "preflight: OK" and 0 where
     the run could start on this machine, "preflight: plan OK; not ready to launch here" and 3 where this machine lacks
-    something (the CPU test machine has no GPU). A refusal or a crash is not."""
-    out = proc.stdout
+    something (the CPU test machine has no GPU). A refusal or a crash is not. A sweep's job lines carry the verdicts."""
+    import re
+
+    out = re.sub(r"^grpo-lab job\d+: ", "preflight: ", proc.stdout, flags=re.M)
     if proc.returncode == 0:
         return "\npreflight: OK" in out and "not ready to launch here" not in out
     return proc.returncode == NOT_READY_EXIT and "\npreflight: plan OK; not ready to launch here" in out \

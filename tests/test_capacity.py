@@ -1,5 +1,6 @@
-"""make capacity (issue 27 item 6): README.md's "Capacity" block is the command's output, every conf/ option is in the
-table or named in its header, and what the table says holds: who fits where, and steps that order as they should."""
+"""make capacity (issue 27 item 6): docs/time_plan.md's capacity block is the command's output, every conf/ option is
+in the table or named in its header, and what the table says holds: who fits where, and steps that order as they
+should."""
 
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ def seconds(cell: str) -> float:
     return float(number) * {"s": 1, "min": 60, "h": 3600}[unit]
 
 
-def test_the_readme_holds_what_the_command_prints(printed):
-    block = BLOCK.search((ROOT / "README.md").read_text())
-    assert block, "README.md has no <!-- make capacity --> ... <!-- /make capacity --> block"
-    assert block.group(1) == printed, "README.md's Capacity block differs from `make capacity`: paste its output there"
+def test_the_docs_hold_what_the_command_prints(printed):
+    block = BLOCK.search((ROOT / "docs" / "time_plan.md").read_text())
+    assert block, "docs/time_plan.md has no <!-- make capacity --> ... <!-- /make capacity --> block"
+    assert block.group(1) == printed, "docs/time_plan.md's capacity block differs from `make capacity`: paste it there"
 
 
 def test_every_option_is_a_row_or_named_in_the_header(printed, table):
@@ -69,7 +70,7 @@ def test_every_option_is_a_row_or_named_in_the_header(printed, table):
 def test_who_fits_where(table):
     assert table["qwen3_0_6b", "rtx4080x4"]["fits"] == "full"
     assert table["qwen3_1_7b", "rtx4080x4"]["fits"] == "full"  # the guide's run, as the guide sets it
-    assert table["qwen3_4b", "rtx4080x4"]["fits"] in ("offload", "full + changes")  # README: generation is tight
+    assert table["qwen3_4b", "rtx4080x4"]["fits"] in ("offload", "full + changes")  # README step 4: generation tight
     # Qwen3-8B fully fine-tuned: not on 16 GB cards, not on the course machine's 32 GB ones; on 8x A100 80 GB
     assert table[FULL_8B, "rtx4080_16gbx4"]["fits"] == "no"
     assert table[FULL_8B, "rtx4080x4"]["fits"] != "full"

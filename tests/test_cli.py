@@ -2,8 +2,9 @@
 
 - every option of every config group of ours reaches the preflight (one multirun per group, `preflight.only=true`):
   a refusal by the preflight is fine, a Hydra/compose error or a traceback is not; new option files are picked up
-- every command written in a config file's header and in README.md: the CPU ones run as written, the GPU ones are
-  composed and checked with `preflight.only=true` appended (make targets: their run.py line, from `make -n`)
+- every command written in a config file's header, in README.md and in docs/' bash blocks: the CPU ones run as
+  written, the GPU ones are composed and checked with `preflight.only=true` appended (make targets: their run.py
+  line, from `make -n`)
 - mistakes on the command line are refused before composing, with the closest real name (issue 10, items 1, 7, 9)
 - two runs started at once get two folders (item 10)
 """
@@ -78,7 +79,7 @@ NOT_RUN = {
                     "tmp dir",
     "make arith-oneshot": "writes data/ of the checkout; tests/test_arith.py runs the generator",
     "make countdown": "writes data/ of the checkout; tests/test_countdown.py runs the generator",
-    "make capacity": "tests/test_capacity.py runs it and compares its table with README.md's",
+    "make capacity": "tests/test_capacity.py runs it and compares its table with docs/time_plan.md's",
     "make calibrate": "rewrites benchmarks/gpu/memplan_calibration.* of the checkout; tests/test_calibration.py runs "
                       "the script into a tmp file and compares it with them",
 }
@@ -106,9 +107,11 @@ def header_commands() -> set[str]:
 
 
 def readme_commands() -> set[str]:
+    """README.md's commands (its bash blocks and inline spans) and those of the bash blocks moved to docs/."""
     text = (ROOT / "README.md").read_text()
+    blocks = "".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
     out = set()
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text + blocks, re.S):
         for cmd in block.replace("\\\n", " ").splitlines():
             cmd = re.split(r"\s+#", cmd)[0].strip()
             if cmd:

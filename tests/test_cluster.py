@@ -348,7 +348,7 @@ def _run_py_in_job(tmp_path, env, *args):
 
 def test_run_py_on_each_node_of_a_two_node_job_plans_without_starting_ray(tmp_path):
     # the head: plans with the cluster's address, each node's CPUs counted; nothing starts (preflight.only)
-    p = _run_py_in_job(tmp_path, _env(), "preflight.only=true")
+    p = _run_py_in_job(tmp_path, _env(), "preflight.only=true", "preflight.verbose=true")
     assert planned(p), p.stdout + p.stderr
     assert "Ray CPUs per node: 14 needed, 16 available (`ray start --num-cpus=16` on each node of SLURM job 4242)" \
         in p.stdout

@@ -231,8 +231,8 @@ def test_acc_is_what_validation_reports_as_core():
 
 def test_the_preset_passes_the_preflight_on_made_data(made, tmp_path):
     out, _ = made
-    proc = run_py(*PRESET, "preflight.only=true", f"train_file={out}/train.parquet", f"test_file={out}/test.parquet",
-                  f"hydra.run.dir={tmp_path}/run")
+    proc = run_py(*PRESET, "preflight.only=true", "preflight.verbose=true", f"train_file={out}/train.parquet",
+                  f"test_file={out}/test.parquet", f"hydra.run.dir={tmp_path}/run")
     text = proc.stdout + proc.stderr
     assert planned(proc), text[-3000:]
     # the preflight counted the made file's rows: 300 / 64 prompts a step

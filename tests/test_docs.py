@@ -1,5 +1,7 @@
-"""README.md and benchmarks/gpu/README.md against the recorded files they quote: a measured figure names the file it
-comes from, every file named exists, and the claims issue 28 corrected read what their files (or the plan) say."""
+"""README.md, the docs/ pages its sections moved to, and benchmarks/gpu/README.md against the recorded files they quote:
+a measured figure names the file it comes from, every file named exists, and the claims issue 28 corrected read what
+their files (or the plan) say. README's first screen (issue 44): what to type on a CPU box and on GPUs, and a verdict
+that is run.py's own output."""
 
 from __future__ import annotations
 
@@ -8,12 +10,15 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, planned, run_py
+from conftest import ROOT, fresh_clone, planned, run_py
 
 from grpo_lab.after_run import metrics as M
 
 README = ROOT / "README.md"
 GPU_README = ROOT / "benchmarks" / "gpu" / "README.md"
+# the pages README's sections moved to, with measured figures (docs/presets.md and docs/time_plan.md quote theirs by
+# run folder: not yet held to this)
+MOVED = [ROOT / "docs" / p for p in ("fit.md", "tasks.md", "launch.md", "emulation.md", "sglang.md", "verl_schema.md")]
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 # a number with a unit of time, memory or share, or an accuracy going from one value to another
 FIGURE = re.compile(r"\d[\d,.]*\s?(?:ms|s|min|GB|GiB|MB|MiB|%|tokens/s)(?![\w/])|\d\.\d+\s?->\s?\d\.\d+")
@@ -42,7 +47,7 @@ def resolve(cited: str, doc: Path) -> Path:
     return (ROOT if cited.startswith("benchmarks/") else doc.parent) / cited
 
 
-@pytest.mark.parametrize("doc", [README, GPU_README], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("doc", [README, GPU_README, *MOVED], ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_measured_figure_names_its_recorded_file(doc):
     seen = 0
     for heading, para in paragraphs(doc):
@@ -52,7 +57,7 @@ def test_a_measured_figure_names_its_recorded_file(doc):
         cited = [resolve(c, doc) for c in CITED.findall(para + " " + heading)]
         assert any(p.exists() for p in cited), (f"{doc.name}, {heading!r}: measured figures without a recorded file: "
                                                 f"{para}")
-    assert seen >= 3
+    assert seen >= (3 if doc in (README, GPU_README) else 0)
 
 
 def test_a_planted_unrecorded_measurement_is_found(tmp_path):
@@ -65,10 +70,9 @@ def test_a_planted_unrecorded_measurement_is_found(tmp_path):
     assert flagged == ["Measured on the 2-core CPU machine: the tests took 8 min 16 s."]
 
 
-@pytest.mark.parametrize("doc", [README, GPU_README], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("doc", [README, GPU_README, *MOVED], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_cited_file_exists(doc):
     cited = {c for _, para in paragraphs(doc) for c in CITED.findall(para)}
-    assert len(cited) >= 3
     missing = sorted(c for c in cited if not resolve(c, doc).exists())
     assert not missing, missing
 
@@ -162,3 +166,37 @@ def test_the_4b_advice_is_what_the_plan_says(tmp_path):
                    f"the weight sync only ({tp2['weight_sync']:.2f} GB)",
                    f"Only LoRA lowers the training phase below the optimizer step ({lora['training']:.2f} GB"):
         assert quoted in para, (quoted, para)
+
+
+# ---- README's first screen (issue 44, item 1) ----
+
+FIRST_SCREEN = 45
+
+
+def test_the_readme_is_short_and_its_first_screen_says_what_to_type():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 300
+    first = "\n".join(lines[:FIRST_SCREEN])
+    assert "Two commands on a fresh machine do everything" in first
+    assert re.search(r"^make test +# CPU", first, re.M) and re.search(r"^make smoke +# GPUs", first, re.M)
+    for cmd in ("make plan", "make fit", "make capacity", "make doctor", "make report", "python run.py",
+                "preflight: OK", "```\n$ python run.py"):
+        assert cmd in first, cmd
+
+
+def test_the_first_screens_verdict_is_run_pys_own_output(tmp_path):
+    """The example's lines, less those left out ("..."), are what the command prints in a fresh clone, in order."""
+    text = README.read_text()
+    block = text[text.index("```\n$ python run.py") + 4:]
+    block = block[:block.index("```")].splitlines()
+    typed = block[0].removeprefix("$ ").split("#")[0].split()
+    assert typed[:2] == ["python", "run.py"] and "preflight.only=true" in typed
+    clone = fresh_clone(tmp_path / "clone")
+    proc = run_py(*typed[2:], f"hydra.run.dir={tmp_path / 'run'}", cwd=clone, root=clone)
+    assert planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
+    printed = iter(proc.stdout.splitlines())
+    for line in block[1:]:
+        if line != "...":
+            assert line in printed, f"README's first screen shows {line!r}, not in run.py's output (in this order)"
+    assert any(line.startswith("preflight: ") for line in block)
+

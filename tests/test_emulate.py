@@ -26,7 +26,7 @@ UTIL = "actor_rollout_ref.rollout.gpu_memory_utilization"
 
 def _plan(tmp_path: Path, *args: str, env: dict | None = None, name: str = "run"):
     out = tmp_path / name
-    p = run_py(*args, "preflight.only=true", f"hydra.run.dir={out}", env=env, cwd=tmp_path)
+    p = run_py(*args, "preflight.only=true", "preflight.verbose=true", f"hydra.run.dir={out}", env=env, cwd=tmp_path)
     return p, out
 
 

@@ -134,7 +134,7 @@ def test_verl_validates_the_sglang_config(option, tp):
 
 
 def test_run_py_composes_and_plans_sglang(tmp_path):
-    p = run_py("rollout=sglang_tp2_mem04", "preflight.only=true", cwd=tmp_path)
+    p = run_py("rollout=sglang_tp2_mem04", "preflight.only=true", "preflight.verbose=true", cwd=tmp_path)
     assert planned(p), p.stdout + p.stderr
     assert "sglang static" in p.stdout and "sglang activations" in p.stdout
     job = next((tmp_path / "outputs" / "runs").iterdir())

@@ -388,14 +388,14 @@ def test_make_fit_leaves_the_fused_log_prob_out_where_verl_has_none(tmp_path):
         assert int(said.group(2)) > 0.9 * int(said.group(1)) - 1
 
 
-def test_the_readmes_fit_example_is_what_run_py_prints(tmp_path):
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_fit_example_is_what_run_py_prints(tmp_path):
+    readme = (ROOT / "docs" / "fit.md").read_text()
     typed = ".venv/bin/python run.py preflight.fit=true model=qwen3_4b hardware=rtx4080_16gbx4\n"
     start = readme.index(typed) + len(typed)
     shown = readme[start:readme.index("```", start)]
     proc = run_py("preflight.fit=true", "model=qwen3_4b", "hardware=rtx4080_16gbx4", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert shown == proc.stdout, "README's make fit example is stale: paste run.py's output again"
+    assert shown == proc.stdout, "docs/fit.md's example is stale: paste run.py's output again"
 
 
 def test_the_faster_budgets_pass_their_own_check_without_a_reference_model(tmp_path):

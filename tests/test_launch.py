@@ -152,9 +152,9 @@ def test_verl_group_options_still_work_on_the_command_line():
 
 def test_plan_lists_every_changed_default_with_what_set_it(tmp_path):
     out = tmp_path / "run"
-    proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
-                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", *_tiny_files(tmp_path),
-                  env={"ROLLOUT_N": "3"})
+    proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", "preflight.verbose=true",
+                  f"hydra.run.dir={out}", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+                  *_tiny_files(tmp_path), env={"ROLLOUT_N": "3"})
     assert planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     changed = {c["key"]: c for c in json.loads((out / "plan.json").read_text())["changed_defaults"]}
     # verl's value, ours, and the layer that set it

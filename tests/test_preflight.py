@@ -66,7 +66,7 @@ def test_guide_batch_arithmetic_with_a_gsm8k_sized_train_file(tmp_path):
     assert b["steps_per_epoch"] == 58
     assert b["total_training_steps"] == 116  # total_epochs 2
     assert r.ok, [(p.rule, p.message) for p in r.errors]
-    text = r.format()
+    text = r.format(verbose=True)
     for s in ("640 trajectories", "2 actor update", "80 trajectories per GPU", "58 steps per epoch"):
         assert s in text, s
 
@@ -100,7 +100,7 @@ def test_guide_memory_table_in_the_report():
         assert r.memory["actor_state_gb_per_gpu"] == pytest.approx(gb, abs=0.02)
         # 0.4 of the card's real bytes (32 GiB, as CUDA reports a "32 GB" card)
         assert r.memory["phases"]["generation"]["components_gb"]["vllm_budget"] == pytest.approx(13.74)
-        assert f"actor state {r.memory['actor_state_gb_per_gpu']} GB per GPU" in r.format()
+        assert f"actor state {r.memory['actor_state_gb_per_gpu']} GB per GPU" in r.format(verbose=True)
 
 
 # ---- batch rules --------------------------------------------------------------------------------------------------
@@ -496,7 +496,7 @@ def test_all_problems_are_collected_not_first_fail():
             "token_budget", "model_key_unknown"} <= set(rules(r.errors))
     assert "updates_per_step_integer" in rules(r.warnings)  # verl's V1 trainer pads the step
     assert not r.ok
-    text = r.format()
+    text = r.format(verbose=True)
     assert text.index("Batch arithmetic") < text.index("Memory plan") < text.index("Errors") < text.index("Warnings")
     for p in r.errors:
         assert f"[{p.rule}]" in text and p.fix and f"fix: {p.fix}" in text

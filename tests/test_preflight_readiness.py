@@ -29,9 +29,9 @@ SDPA = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"  # no
 
 
 def _plan(tmp_path: Path, *args: str, env: dict | None = None, name: str = "run", **kw):
-    """run.py preflight.only=true ARGS: (process, plan.json, job folder)."""
+    """run.py preflight.only=true preflight.verbose=true ARGS: (process, plan.json, job folder)."""
     job = tmp_path / name
-    proc = run_py("preflight.only=true", *args, f"hydra.run.dir={job}", env=env, **kw)
+    proc = run_py("preflight.only=true", "preflight.verbose=true", *args, f"hydra.run.dir={job}", env=env, **kw)
     plan = json.loads((job / "plan.json").read_text()) if (job / "plan.json").is_file() else {}
     return proc, plan, job
 
@@ -151,7 +151,7 @@ def test_a_sweep_of_plans_not_ready_here_exits_3(tmp_path):
                   "~hydra.callbacks.sweep_summary", cwd=tmp_path)
     assert proc.returncode == NOT_READY_EXIT, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "2 sweep job(s) planned OK but not ready to launch here" in proc.stderr
-    assert proc.stdout.count("preflight: plan OK; not ready to launch here:") == 2 and "next:" not in proc.stdout
+    assert proc.stdout.count("plan OK; not ready to launch here:") == 2 and "next:" not in proc.stdout
 
 
 def test_make_plan_passes_a_plan_that_is_not_ready_here(tmp_path):

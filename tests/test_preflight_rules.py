@@ -274,7 +274,7 @@ def test_memory_notes_moe_planned_with_all_experts():
     assert m["actor_state_gb_per_gpu"] == pytest.approx(16 * m["params"] / 4 / 1e9, abs=0.05)
     assert any("mixture of experts" in n and "30.5B" in n for n in notes_of_ctx(verl, lab, "memory_notes"))
     assert "full_finetune_too_big" in rules(r.errors)
-    assert "mixture of experts: 128 experts" in r.format()
+    assert "mixture of experts: 128 experts" in r.format(verbose=True)
 
 
 def test_memory_weight_sync_tight_is_a_warning():

@@ -431,7 +431,7 @@ def check_memory(run: RunInfo) -> Check:
                                          "benchmarks/gpu/results/ and run make calibrate.")
     tip, left = "", _speed_moves_left(run)
     if frac < 0.5 and left:
-        from grpo_lab.checks.preflight import fit_command
+        from grpo_lab.checks.plan_text import fit_command
 
         what = ", ".join(left[:-1]) + " and " * (len(left) > 1) + left[-1]
         tip = (f" Room to spare: {fit_command(run.overrides)} tries {what} where every phase still fits, "

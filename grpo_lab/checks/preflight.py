@@ -9,7 +9,8 @@
 
 The rules, the fix re-check and why it is fast: docs/preflight.md. What this machine lacks to launch (its input files,
 grpo_lab/checks/inputs.py; for a plan, the environment rules a launch runs as refusals, each fix re-checked) does not
-refuse a plan: its verdict is then "plan OK; not ready to launch here: ..." (exit code 3, README); a launch refuses.
+refuse a plan: its verdict is then "plan OK; not ready to launch here: ..." (exit code 3, docs/launch.md); a launch
+refuses.
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ from typing import Any
 
 from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
 from grpo_lab.checks.inputs import INPUT_KEYS, missing_inputs
+from grpo_lab.checks.plan_text import fit_command, report_text
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, ids, launching_only_ids, run_rules
-from grpo_lab.checks.rules.batch import num as _num
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
 from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
-from grpo_lab.memory import calibration, timeplan
 from grpo_lab.memory.run import Run
 
 __all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
@@ -103,8 +103,8 @@ class PreflightReport:
             out["fit"] = {"why": self.no_fit, "command": fit_command(self.fit_args)}
         return out
 
-    def format(self) -> str:
-        return _format(self)
+    def format(self, verbose: bool = False) -> str:
+        return report_text(self, verbose)
 
 
 def run_preflight(run: Run, *, launching: bool, check_fixes: bool = True) -> PreflightReport:
@@ -207,182 +207,3 @@ def _no_fit(checker: FixChecker, report: PreflightReport, tried: tuple[str, bool
     if not left:
         return ""
     return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {gist(left[0].message)}"
-
-
-def fit_command(args: list[str] | None) -> str:
-    """`make fit ARGS="..."` with the user's own arguments (the fit search of grpo_lab/checks/fit.py on the same
-    command)."""
-    import shlex
-
-    if args is None:
-        return 'make fit ARGS="<your overrides>"'
-    joined = " ".join(shlex.quote(a) for a in args)
-    if '"' in joined or "$" in joined or "`" in joined:
-        return f"make fit ARGS={shlex.quote(joined)}"
-    return f'make fit ARGS="{joined}"'
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# text
-# ---------------------------------------------------------------------------------------------------------------
-
-def _item(rule: str, message: str, label: str, fix: str, checked: str, caution: str = "") -> list[str]:
-    """One problem (or missing thing) of the report: its line, what fixes it, what the re-check found, and what the
-    fix changes besides numbers."""
-    lines = [f"  [{rule}] {message}"]
-    if fix:
-        lines.append(f"      {label}: {fix}")
-        if checked:
-            lines.append(f"           ({checked})")
-        lines += [f"      {line}" for line in caution.splitlines()]
-    return lines
-
-
-def _format_time(t: dict[str, Any]) -> list[str]:
-    if not t:
-        return []
-    ph, a = t["phases_s"], t["assumed"]
-    card = t["card"]["scaled"] or "measured on this card"
-    out = ["", f"Time plan ({t['card']['name']}: {card})",
-           f"  steady step {t['step_s']:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in ph.items()),
-           f"  first step {t['first_step_s']:.0f} s (warm-up), start-up {timeplan.duration(t['startup_s'])}"
-           + (f", {t['validations']} validation(s) of {t['validation_s']:.0f} s" if t["validations"] else "")]
-    if t["steps"]:
-        out.append(f"  run: {t['steps']} steps -> {timeplan.duration(t['run_s'])} (start-up, first step, "
-                   f"{t['steps'] - 1} x step, validations)")
-    else:
-        out.append("  run: steps unknown (no train file here and no trainer.total_training_steps): step times only")
-    out.append(f"  assumed: prompts of {a['prompt_tokens']:g} tokens ({a['prompt_source']}), every answer "
-               f"{a['response_tokens']} tokens (the limit: an upper bound), {a['tokens_per_gpu_per_step']} tokens per "
-               f"GPU per step" + ("; verl's per-token log-prob loop (no flash-attn, use_fused_kernels off)"
-                                  if a["per_token_log_prob_loop"] else ""))
-    acc = t.get("accuracy") or {}
-    if acc:
-        out.append(f"  plan vs recorded runs: steady step {acc['step_ratio_min']:.2f}-{acc['step_ratio_max']:.2f} of "
-                   f"measured on {acc['runs']} solo run(s) at their own lengths ({timeplan.TABLE_MD})")
-    if t["not_measured"]:
-        out += [f"  not measured: {m}" for m in t["not_measured"]]
-        out.append("  (how each term is modelled: docs/time_plan.md)")
-    return out
-
-
-def _format(r: PreflightReport) -> str:
-    out = [f"grpo-lab preflight: {r.title}" if r.title else "grpo-lab preflight"]
-    if r.random_weights:
-        out.append(f"  {r.random_weights}")
-    b = r.batch
-    if b.get("train_batch_size"):
-        out.append("")
-        out.append("Batch arithmetic")
-        dp = b["data_parallel_size"]
-        out.append(f"  {b['train_batch_size']} prompts x {b['rollout_n']} answers = {b['trajectories_per_step']} "
-                   f"trajectories per step ({_num(b['trajectories_per_gpu_per_step'])} per GPU over {dp} "
-                   f"data-parallel GPUs)")
-        if b.get("ppo_mini_batch_size"):
-            out.append(f"  mini-batch {b['ppo_mini_batch_size']} x {b['rollout_n']} = {b['mini_batch_trajectories']} "
-                       f"trajectories -> {_num(b['updates_per_step'] or 0)} actor update(s) per step"
-                       + (f" x {b['ppo_epochs']} epochs" if b.get("ppo_epochs", 1) != 1 else ""))
-            out.append(f"  {b['mini_batch_trajectories']} / {dp} GPUs = {_num(b['trajectories_per_gpu'])} "
-                       f"trajectories per GPU per mini-batch (algorithm sizes are global, micro-batch and token "
-                       f"budgets are per GPU)")
-        pad = b.get("padding")
-        if pad and pad.get("samples"):
-            out.append(f"  verl's V1 trainer pads each step with {pad['samples']} no-op samples to "
-                       f"{pad['padded_trajectories']} (a multiple of {pad['multiple']}): {pad['fraction']:.0%} of the "
-                       f"step is padding, {pad['updates_per_step']} actor update(s)")
-        if b.get("token_budgets", {}).get("actor"):
-            out.append(f"  actor token budget {b['token_budgets']['actor']} per micro-batch on each GPU; sequences up "
-                       f"to {b['sequence_length']} tokens"
-                       + (f"; up to {b['micro_batches_per_update_max']} micro-batches per update"
-                          if b.get("micro_batches_per_update_max") else ""))
-        if b.get("rollout_replicas"):
-            out.append(f"  {b['rollout_replicas']} vLLM replica(s): {b['trajectories_per_replica']} trajectories each "
-                       f"per step")
-        if b.get("steps_per_epoch") is not None:
-            out.append(f"  {b['train_rows']} train rows / {b['train_batch_size']} = {b['steps_per_epoch']} steps per "
-                       f"epoch (last partial batch dropped) x {b['total_epochs']} epochs -> "
-                       f"{b['total_training_steps']} steps")
-        rc = b.get("ray_cpus")
-        if rc:
-            node = " per node" if rc.get("per_node") else ""
-            have = rc["available"] if rc["available"] is not None else "not checked"
-            out.append(f"  Ray CPUs{node}: {rc['needed']} needed, {have} available ({rc['source']})")
-    m = r.memory
-    if m.get("phases"):
-        out.append("")
-        size = f"{m['params_b']}B" if m["params"] >= 1e8 else f"{m['params'] / 1e6:.1f}M"
-        out.append(f"Memory plan per GPU ({m['card_gb']:g} GB cards, {m['n_gpus']} GPU(s), FSDP over {m['fsdp_size']}; "
-                   f"{size} params from {m['architecture_source']})")
-        if m.get("moe"):
-            out.append(f"  mixture of experts: {m['moe']['num_experts']} experts, "
-                       f"{m['moe']['num_experts_per_tok']} per token: all {m['params_b']}B parameters in the state "
-                       f"and vLLM, {m['moe']['active_params_b']}B active for activations")
-        out.append(f"  actor state {m['actor_state_gb_per_gpu']} GB per GPU (16 B per trained parameter / "
-                   f"{m['fsdp_size']}, minus offloaded)")
-        out.append(f"  {'phase':<12} {'peak GB':>8}  {'verdict':<7}  what")
-        for phase in ("generation", "training", "weight_sync"):
-            ph = m["phases"][phase]
-            parts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ph["components_gb"].items() if v)
-            if phase == "training":
-                parts = f"{ph['peak_of']}: {parts}"
-            out.append(f"  {phase.replace('_', ' '):<12} {ph['peak_gb_per_gpu']:>8}  {ph['verdict']:<7}  {parts}")
-        ta = m.get("trainer_allocator")
-        if ta:
-            out.append(f"  trainer's torch allocator peak {ta['peak_gb']} GB ({ta['peak_of']}): what verl will log as "
-                       f"actor/perf/max_memory_allocated_gb (in GiB)")
-        kv = m["kv_cache"]
-        waves = kv["waves"] if kv["waves"] is not None else "-"
-        out.append(f"  KV cache {kv['kv_cache_gb']} GB = {kv['tokens']} tokens = {kv['sequences']} sequences of "
-                   f"{kv['sequence_length']}; {kv['trajectories_per_replica']} trajectories per replica -> {waves} "
-                   f"wave(s); max_model_len {kv['max_model_len']}")
-        h = m["host_ram"]
-        cap = f" of {h['capacity_gb']:g} GB" if h.get("capacity_gb") else ""
-        out.append(f"  host RAM{' per node' if h.get('per_node') else ''} {h['total_gb']} GB{cap}: {h['verdict']}")
-        out.append(f"  overall: {m['verdict']['overall']}")
-        regime = ((m.get("calibration") or {}).get("training") or {}).get("regime")
-        if regime:
-            out.extend(f"  plan vs recorded runs: {line}" for line in calibration.accuracy_lines(regime))
-        for phase, opts in (m.get("remedies") or {}).items():
-            if opts:
-                out.append(f"  remedies for {phase.replace('_', ' ')}:")
-                for o in opts:
-                    out.append(f"    {o['override']}  -> {o['peak_gb_per_gpu']} GB {o['verdict']}")
-    out += _format_time(r.time)
-    for title, items in (("Errors", r.errors), ("Warnings", r.warnings)):
-        if items:
-            out.append("")
-            out.append(f"{title} ({len(items)})")
-            for p in items:
-                out.extend(_item(p.rule, p.message, "fix", p.fix, p.checked, p.caution))
-    if r.notes:
-        out.append("")
-        out.append("Notes")
-        out.extend(f"  - {n}" for n in r.notes)
-    if r.fix_all:  # set only when it passes (run_preflight)
-        out.append("")
-        out.append(f"Fix all {len(r.errors)} errors together: {r.fix_all}")
-        out.append("  (re-checked: the preflight passes with all of them)")
-        out += [f"  {line}" for line in r.fix_all_caution.splitlines()]
-    if r.not_ready:
-        out.append("")
-        out.append(f"Not ready to launch here ({len(r.not_ready)})")
-        for n in r.not_ready:
-            verb = "make it" if n.rule == "input_missing" else "fix"
-            out.extend(_item(n.rule, n.message, verb, n.command, n.checked))
-    if r.no_fit:
-        from grpo_lab.checks.rules import memory_ids
-
-        out.append("")
-        memory = any(p.rule in memory_ids() for p in r.errors)
-        out.append(f"No fix above {'makes every phase fit' if memory else 'clears every error together'}: {r.no_fit}")
-        out.append(f"  Search settings that {'do' if memory else 'fit every phase'} (every phase below 80% of the "
-                   f"card, re-checked): {fit_command(r.fit_args)}")
-    out.append("")
-    if not r.ok:
-        missing = f", {len(r.not_ready)} missing here" if r.launching and r.not_ready else ""
-        out.append(f"preflight: REFUSED ({len(r.errors)} error(s){missing})")
-    elif r.not_ready:
-        out.append("preflight: plan OK; not ready to launch here: " + "; ".join(n.short for n in r.not_ready))
-    else:
-        out.append("preflight: OK")
-    return "\n".join(out)

@@ -1,6 +1,6 @@
 """The capacity table: what fits and how long the guide's run takes, every model option on every hardware option.
 
-    python -m grpo_lab.launch.capacity          # = make capacity; README.md's "Capacity" section holds its output
+    python -m grpo_lab.launch.capacity          # = make capacity; docs/time_plan.md holds its output
 
 Each config is composed as `python run.py model=<m> hardware=<h>` composes it (Hydra, then the job's prepare stage;
 the environment's knobs are not read), and make fit's search (grpo_lab/checks/fit.py) takes the fastest settings that
@@ -223,7 +223,7 @@ def table() -> str:
 
 def main(argv: list[str]) -> int:
     if argv:  # no options: -h/--help is the usage line, anything else a mistake
-        usage = f"usage: {MODULE}   (no arguments: prints the capacity table, README.md's \"Capacity\" section)"
+        usage = f"usage: {MODULE}   (no arguments: prints the capacity table, docs/time_plan.md's capacity table)"
         print(usage, file=sys.stdout if argv[0] in ("-h", "--help") else sys.stderr)
         return 0 if argv[0] in ("-h", "--help") else 2
     print(table())

@@ -112,6 +112,7 @@ def check(prepared: Prepared, job: Job) -> Checked:
     values that differ from verl's defaults) on record, the report printed. Refused: GrpoLabError."""
     run, verl = prepared.run, prepared.verl
     _write_yaml(job.dir / "verl_config.yaml", verl)
+    from grpo_lab.checks.plan_text import console
     from grpo_lab.checks.preflight import not_ready_here, run_preflight
 
     only = run.lab.preflight.only
@@ -121,9 +122,8 @@ def check(prepared: Prepared, job: Job) -> Checked:
     report.fit_args = own_args(job.multirun, job.cli)  # for `make fit ARGS="..."` when no fix fits every phase
     plan_json = _plan_record(report, prepared, job)
     write_json(job.dir / "plan.json", plan_json)
-    print(report.format())
-    print(f"grpo-lab: {len(plan_json['changed_defaults'])} value(s) differ from verl's defaults, each with verl's "
-          f"value, ours and what set it: \"changed_defaults\" in {job.dir}/plan.json")
+    changed = len(plan_json["changed_defaults"])
+    print(console(report, job.dir, changed, run.lab.preflight.verbose, job.multirun and only))
     if not report.ok:
         n = len(report.errors) + (len(report.not_ready) if report.launching else 0)
         raise GrpoLabError(f"{n} problem(s) above; nothing was started (plan: {job.dir}/plan.json).")
@@ -133,6 +133,8 @@ def check(prepared: Prepared, job: Job) -> Checked:
 def plan(checked: Checked, job: Job) -> str:
     """preflight.only: the plan is on record; say so, and what starts it when it can start here."""
     report = checked.report
+    if job.multirun:  # a sweep's plan: check printed its line
+        return "planned"
     print(f"grpo-lab: preflight only: plan written to {job.dir}/plan.json; nothing was started.")
     if not report.ready:
         print(f"grpo-lab: the plan holds, but the run cannot start on this machine: {len(report.not_ready)} "
@@ -180,11 +182,11 @@ def _append(path: Path, text: str) -> None:
 
 
 def next_command(cli: CommandLine | None) -> str:
-    """The command that starts what `preflight.only=true` checked: this command line without it."""
+    """The command that starts what `preflight.only=true` checked: this command line without it (and verbose)."""
     import shlex
 
     args = cli.args if cli is not None else list(HydraConfig.get().overrides.task)
-    keep = [a for a in args if a.split("=", 1)[0].lstrip("+") != "preflight.only"]
+    keep = [a for a in args if a.split("=", 1)[0].lstrip("+") not in ("preflight.only", "preflight.verbose")]
     return "python run.py " + " ".join(shlex.quote(a) for a in keep) if keep else "python run.py"
 
 
@@ -193,7 +195,7 @@ def own_args(multirun: bool, cli: CommandLine | None) -> list[str]:
     places it (preflight.only, Hydra's flags and hydra.* settings)."""
     hc = HydraConfig.get()
     args = list(hc.overrides.task) if multirun or cli is None else list(cli.args)
-    skip = ("preflight.only", "preflight.fit", "preflight.fit_write", "preflight.fit_overwrite")
+    skip = ("preflight.only", "preflight.verbose", "preflight.fit", "preflight.fit_write", "preflight.fit_overwrite")
     return [a for a in args if not a.startswith("-") and a.split("=", 1)[0].lstrip("+~") not in skip
             and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-REFUSED_EXIT = 2  # a config grpo-lab refused: nothing was started (README: exit codes)
+REFUSED_EXIT = 2  # a config grpo-lab refused: nothing was started (docs/launch.md: exit codes)
 NOT_READY_EXIT = 3  # a plan (preflight.only) that holds, but cannot start on this machine
 
 
@@ -47,7 +47,7 @@ class SweepOutcome:
                     f"and the sweep's summary.md say why)")
         if self.not_ready:
             return (f"grpo-lab: {len(self.not_ready)} sweep job(s) planned OK but not ready to launch here (each "
-                    f"job's \"Not ready to launch here\" above; plan.json \"not_ready_here\")")
+                    f"job's line above; plan.json \"not_ready_here\")")
         return ""
 
 

@@ -372,7 +372,7 @@ def reward_fn_result(c: Ctx) -> Iterable[Problem]:
         shaped = ("" if r.get("answers_from", "").startswith(own) else
                   f" If your task's answers have a shape of their own, define {own}(ground_truth, extra_info) in the "
                   f"file: it returns sample answers for a row (a right one, a wrong one, a malformed one) and the "
-                  f"probe scores those (README, 'Your own task')")
+                  f"probe scores those (docs/tasks.md, 'Your own task')")
         yield warn(f"the reward function {where}:{name} gave every sample answer the same score {scores[0]:g} "
                    f"({tried}; answers {r.get('answers_from', 'built from the row')}; {sample}): if it scores all "
                    f"answers alike, every group's rewards are equal and GRPO's advantages are 0 (nothing is learned). "
@@ -432,7 +432,7 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     yield error(f"the data's data_source {', '.join(map(repr, unknown))} is not one verl's own scorer knows "
                 f"(reward.custom_reward_function.path is null, so verl's default_compute_score scores every row, and "
                 f"raises NotImplementedError for it in the reward workers, after start-up). Pick a reward_fn option "
-                f"that scores it, or point {KEY}.path/name at a reward file of yours (README, 'Your own task')",
+                f"that scores it, or point {KEY}.path/name at a reward file of yours (docs/tasks.md, 'Your own task')",
                 fixes[0] if len(fixes) == 1 else "")
 
 

@@ -110,8 +110,9 @@ def set_by(c: Ctx, key: str) -> str:
 def start_ray(c: Ctx) -> str:
     """Advice: the cluster to start, then the same command (without num_cpus, which Ray refuses when joining)."""
     then = f"with {NUM_CPUS}=null appended joins it" if c.get(NUM_CPUS) is not None else "joins it"
-    return ("start Ray on the nodes first (README, 'More than one machine'): `ray start --head --port=6379` on this "
-            f"node and `ray start --address=<this node's ip>:6379` on each other node; then the same command {then}")
+    return ("start Ray on the nodes first (docs/launch.md, 'More than one machine'): `ray start --head --port=6379` "
+            "on this node and `ray start --address=<this node's ip>:6379` on each other node; then the same command "
+            f"{then}")
 
 
 @rule("ray_nnodes_without_cluster", kind="setup", phase="start-up")
