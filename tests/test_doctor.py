@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ import yaml
 
 from grpo_lab.after_run import doctor
 from grpo_lab.after_run.doctor.signatures import SIGNATURES
+from grpo_lab.labconf import Lab
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
@@ -194,34 +196,84 @@ def test_recorded_killed_run_is_not_called_an_error():
 # CUDA out of memory: the phase decides the remedy
 
 
-TRAINING_ONLY = ("ppo_max_token_len_per_gpu=", "optimizer_offload=true")
-GENERATION_ONLY = ("rollout_n=", "max_response_length=")
+TRAINING_ONLY = ("ppo_max_token_len_per_gpu=",)
+GENERATION_ONLY = ("rollout_gpu_mem_util=",)
+
+
+@pytest.fixture(scope="module")
+def q4b(tmp_path_factory) -> Path:
+    """The job folder `python run.py experiment=qwen3_4b_gsm8k preflight.only=true` writes (verl_config.yaml,
+    .hydra/config.yaml, plan.json): the composed config and the memory plan of the guide's 4B run."""
+    from conftest import run_py
+
+    job = tmp_path_factory.mktemp("q4b") / "job"
+    made = run_py("experiment=qwen3_4b_gsm8k", "preflight.only=true", f"hydra.run.dir={job}")
+    assert (job / "verl_config.yaml").exists(), made.stdout + made.stderr
+    return job
+
+
+def q4b_job(q4b: Path, dest: Path, log: Path, **changes) -> Path:
+    """A failed copy of that job with this log for train.log and verl_config.yaml's values changed (dotted keys)."""
+    from grpo_lab.verl_keys import with_value
+
+    shutil.copytree(q4b, dest)
+    verl = yaml.safe_load((dest / "verl_config.yaml").read_text())
+    for key, value in changes.items():
+        verl = with_value(verl, key, value)
+    (dest / "verl_config.yaml").write_text(yaml.safe_dump(verl))
+    shutil.copyfile(log, dest / "train.log")
+    (dest / "status.json").write_text(json.dumps({"status": "failed", "error": None}))
+    return dest
+
+
+def make_doctor(job: Path) -> str:
+    made = subprocess.run(["make", "-s", "-C", str(ROOT), "doctor", f"LOG={job}", f"PY={sys.executable}"],
+                          text=True, capture_output=True, timeout=120)
+    assert made.returncode == 0, made.stdout + made.stderr
+    return made.stdout
 
 
 def _has(overrides: list[str], needle: str) -> bool:
     return any(needle in o for o in overrides)
 
 
-def test_training_oom_gets_training_remedies_only():
-    d = one(SYN / "oom_training_update_actor.log")
+def test_training_oom_gets_training_remedies_only(q4b, tmp_path):
+    _, (d,) = doctor.diagnose_path(q4b_job(q4b, tmp_path / "t", SYN / "oom_training_update_actor.log"))
     assert (d.id, d.phase) == ("oom_training", "training")
     assert "Tried to allocate 2.32 GiB" in d.evidence
     for needle in TRAINING_ONLY:
         assert _has(d.overrides, needle), d.overrides
     for needle in GENERATION_ONLY:
         assert not _has(d.overrides, needle), d.overrides
-    assert "rollout_gpu_mem_util=0.3" in d.overrides  # the guide: lower ROLLOUT_GPU_MEM_UTIL too
     assert doctor.failure_class([d]) == "OOM in training"
 
 
-def test_generation_oom_gets_generation_remedies_only():
-    d = one(SYN / "oom_generation_vllm_sampler.log")
+def test_generation_oom_gets_generation_remedies_only(q4b, tmp_path):
+    _, (d,) = doctor.diagnose_path(q4b_job(q4b, tmp_path / "g", SYN / "oom_generation_vllm_sampler.log"))
     assert (d.id, d.phase) == ("oom_generation", "generation")
     for needle in GENERATION_ONLY:
         assert _has(d.overrides, needle), d.overrides
     for needle in TRAINING_ONLY:
         assert not _has(d.overrides, needle), d.overrides
     assert doctor.failure_class([d]) == "OOM in generation"
+
+
+def test_make_doctor_advises_for_a_training_oom_only_what_the_plan_says_lowers_training(q4b, tmp_path):
+    """Issue 43: a training-phase OOM (update_actor -> loss.backward) of experiment=qwen3_4b_gsm8k was told to lower
+    vLLM's share and offload Adam's state, with which the job's own memory plan keeps training at 24.17 GB; only a
+    smaller token budget (22.73 GB) or LoRA lowers it. The job's 16,384-token budget is quoted, not a default 3,000."""
+    out = make_doctor(q4b_job(q4b, tmp_path / "oom", SYN / "oom_training_update_actor.log"))
+    assert "[oom_training]" in out and "training phase at 24.17 GB per GPU of 32 GB (fits)" in out, out
+    assert "- ppo_max_token_len_per_gpu=8192 -> 22.73 GB (fits)" in out
+    assert "try: python run.py ... ppo_max_token_len_per_gpu=8192\n" in out + "\n"
+    assert "rollout_gpu_mem_util" not in out and "optimizer_offload" not in out and "3000" not in out
+
+
+def test_make_doctor_says_so_where_the_job_has_no_plan(tmp_path):
+    """A log without the job's config or card: no memory plan, so no override is invented."""
+    job = synth.write_job(tmp_path / "bare", log=SYN / "oom_training_update_actor.log", status="failed")
+    out = make_doctor(job)
+    assert "[oom_training]" in out and "No memory plan for this job" in out and "try:" not in out, out
 
 
 OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of "
@@ -259,23 +311,22 @@ def test_log_prob_pass_oom_is_training_with_entropy_hint():
     assert "entropy_from_logits_with_chunking" in d.remedy
 
 
-def test_oom_values_come_from_the_jobs_config():
-    cfg = synth.verl_config(max_response_length=2048, util=0.5, n=8)
-    (gen,) = doctor.diagnose((SYN / "oom_generation_vllm_sampler.log").read_text(), cfg)
-    assert gen.overrides == ["rollout_n=7", "max_response_length=1536", "rollout_gpu_mem_util=0.4"]
-    cfg["actor_rollout_ref"]["actor"]["ppo_max_token_len_per_gpu"] = 8192
-    (train,) = doctor.diagnose((SYN / "oom_training_update_actor.log").read_text(), cfg)
-    assert train.overrides[0] == "ppo_max_token_len_per_gpu=5376"
-    # without dynamic batching the micro-batch is the knob
-    cfg["actor_rollout_ref"]["actor"].update(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=4)
-    (train,) = doctor.diagnose((SYN / "oom_training_update_actor.log").read_text(), cfg)
-    assert train.overrides[0] == "ppo_micro_batch_size_per_gpu=2"
+def test_oom_values_come_from_the_jobs_config(q4b, tmp_path):
+    A = "actor_rollout_ref."
+    gen = SYN / "oom_generation_vllm_sampler.log"
+    _, (d,) = doctor.diagnose_path(q4b_job(q4b, tmp_path / "u5", gen, **{A + "rollout.gpu_memory_utilization": 0.5}))
+    assert "generation phase at 31.40 GB" in d.remedy and d.overrides == ["rollout_gpu_mem_util=0.3"]
+    train = SYN / "oom_training_update_actor.log"
+    job = q4b_job(q4b, tmp_path / "t8k", train, **{A + "actor.ppo_max_token_len_per_gpu": 8192})
+    _, (d,) = doctor.diagnose_path(job)
+    assert "training phase at 22.73 GB" in d.remedy and not _has(d.overrides, "ppo_max_token_len_per_gpu")
 
 
-def test_a_fix_never_raises_vllms_share():
-    cfg = synth.verl_config(max_response_length=2048, util=0.1, n=8)
-    (gen,) = doctor.diagnose((SYN / "oom_generation_vllm_sampler.log").read_text(), cfg)
-    assert gen.overrides == ["rollout_n=7", "max_response_length=1536"]  # 0.1 is the floor: nothing lower to try
+def test_a_fix_never_raises_vllms_share(q4b, tmp_path):
+    job = q4b_job(q4b, tmp_path / "u1", SYN / "oom_generation_vllm_sampler.log",
+                  **{"actor_rollout_ref.rollout.gpu_memory_utilization": 0.1})
+    _, (gen,) = doctor.diagnose_path(job)
+    assert gen.overrides and not _has(gen.overrides, "rollout_gpu_mem_util")
 
 
 EMU_OOM = ROOT / "benchmarks/gpu/results/2026-12-04-qwen3-random/side_by_side/emu_oom"
@@ -286,9 +337,8 @@ def test_recorded_emulated_oom_gets_fixes_in_the_users_terms(tmp_path):
     at the per-process cap. verl got vLLM's share scaled to the real card (0.091559); the user set 0.4 of the 32 GB
     card, so the fix lowers 0.4, it never suggests 0.1 (a raise of what verl got)."""
     _, (d,) = doctor.diagnose_path(EMU_OOM)
-    assert d.id == "oom_training"
-    assert "rollout_gpu_mem_util=0.3" in d.overrides and "now 0.4;" in d.remedy
-    assert "0.091559" not in d.remedy
+    assert d.id == "oom_training" and "of 32 GB" in d.remedy
+    assert "0.091559" not in d.remedy and not _has(d.overrides, "rollout_gpu_mem_util")
     # the same log without the plan's emulation record reads verl's scaled value, and lowers nothing below 0.1
     job = tmp_path / "emu_oom"
     job.mkdir()
@@ -298,15 +348,17 @@ def test_recorded_emulated_oom_gets_fixes_in_the_users_terms(tmp_path):
     assert not any(o.startswith("rollout_gpu_mem_util=") for o in d.overrides)
 
 
-def test_vllm_kv_cache_is_generation_with_its_own_remedy():
-    d = one(SYN / "vllm_no_kv_cache_memory.log")
+def test_vllm_kv_cache_is_generation_with_its_own_remedy(q4b, tmp_path):
+    d = one(SYN / "vllm_no_kv_cache_memory.log", config=synth.verl_config())
     assert (d.id, d.phase) == ("vllm_kv_cache_too_small", "generation")
     assert "rollout_gpu_mem_util=0.5" in d.overrides  # a larger vLLM share, not a smaller one
     assert doctor.failure_class([d]) == "OOM in generation"
-    text = ("ValueError: Free memory on device cuda:0 (7.34/31.36 GiB) on startup is less than desired GPU memory "
-            "utilization (0.4, 12.54 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
-            "processes.")
-    (d,) = doctor.diagnose(text)
+    assert not _has(one(SYN / "vllm_no_kv_cache_memory.log").overrides, "rollout_gpu_mem_util")  # its util unknown
+    log = tmp_path / "free.log"
+    log.write_text("ray init kwargs: {'num_cpus': 16}\nValueError: Free memory on device cuda:0 (7.34/31.36 GiB) on "
+                   "startup is less than desired GPU memory utilization (0.4, 12.54 GiB). Decrease GPU memory "
+                   "utilization or reduce GPU memory used by other processes.\n")
+    _, (d,) = doctor.diagnose_path(q4b_job(q4b, tmp_path / "free", log))
     assert d.id == "vllm_startup_free_memory" and "rollout_gpu_mem_util=0.3" in d.overrides
 
 
@@ -319,7 +371,7 @@ P2P_OFF = '++ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE="1"'
 
 
 @pytest.mark.parametrize("name, expected_id, override", [
-    ("ray_unable_to_register_worker.log", "ray_register_worker", "ray_kwargs.ray_init.num_cpus=22"),
+    ("ray_unable_to_register_worker.log", "ray_register_worker", "ray_kwargs.ray_init.num_cpus=16"),
     (IMA, "illegal_memory_access", "actor_rollout_ref.rollout.enforce_eager=true"),
     ("nccl_init_hang_rtx4080.log", "nccl_hang", P2P_OFF),
     ("triton_compile_module_from_src.log", "triton_compile", "actor_rollout_ref.actor.use_torch_compile=false"),
@@ -327,10 +379,45 @@ P2P_OFF = '++ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE="1"'
     ("ray_env_var_not_string.log", "ray_env_var_type", P2P_OFF),
 ])
 def test_synthetic_signature(name, expected_id, override):
-    d = one(SYN / name)
+    cfg = synth.verl_config()
+    cfg["ray_kwargs"]["ray_init"]["num_cpus"] = None  # Ray takes every core: 4 GPUs and 2 storage units need 16
+    d = one(SYN / name, config=cfg)
     assert d.id == expected_id
     assert override in d.overrides, d.overrides
     assert d.evidence and d.line
+
+
+def test_make_doctor_on_an_nccl_timeout_of_a_job_with_p2p_off_does_not_suggest_it(q4b, tmp_path):
+    """Issue 43: the 4B job's verl_config.yaml has NCCL_P2P_DISABLE '1' (hardware=rtx4080x4): its NCCL watchdog
+    timeout is not told to set it again, and is told that P2P is off already."""
+    log = tmp_path / "nccl.log"
+    head = (SYN / "nccl_init_hang_rtx4080.log").read_text().split("^C")[0]
+    log.write_text(head + "(WorkerDict pid=20456) [rank1]:[E1203 11:02:03.433063423 ProcessGroupNCCL.cpp:629] [Rank 1] "
+                   "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, "
+                   "NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for 600081 milliseconds before "
+                   "timing out.\n")
+    assert "NCCL_P2P_DISABLE: '1'" in (q4b / "verl_config.yaml").read_text()
+    out = make_doctor(q4b_job(q4b, tmp_path / "nccl", log))
+    assert "[nccl_hang]" in out and "P2P is already off in this job" in out, out
+    assert "NCCL_P2P_DISABLE=\"1\"" not in out and "NCCL_DEBUG=\"INFO\"" in out
+
+
+CTRL_C = FIXTURES / "recorded" / "grpo-lab_ctrl-c-in-reward-probe.train.log"
+
+
+def test_make_doctor_calls_ctrl_c_in_the_reward_probe_a_stop_by_the_user(q4b, tmp_path):
+    """Issue 43: Ctrl+C while the preflight's reward probe ran (recorded) was read as a start-up hang, with num_cpus=16
+    and NCCL_P2P_DISABLE, both already in the job's config; it is a stop by the user, with nothing to change."""
+    job = q4b_job(q4b, tmp_path / "ctrl_c", CTRL_C)
+    (job / "status.json").write_text(json.dumps({"status": "failed", "error": "KeyboardInterrupt: "}))
+    out = make_doctor(job)
+    assert "[stopped_by_user] Stopped by the user (Ctrl+C) before the first step" in out, out
+    assert "reward_probe.py:122 in _run_child" in out
+    assert "try:" not in out and "num_cpus" not in out and "NCCL" not in out
+    from conftest import run_module
+
+    data = json.loads(run_module("grpo_lab.after_run.doctor", job, "--json").stdout)
+    assert [(d["id"], d["overrides"]) for d in data] == [("stopped_by_user", [])]
 
 
 def test_nccl_hang_evidence_is_where_it_stopped_not_the_ctrl_c():
@@ -395,12 +482,14 @@ def _walk(cfg: dict, path: list[str]):
     return cur
 
 
-def test_every_override_names_a_real_key():
+def test_every_override_names_a_real_key(q4b):
     verl, short = _config_keys()
     texts = [p.read_text() for p in sorted(FIXTURES.glob("*/*.log"))]
     overrides = {o for t in texts for d in doctor.diagnose(t) for o in d.overrides}
-    overrides |= set(doctor.training_oom_overrides(doctor.Values(None)))
-    overrides |= set(doctor.generation_oom_overrides(doctor.Values(None)))
+    job = doctor.job_run(yaml.safe_load((q4b / "verl_config.yaml").read_text()),
+                         Lab.of(yaml.safe_load((q4b / ".hydra" / "config.yaml").read_text())["lab"]), {})
+    overrides |= {o for phase in ("training", "generation", "weight_sync")
+                  for r in doctor.phase_remedies(job, phase)[1] for o in r["override"].split()}
     assert len(overrides) >= 12
     for o in overrides:
         key = o.split("=", 1)[0]
@@ -512,11 +601,11 @@ def test_make_doctor_on_verls_own_lora_settings_on_one_gpu(tmp_path):
     assert "Stopped before the first step" not in out
 
 
-def test_diagnose_job_dir_uses_verl_config(tmp_path):
-    job = synth.write_job(tmp_path / "job0", log=SYN / "oom_generation_vllm_sampler.log", status="failed",
-                          verl=synth.verl_config(n=6, max_response_length=512, util=0.35))
+def test_diagnose_job_dir_uses_verl_config(q4b, tmp_path):
+    job = q4b_job(q4b, tmp_path / "job0", SYN / "oom_generation_vllm_sampler.log",
+                  **{"actor_rollout_ref.rollout.gpu_memory_utilization": 0.35})
     text = doctor.diagnose_file(job)
-    assert "oom_generation" in text and "rollout_n=5" in text and "max_response_length=384" in text
+    assert "oom_generation" in text and "generation phase at 26.24 GB" in text
     ds = doctor.write_diagnosis(job)
     saved = json.loads((job / "diagnosis.json").read_text())
     assert [d["id"] for d in saved["diagnoses"]] == [d.id for d in ds] == ["oom_generation"]

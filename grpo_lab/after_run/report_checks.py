@@ -418,8 +418,8 @@ def check_memory(run: RunInfo) -> Check:
     card_kind, on_card = ("reserved", peak_res) if peak_res else (kind, peak)
     frac = on_card / card
     msg = f"{head} ({card_kind}: {_pct(frac)} of the {_fmt(card, 4)} GiB card){plan_note}"
-    values = doctor.Values(run.verl)
-    fixes = ", ".join(doctor.training_oom_overrides(values))
+    fixes = ", ".join(r["override"] for r in doctor.phase_remedies(run.job, "training")[1]) or (
+        "what lowers the training phase's peak (the memory plan knows no override for this job)")
     if frac >= MEM_BAD:
         return Check(metric, BAD, msg + f": at the edge, the next longer batch will OOM. Try {fixes}.")
     if frac >= MEM_WARN:
@@ -581,7 +581,7 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
         return Check("run", BAD, f"{refused.title}; the rules and their fixes are below (plan.json)."), diags
     if st == "failed":
         err = run.status.get("error") or "no error recorded"
-        what = ("; ".join(f"{d.title} -> try {' '.join(d.overrides)}" for d in diags)
+        what = ("; ".join(f"{d.title} -> try {' '.join(d.overrides)}" if d.overrides else d.title for d in diags)
                 or "no known signature in train.log")
         return Check("run", BAD, f"failed after {done} step(s): {err}. Doctor: {what}."), diags
     if diags:

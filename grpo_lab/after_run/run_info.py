@@ -46,9 +46,9 @@ class RunInfo:
     @functools.cached_property
     def job(self) -> Run:
         """The job's Run, as planned: an emulated card's run in the user's terms (docs/after_run.md)."""
-        from grpo_lab.after_run.doctor.verdict import in_users_terms
+        from grpo_lab.after_run.doctor.verdict import job_run
 
-        return Run.build(in_users_terms(self.verl, self.plan) or {}, self.lab, {}, quick=True)
+        return job_run(self.verl, self.lab, self.plan)
 
     def verl_value(self, path: str, default: Any = None) -> Any:
         return _get(self.verl, path, default)

@@ -2,12 +2,11 @@
 grpo_lab.after_run.doctor LOGFILE_OR_JOB_DIR). What it matches, the watchdog and the modules: docs/after_run.md."""
 
 from grpo_lab.after_run.doctor.command import main
-from grpo_lab.after_run.doctor.logread import Diagnosis, Log, Values, printed_config, read_json, read_log
+from grpo_lab.after_run.doctor.logread import Diagnosis, Log, printed_config, read_json, read_log
 from grpo_lab.after_run.doctor.signatures import (
                                                SIGNATURES,
                                                fatal_line,
-                                               generation_oom_overrides,
-                                               training_oom_overrides,
+                                               phase_remedies,
 )
 from grpo_lab.after_run.doctor.stops import gone_running
 from grpo_lab.after_run.doctor.verdict import (
@@ -18,13 +17,14 @@ from grpo_lab.after_run.doctor.verdict import (
                                                errors_in,
                                                failure_class,
                                                format_diagnoses,
+                                               job_run,
                                                not_a_log,
                                                refusal,
                                                write_diagnosis,
 )
 from grpo_lab.after_run.doctor.watchdog import ProgressWatchdog, watch_progress
 
-__all__ = ["NOT_A_LOG", "SIGNATURES", "fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "Values", "diagnose",
-           "diagnose_file", "diagnose_path", "errors_in", "failure_class", "format_diagnoses",
-           "generation_oom_overrides", "gone_running", "main", "not_a_log", "printed_config", "read_json", "read_log",
-           "refusal", "training_oom_overrides", "watch_progress", "write_diagnosis"]
+__all__ = ["NOT_A_LOG", "SIGNATURES", "fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "diagnose",
+           "diagnose_file", "diagnose_path", "errors_in", "failure_class", "format_diagnoses", "gone_running",
+           "job_run", "main", "not_a_log", "phase_remedies", "printed_config", "read_json", "read_log", "refusal",
+           "watch_progress", "write_diagnosis"]

@@ -1,5 +1,5 @@
 """The doctor's reading of a log: its lines without Ray's, vLLM's and torch's prefixes, the config verl printed into
-it, the job's own values for the overrides it suggests, and the Diagnosis every finding is."""
+it, the job's values from its Run, and the Diagnosis every finding is."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import ast
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts, loglines
-from grpo_lab.verl_keys import get as _get
+from grpo_lab.memory.run import Run
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the result
@@ -120,94 +121,46 @@ def ray_init_kwargs(log: Log) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# overrides with values from the job's config
+# the job's values: its Run (grpo_lab/memory/run.py), read, never defaulted here
+
+UNITS = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
 
 
-class Values:
-    """The job's current values (verl config from verl_config.yaml or the log's config print; else the guide's)."""
+def with_ray_init(verl: dict[str, Any] | None, log: Log) -> dict[str, Any]:
+    """The job's verl config with what verl passed to ray.init (its `ray init kwargs` line) merged in."""
+    line = ray_init_kwargs(log)
+    return _merged(verl or {}, {"ray_kwargs": {"ray_init": line}}) if line else dict(verl or {})
 
-    def __init__(self, cfg: dict[str, Any] | None, ray_init: dict[str, Any] | None = None) -> None:
-        self.cfg = cfg or {}
-        self.ray_init = ray_init or {}
 
-    def num(self, path: str, default: float) -> float:
-        v = _get(self.cfg, path)
-        try:
-            return float(v)
-        except (TypeError, ValueError):
-            return default
+def _merged(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    return {**a, **{k: _merged(a[k], v) if isinstance(v, Mapping) and isinstance(a.get(k), Mapping) else v
+                    for k, v in b.items()}}
 
-    @property
-    def util(self) -> float:
-        return self.num("actor_rollout_ref.rollout.gpu_memory_utilization", 0.4)
 
-    @property
-    def n(self) -> int:
-        return int(self.num("actor_rollout_ref.rollout.n", 5))
+def now(run: Run, key: str) -> str:
+    """A value of the job's config as the doctor quotes it, or that it is unknown."""
+    v = run.get(key)
+    return "unknown: not in the job's config" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
-    @property
-    def max_prompt(self) -> int:
-        return int(self.num("data.max_prompt_length", 512))
 
-    @property
-    def max_response(self) -> int:
-        return int(self.num("data.max_response_length", 1024))
+def cpus_needed(run: Run) -> int | None:
+    """Ray CPUs the job's placement groups need on a node (grpo_lab.facts), None where its config does not say."""
+    gpus, v1, units = run.get("trainer.n_gpus_per_node"), run.get("trainer.use_v1"), run.get(UNITS)
+    if gpus is None or v1 is None or (v1 and units is None):
+        return None
+    return facts.ray_cpus_needed(int(gpus), bool(v1), int(units or 0))
 
-    @property
-    def token_len(self) -> int:
-        return int(self.num("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 3000))
 
-    @property
-    def dynamic_bsz(self) -> bool:
-        return bool(_get(self.cfg, "actor_rollout_ref.actor.use_dynamic_bsz", True))
+def already_set(run: Run, override: str) -> bool:
+    """Whether the job's config already has this override's value (every verl key a short key sets)."""
+    from grpo_lab.cli.apply import parse
+    from grpo_lab.cli.knobs import SHORT_KEYS, short_key_targets
 
-    @property
-    def micro(self) -> int:
-        return int(self.num("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 2))
-
-    @property
-    def gpus(self) -> int:
-        return int(self.num("trainer.n_gpus_per_node", 4)) * max(1, int(self.num("trainer.nnodes", 1)))
-
-    @property
-    def storage_units(self) -> int:
-        return int(self.num("transfer_queue.backend.SimpleStorage.num_data_storage_units", 8))
-
-    @property
-    def num_cpus(self) -> int | None:
-        v = self.ray_init.get("num_cpus", _get(self.cfg, "ray_kwargs.ray_init.num_cpus"))
-        try:
-            return int(v)
-        except (TypeError, ValueError):
-            return None
-
-    @property
-    def use_v1(self) -> bool:
-        return bool(_get(self.cfg, "trainer.use_v1", True))
-
-    # --- the lowered values to try
-    def lower_util(self) -> str | None:
-        """vLLM's share 0.1 lower, at least 0.1; None where that is no lower than it is (a fix never raises it)."""
-        lower = max(0.1, round(self.util - 0.1, 2))
-        return f"rollout_gpu_mem_util={lower:g}" if lower < self.util else None
-
-    def lower_n(self) -> str | None:
-        return f"rollout_n={self.n - 1}" if self.n > 2 else None
-
-    def lower_response(self) -> str:
-        return f"max_response_length={max(128, (self.max_response * 3 // 4) // 64 * 64)}"
-
-    def lower_token_len(self) -> str | None:
-        floor = self.max_prompt + self.max_response  # one whole sequence must fit a micro-batch
-        new = max(floor, (self.token_len * 2 // 3) // 256 * 256)
-        return f"ppo_max_token_len_per_gpu={new}" if new < self.token_len else None
-
-    def lower_micro(self) -> str:
-        return f"ppo_micro_batch_size_per_gpu={max(1, self.micro // 2)}"
-
-    def cpus_needed(self) -> int:
-        """Ray CPUs the job's placement groups need (grpo_lab.facts: 3 per GPU + TaskRunner + TQ controller + units)."""
-        return facts.ray_cpus_needed(self.gpus, self.use_v1, self.storage_units)
+    (parsed,) = parse([override]) or [("~", "", None)]
+    op, key, value = parsed
+    keys = short_key_targets(key) if key in SHORT_KEYS else (key,)
+    same = lambda cur: cur == value and isinstance(cur, (str, bool)) == isinstance(value, (str, bool))  # noqa: E731
+    return op != "~" and bool(keys) and all(same(run.get(k)) for k in keys)
 
 
 def env_override(name: str, value: str) -> str:

@@ -4,16 +4,20 @@ with the overrides to try; how a matcher registers its ids, and the match order:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
+from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, already_set, cpus_needed, env_override, now
 from grpo_lab.loglines import FRAME, strip
+from grpo_lab.memory.memplan_remedies import find_remedies
+from grpo_lab.memory.memplan_verdicts import phase_result
+from grpo_lab.memory.run import Run
 from grpo_lab.registry import Entry, Registry
-from grpo_lab.verl_keys import get as _get
+from grpo_lab.verl_keys import A
 
-Matcher = Callable[[Log, Values], list[Diagnosis]]
+Matcher = Callable[[Log, Run], list[Diagnosis]]
 
 # what a diagnosis says failed
 SIGNATURE_KINDS = {
@@ -153,61 +157,70 @@ _HOST_OOM = re.compile(r"ray\.exceptions\.OutOfMemoryError: Task was killed due 
                        r"is killed by signal: Killed")
 
 
-def _keep(*items: str | None) -> list[str]:
-    return [x for x in items if x]
+def phase_remedies(run: Run, phase: str) -> tuple[tuple[float, str] | None, list[dict]]:
+    """(the phase's predicted peak and verdict, the plan's remedies that lower that peak), re-planned with the job's
+    Run; (None, []) where the job has no memory plan."""
+    if run.planned is None or run.model.arch is None:
+        return None, []
+    before = phase_result(run.model.arch, run.planned, phase)
+    return before, [r for r in find_remedies(run.model.arch, run.planned, phase) if r["peak_gb_per_gpu"] < before[0]]
 
 
-def training_oom_overrides(v: Values) -> list[str]:
-    first = v.lower_token_len() if v.dynamic_bsz else v.lower_micro()
-    return _keep(first, v.lower_util(), "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+def new_overrides(run: Run, override: str) -> list[str]:
+    return [o for o in shlex.split(override) if not already_set(run, o)]
 
 
-def generation_oom_overrides(v: Values) -> list[str]:
-    return _keep(v.lower_n(), v.lower_response(), v.lower_util())
+def memory_advice(run: Run, phase: str) -> tuple[str, list[str]]:
+    """What the memory plan says lowers this phase's peak, in words, and the first such remedy as overrides."""
+    before, remedies = phase_remedies(run, phase)
+    if before is None:
+        why = "; ".join(run.notes[-1:]) or ("no model or card: actor_rollout_ref.model.path, lab.hardware."
+                                              "gpu_memory_gb (the job folder's verl_config.yaml, .hydra/config.yaml)")
+        return f"No memory plan for this job ({why}), so no override is known to lower this phase's peak.", []
+    card = run.planned.card_gb
+    out = [f"The memory plan puts the {phase} phase at {before[0]:.2f} GB per GPU of {card:g} GB ({before[1]})"
+           + (", and it ran out anyway: the plan is short for this job." if before[1] == "fits" else ".")]
+    if not remedies:
+        return out[0] + " No override the plan knows lowers it.", []
+    out.append("What lowers it, with the predicted peak after each (the plan's order):")
+    out += [f"- {' '.join(new_overrides(run, r['override']))} -> {r['peak_gb_per_gpu']:.2f} GB ({r['verdict']})"
+            for r in remedies]
+    first = next((r for r in remedies if r["verdict"] != "oom"), remedies[0])
+    return "\n".join(out), new_overrides(run, first["override"])
 
 
-def _training_oom(log: Log, i: int, v: Values) -> Diagnosis:
+def _training_oom(log: Log, i: int, run: Run) -> Diagnosis:
     context = " ".join(log.clean[max(0, i - 60):i])
     extra = ""
-    overrides = training_oom_overrides(v)
     if re.search(r"compute_log_prob|compute_ref_log_prob|entropy_from_logits|infer_batch", context):
         extra = ("\nIt ran out in a log-prob pass (forward only, the ~152k-token vocabulary's logits): also lower "
                  "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu / ref.log_prob_max_token_len_per_gpu, "
                  "or compute the entropy in chunks (actor_rollout_ref.ref.entropy_from_logits_with_chunking=true, "
                  "actor_rollout_ref.actor.entropy_checkpointing=true).")
-    which = (f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {v.token_len})" if v.dynamic_bsz
-             else f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now {v.micro})")
+    advice, overrides = memory_advice(run, "training")
     return Diagnosis(
         id="oom_training",
         title="CUDA out of memory in the training phase (FSDP actor update / log-prob pass)",
         evidence=log.evidence(i), line=i + 1, phase="training",
-        remedy=("The actor's update ran out of GPU memory (weights + grads + Adam state + activations). "
-                "In this order:\n"
-                f"1. fewer tokens per micro-batch: {which};\n"
-                f"2. leave more to training: lower rollout_gpu_mem_util (now {v.util:g}; vLLM keeps its share);\n"
-                "3. Adam state to host RAM: actor_rollout_ref.actor.fsdp_config.optimizer_offload=true "
-                "(slower, but fits; the guide's fix for Qwen3-4B on 32 GB cards)." + extra),
+        remedy="The actor's update ran out of GPU memory (weights + grads + Adam state + activations). " + advice
+        + extra,
         overrides=overrides)
 
 
-def _generation_oom(log: Log, i: int, v: Values) -> Diagnosis:
+def _generation_oom(log: Log, i: int, run: Run) -> Diagnosis:
+    advice, overrides = memory_advice(run, "generation")
     return Diagnosis(
         id="oom_generation",
         title="CUDA out of memory in the generation phase (vLLM rollout)",
         evidence=log.evidence(i), line=i + 1, phase="generation",
-        remedy=("vLLM ran out of memory while generating (KV cache, sampler logits over the vocabulary). Generate less "
-                "at once:\n"
-                f"1. fewer answers per prompt: rollout_n (now {v.n}; GRPO needs at least 2);\n"
-                f"2. shorter answers: max_response_length (now {v.max_response});\n"
-                f"3. a smaller vLLM share: rollout_gpu_mem_util (now {v.util:g}).\n"
-                "Also possible: actor_rollout_ref.rollout.max_num_seqs (fewer sequences in flight)."),
-        overrides=generation_oom_overrides(v))
+        remedy="vLLM ran out of memory while generating (KV cache, sampler logits over the vocabulary). " + advice,
+        overrides=overrides)
 
 
 @signature("oom_training", kind="gpu memory", phase="update")
 @signature("oom_generation", kind="gpu memory", phase="rollout")
 @signature("oom_unknown_phase", kind="gpu memory", phase="any")
-def _cuda_oom(log: Log, v: Values) -> list[Diagnosis]:
+def _cuda_oom(log: Log, run: Run) -> list[Diagnosis]:
     hits = log.find(_OOM)
     if not hits:
         return []
@@ -221,54 +234,58 @@ def _cuda_oom(log: Log, v: Values) -> list[Diagnosis]:
     out = []
     for phase, i in sorted(by_phase.items(), key=lambda kv: kv[1]):
         if phase == "training":
-            out.append(_training_oom(log, i, v))
+            out.append(_training_oom(log, i, run))
         elif phase == "generation":
-            out.append(_generation_oom(log, i, v))
-    if not out:  # no frame told the phase
+            out.append(_generation_oom(log, i, run))
+    if not out:  # no frame told the phase: what lowers both phases' peaks
         i = by_phase[None]
+        gen = {r["override"] for r in phase_remedies(run, "generation")[1]}
+        both = [r["override"] for r in phase_remedies(run, "training")[1] if r["override"] in gen]
         out.append(Diagnosis(
             id="oom_unknown_phase",
             title="CUDA out of memory (phase not visible in the log)",
             evidence=log.evidence(i), line=i + 1,
             remedy=("The traceback does not show whether vLLM (generation) or the FSDP actor (training) ran out. "
-                    "Watch `nvtop` / `watch -n 1 nvidia-smi` on the next run: memory moves between the phases. "
-                    "Training phase: " + ", ".join(training_oom_overrides(v)) + ". Generation phase: "
-                    + ", ".join(generation_oom_overrides(v)) + "."),
-            overrides=_keep(v.lower_util())))
+                    "Watch `nvtop` / `watch -n 1 nvidia-smi` on the next run: memory moves between the phases.\n"
+                    "Training phase: " + memory_advice(run, "training")[0] + "\nGeneration phase: "
+                    + memory_advice(run, "generation")[0]),
+            overrides=new_overrides(run, both[0]) if both else []))
     return out
 
 
 @signature("vllm_kv_cache_too_small", kind="gpu memory", phase="start-up")
 @signature("vllm_startup_free_memory", kind="gpu memory", phase="start-up")
-def _kv_cache(log: Log, v: Values) -> list[Diagnosis]:
+def _kv_cache(log: Log, run: Run) -> list[Diagnosis]:
     out = []
     i = log.first(_KV_NONE)
     if i is not None:
+        util = run.get(A + "rollout.gpu_memory_utilization")
         out.append(Diagnosis(
             id="vllm_kv_cache_too_small",
             title="vLLM has no memory left for its KV cache (generation phase, at engine start)",
             evidence=log.evidence(i), line=i + 1, phase="generation",
-            remedy=(f"vLLM's share (gpu_memory_utilization {v.util:g} x the card) is used up by the model weights and "
-                    "the profiling run, so no KV cache is left. Give vLLM a larger share if the training phase has "
-                    "room (rollout_gpu_mem_util up by 0.1), or make its profiling run smaller "
-                    "(actor_rollout_ref.rollout.max_num_batched_tokens, max_model_len)."),
-            overrides=[f"rollout_gpu_mem_util={min(0.9, round(v.util + 0.1, 2)):g}",
-                       "actor_rollout_ref.rollout.max_num_batched_tokens=4096"]))
+            remedy=(f"vLLM's share (gpu_memory_utilization, {now(run, A + 'rollout.gpu_memory_utilization')}, x the "
+                    "card) is used up by the model weights and the profiling run, so no KV cache is left. Give vLLM a "
+                    "larger share if the training phase has room (rollout_gpu_mem_util up by 0.1), or make its "
+                    "profiling run smaller (actor_rollout_ref.rollout.max_num_batched_tokens, max_model_len)."),
+            overrides=([f"rollout_gpu_mem_util={min(0.9, round(float(util) + 0.1, 2)):g}"] if util else [])
+            + ["actor_rollout_ref.rollout.max_num_batched_tokens=4096"]))
     j = log.first(_VLLM_FREE)
     if j is not None:
+        advice, overrides = memory_advice(run, "generation")
         out.append(Diagnosis(
             id="vllm_startup_free_memory",
             title="vLLM could not reserve its share of the card at start (generation phase)",
             evidence=log.evidence(j), line=j + 1, phase="generation",
             remedy=("gpu_memory_utilization is a fraction of the card's total memory; the FSDP actor (or another "
-                    "process) already holds more than the rest. Lower the vLLM share, or keep the actor's optimizer in "
-                    "host RAM. Check `nvidia-smi` for leftover processes of an earlier run."),
-            overrides=_keep(v.lower_util(), "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")))
+                    "process) already holds more than the rest. Check `nvidia-smi` for leftover processes of an "
+                    "earlier run. " + advice),
+            overrides=overrides))
     return out
 
 
 @signature("vllm_no_flashinfer", kind="packages", phase="start-up")
-def _flashinfer(log: Log, v: Values) -> list[Diagnosis]:
+def _flashinfer(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_FLASHINFER)
     if i is None:
         return []
@@ -276,9 +293,12 @@ def _flashinfer(log: Log, v: Values) -> list[Diagnosis]:
         id="vllm_no_flashinfer",
         title="vLLM's engine failed to start: No module named 'flashinfer' (its sampler imports it)",
         evidence=log.evidence(i), line=i + 1, phase="generation",
-        remedy=("vLLM's top-k/top-p sampler uses FlashInfer unless told not to. Without the flashinfer package, "
-                "set VLLM_USE_FLASHINFER_SAMPLER=0 for the Ray workers (in the shell before `python run.py`, or as "
-                "the override below); or install flashinfer matching your vLLM and CUDA."),
+        remedy=("vLLM's top-k/top-p sampler uses FlashInfer unless told not to. "
+                + ("This job already sets VLLM_USE_FLASHINFER_SAMPLER=0: install flashinfer matching your vLLM and "
+                   "CUDA." if already_set(run, env_override("VLLM_USE_FLASHINFER_SAMPLER", "0")) else
+                   "Without the flashinfer package, set VLLM_USE_FLASHINFER_SAMPLER=0 for the Ray workers (in the "
+                   "shell before `python run.py`, or as the override below); or install flashinfer matching your "
+                   "vLLM and CUDA.")),
         overrides=[env_override("VLLM_USE_FLASHINFER_SAMPLER", "0")])]
 
 
@@ -286,7 +306,7 @@ _LORA_NO_SHARD = re.compile(r"offload_to_cpu=True and NO_SHARD is not supported 
 
 
 @signature("lora_fsdp_no_shard", kind="lora", phase="weight sync")
-def _lora_no_shard(log: Log, v: Values) -> list[Diagnosis]:
+def _lora_no_shard(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_LORA_NO_SHARD)
     if i is None:
         return []
@@ -308,7 +328,7 @@ _LORA_EMPTY = re.compile(r"in _create_merged_loras_inplace|first_lora: LoRALayer
 
 
 @signature("lora_empty_adapter", kind="lora", phase="weight sync")
-def _lora_empty_adapter(log: Log, v: Values) -> list[Diagnosis]:
+def _lora_empty_adapter(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_LORA_EMPTY)
     if i is None:
         return []
@@ -325,26 +345,26 @@ def _lora_empty_adapter(log: Log, v: Values) -> list[Diagnosis]:
 
 
 @signature("ray_register_worker", kind="ray", phase="start-up")
-def _raylet(log: Log, v: Values) -> list[Diagnosis]:
+def _raylet(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_RAYLET)
     if i is None:
         return []
-    need = v.cpus_needed()
+    need = cpus_needed(run)
     return [Diagnosis(
         id="ray_register_worker",
         title='Ray: "Unable to register worker with raylet"',
         evidence=log.evidence(i), line=i + 1,
         remedy=("System limits (e.g. SLURM CPU sharing, or too few open files) stop the worker processes that "
                 "ray.init() starts, one per CPU core it sees. Tell Ray how many CPUs it may use: "
-                "ray_kwargs.ray_init.num_cpus, "
-                f"to what the system allows (this job needs at least {need}: 3 per GPU + 1 TaskRunner"
-                + (" + 1 TransferQueue controller + 1 per storage unit" if v.use_v1 else "") + "). "
-                "If the limit is open files, raise it (`ulimit -n 65535`)."),
-        overrides=[f"ray_kwargs.ray_init.num_cpus={need}"])]
+                "ray_kwargs.ray_init.num_cpus, to what the system allows ("
+                + (f"this job needs at least {need}: " if need else "the job's GPUs and trainer are not in its "
+                   "config; it needs ") + "3 per GPU + 1 TaskRunner, with the V1 trainer + 1 TransferQueue controller "
+                "+ 1 per storage unit). If the limit is open files, raise it (`ulimit -n 65535`)."),
+        overrides=[f"ray_kwargs.ray_init.num_cpus={need}"] if need else [])]
 
 
 @signature("illegal_memory_access", kind="kernels", phase="any")
-def _illegal_access(log: Log, v: Values) -> list[Diagnosis]:
+def _illegal_access(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_ILLEGAL)
     if i is None:
         return []
@@ -365,27 +385,31 @@ def _illegal_access(log: Log, v: Values) -> list[Diagnosis]:
                       overrides=overrides)]
 
 
-def nccl_diagnosis(evidence: str, line: int | None, how: str) -> Diagnosis:
+def nccl_diagnosis(run: Run, evidence: str, line: int | None, how: str) -> Diagnosis:
+    p2p_off = already_set(run, env_override("NCCL_P2P_DISABLE", "1"))
     return Diagnosis(
         id="nccl_hang",
         title="NCCL communication hang " + how,
         evidence=evidence, line=line,
-        remedy=("GeForce cards (RTX 4080 etc.) have no peer-to-peer over PCIe, and NCCL can hang at initialisation "
-                "trying it: turn P2P off (NCCL_P2P_DISABLE=1; hardware=rtx4080x4 sets it). To see where it stops, "
-                "NCCL_DEBUG=INFO."),
+        remedy=(("P2P is already off in this job (NCCL_P2P_DISABLE=1), so it is not GeForce peer-to-peer: a collective "
+                 "waits for a rank that stopped or fell far behind (look for an error of another rank above it)."
+                 if p2p_off else
+                 "GeForce cards (RTX 4080 etc.) have no peer-to-peer over PCIe, and NCCL can hang at initialisation "
+                 "trying it: turn P2P off (NCCL_P2P_DISABLE=1; hardware=rtx4080x4 sets it).")
+                + " To see where it stops, NCCL_DEBUG=INFO."),
         overrides=[env_override("NCCL_P2P_DISABLE", "1"), env_override("NCCL_DEBUG", "INFO")])
 
 
 @signature("nccl_hang", kind="nccl", phase="any")
-def _nccl(log: Log, v: Values) -> list[Diagnosis]:
+def _nccl(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_NCCL)
     if i is None:
         return []
-    return [nccl_diagnosis(log.evidence(i), i + 1, "(collective timed out or failed)")]
+    return [nccl_diagnosis(run, log.evidence(i), i + 1, "(collective timed out or failed)")]
 
 
 @signature("triton_compile", kind="kernels", phase="any")
-def _triton(log: Log, v: Values) -> list[Diagnosis]:
+def _triton(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_TRITON)
     if i is None:
         return []
@@ -404,7 +428,7 @@ def _triton(log: Log, v: Values) -> list[Diagnosis]:
 
 
 @signature("flash_attn_import", kind="packages", phase="start-up")
-def _flash_attn(log: Log, v: Values) -> list[Diagnosis]:
+def _flash_attn(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_FA2)
     if i is None:
         return []
@@ -419,12 +443,12 @@ def _flash_attn(log: Log, v: Values) -> list[Diagnosis]:
 
 
 @signature("ray_env_var_type", kind="ray", phase="start-up")
-def _ray_env(log: Log, v: Values) -> list[Diagnosis]:
+def _ray_env(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_RAY_ENV)
     if i is None:
         return []
-    env = _get(v.ray_init, "runtime_env.env_vars", {}) or _get(v.cfg, "ray_kwargs.ray_init.runtime_env.env_vars", {})
-    bad = {k: val for k, val in (env.items() if isinstance(env, dict) else []) if not isinstance(val, str)}
+    env = run.get("ray_kwargs.ray_init.runtime_env.env_vars", {})
+    bad = {k: val for k, val in (env.items() if isinstance(env, Mapping) else []) if not isinstance(val, str)}
     if not bad:
         m = re.search(r"the value (\S+) is of type", log.clean[i])
         bad = {"<NAME>": m.group(1) if m else "<value>"}
@@ -440,7 +464,7 @@ def _ray_env(log: Log, v: Values) -> list[Diagnosis]:
 
 
 @signature("hydra_new_key", kind="config", phase="compose")
-def _hydra_missing_key(log: Log, v: Values) -> list[Diagnosis]:
+def _hydra_missing_key(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_HYDRA_APPEND)
     if i is None:
         return []
@@ -465,7 +489,7 @@ _EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)
 
 @signature("reward_fn_load", kind="reward", phase="start-up")
 @signature("reward_fn_raised", kind="reward", phase="reward")
-def _reward_fn(log: Log, v: Values) -> list[Diagnosis]:
+def _reward_fn(log: Log, run: Run) -> list[Diagnosis]:
     """The custom reward file failed in verl's reward worker: at import (the worker's start) or when scoring."""
     i = log.first(_REWARD_LOAD)
     remedy_tail = ("The preflight imports the file and calls the function the way verl does, before Ray: run the "
@@ -516,7 +540,7 @@ def _reward_fn(log: Log, v: Values) -> list[Diagnosis]:
 
 
 @signature("host_ram_oom", kind="host memory", phase="any")
-def _host_oom(log: Log, v: Values) -> list[Diagnosis]:
+def _host_oom(log: Log, run: Run) -> list[Diagnosis]:
     end = log.first(END_MARKERS)
     for i in log.find(_HOST_OOM):
         if end is not None and i > end:

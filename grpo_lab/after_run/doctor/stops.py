@@ -11,14 +11,16 @@ import socket
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, Values, env_override
+from grpo_lab.after_run.doctor.logread import END_MARKERS, UNITS, Diagnosis, Log, cpus_needed, env_override
 from grpo_lab.after_run.doctor.signatures import FatalLine, fatal_line, known, nccl_diagnosis
 from grpo_lab.loglines import EXCEPTION_LINE, FRAME, strip
+from grpo_lab.memory.run import Run
 
 # the diagnoses of this module: no matcher finds them, they come from where the log stops or from a dead engine
 # (a stop at NCCL initialisation is the nccl_hang signature's)
 known("ray_cpu_budget_hang", kind="ray", phase="start-up")
 known("stopped_without_error", kind="stop", phase="any")
+known("stopped_by_user", kind="stop", phase="any")
 known("job_raised", kind="crash", phase="any")
 # marked fatal: the lines of vLLM 0.24, SGLang and Ray 2.60 after which verl 0.9.1 waits for ever (launch/fatal.py)
 ENGINE_DIED = known("engine_died", kind="engine", phase="rollout", fatal=(
@@ -50,6 +52,7 @@ NOISE = re.compile(r"SIGTERM received|^Command exited with non-zero status|^WALL
                    r"self\._run\(\)|AUTOSCALER_UPDATE_INTERVAL_S|^\s*$|\(autoscaler \+|grpo-lab watchdog|"
                    r"resource request cannot be scheduled|Tip: use `ray status`|KeyboardInterrupt|"
                    r"^grpo-lab: the job raised:")
+_USER_STOP = re.compile(r"^KeyboardInterrupt|^\^C|SIGINT|^SystemExit: 2$")
 _CONFIG_PRINT = re.compile(r"^ray init kwargs:|^\{'actor_rollout_ref'")
 _AFTER_CONFIG = re.compile(r"Using dataset class|dataset len|Total training steps|create worker group|"
                            r"colocated worker base class")
@@ -59,20 +62,23 @@ _WORKERS_DONE = re.compile(r"After FSDP|engine initialized|init_model|LLMServerM
 _UNSCHEDULABLE = re.compile(r"resource request cannot be scheduled right now")
 
 
-def _cpu_budget_hang(log: Log, v: Values, evidence: str, line: int | None, where: str) -> Diagnosis:
-    need = v.cpus_needed()
-    have = v.num_cpus
-    units_fit = (have - facts.ray_cpus_needed(v.gpus, True, 0)) if have is not None else None
-    overrides = [f"ray_kwargs.ray_init.num_cpus={need}"]
-    if v.use_v1 and units_fit is not None and 1 <= units_fit < v.storage_units:
-        overrides.append(f"transfer_queue.backend.SimpleStorage.num_data_storage_units={units_fit}")
-    arithmetic = f"{facts.ray_cpus_formula(v.gpus, v.use_v1, v.storage_units)} = {need}"
+def _cpu_budget_hang(log: Log, run: Run, evidence: str, line: int | None, where: str) -> Diagnosis:
+    need, have = cpus_needed(run), run.get("ray_kwargs.ray_init.num_cpus")
+    gpus, v1, units = run.get("trainer.n_gpus_per_node"), run.get("trainer.use_v1"), run.get(UNITS)
+    units_fit = have - facts.ray_cpus_needed(int(gpus), True, 0) if need and have is not None and v1 else None
+    overrides = [f"ray_kwargs.ray_init.num_cpus={need}"] if need else []
+    if units_fit is not None and 1 <= units_fit < int(units):
+        overrides.append(f"{UNITS}={units_fit}")
+    unknown = ", ".join(k for k, x in (("trainer.n_gpus_per_node", gpus), ("trainer.use_v1", v1), (UNITS, units))
+                        if x is None)
+    asks = (f"{facts.ray_cpus_formula(int(gpus), bool(v1), int(units or 0))} = {need}" if need else
+            f"3 per GPU + 2 + the TransferQueue storage units ({unknown}: not in the job's config)")
     return Diagnosis(
         id="ray_cpu_budget_hang",
         title="Silent hang: Ray has too few CPUs, a placement group never becomes ready",
         evidence=evidence, line=line,
         remedy=(f"The log stops {where}, with no error and no `step:` line. verl's V1 trainer asks Ray for "
-                f"{arithmetic} CPUs, and Ray was given {have if have is not None else 'fewer'} "
+                f"{asks} CPUs, and Ray was given {have if have is not None else 'fewer'} "
                 "(ray_kwargs.ray_init.num_cpus), so it waits for ever. Give Ray enough CPUs if the machine has the "
                 "cores, or use fewer TransferQueue storage units so the job fits the cores you have "
                 "(the legacy trainer, trainer.use_v1=false, needs no TransferQueue)."),
@@ -85,8 +91,8 @@ _TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
 
 
 def _frame(m: re.Match[str]) -> str:
-    path = m.group(1)
-    return f"{path.split('/site-packages/')[-1]}:{m.group(2)} in {m.group(3)}"
+    path = m.group(1).split("/site-packages/")[-1].removeprefix(f"{facts.ROOT}/")
+    return f"{path}:{m.group(2)} in {m.group(3)}"
 
 
 def raised(log: Log) -> list[Diagnosis]:
@@ -104,8 +110,7 @@ def raised(log: Log) -> list[Diagnosis]:
         return []
     exc = log.evidence(last)
     at = _frame(frames[0])
-    own = next((m for m in frames if not re.search(r"/site-packages/|/python3\.\d+/", m.group(1))
-                or "/site-packages/verl/" in m.group(1)), None)
+    own = next((m for m in frames if _own(m)), None)
     where = at + (f", called from {_frame(own)}" if own is not None and own is not frames[0] else "")
     return [Diagnosis(
         id="job_raised", title=f"The job raised {exc.split(':', 1)[0]} ({at})", evidence=exc, line=last + 1,
@@ -116,11 +121,28 @@ def raised(log: Log) -> list[Diagnosis]:
         overrides=[])]
 
 
-def stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Diagnosis]:
+def _own(m: re.Match[str]) -> bool:
+    return not re.search(r"/site-packages/|/python3\.\d+/", m.group(1)) or "/site-packages/verl/" in m.group(1)
+
+
+def _user_stop(log: Log, kill_i: int, steps: list[int]) -> Diagnosis:
+    """Ctrl+C: where the job was (the innermost frame of grpo-lab's or verl's above the KeyboardInterrupt)."""
+    frames = [m for j in range(kill_i, max(-1, kill_i - 80), -1) if (m := FRAME.match(log.clean[j]))]
+    own = next((m for m in frames if _own(m)), None)
+    at = f" in {_frame(own)}" if own else ""
+    when = f"after step {max(steps)}" if steps else "before the first step"
+    again = "trainer.resume_mode=auto resumes it from the last checkpoint." if steps else "run it again when ready."
+    return Diagnosis(
+        id="stopped_by_user", title=f"Stopped by the user (Ctrl+C) {when}" + (at and "," + at),
+        evidence=log.evidence(kill_i), line=kill_i + 1, overrides=[],
+        remedy=f"The job was interrupted (KeyboardInterrupt){at}: it did not fail, so nothing is suggested; {again}")
+
+
+def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diagnosis]:
     """A log that ends with no error: hung (and killed), still running, or finished; one that ends in a Python
     exception is no hang (raised)."""
     steps = log.steps()
-    total = int(v.num("trainer.total_training_steps", 0) or 0)
+    total = int(run.get("trainer.total_training_steps", 0))
     if log.first(END_MARKERS) is not None or (total > 0 and steps and max(steps) >= total):
         return []  # it finished
     crashed = raised(log)  # a process that raised is over, however recent its log
@@ -147,18 +169,21 @@ def stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Dia
     cfg_i = max(log.find(_CONFIG_PRINT) or [-1])
     unsched = log.first(_UNSCHEDULABLE)
     if unsched is not None and not steps:
-        return [_cpu_budget_hang(log, v, log.evidence(unsched), unsched + 1,
+        return [_cpu_budget_hang(log, run, log.evidence(unsched), unsched + 1,
                                  "with Ray saying a resource request cannot be scheduled")]
     if cfg_i >= 0 and not steps:
         after = range(cfg_i + 1, len(log.clean))
         if not any(_AFTER_CONFIG.search(log.clean[i]) or _WORKERS.search(log.clean[i]) or
                    _WORKERS_DONE.search(log.clean[i]) for i in after):
-            return [_cpu_budget_hang(log, v, ev, line, f"right after the config print ({gone})")]
+            return [_cpu_budget_hang(log, run, ev, line, f"right after the config print ({gone})")]
         if not any(_WORKERS.search(log.clean[i]) or _WORKERS_DONE.search(log.clean[i]) for i in after):
-            return [_cpu_budget_hang(log, v, ev, line, f"after the datasets, before any worker started ({gone})")]
+            return [_cpu_budget_hang(log, run, ev, line, f"after the datasets, before any worker started ({gone})")]
         nccl_i = max(log.find(_WORKERS) or [-1])
         if nccl_i >= 0 and not any(_WORKERS_DONE.search(log.clean[i]) for i in range(nccl_i, len(log.clean))):
-            return [nccl_diagnosis(ev, line, f"at initialisation (the workers started, FSDP never finished; {gone})")]
+            return [nccl_diagnosis(run, ev, line,
+                                   f"at initialisation (the workers started, FSDP never finished; {gone})")]
+    if kill_i is not None and _USER_STOP.search(log.clean[kill_i]):
+        return [_user_stop(log, kill_i, steps)]
     if steps:
         return [Diagnosis(
             id="stopped_without_error",
@@ -178,7 +203,8 @@ def stall(log: Log, v: Values, idle_s: float | None, stale_s: float) -> list[Dia
                 "(NCCL_P2P_DISABLE=1). vLLM's start alone takes minutes: 88 s from its server process to serving, "
                 "107 s after the actor was ready, for a tiny model on an H200 (benchmarks/gpu/results/2026-12-02-b/"
                 "phases.txt)."),
-        overrides=[f"ray_kwargs.ray_init.num_cpus={v.cpus_needed()}", env_override("NCCL_P2P_DISABLE", "1")])]
+        overrides=[f"ray_kwargs.ray_init.num_cpus={need}" for need in [cpus_needed(run)] if need]
+        + [env_override("NCCL_P2P_DISABLE", "1")])]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -14,34 +14,45 @@ from grpo_lab import facts, loglines
 from grpo_lab.after_run.doctor.logread import (
     Diagnosis,
     Log,
-    Values,
+    already_set,
     load_yaml,
     printed_config,
-    ray_init_kwargs,
     read_json,
     read_log,
+    with_ray_init,
 )
 from grpo_lab.after_run.doctor.signatures import SIGNATURES, known, matchers
 from grpo_lab.after_run.doctor.stops import engine_died, stall
+from grpo_lab.labconf import Lab
+from grpo_lab.memory.run import Run
 
 
-def diagnose(text: str, config: dict[str, Any] | None = None, *, idle_s: float | None = None,
-             stale_minutes: float = 10.0, stalls: bool = True) -> list[Diagnosis]:
+def diagnose(text: str, config: dict[str, Any] | None = None, *, lab: Lab | None = None,
+             plan: dict[str, Any] | None = None, idle_s: float | None = None, stale_minutes: float = 10.0,
+             stalls: bool = True) -> list[Diagnosis]:
     """What went wrong in this log, in the order of the evidence in the log. config: the job's verl config (else the
-    one verl printed into the log); idle_s: seconds since the log last changed, None when it is complete (a stop
-    without error is then a hang or a kill); stalls=False: error signatures only (a job known to have finished)."""
+    one verl printed into the log), lab and plan: the job's (.hydra/config.yaml's lab, plan.json), read into its Run;
+    idle_s: seconds since the log last changed, None when it is complete (a stop without error is then a hang or a
+    kill); stalls=False: error signatures only (a job known to have finished). No override the job has is suggested."""
     log = Log.of(text)
-    printed = printed_config(log)
-    values = Values(config or printed, ray_init_kwargs(log))
+    run = job_run(with_ray_init(config or printed_config(log), log), lab, plan or {})
     found: list[Diagnosis] = []
     for fn in matchers():
-        found.extend(fn(log, values))
+        found.extend(fn(log, run))
     if not found:  # an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/launch/fatal.py)
         found = engine_died(log)
     if found or not stalls:
         found.sort(key=lambda d: d.line or 0)
-        return found
-    return stall(log, values, idle_s, stale_minutes * 60)
+    else:
+        found = stall(log, run, idle_s, stale_minutes * 60)
+    for d in found:
+        d.overrides = [o for o in d.overrides if not already_set(run, o)]
+    return found
+
+
+def job_run(verl: dict[str, Any] | None, lab: Lab | None, plan: dict[str, Any]) -> Run:
+    """The job's Run as planned, in the user's terms where its card was emulated (RunInfo.job reads the same)."""
+    return Run.build(in_users_terms(verl, plan) or {}, lab, {}, quick=True)
 
 
 def errors_in(path: str | Path) -> list[Diagnosis]:
@@ -108,7 +119,7 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
     except OSError:
         return log_path, []
     text = read_log(log_path)
-    config = in_users_terms(load_yaml(job_dir / "verl_config.yaml"), read_json(job_dir / "plan.json"))
+    hydra = load_yaml(job_dir / ".hydra" / "config.yaml") or {}
     status = read_json(job_dir / "status.json")
     if not loglines.marker(text) and not (log_path.name == "train.log" and status.get("status")):
         return log_path, [not_a_log(log_path, text)]  # a grpo-lab job's train.log may be empty while it starts
@@ -119,7 +130,8 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
         last = error.strip().splitlines()[-1].strip()
         if last not in text:  # the driver's exception, caught after the log's tee ended (runs before it was appended)
             text += "\ngrpo-lab: the job raised (status.json):\n" + error + "\n"
-    return log_path, diagnose(text, config, idle_s=idle, stale_minutes=stale_minutes,
+    return log_path, diagnose(text, load_yaml(job_dir / "verl_config.yaml"), lab=Lab.of(hydra.get("lab")),
+                              plan=read_json(job_dir / "plan.json"), idle_s=idle, stale_minutes=stale_minutes,
                               stalls=status.get("status") != "ok")
 
 
