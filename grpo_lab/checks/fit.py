@@ -347,8 +347,9 @@ def experiment_path(name: Any, *, overwrite: bool) -> Path:
     """conf/experiment/<name>.yaml, after checking the name and that it may be written."""
     name = str(name)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name or ""):
+        good = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_-") or "my_fit"
         raise ValueError(f"preflight.fit_write={name!r}: a name of letters, digits, '_' and '-' (it becomes "
-                         f"conf/experiment/<name>.yaml), e.g. preflight.fit_write=my_4b_fit")
+                         f"conf/experiment/<name>.yaml): preflight.fit_write={good} (make fit ... WRITE={good})")
     path = CONF / "experiment" / f"{name}.yaml"
     if path.exists() and FITTED not in path.read_text()[:200]:  # the repository's own (or the user's own) experiment
         raise FileExistsError(f"{path} is not a file make fit wrote, and make fit never replaces it: write another "
