@@ -209,7 +209,7 @@ def test_dataset_option_reads_the_made_files_through_run_py(tmp_path):
     # ... with GSM8K's data_source (numeric answers) verl's scorer takes them, and the preflight counts their rows
     assert _cli("--input", src, "--out", "data/own_qa", "--data-source", "openai/gsm8k", "--force",
                 cwd=tmp_path).returncode == 0
-    p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
+    p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", "preflight.verbose=true", cwd=tmp_path)
     assert planned(p), p.stdout + p.stderr
     assert "360 train rows / 128 = 2 steps per epoch" in p.stdout
 
