@@ -101,7 +101,7 @@ plan: ## preflight only: phases vs the card, time plan, problems with fixes, ver
 
 .PHONY: fit
 fit: ## search settings that fit every phase, print one command (ARGS="model=qwen3_4b ..." WRITE=<name> saves it)
-	$(PY) run.py preflight.fit=true $(ARGS) $(if $(WRITE),preflight.fit_write=$(WRITE)) $(if $(OVERWRITE),preflight.fit_overwrite=true)
+	$(PY) run.py preflight.fit=true $(ARGS) $(if $(WRITE),"preflight.fit_write=$(WRITE)") $(if $(OVERWRITE),preflight.fit_overwrite=true)
 
 .PHONY: capacity
 capacity: ## what fits and how long the guide's run takes, every model on every hardware option (docs/time_plan.md)

@@ -19,7 +19,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from grpo_lab.cli.config import use_run_dirs
+from grpo_lab.cli.config import unwritable_run_dir, use_run_dirs
 from grpo_lab.cli.overrides import CommandLine, prepare, tree_if_needed
 
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
@@ -47,6 +47,10 @@ if __name__ == "__main__":
     # the command line parsed once (grpo_lab/cli/overrides.py): a mistake is refused here, before composing; the
     # environment's knobs are added as overrides
     cli = prepare(sys.argv)
+    why = "" if cli.only_prints else unwritable_run_dir(cli)  # before Hydra makes the run folder
+    if why:
+        print(f"grpo-lab: error: {why}", file=sys.stderr)
+        sys.exit(2)
     use_run_dirs(create=not cli.only_prints)  # hydra.run.dir's resolver: no run folder when Hydra only prints
     # verl's composed ppo_trainer comes from the schema cache (grpo_lab/verl_schema); picking a verl group option needs
     # verl's own tree

@@ -135,8 +135,8 @@ def fake_gpus(tmp_path: Path, n: int = 1) -> dict[str, str]:
 
 
 def model_folder(path: Path, option: str = "tiny_qwen3") -> Path:
-    """A model folder whose config.json has the architecture of conf/model/<option>.yaml (what the planner reads;
-    no weights)."""
+    """A model folder whose config.json has the architecture of conf/model/<option>.yaml (what the planner reads) and
+    an empty model.safetensors (a weights file is there: what the readiness check looks for)."""
     import json
 
     import yaml
@@ -146,6 +146,7 @@ def model_folder(path: Path, option: str = "tiny_qwen3") -> Path:
             "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings")
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({"model_type": "qwen3", **{k: arch[k] for k in keys if k in arch}}))
+    (path / "model.safetensors").touch()
     return path
 
 

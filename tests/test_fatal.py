@@ -240,6 +240,7 @@ def test_a_stand_in_job_whose_engine_died_ends_within_30_s(tmp_path, recorded, e
     pids.mkdir()
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_QWEN3))
+    (tmp_path / "model" / "model.safetensors").touch()  # weights are there (the stand-in engine reads none)
     write_rows(tmp_path / "train.parquet", 64)
     write_rows(tmp_path / "test.parquet", 8)
     job = tmp_path / "job"

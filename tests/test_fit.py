@@ -255,12 +255,26 @@ def test_fit_write_saves_an_experiment_that_composes_to_the_fitted_config(tmp_pa
         again = run_py(f"preflight.fit_write={name}", *user, f"hydra.run.dir={tmp_path}/c", root=root)
         assert again.returncode == 2 and "fit_overwrite=true" in again.stderr
         assert path.read_text() == text
+        # ... and with it, a file make fit wrote is replaced
+        over = run_py(f"preflight.fit_write={name}", "preflight.fit_overwrite=true", *user,
+                      f"hydra.run.dir={tmp_path}/e", root=root)
+        assert over.returncode == 0 and "saved: conf/experiment/" in over.stdout, over.stderr[-2000:]
         bad = run_py("preflight.fit_write=../evil", *user, f"hydra.run.dir={tmp_path}/d", root=root)
         assert bad.returncode == 2 and "letters, digits" in bad.stderr
         assert not (conf / "evil.yaml").exists()
         assert not [p for p in (conf / "experiment").iterdir() if p.name.endswith(".tmp")]
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_make_fit_never_replaces_a_shipped_experiment(tmp_path):
+    shipped = ROOT / "conf" / "experiment" / "smoke.yaml"
+    before = shipped.read_bytes()
+    proc = subprocess.run(["make", "--no-print-directory", "fit", f"PY={sys.executable}", "WRITE=smoke", "OVERWRITE=1",
+                           f"ARGS=hydra.run.dir={tmp_path}"], cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 2 and shipped.read_bytes() == before
+    assert "is not a file make fit wrote, and make fit never replaces it" in proc.stderr
+    assert "WRITE=smoke_fit" in proc.stderr and "OVERWRITE" not in proc.stderr
 
 
 def test_make_fit_prints_the_lora_command_loudly(tmp_path):

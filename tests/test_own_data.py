@@ -209,7 +209,7 @@ def test_dataset_option_reads_the_made_files_through_run_py(tmp_path):
     # ... with GSM8K's data_source (numeric answers) verl's scorer takes them, and the preflight counts their rows
     assert _cli("--input", src, "--out", "data/own_qa", "--data-source", "openai/gsm8k", "--force",
                 cwd=tmp_path).returncode == 0
-    p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", cwd=tmp_path)
+    p = run_py("dataset=own_qa", "model=qwen3_0_6b", "preflight.only=true", "preflight.verbose=true", cwd=tmp_path)
     assert planned(p), p.stdout + p.stderr
     assert "360 train rows / 128 = 2 steps per epoch" in p.stdout
 
@@ -225,3 +225,34 @@ def test_make_own_data(tmp_path):
     assert "train: 9 rows" in p.stdout and len(_rows(out / "train.parquet")) == 9
     p = subprocess.run(make, text=True, capture_output=True, timeout=60)
     assert p.returncode != 0 and "usage: make own-data IN=" in p.stdout
+
+
+def test_latin1_csv_names_the_line_and_encoding_reads_it(tmp_path):
+    src = tmp_path / "qa.csv"
+    src.write_bytes("question,answer\nHalf of 8?,4\nCafé: 2+2?,4\n".encode("latin-1"))
+    make = ["make", "-s", "-C", str(ROOT), "own-data", f"PY={sys.executable}", f"IN={src}", f"OWN_OUT={tmp_path / 'o'}"]
+    p = subprocess.run(make, text=True, capture_output=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"{src}:3: byte b'\\xe9' is not UTF-8 text" in p.stderr and "--encoding latin-1" in p.stderr
+    assert not (tmp_path / "o").exists()
+    p = subprocess.run(make + ["DATA_ARGS=--encoding latin-1"], text=True, capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = _rows(tmp_path / "o" / "train.parquet") + _rows(tmp_path / "o" / "test.parquet")
+    assert "Café: 2+2?" in {r["extra_info"]["question"] for r in rows}
+
+
+def test_gsm8k_ground_truth_is_what_its_scorer_matches(tmp_path):
+    from verl.utils.reward_score import default_compute_score
+
+    src = _jsonl(tmp_path / "qa.jsonl", [{"question": "a", "answer": 4.0}, {"question": "b", "answer": 4.5},
+                                         {"question": "c", "answer": "1,000"}, {"question": "d", "answer": -3}])
+    p = _cli("--input", src, "--out", tmp_path / "o", "--data-source", "openai/gsm8k", "--test-input", src)
+    assert p.returncode == 0, p.stderr
+    truths = [r["reward_model"]["ground_truth"] for r in _rows(tmp_path / "o" / "train.parquet")]
+    assert truths == ["4", "4.5", "1000", "-3"]
+    for response, truth in zip(["#### 4", "#### 4.5", "#### 1,000", "#### -3"], truths, strict=True):
+        assert default_compute_score("openai/gsm8k", response, truth) == 1.0
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"question": "a", "answer": "4 apples"}])
+    p = _cli("--input", bad, "--out", tmp_path / "b", "--data-source", "openai/gsm8k")
+    assert p.returncode == 2 and f"{bad}:1: answer '4 apples' is not a number" in p.stderr and "GSM8K" in p.stderr
+    assert not (tmp_path / "b").exists()

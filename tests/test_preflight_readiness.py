@@ -80,6 +80,25 @@ def test_an_empty_model_folder_is_not_ready_and_not_planned_as_the_default_model
     assert f"{empty} holds no model (no config.json)" in proc.stdout and "phases" not in plan["memory"]
 
 
+def test_a_model_folder_without_weights_and_a_gguf_file_are_not_ready(tmp_path):
+    folder = model_folder(tmp_path / "cfg_only", "qwen3_0_6b")
+    (folder / "model.safetensors").unlink()
+    proc, plan, job = _plan(tmp_path, "model=qwen3_0_6b", f"model_path={folder}", *_data(tmp_path), SDPA,
+                            env=fake_gpus(tmp_path, 4))
+    _not_ready_here(proc, plan, job)
+    assert f"{folder} holds a config.json but no weights (*.safetensors or pytorch_model*.bin)" in proc.stdout
+    assert "Memory plan per GPU" in proc.stdout  # its architecture is still planned
+    gguf = tmp_path / "smol.gguf"
+    gguf.write_bytes(b"GGUF")
+    proc, plan, job = _plan(tmp_path, "model=smollm2_135m", f"model_path={gguf}", *_data(tmp_path), SDPA,
+                            env=fake_gpus(tmp_path, 4), name="gguf")
+    _not_ready_here(proc, plan, job)
+    assert f"{gguf} is a GGUF file (llama.cpp's format)" in proc.stdout and "huggingface-cli" not in proc.stdout
+    (cmd,) = [n["command"] for n in plan["not_ready_here"] if n["rule"] == "input_missing"]
+    assert "gguf_file=f" in cmd and cmd.endswith(f"{tmp_path} smol.gguf {tmp_path / 'smol'}")
+    assert "make smollm2 does for SmolLM2's GGUF" in proc.stdout and f"model_path={tmp_path / 'smol'}" in proc.stdout
+
+
 def test_a_hub_id_not_in_the_cache_while_offline(tmp_path):
     hub = tmp_path / "hf" / "hub"
     base = [*_data(tmp_path), SDPA, "model_path=Qwen/Qwen3-0.6B"]

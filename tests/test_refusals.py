@@ -57,6 +57,8 @@ def test_sweep_summary_shows_a_refused_job_as_refused(tmp_path):
     rows = dict(zip(table["ngpus_per_node"].astype(str), table["status"]))
     assert rows["3"] == "refused: mini_batch_divisibility", (rows, out.stderr[-2000:])
     assert rows["4"] == "planned"  # preflight.only: a plan, not a run
+    verdicts = dict(zip(table["ngpus_per_node"].astype(str), table["verdict"]))
+    assert verdicts == {"3": "refused", "4": "fits"}  # its memory fits, but the job was refused
     md = (sweep / "summary.md").read_text()
     assert "refused: mini_batch_divisibility" in md and "try: `train_batch_size=126 ppo_mini_batch_size=63`" in md
     # a refusal is no crash: no traceback, the sweep goes on to job1, and the command exits 2 naming the job
@@ -84,3 +86,37 @@ def test_make_doctor_and_make_report_take_a_path_with_spaces(tmp_path):
         out = subprocess.run(["make", "--no-print-directory", target, var, f"PY={sys.executable}"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and says in out.stdout, (target, out.stdout[-2000:], out.stderr[-2000:])
+
+
+def test_an_unwritable_outputs_folder_is_one_line(tmp_path):
+    (tmp_path / "outputs").write_text("")  # not a folder (a read-only one too, but root writes anywhere)
+    for args, where in ((["preflight.only=true"], "hydra.run.dir=/tmp/grpo-lab/run"),
+                        (["-m", "preflight.only=true", "rollout_gpu_mem_util=0.3,0.4"], "hydra.sweep.dir=")):
+        p = run_py(*args, cwd=tmp_path)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert f"grpo-lab: error: {tmp_path / 'outputs'} is not a folder" in p.stderr and where in p.stderr
+    fix = p.stderr.split("write the run elsewhere: ")[1].split()
+    assert fix[:3] == ["python", "run.py", "-m"]
+    assert run_py(*fix[2:], cwd=tmp_path).returncode == 3  # planned, not ready here (the CPU test machine)
+
+
+@pytest.mark.parametrize("typed,says,fixed", [
+    (["actor_rollout_ref.model.override_config={attn_implementation: sdpa}"],
+     "Hydra merges the dict into actor_rollout_ref.model.override_config, which has no attn_implementation",
+     ["++actor_rollout_ref.model.override_config={attn_implementation: sdpa}"]),
+    (["rollout_gpu_mem_util=0.3,0.4"], "rollout_gpu_mem_util=0.3,0.4 is a list of values, which only a sweep takes",
+     ["-m", "rollout_gpu_mem_util=0.3,0.4"]),
+])
+def test_no_raw_hydra_error_and_the_fix_works_as_typed(tmp_path, typed, says, fixed):
+    p = run_py(*typed, "preflight.only=true", f"hydra.run.dir={tmp_path}/a")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and says in p.stderr, p.stderr
+    assert "HYDRA_FULL_ERROR" not in p.stderr
+    ok = run_py(*fixed, "preflight.only=true", f"hydra.run.dir={tmp_path}/b", f"hydra.sweep.dir={tmp_path}/c")
+    assert ok.returncode == 3, ok.stdout[-2000:] + ok.stderr[-2000:]
+
+
+def test_make_fit_write_with_spaces_names_a_name_that_works(tmp_path):
+    p = subprocess.run(["make", "--no-print-directory", "fit", f"PY={sys.executable}", "WRITE=my 4b run",
+                        f"ARGS=hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "LexerNoViableAlt" not in p.stderr
+    assert "preflight.fit_write='my 4b run': a name of letters, digits" in p.stderr and "WRITE=my_4b_run" in p.stderr

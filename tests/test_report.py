@@ -238,6 +238,23 @@ def test_cli_writes_json_and_png(tmp_path, capsys):
     assert R.main([str(tmp_path / "nope")]) == 2
 
 
+def test_make_report_refuses_a_folder_that_is_not_a_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    p = subprocess.run(["make", "-s", "-C", str(ROOT), "report", f"PY={sys.executable}", f"RUN={tmp_path}"],
+                       text=True, capture_output=True, timeout=120)
+    assert p.returncode == 2 and f"{tmp_path} is not a run folder" in p.stderr and "status.json" in p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_finished_run_without_metrics_is_not_ok(tmp_path):
+    verl = synth.verl_config(total_steps=20)
+    verl["trainer"]["logger"] = ["console"]
+    job = synth.write_job(tmp_path / "j", verl=verl)
+    p = run_module("grpo_lab.after_run.report", str(job))
+    assert p.returncode == 0 and "[WARN] run: finished, but no metrics were logged" in p.stdout, p.stdout + p.stderr
+    assert "trainer.logger=['console'] has no 'file'" in p.stdout and "[ok  ] run" not in p.stdout
+
+
 def test_trend_statistics():
     assert R.trend(pd.Series([0.1, 0.2])) is None
     assert R.trend(pd.Series([0.1, 0.2, 0.3], index=[1, 2, 3])).direction == "rising"

@@ -22,6 +22,9 @@ __all__ = ["GIB_GB", "PLAN_OFF", "check_reward", "trend", "RunInfo", "load_run",
 # entry points
 
 
+RUN_FILES = (".hydra", "status.json", "plan.json", "train.log", "metrics.jsonl", "verl_config.yaml")  # a job's
+
+
 def is_sweep_dir(path: str | Path) -> bool:
     p = Path(path)
     if (p / "multirun.yaml").exists():
@@ -61,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         table = summarize_sweep(path, plots=not args.no_plots, write=write)
         print(format_summary(path, table, written=write))
         return 0
+    if not any((path / f).exists() for f in RUN_FILES):
+        print(f"grpo-lab report: {path} is not a run folder: a run folder (outputs/runs/<job>, made by python run.py) "
+              f"holds {', '.join(RUN_FILES)}; nothing written", file=sys.stderr)
+        return 2
     report = make_report(path, plots=not args.no_plots, write=write)
     print(format_report(report))
     return 0

@@ -559,6 +559,11 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
         _, diags = doctor.diagnose_path(run.run_dir)
     if st == "ok" and run.status.get("note") == "planned":
         return Check("run", OK, "preflight only (preflight.only=true): nothing was trained; see plan.json."), diags
+    if st == "ok" and not len(steps):
+        logger = run.verl_value("trainer.logger")
+        why = f" (trainer.logger={logger} has no 'file')" if logger and "file" not in logger else ""
+        return Check("run", WARN, f"finished, but no metrics were logged: no step in metrics.jsonl{why}; verl's file "
+                                  "logger writes it (logger=console, the default, keeps it)."), diags
     if st == "ok":
         wall = M.finite_float(run.status.get("wall_s"))
         return Check("run", OK, f"finished: {done}{of} steps" + (f" in {wall:.0f} s." if wall else ".")), diags

@@ -132,6 +132,7 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
         "diagnosis": diag_text,
         "overrides": " ".join(read_overrides(job_dir)),
         **plan_cells(job_dir),
+        **({"verdict": "refused"} if word.startswith("refused") else {}),  # the memory may fit; the job did not run
     }
 
 
@@ -236,7 +237,7 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
         out += ["From each job's plan.json: gen_peak_gb, train_peak_gb, sync_peak_gb: the memory plan's peak per "
                 "GPU (GB) in generation, training and weight sync, on a card of card_gb; kv_tokens: the KV cache in "
                 "tokens; planned_step_s, planned_run: the time plan's steady step and whole run (- where the plan "
-                "has none); verdict: the memory plan's overall verdict.", ""]
+                "has none); verdict: the memory plan's overall verdict (refused: the preflight refused the job).", ""]
     if table.attrs.get("val_ranking"):
         out += [table.attrs["val_ranking"], ""]
     failed = table[~table["status"].isin([OK, UNFINISHED, PLANNED])]

@@ -297,7 +297,7 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
     today = today or dt.date.today().isoformat()
     a = res.after or {}
     lines = ["# @package _global_",
-             f"# Fitted by grpo_lab/checks/fit.py on {today}: every phase below {int(MARGIN * 100)}% of the "
+             f"{FITTED} on {today}: every phase below {int(MARGIN * 100)}% of the "
              f"{res.card_gb:g} GB cards ({res.title}).",
              f"#   python run.py experiment={name}",
              f"# made with: {made_by}",
@@ -340,16 +340,23 @@ def _emit_tree(tree: dict[str, Any], comments: dict[str, str], prefix: str, dept
     return out
 
 
+FITTED = "# Fitted by grpo_lab/checks/fit.py"  # the mark of a file make fit wrote (and may replace)
+
+
 def experiment_path(name: Any, *, overwrite: bool) -> Path:
     """conf/experiment/<name>.yaml, after checking the name and that it may be written."""
     name = str(name)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name or ""):
+        good = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_-") or "my_fit"
         raise ValueError(f"preflight.fit_write={name!r}: a name of letters, digits, '_' and '-' (it becomes "
-                         f"conf/experiment/<name>.yaml), e.g. preflight.fit_write=my_4b_fit")
+                         f"conf/experiment/<name>.yaml): preflight.fit_write={good} (make fit ... WRITE={good})")
     path = CONF / "experiment" / f"{name}.yaml"
+    if path.exists() and FITTED not in path.read_text()[:200]:  # the repository's own (or the user's own) experiment
+        raise FileExistsError(f"{path} is not a file make fit wrote, and make fit never replaces it: write another "
+                              f"name, preflight.fit_write={name}_fit (make fit ... WRITE={name}_fit)")
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists: pick another name, or replace it with preflight.fit_overwrite=true "
-                              f"(make fit ... WRITE={name} OVERWRITE=1)")
+        raise FileExistsError(f"{path} exists (make fit wrote it): pick another name, or replace it with "
+                              f"preflight.fit_overwrite=true (make fit ... WRITE={name} OVERWRITE=1)")
     return path
 
 

@@ -170,6 +170,18 @@ def offline(environ: Mapping[str, str]) -> str:
     return ""
 
 
+def _gguf(key: str, model: str, file: Path) -> Missing:
+    """A GGUF file (llama.cpp's format) as model_path: verl loads a Hugging Face folder; transformers converts it."""
+    out = file.with_suffix("")
+    cmd = (f"python -c \"import sys, transformers as t; d, f, o = sys.argv[1:]; [c.from_pretrained(d, gguf_file=f)"
+           f".save_pretrained(o) for c in (t.AutoTokenizer, t.AutoModelForCausalLM)]\" "
+           f"{_sh(file.parent)} {_sh(file.name)} {_sh(out)}")
+    return Missing(key, model, f"{key}: {model} is a GGUF file (llama.cpp's format); verl loads a Hugging Face model "
+                               f"folder. Convert it with transformers' gguf_file= (pip install gguf; what make smollm2 "
+                               f"does for SmolLM2's GGUF, grpo_lab/tasks/smollm2.py): `{cmd}`, then "
+                               f"model_path={_sh(out)}", cmd)
+
+
 INPUT_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
 
 
@@ -196,10 +208,15 @@ def missing_inputs(inputs: Mapping[str, Any], dataset: str | None, model_facts: 
         return out
     if _looks_local(model):
         folder = Path(os.path.expanduser(model))
-        if (folder / "config.json").is_file():
+        weights = [*folder.glob("*.safetensors"), *folder.glob("pytorch_model*.bin")]
+        if (folder / "config.json").is_file() and weights:
             return out
+        if folder.is_file() and folder.suffix.lower() == ".gguf":
+            return [*out, _gguf(key, model, folder)]
         what = ("does not exist" if not folder.exists() else
-                "is empty" if folder.is_dir() and not any(folder.iterdir()) else "holds no model (no config.json)")
+                "is empty" if folder.is_dir() and not any(folder.iterdir()) else
+                "holds a config.json but no weights (*.safetensors or pytorch_model*.bin)"
+                if (folder / "config.json").is_file() else "holds no model (no config.json)")
         name, hub = model_facts.name, model_facts.hub_id
         cmd = maker_for(model, name)
         if cmd:

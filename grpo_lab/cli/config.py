@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -55,3 +56,25 @@ def unique_dir(path: str, create: bool = True) -> str:
         except FileExistsError:
             n += 1
             candidate = f"{path}_{n}"
+
+
+def unwritable_run_dir(cli: Any) -> str:
+    """Why the job's folder (hydra.run.dir, or hydra.sweep.dir with -m; default under outputs/) cannot be made, with
+    the fix; "" when its nearest existing folder is writable (or the folder is an interpolation Hydra resolves)."""
+    key = "hydra.sweep.dir" if getattr(cli.flags, "multirun", False) else "hydra.run.dir"
+    given = [o.value() for o in cli.overrides if o.key_or_group == key and not o.is_delete()]
+    where = str(given[-1]) if given else "outputs/"
+    if where.startswith("${"):
+        return ""
+    p = Path(os.path.abspath(where.split("${")[0] or "."))
+    while not p.exists():
+        p = p.parent
+    if p.is_dir() and os.access(p, os.W_OK | os.X_OK):
+        return ""
+    import shlex
+
+    what = "is not a folder" if not p.is_dir() else "is a folder you cannot write"
+    kind = "sweep" if "sweep" in key else "run"
+    new = f"{key}=/tmp/grpo-lab/{kind} lab.checkpoint_root=/tmp/grpo-lab/checkpoints"
+    return (f"{p} {what}, and the {kind}'s folder goes under it ({where if given else f'outputs/{kind}s/'}); make it a "
+            f"writable folder, or write the run elsewhere: python run.py {shlex.join([*cli.args, *new.split()])}")

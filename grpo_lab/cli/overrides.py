@@ -113,16 +113,43 @@ def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flag
 def _env_sweep_without_m(knob: Any, value: str, args: Sequence[str]) -> str:
     import shlex
 
-    def command(*extra: str) -> str:
-        return " ".join(["python run.py -m", *(shlex.quote(a) for a in args), *extra])
-
     (o,) = parse_overrides([f"{knob.key}={value}"])
-    values = _sweep_values(o) or []
-    words = ("" if values and all(isinstance(v, (int, float)) for v in values) else
-             f"; for one value that holds a comma, quote it: {knob.env}=\"'{value}'\"; for a list: "
-             f"{knob.env}=[{value}]")
     return (f"{knob.env}={value} is a list of values, which only a sweep takes (Hydra's -m): "
-            f"{knob.env}={shlex.quote(value)} {command()} (the same as: {command(f'{knob.key}={value}')}){words}")
+            f"{knob.env}={shlex.quote(value)} {_with_m(args)} (the same as: {_with_m(args, f'{knob.key}={value}')})"
+            f"{_not_a_sweep(o, knob.env, env=True)}")
+
+
+def _with_m(args: Sequence[str], *extra: str) -> str:
+    import shlex
+
+    return " ".join(["python run.py -m", *(shlex.quote(a) for a in args), *extra])
+
+
+def _not_a_sweep(o: Any, name: str, env: bool) -> str:
+    """For values that are not all numbers: how to write one value holding a comma, or a list (as typed)."""
+    values = _sweep_values(o) or []
+    if values and all(isinstance(v, (int, float)) for v in values):
+        return ""
+    value = _value_text(o)
+    one, many = (f"{name}=\"'{value}'\"", f"{name}=[{value}]") if env else \
+        (f"\"{name}='{value}'\"", f"'{name}=[{value}]'")
+    return f"; for one value that holds a comma, quote it: {one}; for a list: {many}"
+
+
+def _check_dict_value(o: Any) -> None:
+    """key={a: 1} merges into verl's node key by key, and Hydra refuses a key the node does not hold."""
+    import shlex
+
+    if o.is_add() or o.is_force_add() or o.is_delete() or o.is_sweep_override() or not isinstance(o.value(), dict):
+        return
+    node: Any = verl_tree()
+    for part in o.key_or_group.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    new = [str(k) for k in o.value() if isinstance(node, dict) and "_target_" not in node and k not in node]
+    if new:
+        raise OverrideError(f"{o.input_line}: Hydra merges the dict into {o.key_or_group}, which has no "
+                            f"{', '.join(new)}, and refuses it; write {shlex.quote('++' + o.input_line)} "
+                            f"(++ sets or adds each key)")
 
 
 def given_twice(overrides: Sequence[Any]) -> list[str]:
@@ -439,6 +466,12 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
     if len(modes) > 1:  # Hydra would raise "Only one of --run, --multirun, --cfg, ..." with a traceback
         raise OverrideError(f"{' and '.join(modes)} cannot go together: Hydra runs one mode at a time. To see what a "
                             f"sweep's first job composes, drop -m: python run.py --cfg job <overrides without sweeps>")
+    if not getattr(f, "multirun", False):  # Hydra: "Ambiguous value for argument"
+        for o in cli.overrides:
+            if o.is_sweep_override() and not o.key_or_group.startswith("hydra."):
+                raise OverrideError(f"{o.input_line} is a list of values, which only a sweep takes (Hydra's -m): "
+                                    f"{_with_m(cli.args)}"
+                                    f"{'' if _group_of(o, conf_dir) else _not_a_sweep(o, o.key_or_group, env=False)}")
     overrides = cli.overrides + parse_overrides(cli.env)
     tree_ok = not any(_group_of(o, conf_dir) == "verl" and picks_verl_group(o, conf_dir) for o in overrides)
     added: set[str] = set()  # keys an earlier `+key=` of the same command line brought in (a later `key=` may set it)
@@ -449,6 +482,7 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
             _check_our_group(o, conf_dir)
         elif kind is None and not any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in added):
             _check_key(o, conf_dir, tree_ok)
+            _check_dict_value(o)
         if o.is_add() and not o.is_force_add() and o.key_or_group in added:  # Hydra: "Could not append to config"
             raise OverrideError(f"{o.input_line}: an earlier +{o.key_or_group} of this command line added it, and "
                                 f"Hydra's + only adds: write ++{o.input_line.lstrip('+')} to set it again")

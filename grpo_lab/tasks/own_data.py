@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,16 +27,18 @@ the same row shape as the GSM8K prep.
         --instruction 'Let'"'"'s think step by step and output the final answer after "####".' \\
         --data-source openai/gsm8k --out data/own_qa
 
-Input: `.jsonl` (one JSON object per line), `.csv` (a header row; UTF-8, a BOM is fine) or `.parquet` (a record per
-row). Each record needs a question field and an answer field (names set by --question-field/--answer-field; other
-fields are kept in extra_info). Output: OUT/{train,test}.parquet, one row per pair:
+Input: `.jsonl` (one JSON object per line), `.csv` (a header row; UTF-8, a BOM is fine; else --encoding latin-1 or
+the file's codec) or `.parquet` (a record per row). Each record needs a question field and an answer field (names set
+by --question-field/--answer-field; other fields are kept in extra_info).
+Output: OUT/{train,test}.parquet, one row per pair:
 
     data_source   --data-source (default "own_qa"): the key verl's reward picks its scorer by. verl's built-in
                   default_compute_score knows "openai/gsm8k" (numeric answers, "#### n" in the response) and a few
                   others; any other name needs a custom reward (verl's reward.custom_reward_function.* keys).
     prompt        [{"role": "user", "content": question, + " " + --instruction when given}]
     ability       --ability (default "qa")
-    reward_model  {"style": "rule", "ground_truth": the answer as a string, stripped}
+    reward_model  {"style": "rule", "ground_truth": the answer as a string, stripped (4.0 -> "4"; for
+                  openai/gsm8k a plain number as its scorer compares it: "1,000" -> "1000", text refused)}
     extra_info    {"split", "index", "question" (without the instruction), "answer", "source" (file:line)}
 
 Without --test-input, --test-fraction of the pairs (default 0.1, at least one) is held out, chosen by a seeded shuffle
@@ -68,7 +72,21 @@ class Result:
 
 # ------------------------------------------------------------------------------------------------------- reading
 
-def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _decoded(path: Path, encoding: str | None) -> str:
+    """The file's text; bytes it cannot decode are an error naming the line and --encoding."""
+    data = path.read_bytes()
+    try:
+        return data.decode(encoding or "utf-8-sig")
+    except LookupError:
+        raise DataError(f"--encoding {encoding}: not an encoding Python knows (e.g. utf-8, latin-1, cp1252)") from None
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: byte {data[e.start:e.start + 1]!r} is not "
+                        f"{encoding or 'UTF-8'} text; name the file's encoding, e.g. --encoding latin-1 "
+                        f"(make own-data DATA_ARGS=\"--encoding latin-1\")") from None
+
+
+def _records(path: Path, encoding: str | None = None) -> list[tuple[int, dict[str, Any]]]:
     """(line number, record) for each record of a .jsonl or .csv file."""
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
@@ -85,7 +103,7 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
         except Exception as exc:
             raise DataError(f"{path}: not a parquet file pyarrow can read ({type(exc).__name__}: {exc})") from None
     elif suffix == ".jsonl":
-        with path.open(encoding="utf-8-sig") as f:
+        with io.StringIO(_decoded(path, encoding)) as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -98,7 +116,7 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
                                     f"answer fields")
                 out.append((lineno, rec))
     else:
-        with path.open(encoding="utf-8-sig", newline="") as f:
+        with io.StringIO(_decoded(path, encoding), newline="") as f:
             reader = csv.DictReader(f)
             try:
                 for rec in reader:
@@ -121,14 +139,28 @@ def _text(value: Any) -> str | None:
         return None
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # 4.0 -> "4", as a response writes the number
     return str(value).strip()
 
 
-def read_pairs(path: str | os.PathLike, question_field: str = "question", answer_field: str = "answer") -> list[Pair]:
+def gsm8k_truth(answer: str, where: str) -> str:
+    """The answer as verl's GSM8K scorer can equal it: it compares the text after the response's last "#### " that
+    matches -?[0-9.,]+, commas dropped, with the ground truth as a string."""
+    text = answer.replace(",", "")
+    if not re.fullmatch(r"-?\d+(\.\d+)?", text):
+        raise DataError(f"{where}: answer {answer!r} is not a number, and verl's GSM8K scorer (data_source "
+                        f"openai/gsm8k) only rewards a response whose \"#### n\" equals it as -?[0-9.]+ text; give a "
+                        f"plain number, or another --data-source with a reward of your own")
+    return re.sub(r"\.0+$", "", text)
+
+
+def read_pairs(path: str | os.PathLike, question_field: str = "question", answer_field: str = "answer",
+               encoding: str | None = None, data_source: str = DEFAULT_SOURCE) -> list[Pair]:
     """The question/answer pairs of one input file; a missing or empty field is an error naming the fields there."""
     path = Path(path)
     pairs = []
-    for lineno, rec in _records(path):
+    for lineno, rec in _records(path, encoding):
         where = f"{path}:{lineno}"
         values = {}
         for role, name, flag in (("question", question_field, "--question-field"),
@@ -143,6 +175,8 @@ def read_pairs(path: str | os.PathLike, question_field: str = "question", answer
             if not text:
                 raise DataError(f"{where}: the {role} field {name!r} is empty")
             values[role] = text
+        if data_source == "openai/gsm8k":
+            values["answer"] = gsm8k_truth(values["answer"], where)
         extra = {k: v for k, v in rec.items() if k not in (question_field, answer_field)}
         pairs.append(Pair(values["question"], values["answer"], where, extra))
     return pairs
@@ -228,7 +262,7 @@ def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
                 test_input: str | os.PathLike | None = None, test_fraction: float = 0.1, seed: int = 0,
                 question_field: str = "question", answer_field: str = "answer", instruction: str | None = None,
                 data_source: str = DEFAULT_SOURCE, ability: str = DEFAULT_ABILITY, keep_duplicates: bool = False,
-                force: bool = False) -> Result:
+                force: bool = False, encoding: str | None = None) -> Result:
     """Read, check, split and write OUT/{train,test}.parquet (both or neither). Raises DataError on bad input."""
     out_dir = Path(out_dir)
     targets = {s: out_dir / f"{s}.parquet" for s in ("train", "test")}
@@ -238,12 +272,14 @@ def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
     if not data_source.strip():
         raise DataError("--data-source is empty: give the name verl's reward selects the scorer by, e.g. own_qa")
     warnings: list[str] = []
+
+    def read(path: str | os.PathLike) -> list[Pair]:
+        return dedupe(read_pairs(path, question_field, answer_field, encoding, data_source), keep_duplicates, warnings)
+
     if test_input is None:
-        pairs = dedupe(read_pairs(input_path, question_field, answer_field), keep_duplicates, warnings)
-        train, test = split_pairs(pairs, test_fraction, seed)
+        train, test = split_pairs(read(input_path), test_fraction, seed)
     else:
-        train = dedupe(read_pairs(input_path, question_field, answer_field), keep_duplicates, warnings)
-        test = dedupe(read_pairs(test_input, question_field, answer_field), keep_duplicates, warnings)
+        train, test = read(input_path), read(test_input)
     in_train = {p.question: p for p in train}
     leaked = [f"{p.source} (= {in_train[p.question].source})" for p in test if p.question in in_train]
     if leaked:
@@ -274,13 +310,14 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--ability", default=DEFAULT_ABILITY, help=f"the rows' ability field (default: {DEFAULT_ABILITY})")
     p.add_argument("--keep-duplicates", action="store_true", help="keep exact duplicate pairs (default: drop them)")
     p.add_argument("--force", action="store_true", help="rewrite existing output files")
+    p.add_argument("--encoding", default=None, help="the .jsonl/.csv text encoding (default: UTF-8), e.g. latin-1")
 
 
 def run(args: Any) -> Result:
     return convert_own(args.input, args.out, test_input=args.test_input, test_fraction=args.test_fraction,
                        seed=args.seed, question_field=args.question_field, answer_field=args.answer_field,
                        instruction=args.instruction, data_source=args.data_source, ability=args.ability,
-                       keep_duplicates=args.keep_duplicates, force=args.force)
+                       keep_duplicates=args.keep_duplicates, force=args.force, encoding=args.encoding)
 
 
 def scorer_note(data_source: str) -> str | None:
