@@ -1,0 +1,42 @@
+"""Issue 44 item 4: settings that passed the plan and failed after Ray and vLLM had started (verl 0.9.1), refused
+before start-up (or "not ready to launch here" where they depend on the machine), through run.py as a user types
+them; each printed fix, appended to the same command, passes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+from pathlib import Path
+
+from conftest import NOT_READY_EXIT, run_py
+
+PLANNED = (0, NOT_READY_EXIT)
+_JOB = itertools.count()
+
+
+def plan(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[int, dict, str]:
+    """python run.py ARGS preflight.only=true: (exit code, plan.json, console text)."""
+    job = tmp_path / f"job{next(_JOB)}"
+    out = run_py(*args, "preflight.only=true", f"hydra.run.dir={job}", env=env)
+    text = out.stdout + out.stderr
+    assert "Traceback" not in text, text[-3000:]
+    return out.returncode, json.loads((job / "plan.json").read_text()), text
+
+
+def refused_then_fixed(tmp_path: Path, args: tuple[str, ...], rule: str, *says: str) -> dict:
+    """Refused (exit 2) by `rule`, its message saying each of `says`; its first printed alternative appended passes."""
+    rc, p, text = plan(tmp_path, *args)
+    assert rc == 2, text[-3000:]
+    (e,) = [e for e in p["errors"] if e["rule"] == rule]
+    assert all(s in e["message"] for s in says), e["message"]
+    assert e["checked"].startswith("re-checked: the preflight passes"), e
+    rc, p, text = plan(tmp_path, *args, *shlex.split(e["fix"].split("  or  ")[0]))
+    assert rc in PLANNED and not p["errors"], text[-3000:]
+    return e
+
+
+def test_a_negative_lora_rank_is_refused(tmp_path):
+    e = refused_then_fixed(tmp_path, ("actor_rollout_ref.model.lora_rank=-1",), "lora_rank_negative",
+                           "actor_rollout_ref.model.lora_rank=-1", "lora_rank > 0")
+    assert e["fix"].startswith("actor_rollout_ref.model.lora_rank=0  or  actor_rollout_ref.model.lora_rank=64")
