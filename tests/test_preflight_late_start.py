@@ -9,7 +9,11 @@ import json
 import shlex
 from pathlib import Path
 
-from conftest import NOT_READY_EXIT, run_py
+import pytest
+from conftest import NOT_READY_EXIT, composed, run_py
+
+from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.memory.run import Run
 
 PLANNED = (0, NOT_READY_EXIT)
 _JOB = itertools.count()
@@ -40,3 +44,25 @@ def test_a_negative_lora_rank_is_refused(tmp_path):
     e = refused_then_fixed(tmp_path, ("actor_rollout_ref.model.lora_rank=-1",), "lora_rank_negative",
                            "actor_rollout_ref.model.lora_rank=-1", "lora_rank > 0")
     assert e["fix"].startswith("actor_rollout_ref.model.lora_rank=0  or  actor_rollout_ref.model.lora_rank=64")
+
+
+LORA = ("actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.actor.strategy=fsdp2")
+
+
+@pytest.mark.parametrize("targets,fix", [
+    ("[foo,bar]", "actor_rollout_ref.model.target_modules=all-linear"),
+    ("all_linear", "actor_rollout_ref.model.target_modules=all-linear"),  # peft's spelling has a hyphen
+    ("[q_prj,v_poj]", '"actor_rollout_ref.model.target_modules=[q_proj,v_proj]"  or  '
+                      "actor_rollout_ref.model.target_modules=all-linear")])
+def test_lora_target_modules_the_model_does_not_have_are_refused(tmp_path, targets, fix):
+    e = refused_then_fixed(tmp_path, (*LORA, f"actor_rollout_ref.model.target_modules={targets}"),
+                           "lora_target_modules", "not found in the base model")
+    assert e["fix"] == fix
+
+
+@pytest.mark.parametrize("args", [(*LORA, "actor_rollout_ref.model.target_modules=[q_proj,foo]"),  # peft: one matches
+                                  (*LORA, "actor_rollout_ref.model.target_modules=.*_proj"),  # a regular expression
+                                  ("actor_rollout_ref.model.target_modules=[foo,bar]",)])  # LoRA off: never read
+def test_lora_target_modules_peft_takes_pass(args):
+    r = run_preflight(Run.build(*composed(*args), {}), launching=False)
+    assert "lora_target_modules" not in {p.rule for p in r.errors}

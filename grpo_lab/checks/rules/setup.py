@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -11,6 +13,7 @@ from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
 from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import memplan
+from grpo_lab.memory.memplan_arch import LINEAR_NAMES
 from grpo_lab.memory.settings import as_int, ref_used
 from grpo_lab.verl_schema import schema
 
@@ -324,6 +327,33 @@ def model_key_unknown(c: Ctx) -> Iterable[Problem]:
 def _lora_rank(c: Ctx) -> int:
     """The LoRA rank in either of verl's spellings (model.lora_rank, model.lora.rank); 0: full fine-tuning."""
     return as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
+
+
+@rule("lora_target_modules", kind="setup", phase="start-up")
+def lora_target_modules(c: Ctx) -> Iterable[Problem]:
+    """peft (verl's FSDP engine builds its LoraConfig) raises 'Target modules ... not found in the base model' when no
+    target names a module: a list item matches a module's name or its dotted tail, a string is a regular expression
+    over the full name (peft/tuners/tuners_utils.py check_target_module_exists), except 'all-linear'."""
+    key, targets = A + "model.target_modules", c.get(A + "model.target_modules", "all-linear")
+    if _lora_rank(c) <= 0 or not c.model.arch or targets == "all-linear" or c.get(A + "model.target_parameters"):
+        return
+    names = LINEAR_NAMES + ("lm_head", "embed_tokens") + (("gate",) if c.model.arch.is_moe else ())
+    paths = [f"model.layers.0.{'self_attn' if n[0] in 'qkvo' else 'mlp'}.{n}" for n in names[:7]] + list(names[7:])
+    if isinstance(targets, str):
+        with contextlib.suppress(re.error):
+            if not any(re.fullmatch(targets, p) for p in paths):
+                yield error(f"{key}={targets}: peft reads a string as a regular expression over the model's module "
+                            f"names ({', '.join(names)}) and matches none; verl fails with 'Target modules "
+                            f"{targets} not found in the base model' when it builds the model, after Ray has started "
+                            f"(all linear layers: all-linear, with a hyphen)", f"{key}=all-linear")
+        return
+    if any(str(t).rsplit(".", 1)[-1] in names for t in targets):
+        return
+    close = [difflib.get_close_matches(str(t), names, n=1, cutoff=0.6) for t in targets]
+    fixes = [f"'{key}={quote(list(dict.fromkeys(m[0] for m in close)))}'"] if all(close) else []
+    yield error(f"{key}={quote(list(targets))}: the model has no module of these names (what LoRA can target: "
+                f"{', '.join(names)}); peft raises 'Target modules ... not found in the base model' when verl builds "
+                f"the model, after Ray has started", ALT.join([*fixes, f"{key}=all-linear"]))
 
 
 @rule("lora_load_format", kind="setup", phase="weight sync")
