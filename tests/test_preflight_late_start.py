@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import NOT_READY_EXIT, composed, run_py
 
+from grpo_lab import facts
 from grpo_lab.checks.preflight import run_preflight
 from grpo_lab.memory.run import Run
 
@@ -66,3 +67,30 @@ def test_lora_target_modules_the_model_does_not_have_are_refused(tmp_path, targe
 def test_lora_target_modules_peft_takes_pass(args):
     r = run_preflight(Run.build(*composed(*args), {}), launching=False)
     assert "lora_target_modules" not in {p.rule for p in r.errors}
+
+
+def test_a_logger_verl_does_not_know_is_refused_with_the_closest(tmp_path):
+    e = refused_then_fixed(tmp_path, ("trainer.logger=[console,tensorbord]",), "logger_unknown",
+                           "knows no logger tensorbord", "'tensorbord is not supported'")
+    assert e["fix"] == '"trainer.logger=[console,tensorboard]"'
+
+
+def test_leaving_out_the_file_logger_is_warned(tmp_path):
+    rc, p, text = plan(tmp_path, "trainer.logger=[console]")
+    (w,) = [w for w in p["warnings"] if w["rule"] == "logger_unknown"]
+    assert rc in PLANNED and "no metrics.jsonl" in w["message"] and "make report" in w["message"], text[-3000:]
+    rc, p, text = plan(tmp_path, "trainer.logger=[console]", *shlex.split(w["fix"]))
+    assert rc in PLANNED and "logger_unknown" not in {w["rule"] for w in p["warnings"]}, text[-3000:]
+
+
+def test_a_logger_whose_package_is_missing_is_not_ready_here_and_refused_at_launch(tmp_path):
+    args = ("trainer.logger=[console,file,mlflow]",)  # mlflow: not installed on the test machine
+    assert not facts.module_available("mlflow")
+    rc, p, text = plan(tmp_path, *args)
+    (n,) = [n for n in p["not_ready_here"] if n["rule"] == "logger_package_missing"]
+    assert rc == NOT_READY_EXIT and "[logger_package_missing]" in text and "mlflow needs mlflow" in n["message"]
+    assert n["command"] == '"trainer.logger=[console,file]"' and n["checked"].startswith("re-checked: the preflight")
+    rc, p, text = plan(tmp_path, *args, *shlex.split(n["command"]))
+    assert rc in PLANNED and "logger_package_missing" not in {n["rule"] for n in p["not_ready_here"]}, text[-3000:]
+    r = run_preflight(Run.build(*composed(*args), {}), launching=True)  # launching: a refusal
+    assert "logger_package_missing" in {e.rule for e in r.errors}

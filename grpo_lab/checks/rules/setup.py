@@ -606,6 +606,46 @@ def nccl_p2p(c: Ctx) -> Iterable[Problem]:
                        f"the Ray workers", f"'+{ENV_VARS}.NCCL_P2P_DISABLE=\"1\"'")
 
 
+# verl 0.9.1's logger backends (verl/utils/tracking.py Tracking.supported_backend, and "tracking", its deprecated
+# wandb) and the module each imports when the trainer's Tracking starts (None: verl's own)
+LOGGERS = {"wandb": "wandb", "tracking": "wandb", "mlflow": "mlflow", "swanlab": "swanlab",
+           "vemlp_wandb": "volcengine_ml_platform", "tensorboard": "tensorboard", "console": None,
+           "clearml": "clearml", "trackio": "trackio", "file": None, "rl_insight": "rl_insight"}
+
+
+def _loggers(c: Ctx) -> list[str]:
+    v = c.get("trainer.logger", "console")
+    return [v] if isinstance(v, str) else [str(x) for x in v]
+
+
+@rule("logger_unknown", kind="setup", phase="start-up")
+def logger_unknown(c: Ctx) -> Iterable[Problem]:
+    """A backend verl does not know: Tracking asserts '<name> is not supported' when the trainer starts, after Ray and
+    the workers. Without `file`, no metrics.jsonl (VERL_FILE_LOGGER_PATH, grpo_lab/launch/prepare.py) for the report."""
+    loggers, typed = _loggers(c), quote(c.get("trainer.logger"))
+    if bad := [x for x in loggers if x not in LOGGERS]:
+        near = [x if x in LOGGERS else next(iter(difflib.get_close_matches(x, LOGGERS, n=1, cutoff=0.6)), None)
+                for x in loggers]
+        fixed = list(dict.fromkeys(x for x in near if x)) or ["console", "file"]
+        yield error(f"trainer.logger={typed}: verl 0.9.1 knows no logger {', '.join(bad)} (it knows "
+                    f"{', '.join(LOGGERS)}); its Tracking asserts '{bad[0]} is not supported' when the trainer "
+                    f"starts, after Ray and the workers", f"'trainer.logger={quote(fixed)}'")
+    elif "file" not in loggers:
+        yield warn(f"trainer.logger={typed} leaves out verl's file logger: the job writes no metrics.jsonl, "
+                   f"so `make report` will have no metrics", f"'trainer.logger={quote([*loggers, 'file'])}'")
+
+
+@rule("logger_package_missing", kind="setup", phase="start-up", launching_only=True)
+def logger_package_missing(c: Ctx) -> Iterable[Problem]:
+    loggers = _loggers(c)
+    if missing := [x for x in loggers if LOGGERS.get(x) and not facts.module_available(LOGGERS[x])]:
+        keep = [x for x in loggers if x not in missing] or ["console", "file"]
+        yield error(f"trainer.logger={quote(loggers)}: {', '.join(f'{x} needs {LOGGERS[x]}' for x in missing)}, "
+                    f"which is not installed here; verl imports it when the trainer starts, after Ray and the "
+                    f"workers (verl/utils/tracking.py). Install it, or log without it",
+                    f"'trainer.logger={quote(keep)}'")
+
+
 # ---- the machine (only when launching: Ray is about to start here) ---------------------------------------------
 
 @rule("environment_skipped", kind="setup", phase="preflight")
