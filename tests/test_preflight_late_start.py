@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import NOT_READY_EXIT, composed, run_py
+from conftest import NOT_READY_EXIT, composed, fake_gpus, run_py
 
 from grpo_lab import facts
 from grpo_lab.checks.preflight import run_preflight
@@ -94,3 +94,22 @@ def test_a_logger_whose_package_is_missing_is_not_ready_here_and_refused_at_laun
     assert rc in PLANNED and "logger_package_missing" not in {n["rule"] for n in p["not_ready_here"]}, text[-3000:]
     r = run_preflight(Run.build(*composed(*args), {}), launching=True)  # launching: a refusal
     assert "logger_package_missing" in {e.rule for e in r.errors}
+
+
+def test_a_rollout_engine_not_installed_is_not_ready_here_and_refused_at_launch(tmp_path):
+    """sglang (and vllm) are not installed on the CPU test machine: a plan says what is missing, a launch refuses."""
+    assert not facts.module_available("sglang")
+    rc, p, text = plan(tmp_path, "rollout=sglang_tp1_mem04")
+    (n,) = [n for n in p["not_ready_here"] if n["rule"] == "rollout_engine_missing"]
+    assert rc == NOT_READY_EXIT and "[rollout_engine_missing]" in text.splitlines()[-3], text[-3000:]
+    assert "rollout.name=sglang, and the sglang package is not installed here" in n["message"]
+    assert n["command"].endswith("install sglang as docs/sglang.md says")
+    r = run_preflight(Run.build(*composed("rollout=sglang_tp1_mem04"), {}), launching=True)
+    assert "rollout_engine_missing" in {e.rule for e in r.errors}
+    # where vllm is importable (a GPU machine, faked), switching to it is the fix, and it passes appended
+    rc, p, text = plan(tmp_path, "rollout=sglang_tp1_mem04", env=fake_gpus(tmp_path, 4))
+    (n,) = [n for n in p["not_ready_here"] if n["rule"] == "rollout_engine_missing"]
+    fix = "actor_rollout_ref.rollout.name=vllm"
+    assert n["command"].startswith(f"{fix}  or  install sglang") and n["checked"].startswith("re-checked"), n
+    rc, p, text = plan(tmp_path, "rollout=sglang_tp1_mem04", fix, env=fake_gpus(tmp_path, 4))
+    assert "rollout_engine_missing" not in {n["rule"] for n in p.get("not_ready_here", ())}, text[-3000:]

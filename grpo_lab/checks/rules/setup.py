@@ -651,10 +651,10 @@ def logger_package_missing(c: Ctx) -> Iterable[Problem]:
 @rule("environment_skipped", kind="setup", phase="preflight")
 def environment_skipped(c: Ctx) -> Iterable[Problem]:
     if not c.launching:
-        yield note("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
-                   "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join; "
-                   "a plan through run.py lists what this machine lacks under 'Not ready to launch here' instead of "
-                   "refusing")
+        yield note("environment checks skipped (not launching): flash-attn, the rollout engine and the loggers' "
+                   "packages importable, visible GPUs >= n_gpus_per_node, the Ray cluster a `ray start` on this node "
+                   "recorded for ray.init() to join; a plan through run.py lists what this machine lacks under 'Not "
+                   "ready to launch here' instead of refusing")
     if (impl := attn_impl(c)[0]) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
         yield note(f"use_remove_padding with attn_implementation={impl} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
@@ -683,6 +683,19 @@ def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
                     f"package is not installed; verl fails when it builds the model. sdpa is correct with "
                     f"use_remove_padding (verl calls the model with use_cache=False)",
                     f"+{key or A + 'model.override_config.attn_implementation'}=sdpa")
+
+
+@rule("rollout_engine_missing", kind="setup", phase="start-up", launching_only=True)
+def rollout_engine_missing(c: Ctx) -> Iterable[Problem]:
+    """verl imports the rollout engine where its rollout servers start, after Ray and the actor's model."""
+    name = str(c.get(A + "rollout.name", "vllm"))
+    if name not in ("vllm", "sglang") or facts.module_available(name):
+        return
+    other = [f"{A}rollout.name={e}" for e in ("vllm", "sglang") if e != name and facts.module_available(e)]
+    how = "as docs/sglang.md says" if name == "sglang" else "(make setup: verl[vllm] in .venv-gpu/bin/python)"
+    yield error(f"{A}rollout.name={name}, and the {name} package is not installed here: verl imports it when it "
+                f"starts the rollout servers, after Ray and the actor's model",
+                ALT.join([*other, f"install {name} {how}"]))
 
 
 @rule("visible_gpus", kind="setup", phase="start-up", launching_only=True)
