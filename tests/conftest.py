@@ -325,3 +325,19 @@ def pytest_xdist_make_scheduler(config, log):
             return work_unit(nodeid, Path(str(config.rootpath)))
 
     return ModuleFixtureScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def made(tmp_path_factory):
+    """`python -m grpo_lab.tasks.tiny --out DIR` as `make tiny` runs it, once a session: (DIR, seconds, stdout)."""
+    import time
+
+    out = tmp_path_factory.mktemp("tiny")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.tasks.tiny", "--out", str(out)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                               "TRANSFORMERS_OFFLINE": "1"})
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr
+    return out, seconds, proc.stdout

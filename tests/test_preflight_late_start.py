@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shlex
 from pathlib import Path
 
 import pytest
-from conftest import NOT_READY_EXIT, composed, fake_gpus, run_py
+from conftest import NOT_READY_EXIT, composed, fake_gpus, model_folder, run_py
 
 from grpo_lab import facts
 from grpo_lab.checks.preflight import run_preflight
@@ -113,3 +114,31 @@ def test_a_rollout_engine_not_installed_is_not_ready_here_and_refused_at_launch(
     assert n["command"].startswith(f"{fix}  or  install sglang") and n["checked"].startswith("re-checked"), n
     rc, p, text = plan(tmp_path, "rollout=sglang_tp1_mem04", fix, env=fake_gpus(tmp_path, 4))
     assert "rollout_engine_missing" not in {n["rule"] for n in p.get("not_ready_here", ())}, text[-3000:]
+
+
+def test_a_max_prompt_length_below_the_datas_prompts(tmp_path, made):
+    """make tiny's 512 training prompts, measured with its tokenizer and chat template: below every one refused, below
+    some warned with the share, as many as verl's own RLHFDataset drops; no local tokenizer: not measured."""
+    out = made[0]
+    args = ("experiment=smoke_tiny", f"model_path={out / 'tiny-qwen3'}",
+            f"train_file={out / 'arith_tiny' / 'train.parquet'}", f"test_file={out / 'arith_tiny' / 'test.parquet'}")
+    e = refused_then_fixed(tmp_path, (*args, "max_prompt_length=16"), "prompts_too_long",
+                           "512 of the first 512 training prompts (at most 5000 read)", "'Train dataloader is empty!'")
+    longest = int(re.fullmatch(r"max_prompt_length=(\d+)", e["fix"]).group(1))
+    rc, p, text = plan(tmp_path, *args, f"max_prompt_length={longest - 3}")
+    (w,) = [w for w in p["warnings"] if w["rule"] == "prompts_too_long"]
+    assert rc in PLANNED and w["fix"] == e["fix"], text[-3000:]
+    over = int(re.search(r"max_prompt_length=\d+: (\d+) of the first 512", w["message"]).group(1))
+    assert 0 < over < 512 and f"({over / 512:.0%} of them)" in w["message"]
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    cfg = OmegaConf.create({"max_prompt_length": longest - 3, "filter_overlong_prompts": True,
+                            "cache_dir": str(tmp_path / "cache"), "filter_overlong_prompts_workers": 1,
+                            "apply_chat_template_kwargs": {"enable_thinking": False}})
+    tok = AutoTokenizer.from_pretrained(out / "tiny-qwen3")
+    assert len(RLHFDataset(str(out / "arith_tiny" / "train.parquet"), tok, cfg)) == 512 - over  # verl's own count
+    no_tokenizer = (*args[:1], f"model_path={model_folder(tmp_path / 'model')}", *args[2:], "max_prompt_length=16")
+    r = run_preflight(Run.build(*composed(*no_tokenizer), {}), launching=False)
+    assert "prompts_too_long" not in {p.rule for p in r.errors + r.warnings}
