@@ -640,9 +640,9 @@ def logger_package_missing(c: Ctx) -> Iterable[Problem]:
     loggers = _loggers(c)
     if missing := [x for x in loggers if LOGGERS.get(x) and not facts.module_available(LOGGERS[x])]:
         keep = [x for x in loggers if x not in missing] or ["console", "file"]
-        yield error(f"trainer.logger={quote(loggers)}: {', '.join(f'{x} needs {LOGGERS[x]}' for x in missing)}, "
-                    f"which is not installed here; verl imports it when the trainer starts, after Ray and the "
-                    f"workers (verl/utils/tracking.py). Install it, or log without it",
+        needs = ", ".join(f"{x} needs the {LOGGERS[x]} package" for x in missing)
+        yield error(f"trainer.logger={quote(loggers)}: {needs}, not installed here; verl imports it when the trainer "
+                    f"starts, after Ray and the workers (verl/utils/tracking.py). Install it, or log without it",
                     f"'trainer.logger={quote(keep)}'")
 
 
