@@ -6,7 +6,9 @@ What each function gives: docs/cli.md."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
+import json
 import math
 import os
 import re
@@ -381,3 +383,37 @@ def hf_cached_config(repo_id: str, environ: Mapping[str, str]) -> Path | None:
         return next(iter(sorted(base.glob("snapshots/*/config.json"))), None)
     except OSError:
         return None
+
+
+
+PROMPT_ROWS = 5000  # prompt lengths are measured on the first rows of the train files, at most this many
+
+
+def prompt_lengths(tokenizer_dir: str, files: tuple[str, ...], key: str, kwargs: Mapping[str, Any]) -> list[int] | None:
+    """Token lengths of the first PROMPT_ROWS prompts as verl's RLHFDataset measures them (the chat template with the
+    generation prompt, utils/dataset/rl_dataset.py doc2len); None: the tokenizer or a file is not local. Kept on disk
+    per version of the files (transformers' import alone takes seconds)."""
+    from grpo_lab.verl_schema.verl_cache import cache_dir
+
+    tok = [os.path.join(tokenizer_dir, n) for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")]
+    tok = [p for p in tok if os.path.isfile(p)]
+    if not tok or tok[0].endswith(".jinja") or not all(f.endswith(".parquet") and os.path.isfile(f) for f in files):
+        return None
+    stamp = json.dumps([[(p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in (*tok, *files)], key,
+                        sorted(kwargs.items()), PROMPT_ROWS], default=str)
+    path = cache_dir() / "prompt_lengths" / f"{hashlib.sha256(stamp.encode()).hexdigest()[:24]}.json"
+    if path.is_file():
+        return json.loads(path.read_text()) or None
+    try:
+        import pyarrow.parquet as pq
+        from transformers import AutoTokenizer
+
+        t = AutoTokenizer.from_pretrained(tokenizer_dir)
+        first = [next(pq.ParquetFile(f).iter_batches(PROMPT_ROWS, columns=[key])).column(0) for f in files]
+        rows = [r for col in first for r in col.to_pylist()][:PROMPT_ROWS]
+        texts = [t.apply_chat_template(r, add_generation_prompt=True, tokenize=False, **kwargs) for r in rows]
+        lengths = [len(ids) for ids in t(texts, add_special_tokens=False)["input_ids"]]
+    except Exception:  # no chat template, no such column: verl's own errors there, and other rules'
+        lengths = []
+    atomic_write(path, json.dumps(lengths))
+    return lengths or None

@@ -125,13 +125,17 @@ def planned(proc: subprocess.CompletedProcess) -> bool:
 
 def fake_gpus(tmp_path: Path, n: int = 1) -> dict[str, str]:
     """Environment for run_py in which `nvidia-smi -L` lists n GPUs (an executable script first on PATH): where the
-    machine has no NVIDIA driver, the preflight then counts n visible GPUs (grpo_lab/facts.py visible_gpus)."""
+    machine has no NVIDIA driver, the preflight then counts n visible GPUs (grpo_lab/facts.py visible_gpus); and a
+    GPU machine's vllm, an empty package on PYTHONPATH that find_spec finds (rule rollout_engine_missing)."""
     bin_dir = tmp_path / "fake-bin"
     bin_dir.mkdir(exist_ok=True)
     smi = bin_dir / "nvidia-smi"
     smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-fake-{i})'\n" for i in range(n)))
     smi.chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    (tmp_path / "fake-py" / "vllm").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "fake-py" / "vllm" / "__init__.py").write_text("")
+    path = os.pathsep.join(p for p in (str(tmp_path / "fake-py"), os.environ.get("PYTHONPATH")) if p)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": path}
 
 
 def model_folder(path: Path, option: str = "tiny_qwen3") -> Path:
@@ -322,3 +326,19 @@ def pytest_xdist_make_scheduler(config, log):
             return work_unit(nodeid, Path(str(config.rootpath)))
 
     return ModuleFixtureScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def made(tmp_path_factory):
+    """`python -m grpo_lab.tasks.tiny --out DIR` as `make tiny` runs it, once a session: (DIR, seconds, stdout)."""
+    import time
+
+    out = tmp_path_factory.mktemp("tiny")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.tasks.tiny", "--out", str(out)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                               "TRANSFORMERS_OFFLINE": "1"})
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr
+    return out, seconds, proc.stdout

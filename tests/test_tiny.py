@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,18 +14,6 @@ from grpo_lab.tasks import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    """`python -m grpo_lab.tasks.tiny --out DIR` as `make tiny` runs it: (DIR, seconds, stdout)."""
-    out = tmp_path_factory.mktemp("tiny")
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.tasks.tiny", "--out", str(out)], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120, env={**os.environ, **OFFLINE})
-    seconds = time.perf_counter() - t0
-    assert proc.returncode == 0, proc.stderr
-    return out, seconds, proc.stdout
 
 
 @pytest.fixture(autouse=True)

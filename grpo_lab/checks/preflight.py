@@ -147,7 +147,8 @@ def run_preflight(run: Run, *, launching: bool, check_fixes: bool = True) -> Pre
 
 def not_ready_here(run: Run, *, plan_only: bool) -> list[NotReady]:
     """What this machine lacks to launch the job: missing inputs; with plan_only, the environment rules too (those a
-    launch runs as refusals: flash-attn importable, visible GPUs), each with its fix re-checked."""
+    launch runs as refusals: flash-attn, the rollout engine and loggers importable, visible GPUs), each with its fix
+    re-checked."""
     inputs = {key: run.get(key) for key in INPUT_KEYS}
     out = [NotReady("input_missing", m.message, m.command, short=m.short())
            for m in missing_inputs(inputs, run.lab.dataset.name, run.lab.model, run.environ)]

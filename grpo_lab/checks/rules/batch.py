@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from grpo_lab.checks.inputs import data_command, has_column, maker_for, parquet_columns
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
-from grpo_lab.facts import local_files
+from grpo_lab.facts import PROMPT_ROWS, local_files, prompt_lengths
 from grpo_lab.memory.settings import as_int, mode, ref_used
 
 
@@ -333,6 +333,28 @@ def data_columns(c: Ctx) -> Iterable[Problem]:
             yield error(f"{key}: {f} has no column {', no '.join(f'{col} ({why})' for col, why in missing)}; "
                         f"its columns: {', '.join(top) or 'none'}. verl fails on the first batch, after Ray has "
                         f"started", ALT.join(fixes))
+
+
+@rule("prompts_too_long", kind="batch", phase="start-up")
+def prompts_too_long(c: Ctx) -> Iterable[Problem]:
+    """verl 0.9.1's RLHFDataset drops each prompt longer than max_prompt_length under the chat template
+    (filter_overlong_prompts, utils/dataset/rl_dataset.py); measured here when the tokenizer and the files are local."""
+    limit, files = as_int(c.get("data.max_prompt_length"), 0), local_files(c.get("data.train_files")) or ()
+    tok = str(c.get(A + "model.tokenizer_path") or c.get(A + "model.path", ""))
+    if limit <= 0 or not files or not c.get("data.filter_overlong_prompts", True):
+        return
+    lengths = prompt_lengths(tok, tuple(files), str(c.get("data.prompt_key", "prompt")),
+                             dict(c.get("data.apply_chat_template_kwargs") or {}))
+    if not lengths or (over := sum(n > limit for n in lengths)) == 0:
+        return
+    what = (f"max_prompt_length={limit}: {over} of the first {len(lengths)} training prompts (at most {PROMPT_ROWS} "
+            f"read) are longer under {tok}'s chat template ({min(lengths)}-{max(lengths)} tokens), and verl's "
+            f"filter_overlong_prompts drops them when it loads the data")
+    if over == len(lengths):
+        yield error(f"{what}: every one, so no row is left and verl stops with 'Train dataloader is empty!' after Ray "
+                    f"has started", f"max_prompt_length={max(lengths)}")
+    else:
+        yield warn(f"{what} ({over / len(lengths):.0%} of them)", f"max_prompt_length={max(lengths)}")
 
 
 # ---- token budgets ----------------------------------------------------------------------------------------------

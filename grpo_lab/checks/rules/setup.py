@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -11,6 +13,7 @@ from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
 from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import memplan
+from grpo_lab.memory.memplan_arch import LINEAR_NAMES
 from grpo_lab.memory.settings import as_int, ref_used
 from grpo_lab.verl_schema import schema
 
@@ -326,6 +329,33 @@ def _lora_rank(c: Ctx) -> int:
     return as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
 
 
+@rule("lora_target_modules", kind="setup", phase="start-up")
+def lora_target_modules(c: Ctx) -> Iterable[Problem]:
+    """peft (verl's FSDP engine builds its LoraConfig) raises 'Target modules ... not found in the base model' when no
+    target names a module: a list item matches a module's name or its dotted tail, a string is a regular expression
+    over the full name (peft/tuners/tuners_utils.py check_target_module_exists), except 'all-linear'."""
+    key, targets = A + "model.target_modules", c.get(A + "model.target_modules", "all-linear")
+    if _lora_rank(c) <= 0 or not c.model.arch or targets == "all-linear" or c.get(A + "model.target_parameters"):
+        return
+    names = LINEAR_NAMES + ("lm_head", "embed_tokens") + (("gate",) if c.model.arch.is_moe else ())
+    paths = [f"model.layers.0.{'self_attn' if n[0] in 'qkvo' else 'mlp'}.{n}" for n in names[:7]] + list(names[7:])
+    if isinstance(targets, str):
+        with contextlib.suppress(re.error):
+            if not any(re.fullmatch(targets, p) for p in paths):
+                yield error(f"{key}={targets}: peft reads a string as a regular expression over the model's module "
+                            f"names ({', '.join(names)}) and matches none; verl fails with 'Target modules "
+                            f"{targets} not found in the base model' when it builds the model, after Ray has started "
+                            f"(all linear layers: all-linear, with a hyphen)", f"{key}=all-linear")
+        return
+    if any(str(t).rsplit(".", 1)[-1] in names for t in targets):
+        return
+    close = [difflib.get_close_matches(str(t), names, n=1, cutoff=0.6) for t in targets]
+    fixes = [f"'{key}={quote(list(dict.fromkeys(m[0] for m in close)))}'"] if all(close) else []
+    yield error(f"{key}={quote(list(targets))}: the model has no module of these names (what LoRA can target: "
+                f"{', '.join(names)}); peft raises 'Target modules ... not found in the base model' when verl builds "
+                f"the model, after Ray has started", ALT.join([*fixes, f"{key}=all-linear"]))
+
+
 @rule("lora_load_format", kind="setup", phase="weight sync")
 def lora_load_format(c: Ctx) -> Iterable[Problem]:
     """LoRA with load_format=dummy (verl's DAPO LoRA recipe): vLLM starts with random weights, and verl 0.9.1's V1
@@ -576,15 +606,55 @@ def nccl_p2p(c: Ctx) -> Iterable[Problem]:
                        f"the Ray workers", f"'+{ENV_VARS}.NCCL_P2P_DISABLE=\"1\"'")
 
 
+# verl 0.9.1's logger backends (verl/utils/tracking.py Tracking.supported_backend, and "tracking", its deprecated
+# wandb) and the module each imports when the trainer's Tracking starts (None: verl's own)
+LOGGERS = {"wandb": "wandb", "tracking": "wandb", "mlflow": "mlflow", "swanlab": "swanlab",
+           "vemlp_wandb": "volcengine_ml_platform", "tensorboard": "tensorboard", "console": None,
+           "clearml": "clearml", "trackio": "trackio", "file": None, "rl_insight": "rl_insight"}
+
+
+def _loggers(c: Ctx) -> list[str]:
+    v = c.get("trainer.logger", "console")
+    return [v] if isinstance(v, str) else [str(x) for x in v]
+
+
+@rule("logger_unknown", kind="setup", phase="start-up")
+def logger_unknown(c: Ctx) -> Iterable[Problem]:
+    """A backend verl does not know: Tracking asserts '<name> is not supported' when the trainer starts, after Ray and
+    the workers. Without `file`, no metrics.jsonl (VERL_FILE_LOGGER_PATH, grpo_lab/launch/prepare.py) for the report."""
+    loggers, typed = _loggers(c), quote(c.get("trainer.logger"))
+    if bad := [x for x in loggers if x not in LOGGERS]:
+        near = [x if x in LOGGERS else next(iter(difflib.get_close_matches(x, LOGGERS, n=1, cutoff=0.6)), None)
+                for x in loggers]
+        fixed = list(dict.fromkeys(x for x in near if x)) or ["console", "file"]
+        yield error(f"trainer.logger={typed}: verl 0.9.1 knows no logger {', '.join(bad)} (it knows "
+                    f"{', '.join(LOGGERS)}); its Tracking asserts '{bad[0]} is not supported' when the trainer "
+                    f"starts, after Ray and the workers", f"'trainer.logger={quote(fixed)}'")
+    elif "file" not in loggers:
+        yield warn(f"trainer.logger={typed} leaves out verl's file logger: the job writes no metrics.jsonl, "
+                   f"so `make report` will have no metrics", f"'trainer.logger={quote([*loggers, 'file'])}'")
+
+
+@rule("logger_package_missing", kind="setup", phase="start-up", launching_only=True)
+def logger_package_missing(c: Ctx) -> Iterable[Problem]:
+    loggers = _loggers(c)
+    if missing := [x for x in loggers if LOGGERS.get(x) and not facts.module_available(LOGGERS[x])]:
+        keep = [x for x in loggers if x not in missing] or ["console", "file"]
+        needs = ", ".join(f"{x} needs the {LOGGERS[x]} package" for x in missing)
+        yield error(f"trainer.logger={quote(loggers)}: {needs}, not installed here; verl imports it when the trainer "
+                    f"starts, after Ray and the workers (verl/utils/tracking.py). Install it, or log without it",
+                    f"'trainer.logger={quote(keep)}'")
+
+
 # ---- the machine (only when launching: Ray is about to start here) ---------------------------------------------
 
 @rule("environment_skipped", kind="setup", phase="preflight")
 def environment_skipped(c: Ctx) -> Iterable[Problem]:
     if not c.launching:
-        yield note("environment checks skipped (not launching): flash-attn importable, visible GPUs >= "
-                   "n_gpus_per_node, the Ray cluster a `ray start` on this node recorded for ray.init() to join; "
-                   "a plan through run.py lists what this machine lacks under 'Not ready to launch here' instead of "
-                   "refusing")
+        yield note("environment checks skipped (not launching): flash-attn, the rollout engine and the loggers' "
+                   "packages importable, visible GPUs >= n_gpus_per_node, the Ray cluster a `ray start` on this node "
+                   "recorded for ray.init() to join; a plan through run.py lists what this machine lacks under 'Not "
+                   "ready to launch here' instead of refusing")
     if (impl := attn_impl(c)[0]) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
         yield note(f"use_remove_padding with attn_implementation={impl} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
@@ -613,6 +683,19 @@ def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
                     f"package is not installed; verl fails when it builds the model. sdpa is correct with "
                     f"use_remove_padding (verl calls the model with use_cache=False)",
                     f"+{key or A + 'model.override_config.attn_implementation'}=sdpa")
+
+
+@rule("rollout_engine_missing", kind="setup", phase="start-up", launching_only=True)
+def rollout_engine_missing(c: Ctx) -> Iterable[Problem]:
+    """verl imports the rollout engine where its rollout servers start, after Ray and the actor's model."""
+    name = str(c.get(A + "rollout.name", "vllm"))
+    if name not in ("vllm", "sglang") or facts.module_available(name):
+        return
+    other = [f"{A}rollout.name={e}" for e in ("vllm", "sglang") if e != name and facts.module_available(e)]
+    how = "as docs/sglang.md says" if name == "sglang" else "(make setup: verl[vllm] in .venv-gpu/bin/python)"
+    yield error(f"{A}rollout.name={name}, and the {name} package is not installed here: verl imports it when it "
+                f"starts the rollout servers, after Ray and the actor's model",
+                ALT.join([*other, f"install {name} {how}"]))
 
 
 @rule("visible_gpus", kind="setup", phase="start-up", launching_only=True)

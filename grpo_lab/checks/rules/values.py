@@ -79,6 +79,16 @@ def value_range(c: Ctx) -> Iterable[Problem]:
             yield error(f"{key}={v!r} must be at least {lo:g}: {why}", f"{override_key(key)}={fix}")
 
 
+@rule("lora_rank_negative", kind="values", phase="compose")
+def lora_rank_negative(c: Ctx) -> Iterable[Problem]:
+    """verl 0.9.1 turns LoRA on for lora_rank > 0 only (workers/engine/fsdp/transformer_impl.py: _is_lora)."""
+    key = A + "model.lora_rank"
+    if is_kind(v := c.get(key), int) and v < 0:
+        yield error(f"{key}={v}: verl 0.9.1 turns LoRA on only when lora_rank > 0, so a negative rank trains the "
+                    f"whole model without a word. 0 says that (whole model); a positive rank is LoRA",
+                    ALT.join([f"{key}=0", f"{key}=64"]))
+
+
 @rule("learning_rate_zero", kind="values", phase="update")
 def learning_rate_zero(c: Ctx) -> Iterable[Problem]:
     """actor_lr=0: torch's AdamW takes it (it refuses only a negative rate) and verl runs every step, generation,
