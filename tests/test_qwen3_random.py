@@ -170,9 +170,9 @@ def test_preflight_plans_the_folder_and_report_says_random_weights(built, tmp_pa
     assert planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     head = proc.stdout.split("Batch arithmetic")[0]
     assert "random weights: memory and speed only" in head, proc.stdout[:2000]
-    assert f"params from {FOLDER}/config.json" in proc.stdout  # planned from the folder, not Qwen's hub facts
     job = cwd / "outputs" / "runs" / "q3"
     plan = json.loads((job / "plan.json").read_text())
+    assert plan["memory"]["architecture_source"] == f"{FOLDER}/config.json"  # the folder, not Qwen's hub facts
     assert plan["random_weights"].startswith("random weights: memory and speed only")
     assert plan["memory"]["architecture_source"] == f"{FOLDER}/config.json"
     rep = subprocess.run([sys.executable, "-m", "grpo_lab.after_run.report", str(job), "--no-plots"], cwd=cwd,

@@ -136,8 +136,8 @@ def test_presets_pass_the_preflight_through_run_py(preset, converted, tmp_path):
     proc = run_py(f"experiment={preset}", "hardware=h200x1", "preflight.only=true", f"model_path={converted[0]}",
                   f"train_file={data}/train.parquet", f"test_file={data}/test.parquet", f"hydra.run.dir={job}")
     assert planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"from {converted[0]}/config.json" in proc.stdout  # the planner read the converted model
     plan = json.loads((job / "plan.json").read_text())
+    assert plan["memory"]["architecture_source"] == f"{converted[0]}/config.json"  # the converted model planned
     assert not plan["errors"] and not [w for w in plan["warnings"] if w["rule"] == "model_arch_mismatch"]
     verl = yaml.safe_load((job / "verl_config.yaml").read_text())
     assert verl["reward"]["custom_reward_function"]["path"].endswith("grpo_lab/tasks/rewards/strict_format.py")
