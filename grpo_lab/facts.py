@@ -361,6 +361,23 @@ def machine_cpus() -> int:
     return n
 
 
+def installed_version(dist: str) -> tuple[int, ...] | None:
+    """The installed distribution's version as numbers (read from its metadata, nothing imported); None: absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version(dist)
+    except PackageNotFoundError:
+        return None
+    nums = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        nums.append(int(digits))
+    return tuple(nums)
+
+
 def module_available(name: str) -> bool:
     import importlib.util
 
@@ -385,6 +402,15 @@ def hf_cached_config(repo_id: str, environ: Mapping[str, str]) -> Path | None:
         return None
 
 
+CACHE_DIR_ENV = "GRPO_LAB_CACHE_DIR"  # grpo-lab's cache folder (verl's schema, prompt lengths); else ~/.cache/grpo-lab
+
+
+def cache_dir() -> Path:
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "grpo-lab"
+
 
 PROMPT_ROWS = 5000  # prompt lengths are measured on the first rows of the train files, at most this many
 
@@ -393,8 +419,6 @@ def prompt_lengths(tokenizer_dir: str, files: tuple[str, ...], key: str, kwargs:
     """Token lengths of the first PROMPT_ROWS prompts as verl's RLHFDataset measures them (the chat template with the
     generation prompt, utils/dataset/rl_dataset.py doc2len); None: the tokenizer or a file is not local. Kept on disk
     per version of the files (transformers' import alone takes seconds)."""
-    from grpo_lab.verl_schema.verl_cache import cache_dir
-
     tok = [os.path.join(tokenizer_dir, n) for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")]
     tok = [p for p in tok if os.path.isfile(p)]
     if not tok or tok[0].endswith(".jinja") or not all(f.endswith(".parquet") and os.path.isfile(f) for f in files):

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from grpo_lab.facts import ROOT, atomic_write
+from grpo_lab.facts import CACHE_DIR_ENV as DIR_ENV  # noqa: F401 (the tests set it)
+from grpo_lab.facts import ROOT, atomic_write, cache_dir
 
 ENV = "GRPO_LAB_VERL_CACHE"
-DIR_ENV = "GRPO_LAB_CACHE_DIR"
 # bump when what is stored changes
 FORMAT = 2
 CONFIG_NAME = "ppo_trainer"
@@ -49,13 +49,6 @@ def off() -> Iterator[None]:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = old
-
-
-def cache_dir() -> Path:
-    if os.environ.get(DIR_ENV):
-        return Path(os.environ[DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "grpo-lab"
 
 
 def _yaml_files(config_dir: str) -> list[str]:

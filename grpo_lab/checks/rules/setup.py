@@ -440,23 +440,6 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
                    f"plan's {gb:.2f} GB", pin)
 
 
-def _installed_version(dist: str) -> tuple[int, ...] | None:
-    """The installed distribution's version as numbers (read from its metadata, nothing imported); None: absent."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        v = version(dist)
-    except PackageNotFoundError:
-        return None
-    nums = []
-    for part in v.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        nums.append(int(digits))
-    return tuple(nums)
-
-
 # peft 0.21 selects an adapter's tensors by module path (tuners_utils._get_tuner_state_dict_key_prefixes); before, by
 # "lora_" in the key. See rule lora_fsdp1_adapter.
 PEFT_PATH_MATCH = (0, 21)
@@ -478,7 +461,7 @@ def lora_fsdp1_adapter(c: Ctx) -> Iterable[Problem]:
     verl 0.9.1 and peft 0.21.2 on one and two ranks (0 tensors; FSDP2: all of them); seen on the GPU test machine."""
     if not _fsdp1_lora_adapter(c):
         return
-    peft = _installed_version("peft")
+    peft = facts.installed_version("peft")
     if peft is None or peft < PEFT_PATH_MATCH:
         return
     lora = _lora_rank(c)
