@@ -17,6 +17,7 @@ from grpo_lab.checks.fit_moves import BY_ID, CONF, MOVES, RANK, REQUIRED, SPEED_
 from grpo_lab.checks.fit_text import override_strs
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan
+from grpo_lab.progress import progress
 from grpo_lab.verl_keys import get as _get
 
 # LoRA as conf/model/qwen3_8b_lora.yaml sets it; FSDP2: with FSDP1 verl 0.9.1 sends vLLM an empty adapter (peft >= 0.21)
@@ -97,11 +98,11 @@ def search(ctx: FitContext, start: State, *, combos: bool = True) -> tuple[State
     if combos:
         usable = [m for m in moves if not isinstance(m.choose(ctx, start.s), str)
                   or m.id in ("util", "micro")]  # util and micro-batches can become useful after other moves
-        for k in range(1, MAX_COMBO + 1):
-            for combo in itertools.combinations(usable, k):
-                st = _apply_combo(ctx, start, combo)
-                if st is not None and ctx.eval(st.s).fits:
-                    found.setdefault(tuple(sorted(st.values.items(), key=str)), st)
+        tried = [c for k in range(1, MAX_COMBO + 1) for c in itertools.combinations(usable, k)]
+        for combo in progress(tried, "searching settings that fit", unit="combinations"):
+            st = _apply_combo(ctx, start, combo)
+            if st is not None and ctx.eval(st.s).fits:
+                found.setdefault(tuple(sorted(st.values.items(), key=str)), st)
     g = _greedy(ctx, start, moves)
     if ctx.eval(g.s).fits:
         found.setdefault(tuple(sorted(g.values.items(), key=str)), g)

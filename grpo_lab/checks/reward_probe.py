@@ -109,6 +109,8 @@ def probe(path: str, name: str, reward_kwargs: Mapping[str, Any] | None, train_f
 
 
 def _run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    from grpo_lab.progress import waiting  # here, not at the top: the child runs this file without grpo_lab
+
     with tempfile.TemporaryDirectory(prefix="grpo-lab-reward-probe-") as tmp:
         spec_path, out_path, err_path = (os.path.join(tmp, n) for n in ("spec.json", "out.json", "stderr.txt"))
         with open(spec_path, "w") as fh:
@@ -119,7 +121,9 @@ def _run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
             proc = subprocess.Popen([sys.executable, "-c", code, spec_path, out_path], stdin=subprocess.DEVNULL,
                                     stdout=err, stderr=err, start_new_session=True)
             try:
-                rc = proc.wait(timeout=timeout)
+                with waiting(f"reward probe: {spec['name']} of {spec['file'] or spec['path']} still running "
+                             f"(gives up at {timeout:g} s)"):
+                    rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 return {"stage": "timeout", "timeout_s": timeout}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_lab import facts
 from grpo_lab.memory import timeplan
+from grpo_lab.progress import progress
 
 CONF = facts.ROOT / "conf"
 COMMAND = "make capacity"
@@ -144,7 +145,9 @@ def grid() -> tuple[list[Row], dict[str, str], dict[str, Any]]:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         configs = [(m, ()) for m in options("model")] + [FULL_8B]
-        table = {h: {c: row(c[0], h, c[1]) for c in configs} for h in options("hardware")}
+        pairs = [(h, c) for h in options("hardware") for c in configs]
+        rows = {(h, c): row(c[0], h, c[1]) for h, c in progress(pairs, COMMAND, unit="configs")}
+        table = {h: {c: rows[h, c] for c in configs} for h in options("hardware")}
         job = composed([])
     run = {"rows": job.lab.dataset.train_rows, "batch": job.get("data.train_batch_size"),
            "epochs": job.get("trainer.total_epochs"), "n": job.get("actor_rollout_ref.rollout.n"),

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from grpo_lab.progress import waiting
 from grpo_lab.tasks.tiny import chmod_default, publish
 
 FORMAT_VERSION = 1  # bump when what this module writes changes, so old folders are rebuilt
@@ -131,11 +132,12 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
-        n_params = sum(p.numel() for p in model.parameters())
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
+        with waiting(f"make smollm2: converting {gguf.name}"):
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+            n_params = sum(p.numel() for p in model.parameters())
+            model.save_pretrained(tmp, safe_serialization=True)
+            tok.save_pretrained(tmp)
         ids = fix_folder(tmp)
         (tmp / STAMP).write_text(json.dumps(settings, indent=2) + "\n")
         chmod_default(tmp)
