@@ -7,7 +7,9 @@
     make calibrate                                     # both calibrations, written
 
 A job is a folder under benchmarks/gpu/results/ with its verl_config.yaml and metrics.jsonl; jobs launched beside
-others (calibrate_memplan.side_by_side) are listed, not fitted. Each phase's verl timer (timing_s/*) of the steady
+others (calibrate_memplan.side_by_side) or sharing the card (their status.json intervals overlap, jobs_on_card) are not
+fitted; those sharing it give the plan's growth per extra job on the card (sharing_factor).
+Each phase's verl timer (timing_s/*) of the steady
 steps (2 on, validation taken out) is the physics of grpo_lab/memory/timeplan.py at the job's measured lengths plus
 seconds per count, fitted by non-negative least squares over the jobs. Start-up ("ready to fit") and the first
 validation come from the stamped logs (<job>.log.gz beside the folder, benchmarks/gpu/stamp.py). verl's fused log-prob
@@ -22,9 +24,11 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import statistics
 import sys
 import tempfile
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +93,35 @@ def startup_of(job: Path) -> dict[str, float] | None:
     return {"ready_s": m["ready to fit"], "step1_done_s": m.get("step 1 done")} if "ready to fit" in m else None
 
 
+def interval(job: Path) -> tuple[datetime, datetime] | None:
+    """When a job held the card, from its status.json: started to ended; a job cut off (no `ended`) to its stamped
+    log's last second, else to the end of time."""
+    f = job / "status.json"
+    st = json.loads(f.read_text()) if f.is_file() else {}
+    if not st.get("started"):
+        return None
+    start, log = datetime.fromisoformat(st["started"]), stamped_log(job)
+    if st.get("ended"):
+        return start, datetime.fromisoformat(st["ended"])
+    if log is not None:
+        text = (gzip.decompress(log.read_bytes()) if log.suffix == ".gz" else log.read_bytes()).decode(errors="replace")
+        stamps = [float(m) for m in re.findall(r"^\s*(\d+\.\d+) ", text, re.M)]
+        if stamps:
+            return start, start + timedelta(seconds=stamps[-1])
+    return start, datetime.max
+
+
+def jobs_on_card(job: Path, results: Path = RESULTS) -> int:
+    """The most jobs that held the card at once while this one did, itself included: the overlaps of the status.json
+    intervals in its results folder (results/<date>/...)."""
+    mine = interval(job)
+    if mine is None or not job.is_relative_to(results):
+        return 1
+    spans = [iv for f in (results / job.relative_to(results).parts[0]).rglob("status.json")
+             if (iv := interval(f.parent)) and iv[0] < mine[1] and mine[0] < iv[1]]
+    return max(sum(a <= t < b for a, b in spans) for t in [mine[0], *(a for a, _ in spans if a > mine[0])])
+
+
 def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     rows = steps_of(job)
     if not rows:
@@ -101,6 +134,7 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None
     s = settings_from_verl(verl, Lab.of({"hardware": {"gpu_memory_gb": real_gb}}))
     steady = [r for r in rows if r.get("training/global_step", 0) >= 2] or []
     out: dict[str, Any] = {"job": rel(job), "model": info["name"], "card": card.name, "side_by_side": side_by_side(job),
+                           "jobs_on_card": jobs_on_card(job),
                            "steps": len(rows), "steady_steps": len(steady), "fused": s.use_fused_kernels,
                            "update_tokens": s.update_tokens}
     if steady:
@@ -178,6 +212,27 @@ def fused_from_passes(coef: dict[str, dict[str, float]], results: Path = RESULTS
             "fused_chunks": {k: float(f"{statistics.median(v):.4g}") for k, v in per_pass.items()}}
 
 
+def planned_alone(per_step: list[dict[str, Any]], coef: dict[str, dict[str, float]]
+                  ) -> tuple[dict[str, float], float]:
+    """The plan of a job's steady steps at their own lengths, alone on the card: per phase (mean) and the step."""
+    preds = [timeplan.phase_seconds(p["features"], coef) for p in per_step]
+    pred = {ph: statistics.fmean(p[ph] for p in preds) for ph in timeplan.PHASES}
+    return {k: round(v, 2) for k, v in pred.items()}, round(sum(pred.values()), 2)
+
+
+def sharing_factor(shared: list[dict[str, Any]], coef: dict[str, dict[str, float]]) -> float:
+    """A step's growth per extra job on the card, (measured / planned alone - 1) / (jobs on the card - 1), the median
+    over the jobs that shared it; each job's row gets its plan alone and shared (timeplan.sharing)."""
+    for j in shared:
+        j["planned_alone_s"] = planned_alone(j.pop("per_step"), coef)[1]
+        j["growth_per_extra_job"] = round((j["step_s"] / j["planned_alone_s"] - 1) / (j["jobs_on_card"] - 1), 3)
+    k = round(statistics.median(j["growth_per_extra_job"] for j in shared), 3) if shared else 0.0
+    for j in shared:
+        j["planned_shared_s"] = round(j["planned_alone_s"] * (1 + k * (j["jobs_on_card"] - 1)), 2)
+        j["ratio"] = round(j["planned_shared_s"] / j["step_s"], 3)
+    return k
+
+
 def collect(results: Path = RESULTS) -> dict[str, Any]:
     facts = model_facts()
     jobs, beside = [], []
@@ -186,18 +241,17 @@ def collect(results: Path = RESULTS) -> dict[str, Any]:
         j = replay(d, facts)
         if j is None:
             continue
-        (beside if j["side_by_side"] else jobs).append(j)
+        (beside if j["side_by_side"] or j["jobs_on_card"] > 1 else jobs).append(j)
     steady = [j for j in jobs if "step_s" in j]
     coef = fit(steady)
     fused = fused_from_passes(coef, results)
     for phase, v in fused["fused_chunks"].items():  # where no full step with it was fitted
         coef[phase].setdefault("fused_chunks", v)
     for j in steady:
-        preds = [timeplan.phase_seconds(p["features"], coef) for p in j.pop("per_step")]
-        pred = {ph: statistics.fmean(p[ph] for p in preds) for ph in timeplan.PHASES}
-        j["predicted_s"] = {k: round(v, 2) for k, v in pred.items()}
-        j["predicted_step_s"] = round(sum(pred.values()), 2)
+        j["predicted_s"], j["predicted_step_s"] = planned_alone(j.pop("per_step"), coef)
         j["ratio"] = round(j["predicted_step_s"] / j["step_s"], 3)
+    shared = [j for j in beside if "step_s" in j and j["jobs_on_card"] > 1]
+    per_extra_job = sharing_factor(shared, coef)
     starts = [j["startup_s"] - j["load_s"] for j in jobs if "startup_s" in j]
     first_val = [j["first_validation_s"] - j.get("validation_s", 0.0) for j in jobs if "first_validation_s" in j]
     ratios = [j["ratio"] for j in steady]
@@ -220,6 +274,10 @@ def collect(results: Path = RESULTS) -> dict[str, Any]:
         if ratios else {},
         "jobs": jobs,
         "side_by_side_not_fitted": [j["job"] for j in beside],
+        # jobs sharing the card: a step planned alone x (1 + per_extra_job x the other jobs), timeplan.sharing
+        "sharing": {"per_extra_job": per_extra_job, "jobs": [
+            {k: j[k] for k in ("job", "model", "card", "jobs_on_card", "step_s", "planned_alone_s",
+                               "growth_per_extra_job", "planned_shared_s", "ratio")} for j in shared]},
     }
 
 
@@ -271,6 +329,16 @@ def render(result: dict[str, Any]) -> str:
                    f"{j['predicted_step_s']} | {j['ratio']} | " + " | ".join(cells) + " |")
     if outside(result):
         out += ["", "Outside the stated accuracy: " + "; ".join(outside(result)) + " (docs/time_plan.md, Accuracy)."]
+    sh = result.get("sharing") or {}
+    if sh.get("jobs"):
+        out += ["", "## Jobs sharing the card", "",
+                f"Runs whose status.json intervals overlap others' in their results folder (jobs on the card: the "
+                f"most at once while it ran). A plan of k jobs at once (hydra/launcher=side_by_side) takes a step "
+                f"planned alone x (1 + {sh['per_extra_job']} x (k - 1)): the median growth per extra job below.", "",
+                "| job | model | jobs on the card | measured s | planned alone s | growth per extra job | planned "
+                "shared s | ratio |", "|---" * 8 + "|"]
+        out += [f"| {j['job']} | {j['model']} | {j['jobs_on_card']} | {j['step_s']} | {j['planned_alone_s']} | "
+                f"{j['growth_per_extra_job']} | {j['planned_shared_s']} | {j['ratio']} |" for j in sh["jobs"]]
     if result["side_by_side_not_fitted"]:
         out += ["", "Launched beside other jobs (timings not evidence, not fitted): "
                 + ", ".join(result["side_by_side_not_fitted"]) + "."]

@@ -12,7 +12,7 @@ from conftest import ROOT, composed, planned
 
 from grpo_lab.checks.preflight import run_preflight
 from grpo_lab.checks.rules import Ctx, ids, run_rules
-from grpo_lab.memory import memplan
+from grpo_lab.memory import memplan, timeplan
 from grpo_lab.memory.run import Run
 
 MOE = ROOT / "tests" / "fixtures" / "synthetic" / "qwen3_30b_a3b"
@@ -403,23 +403,24 @@ def test_side_by_side_jobs_refused_when_three_vllm_shares_exceed_the_card(tmp_pa
 
 
 def test_side_by_side_jobs_that_no_vllm_share_fits_get_fewer_jobs_at_once(tmp_path):
-    """16 jobs at once: no vLLM share fits them (each job's training phase alone is 9.2 GB) and the host's RAM does
-    not hold them: each refusal prints the value that fits (fewer jobs at once), re-checked, never an empty `try:`;
-    the printed `fix all`, appended to the same command, passes."""
+    """n_jobs=16 on a sweep of 4 runs 4 at once: no vLLM share fits them on a 32 GB card (each job's weight sync alone
+    is 9.1 GB) and 40 GB of host RAM does not hold them: each refusal prints the value that fits (fewer jobs at once),
+    re-checked, never an empty `try:`; the printed `fix all`, appended to the same command, passes."""
     import re
 
     from conftest import run_py
 
     args = ["-m", "hydra/launcher=side_by_side", "experiment=learn_smollm2", "hardware=h200x1", "preflight.only=true",
-            "actor_lr=1e-6", "hydra.launcher.n_jobs=16"]
+            "actor_lr=1e-6,2e-6,3e-6,4e-6", "hydra.launcher.n_jobs=16", "lab.hardware.gpu_memory_gb=32",
+            "lab.hardware.host_ram_gb=40"]
     proc = run_py(*args, f"hydra.sweep.dir={tmp_path / 'a'}", timeout=300)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, text[-3000:]
     plan = json.loads((tmp_path / "a" / "job0" / "plan.json").read_text())
     gpu, ram = [e for e in plan["errors"] if e["rule"] == "side_by_side_jobs"]
-    assert "no vLLM share lets 16 fit" in gpu["message"] and "rollout_gpu_mem_util=0.4, 60.0 GB" in gpu["message"]
-    assert gpu["fix"] == "hydra.launcher.n_jobs=2" and "16 x 12.5 GB of host RAM" in ram["message"]
-    assert ram["fix"] == "hydra.launcher.n_jobs=10"
+    assert "runs up to 4 jobs at once" in gpu["message"] and "no vLLM share lets 4 fit" in gpu["message"]
+    assert gpu["fix"] == "hydra.launcher.n_jobs=1" and "4 x 12.5 GB of host RAM" in ram["message"]
+    assert ram["fix"] == "hydra.launcher.n_jobs=3"
     for e in (gpu, ram):
         assert e["checked"] == "re-checked: the preflight passes this rule with it"
     assert not re.search(r"try:\s*$", text, re.M), text[-3000:]
@@ -427,6 +428,31 @@ def test_side_by_side_jobs_that_no_vllm_share_fits_get_fewer_jobs_at_once(tmp_pa
     assert fix_all["passes"] and "hydra.launcher.n_jobs=" in fix_all["overrides"], fix_all
     again = run_py(*args, *fix_all["overrides"].split(), f"hydra.sweep.dir={tmp_path / 'b'}", timeout=300)
     assert planned(again), (again.stdout + again.stderr)[-3000:]
+
+
+def test_side_by_side_jobs_count_the_sweeps_jobs_and_plan_their_time_shared(tmp_path):
+    """n_jobs=4 on a sweep of 2 runs 2 at once (issue 44 item 5: it was refused for 4): 2 x 63.8 GB fits the card;
+    the time plan says the card is shared and scales the step by the calibration's growth per extra job."""
+    from conftest import run_py
+
+    args = ["-m", "hydra/launcher=side_by_side", "experiment=learn_smollm2", "hardware=h200x1", "preflight.only=true",
+            "actor_lr=1e-6,3e-6", "hydra.launcher.n_jobs=4"]
+    proc = run_py(*args, f"hydra.sweep.dir={tmp_path / 'a'}", timeout=300)
+    assert planned(proc), (proc.stdout + proc.stderr)[-3000:]
+    alone = run_py("experiment=learn_smollm2", "hardware=h200x1", "preflight.only=true", "actor_lr=1e-6",
+                   f"hydra.run.dir={tmp_path / 'alone'}")
+    solo = json.loads((tmp_path / "alone" / "plan.json").read_text())["time"]
+    k = timeplan.table()["sharing"]["per_extra_job"]
+    for plan in (json.loads(p.read_text()) for p in sorted((tmp_path / "a").glob("job*/plan.json"))):
+        assert not [e for e in plan["errors"] if e["rule"] == "side_by_side_jobs"], plan["errors"]
+        t = plan["time"]
+        assert t["sharing"]["jobs_on_card"] == 2 and t["sharing"]["factor"] == pytest.approx(1 + k, abs=1e-3)
+        assert t["step_s"] == pytest.approx(solo["step_s"] * (1 + k), abs=0.3) and solo["sharing"] is None
+        assert "recorded runs that shared the card" in t["sharing"]["source"]
+    assert planned(alone) and f"a step {t['step_s']:.0f} s" in proc.stdout
+    # the recorded side-by-side sweep of the README (three jobs on one H200) is planned within 25% of its steps
+    rows = [j for j in timeplan.table()["sharing"]["jobs"] if "2026-12-03-smollm2-lr-sweep" in j["job"]]
+    assert len(rows) == 3 and all(j["jobs_on_card"] == 3 and abs(j["ratio"] - 1) <= 0.25 for j in rows), rows
 
 
 def test_side_by_side_jobs_with_a_fifth_each_run_at_once(tmp_path):

@@ -15,6 +15,7 @@ from conftest import ROOT, run_module
 
 from grpo_lab.after_run import metrics as M
 from grpo_lab.after_run import report as R
+from grpo_lab.after_run import report_checks as RC
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
@@ -532,3 +533,26 @@ def test_a_steps_validation_is_taken_out_only_where_the_steps_timer_holds_it():
     # a trainer that validates inside the step's timer: the step is its phases plus the validation (constructed row)
     inside = {**rows[2], "timing_s/step": rows[2]["timing_s/step"] + rows[2]["timing_s/testing"]}
     assert M.step_less_validation(inside) == pytest.approx(rows[2]["timing_s/step"])
+
+
+def test_rollout_probs_diff_threshold_comes_from_the_recorded_runs_and_names_the_card_only_when_it_is_the_cause(
+        tmp_path):
+    """Issue 44 item 10: every SmolLM2 run on the H100/H200 test cards measures 0.0073-0.0085, above verl's FAQ
+    figure (0.005); the report warns 20% above the largest recorded steady value and blames the card only off Hopper."""
+    top, job = RC.recorded_probs_diff()
+    assert 0.0073 <= top <= 0.009 and (ROOT / job / "metrics.jsonl").is_file()
+    warn, bad, source = RC.probs_diff_thresholds()
+    assert warn == round(top * 1.2, 4) and bad == 2 * warn and job in source
+    for recorded in RECORDED_JOBS:  # all on Hopper cards: none warns
+        c = _recorded_report(recorded)["training/rollout_probs_diff_mean"]
+        assert c["status"] == "ok" and f"below {RC._fmt(warn)}" in c["message"], (recorded, c)
+    n = 6
+    curves = {**synth.healthy_curves(n), "training/rollout_probs_diff_mean": lambda s: 1.5 * warn}
+    lines = synth.metrics_lines(n, curves)
+    for card, named in (("NVIDIA GeForce RTX 4080", True), ("NVIDIA H100 80GB HBM3", False)):
+        d = synth.write_job(tmp_path / card.replace(" ", "_"), lines=lines,
+                            hydra={"lab": {"hardware": {"gpu_name": card}}})
+        c = _recorded_report(d)["training/rollout_probs_diff_mean"]
+        assert c["status"] == "warn", c
+        assert (f"non-Hopper card ({card}" in c["message"]) == named, c
+        assert ("long outputs or bf16 vs fp32 logits" in c["message"]) != named, c

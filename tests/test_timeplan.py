@@ -51,6 +51,10 @@ def test_the_recorded_table_is_what_the_recorded_runs_fit_today(refit):
     fitted = [j for j in res["jobs"] if "ratio" in j]
     assert len(fitted) >= 9 and not any(j["side_by_side"] for j in fitted)
     assert any(j.endswith("side_by_side/p17") for j in res["side_by_side_not_fitted"])  # listed, not fitted
+    # runs that shared the card (status.json intervals overlap in their results folder) are not fitted as solo
+    variants = [j for j in res["sharing"]["jobs"] if "smollm2-variants-lora/variants_" in j["job"]]
+    assert len(variants) == 3 and all(j["jobs_on_card"] > 1 for j in variants)
+    assert not any("variants_" in j["job"] for j in fitted) and res["accuracy"]["runs"] == len(fitted)
     # 2026-12-04's solo runs (the same job, two settings): each within the stated 25%, and the plan off by the same
     # share on both (within 5%), so the difference between the settings is planned as measured
     pair = []

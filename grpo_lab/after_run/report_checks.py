@@ -3,6 +3,8 @@ from a job's `RunInfo` (grpo_lab/after_run/run_info.py); `run_checks` runs them 
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -26,7 +28,9 @@ PPO_KL_WARN, PPO_KL_BAD = 0.05, 0.20
 ENTROPY_FLOOR = 0.05  # nats: "fell to zero"
 ENTROPY_RATIO_WARN, ENTROPY_RATIO_BAD = 0.6, 0.3  # end / start
 MEM_WARN, MEM_BAD = 0.85, 0.95  # of the card
-PROBS_DIFF_WARN, PROBS_DIFF_BAD = 0.005, 0.01  # verl FAQ: rollout vs training precision
+PROBS_DIFF_MARGIN = 0.2  # warn this share above the largest steady value of the recorded runs (recorded_probs_diff)
+PROBS_DIFF_FAQ = 0.005  # verl's FAQ (rollout vs training precision): the threshold where no run is recorded
+RECORDED = facts.ROOT / "benchmarks" / "gpu" / "results"
 KV_SHORT = 0.5  # vLLM's measured KV cache below this share of the plan's: something else took the memory
 PLAN_OFF = 0.15  # a measured peak further than this from the preflight's plan is flagged, with both numbers
 GIB_GB = 2**30 / 1e9  # verl and vLLM print GiB (verl labels them "GB"); the plan counts 1e9 bytes
@@ -473,20 +477,50 @@ def _planned_allocator(plan: dict[str, Any], steps: int) -> tuple[float | None, 
                   "replays recorded jobs with today's plan)")
 
 
+@functools.cache
+def recorded_probs_diff() -> tuple[float, str]:
+    """The largest training/rollout_probs_diff_mean of a steady step (2 on) in the recorded runs' metrics.jsonl
+    (benchmarks/gpu/results; all on Hopper cards), and its job; (0, "") where none is here."""
+    best = (0.0, "")
+    for f in sorted(RECORDED.rglob("metrics.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short when the job was killed
+            v = M.finite_float((row.get("data") or {}).get("training/rollout_probs_diff_mean"))
+            if v is not None and (row.get("step") or 0) >= 2 and v > best[0]:
+                best = (v, str(f.parent.relative_to(facts.ROOT)))
+    return best
+
+
+def probs_diff_thresholds() -> tuple[float, float, str]:
+    """(warn, bad, where warn comes from): PROBS_DIFF_MARGIN above the largest recorded steady value, bad twice it."""
+    top, job = recorded_probs_diff()
+    if not top:
+        return PROBS_DIFF_FAQ, 2 * PROBS_DIFF_FAQ, "verl's FAQ"
+    warn = round(top * (1 + PROBS_DIFF_MARGIN), 4)
+    return warn, 2 * warn, f"{PROBS_DIFF_MARGIN:.0%} above the largest recorded steady value, {top:.4f} ({job})"
+
+
 def check_rollout_precision(run: RunInfo) -> Check | None:
     metric = "training/rollout_probs_diff_mean"
     s = M.train_series(run.df, metric)
     if s.empty:
         return None
     v = float(s.abs().max())
-    msg = f"max {_fmt(v)} (vLLM vs training token probabilities)"
-    fix = (" A precision mismatch between vLLM and training (verl's FAQ: non-Hopper GPUs, long outputs): try "
-           "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_cascade_attn=true.")
-    if v > PROBS_DIFF_BAD:
-        return Check(metric, BAD, msg + ": above 0.01." + fix)
-    if v > PROBS_DIFF_WARN:
-        return Check(metric, WARN, msg + ": above 0.005." + fix)
-    return Check(metric, OK, msg + ": below 0.005.")
+    warn, bad, source = probs_diff_thresholds()
+    msg = f"max {_fmt(v)} (vLLM vs training token probabilities; warn above {_fmt(warn)}: {source})"
+    card = str(run.lab.hardware.gpu_name or _get(run.plan, "time.card.name") or "")
+    hopper = bool(re.search(r"H(100|200|800|20)\b", card))
+    cause = (f"a precision mismatch on a non-Hopper card ({card}; verl's FAQ)" if card and not hopper else
+             "on a Hopper card, long outputs or bf16 vs fp32 logits between vLLM and training (verl's FAQ)")
+    fix = f" The likely cause: {cause}: try +actor_rollout_ref.rollout.engine_kwargs.vllm.disable_cascade_attn=true."
+    if v > bad:
+        return Check(metric, BAD, msg + f": above {_fmt(bad)}." + fix)
+    if v > warn:
+        return Check(metric, WARN, msg + f": above {_fmt(warn)}." + fix)
+    return Check(metric, OK, msg + f": below {_fmt(warn)}.")
 
 
 # vLLM's worker and engine lines (vllm/v1/worker/gpu_worker.py, v1/core/kv_cache_utils.py), printed at INFO

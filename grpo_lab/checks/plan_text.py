@@ -210,6 +210,10 @@ def _time(t: dict[str, Any], verbose: bool) -> list[str]:
     ph, a = t["phases_s"], t["assumed"]
     out = [f"Time plan ({t['card']['name']}: {t['card']['scaled'] or 'measured on this card'})",
            f"  steady step {t['step_s']:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in ph.items())]
+    if t.get("sharing"):
+        sh = t["sharing"]
+        out.append(f"  shared by {sh['jobs_on_card']} jobs at once on the card (hydra/launcher=side_by_side): steps "
+                   f"and validations x{sh['factor']:g} of alone ({sh['source']})")
     validations = f", {t['validations']} validation(s) of {t['validation_s']:.0f} s" if t["validations"] else ""
     if not verbose:
         run = (f"{t['steps']} steps -> {timeplan.duration(t['run_s'])}" if t["steps"] else "steps unknown")

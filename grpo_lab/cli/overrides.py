@@ -44,6 +44,15 @@ class CommandLine:
     def keys(self) -> set[str]:
         return {o.key_or_group for o in self.overrides}
 
+    def sweep_points(self) -> int | None:
+        """How many jobs Hydra's basic sweeper makes of these overrides (None: a sweep it cannot count here)."""
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        try:
+            return len(BasicSweeper.split_arguments([*self.overrides, *parse_overrides(self.env)], None)[0])
+        except Exception:  # noqa: BLE001 - Hydra refuses it itself, with its own message
+            return None
+
     @property
     def only_prints(self) -> bool:
         """Hydra only prints (--cfg, --info, --help, --hydra-help): no job runs, so no run folder is made."""

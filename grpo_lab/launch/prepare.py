@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -127,8 +128,9 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
         # each sweep job its own checkpoints, so that none resumes from a sibling's
         ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(job.override_dirname))
         put(verl, "trainer.default_local_dir", ckpt)
-        # hydra/launcher=side_by_side: up to n_jobs jobs share the GPUs and the host (rule side_by_side_jobs)
-        lab.side_by_side_jobs = side_by_side_jobs(HydraConfig.get().launcher)
+        # hydra/launcher=side_by_side: min(n_jobs, the sweep's jobs) share the GPUs and host (rule side_by_side_jobs)
+        points = job.cli.sweep_points() if job.cli is not None else None
+        lab.side_by_side_jobs = min(side_by_side_jobs(HydraConfig.get().launcher), points or sys.maxsize)
     layers = job_layers(job.cli.env_names if job.cli is not None else None)
     # the user's micro-batch size wins over our dynamic batching default (`settle` below; rule
     # micro_batch_explicit reports it)

@@ -113,7 +113,8 @@ def run_shape(read: Keys, lab: Lab, batch: Mapping[str, Any], s: Settings) -> ti
     return timeplan.RunShape(steps=timeplan.int_or(steps, 0), prompt_tokens=prompt, prompt_source=source,
                              val_rows=val_rows, val_n=timeplan.int_or(read(A + "rollout.val_kwargs.n", 1), 1),
                              test_freq=timeplan.int_or(read("trainer.test_freq", -1), -1),
-                             val_before_train=bool(read("trainer.val_before_train", True)))
+                             val_before_train=bool(read("trainer.val_before_train", True)),
+                             jobs_on_card=timeplan.int_or(lab.side_by_side_jobs, 1))
 
 
 def planned_kv_bytes(memory: Mapping[str, Any]) -> int | None:

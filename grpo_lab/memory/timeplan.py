@@ -214,6 +214,18 @@ class RunShape:
     val_n: int = 1
     test_freq: int = -1
     val_before_train: bool = True
+    jobs_on_card: int = 1  # hydra/launcher=side_by_side: jobs sharing the card at once (lab.side_by_side_jobs)
+
+
+def sharing(jobs: int, cal: dict[str, Any]) -> dict[str, Any] | None:
+    """Jobs sharing the card: a step's growth, 1 + the calibration's fitted growth per extra job x the other jobs."""
+    if jobs <= 1:
+        return None
+    fit = cal.get("sharing") or {}
+    k = float(fit.get("per_extra_job") or 0.0)
+    return {"jobs_on_card": jobs, "factor": round(1 + k * (jobs - 1), 3), "per_extra_job": k,
+            "source": f"+{k:g} a step per extra job: the median over {len(fit.get('jobs') or [])} recorded runs that "
+                      f"shared the card ({TABLE_MD})"}
 
 
 def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[str, Any] | None = None
@@ -225,7 +237,8 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     resp = float(s.max_response_length)
     w = Work(s.train_batch_size * s.rollout_n / n, shape.prompt_tokens, resp, resp)
     feats = features(arch, s, w, card)
-    phases = phase_seconds(feats, coef)
+    shared = sharing(shape.jobs_on_card, cal)
+    phases = {k: v * (shared["factor"] if shared else 1.0) for k, v in phase_seconds(feats, coef).items()}
     step = sum(phases.values())
     first = step + float(cal.get("first_step_extra_s", 0.0))
     load_s = 3 * 2.0 * arch.params() / (DISK_GB_S * 1e9)
@@ -235,7 +248,7 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
         sv = replace(s, train_batch_size=shape.val_rows, rollout_n=shape.val_n)  # verl validates the whole file
         vw = Work(shape.val_rows * shape.val_n / n, shape.prompt_tokens, resp, resp)
         val_s = phase_seconds({"generation": features(arch, sv, vw, card)["generation"]}, coef)["generation"]
-        val_s += float(cal.get("validation_extra_s", 0.0))
+        val_s = val_s * (shared["factor"] if shared else 1.0) + float(cal.get("validation_extra_s", 0.0))
         if shape.test_freq and shape.test_freq > 0:
             validations = shape.steps // shape.test_freq
         validations += 1 if shape.val_before_train else 0
@@ -269,6 +282,7 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
                     "response_tokens": int(resp), "tokens_per_gpu_per_step": int(w.tokens),
                     "generation_waves": feats["generation"]["waves"], "per_token_log_prob_loop": per_token_loop(s)},
         "card": {"name": card.name, "scaled": card.scaled},
+        "sharing": shared,  # None alone on the card
         "not_measured": unmeasured,
         "accuracy": cal.get("accuracy") or {},
     }
