@@ -46,10 +46,10 @@ class CommandLine:
 
     def sweep_points(self) -> int | None:
         """How many jobs Hydra's basic sweeper makes of these overrides (None: a sweep it cannot count here)."""
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from grpo_lab.verl_schema.hydra_internals import sweep_jobs
 
         try:
-            return len(BasicSweeper.split_arguments([*self.overrides, *parse_overrides(self.env)], None)[0])
+            return sweep_jobs([*self.overrides, *parse_overrides(self.env)])
         except Exception:  # noqa: BLE001 - Hydra refuses it itself, with its own message
             return None
 

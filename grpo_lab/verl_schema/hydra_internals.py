@@ -59,6 +59,13 @@ def compose_folder(config_dir: str, config_name: str) -> Any:
     return loader.load_configuration(config_name=config_name, overrides=[], run_mode=RunMode.RUN)
 
 
+def sweep_jobs(overrides: list[Any]) -> int:
+    """How many jobs Hydra's basic sweeper makes of these parsed overrides (its own expansion of a sweep)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return len(BasicSweeper.split_arguments(overrides, None)[0])
+
+
 def args_parser() -> Any:
     """The argparse parser @hydra.main parses its command line with (--cfg, -m, --info, overrides, ...)."""
     from hydra._internal.utils import get_args_parser
