@@ -135,12 +135,12 @@ def plan(checked: Checked, job: Job) -> str:
     report = checked.report
     if job.multirun:  # a sweep's plan: check printed its line
         return "planned"
-    print(f"grpo-lab: preflight only: plan written to {job.dir}/plan.json; nothing was started.")
+    written = f"grpo-lab: preflight only: plan written to {job.dir}/plan.json; nothing was started"
     if not report.ready:
-        print(f"grpo-lab: the plan holds, but the run cannot start on this machine: {len(report.not_ready)} "
+        print(f"{written}; the plan holds, but the run cannot start on this machine: {len(report.not_ready)} "
               f"thing(s) under \"Not ready to launch here\" above (exit code {NOT_READY_EXIT}).")
-    elif not job.multirun:
-        print(f"next: {next_command(job.cli)}")
+    else:
+        print(f"{written}.\nnext: {next_command(job.cli)}")
     return "planned"
 
 
