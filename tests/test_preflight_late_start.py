@@ -103,7 +103,8 @@ def test_a_rollout_engine_not_installed_is_not_ready_here_and_refused_at_launch(
     assert not facts.module_available("sglang")
     rc, p, text = plan(tmp_path, "rollout=sglang_tp1_mem04")
     (n,) = [n for n in p["not_ready_here"] if n["rule"] == "rollout_engine_missing"]
-    assert rc == NOT_READY_EXIT and "[rollout_engine_missing]" in text.splitlines()[-3], text[-3000:]
+    verdict = next(line for line in text.splitlines() if line.startswith("preflight: "))
+    assert rc == NOT_READY_EXIT and "[rollout_engine_missing]" in verdict, text[-3000:]
     assert "rollout.name=sglang, and the sglang package is not installed here" in n["message"]
     assert n["command"].endswith("install sglang as docs/sglang.md says")
     r = run_preflight(Run.build(*composed("rollout=sglang_tp1_mem04"), {}), launching=True)
