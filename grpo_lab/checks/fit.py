@@ -45,7 +45,7 @@ from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to cle
 from grpo_lab.cli.apply import apply_overrides
 from grpo_lab.cli.apply import groups as _conf_groups
 from grpo_lab.memory import engines, memplan, timeplan
-from grpo_lab.memory.run import Run, run_shape
+from grpo_lab.memory.run import Run
 from grpo_lab.verl_keys import get as _get
 from grpo_lab.verl_keys import put as _put
 from grpo_lab.verl_keys import thaw
@@ -126,7 +126,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     if best is None and s0.lora_rank == 0:
         lora_best, lfound = search(ctx, lora_start(start))
         found = lfound
-    card, shape = timeplan.Card.of(lab.hardware), run_shape(run.keys, lab, run.batch, s0)
+    card, shape = timeplan.Card.of(lab.hardware), run.shape  # the Run's (every case that plans nothing raised above)
 
     steps: dict[str, float] = {}
 
