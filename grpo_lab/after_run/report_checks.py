@@ -4,7 +4,6 @@ from a job's `RunInfo` (grpo_lab/after_run/run_info.py); `run_checks` runs them 
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -483,14 +482,9 @@ def recorded_probs_diff() -> tuple[float, str]:
     (benchmarks/gpu/results; all on Hopper cards), and its job; (0, "") where none is here."""
     best = (0.0, "")
     for f in sorted(RECORDED.rglob("metrics.jsonl")):
-        for line in f.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut short when the job was killed
-            v = M.finite_float((row.get("data") or {}).get("training/rollout_probs_diff_mean"))
-            if v is not None and (row.get("step") or 0) >= 2 and v > best[0]:
-                best = (v, str(f.parent.relative_to(facts.ROOT)))
+        steady = M.train_series(M.read_metrics(f.parent), "training/rollout_probs_diff_mean").loc[2:]
+        if len(steady) and steady.max() > best[0]:
+            best = (float(steady.max()), str(f.parent.relative_to(facts.ROOT)))
     return best
 
 
