@@ -157,7 +157,7 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None
     st = startup_of(job)
     if st:
         out["startup_s"] = round(st["ready_s"], 1)
-        out["load_s"] = round(3 * 2.0 * arch.params() / (timeplan.DISK_GB_S * 1e9), 2)
+        out["load_s"] = round(3 * 2.0 * arch.params / (timeplan.DISK_GB_S * 1e9), 2)
         if st["step1_done_s"] and verl.get("trainer", {}).get("val_before_train", True):
             out["first_validation_s"] = round(st["step1_done_s"] - st["ready_s"] - float(rows[0]["timing_s/step"]), 1)
     tests = [float(r["timing_s/testing"]) for r in rows if "timing_s/testing" in r]

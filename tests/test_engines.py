@@ -54,7 +54,7 @@ def test_sglang_plan_uses_free_memory_at_engine_start():
     assert s.rollout_engine == "sglang" and s.tp == 1 and s.gpu_memory_utilization == 0.4
     # on the card when the engine starts: the actor's fp32 parameter shard (AdamW's moments come at the first step)
     # and the two CUDA contexts
-    at_start = 4 * arch.params() / 4 / 1e9 + memplan.TRAINER_CUDA_CONTEXT_GB + memplan.VLLM_CUDA_CONTEXT_GB
+    at_start = 4 * arch.params / 4 / 1e9 + memplan.TRAINER_CUDA_CONTEXT_GB + memplan.VLLM_CUDA_CONTEXT_GB
     assert at_start == pytest.approx(3.87, abs=0.01)  # Qwen3-1.7B over 4 cards: 1.72 GB + 1.25 + 0.9
     kv = plan["kv_cache"]
     # of the card's real bytes (a "32 GB" card: 32 GiB as CUDA reports it, 34.36e9 bytes)
@@ -87,7 +87,7 @@ def test_offloading_the_actor_grows_sglangs_budget_not_vllms():
     off = replace(s, param_offload=True)
     g_on = memplan.kv_cache(arch, s)["budget_gb"]
     g_off = memplan.kv_cache(arch, off)["budget_gb"]
-    assert g_off == pytest.approx(g_on + 0.4 * 4 * arch.params() / 4 / 1e9, abs=0.02)
+    assert g_off == pytest.approx(g_on + 0.4 * 4 * arch.params / 4 / 1e9, abs=0.02)
     v = replace(s, rollout_engine="vllm")
     assert memplan.kv_cache(arch, v)["budget_gb"] == memplan.kv_cache(arch, replace(v, param_offload=True))["budget_gb"]
 

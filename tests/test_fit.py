@@ -122,7 +122,7 @@ def test_the_course_machine_4b_gets_the_fastest_fit_and_the_guides_first_choice_
     s0 = settings_from_verl(verl, lab)
     ctx = F.FitContext(memplan.Arch.from_mapping(asdict(lab.model)), s0, lab)
     cost = F.cost_words(ctx, "opt_offload", s0, replace(s0, optimizer_offload=True))
-    adam_gb = 8 * memplan.Arch.from_mapping(asdict(lab.model)).params() / 4 / 1e9
+    adam_gb = 8 * memplan.Arch.from_mapping(asdict(lab.model)).params / 4 / 1e9
     assert f"{adam_gb:.2f} GB per card" in cost and "25 GB/s" in cost
     assert f"about {2 * adam_gb / 25:.1f} s more per step" in cost
 

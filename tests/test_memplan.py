@@ -35,11 +35,11 @@ def base_settings(**kw) -> Settings:
 
 def test_parameter_counts_come_from_the_architecture():
     # Qwen3's published sizes: 0.6B (596M with tied embeddings), 1.7B (1.72B), 4B (4.02B), 8B (8.19B)
-    assert QWEN3_1_7B.params() == pytest.approx(1.7205e9, rel=2e-3)
+    assert QWEN3_1_7B.params == pytest.approx(1.7205e9, rel=2e-3)
     v, lab = composed("model=qwen3_8b_lora")
-    assert Arch.from_mapping(asdict(lab.model)).params() == pytest.approx(8.19e9, rel=5e-3)
+    assert Arch.from_mapping(asdict(lab.model)).params == pytest.approx(8.19e9, rel=5e-3)
     untied = replace(QWEN3_1_7B, tie_word_embeddings=False)
-    assert untied.params() - QWEN3_1_7B.params() == 151936 * 2048
+    assert untied.params - QWEN3_1_7B.params == 151936 * 2048
 
 
 @pytest.mark.parametrize("model,guide_gb", [("qwen3_0_6b", 2.5), ("qwen3_1_7b", 7.0), ("qwen3_4b", 16.0)])
@@ -89,20 +89,20 @@ def test_plan_json_keys_the_issue_names():
 
 def test_kv_cache_bytes_per_token_and_waves():
     a = QWEN3_1_7B
-    assert a.kv_bytes_per_token() == 2 * 28 * 8 * 128 * 2
+    assert a.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
     s = base_settings()
     kv = memplan.kv_cache(a, s)
     # vLLM takes util x the card's real bytes: a "32 GB" card is 32 GiB as CUDA reports it
     free = (0.4 * 32 * 2**30 - memplan.vllm_weights(a, s) - memplan.vllm_activation(a, s)
             - memplan.VLLM_CUDAGRAPH_GB * 1e9)
-    assert kv["tokens"] == int(free // a.kv_bytes_per_token())
+    assert kv["tokens"] == int(free // a.kv_bytes_per_token)
     assert kv["budget_gb"] == round(0.4 * 32 * 2**30 / 1e9, 2) == 13.74
     assert kv["sequences"] == kv["tokens"] // 1536
     assert kv["replicas"] == 4 and kv["trajectories_per_replica"] == 160
     assert kv["waves"] == -(-160 // min(kv["sequences"], 256))
     # TP 2 halves the KV bytes per token on each GPU and the number of replicas
     kv2 = memplan.kv_cache(a, replace(s, tp=2))
-    assert kv2["bytes_per_token"] == a.kv_bytes_per_token() / 2 and kv2["replicas"] == 2
+    assert kv2["bytes_per_token"] == a.kv_bytes_per_token / 2 and kv2["replicas"] == 2
 
 
 def test_vllm_max_model_len_defaults_to_the_models_context():

@@ -260,8 +260,8 @@ def test_moe_fixture_counts_total_and_active_parameters():
 
     arch = memplan.Arch.from_mapping(json.loads((MOE / "config.json").read_text()))
     assert arch.is_moe and arch.sparse_layers == 48
-    assert arch.params() / 1e9 == pytest.approx(30.5, abs=0.15)
-    assert arch.active_params() / 1e9 == pytest.approx(3.3, abs=0.1)
+    assert arch.params / 1e9 == pytest.approx(30.5, abs=0.15)
+    assert arch.active_params / 1e9 == pytest.approx(3.3, abs=0.1)
     assert arch.active_intermediate == 8 * 768
 
 

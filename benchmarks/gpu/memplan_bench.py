@@ -87,7 +87,7 @@ def predicted(arch: memplan.Arch, row: dict, args, card_gb: float) -> dict:
         "opt_step": memplan.optimizer_step_bytes(arch, s) + cublas,
         "resident": memplan.resident_between_phases(arch, s) + cublas,
         "log_prob": sum(memplan.training_subphases(arch, s)["old_log_prob"].values()),
-        "params": arch.params(),
+        "params": arch.params,
         "actor_state": st.total,
     }
 
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             arch = load_arch(row["model"])
             pred = predicted(arch, row, args, card_gb)
             meas = measure(arch, row, args)
-            r = {**row, "params": arch.params(), "tokens": args.tokens, "predicted": pred, **meas}
+            r = {**row, "params": arch.params, "tokens": args.tokens, "predicted": pred, **meas}
             results.append(r)
             print(f"{row['model']} gc={row['gc']} offload={row['offload']}: "
                   + ", ".join(f"{k} {v / GIB:.2f} GiB (pred {pred[k] / GIB:.2f})" if v is not None else f"{k} -"

@@ -70,14 +70,14 @@ class FitContext:
             return hit
         self.evaluations += 1
         arch, card = self.arch, s.card_gb
-        peaks, verdicts, over = {}, {}, 0.0
-        for ph in PHASES:
-            peak, verdict = memplan.phase_result(arch, s, ph)
-            peaks[ph], verdicts[ph] = peak, verdict
+        plan, judged = memplan.assess(arch, s)
+        peaks = {ph: plan.peak_gb(ph) for ph in PHASES}
+        verdicts, over = {ph: judged[ph] for ph in PHASES}, 0.0
+        for ph, peak in peaks.items():
             cap = card if ph != "host_ram" else float(s.host_ram_gb or 0)
             if cap:
                 over += max(0.0, peak - MARGIN * cap)
-        kv = memplan.kv_cache(arch, s)
+        kv = plan.kv
         if not kv["fits_max_model_len"]:
             over += (kv["max_model_len"] - max(0, kv["tokens"])) * kv["bytes_per_token"] / GB + 0.01
         e = Eval(peaks, verdicts, over)

@@ -241,20 +241,20 @@ def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lo
                          + " ".join(override_strs(lora_fits.values, None)))
         else:
             lines.append("LoRA: does not fit either on these cards")
-    cur = ctx.arch.params()
+    cur = ctx.arch.params
     smaller = []
     for name, m in _model_options():
         mm = asdict(Lab.of(m.get("lab")).model)
         if not mm["hub_id"] or any(mm[k] is None for k in memplan.Arch.FIELDS):
             continue
         arch = memplan.Arch.from_mapping(mm, source=name)
-        if arch.params() >= cur:
+        if arch.params >= cur:
             continue
         rank = int(_get(m, A + "model.lora_rank", 0) or 0)
         s2 = replace(s, lora_rank=rank)
         best = fits_with(ctx, s2, arch)
         if best is not None:
-            smaller.append((arch.params(), name, best))
+            smaller.append((arch.params, name, best))
     if smaller:
         smaller.sort(key=lambda x: (-x[0], x[1]))
         p, name, best = smaller[0]

@@ -111,7 +111,7 @@ def lora_words(arch: memplan.Arch, rank: int, targets: Any) -> str:
     """What switching to LoRA costs: the fit's words for its LoRA change, and the preflight's for a fix that does."""
     n = arch.lora_params(rank, targets)
     return (f"CHANGES WHAT IS TRAINED: rank-{rank} adapters on every linear layer, "
-            f"{n / 1e6:.0f}M trainable parameters ({100 * n / arch.params():.1f}% of {arch.params() / 1e9:.1f}B) "
+            f"{n / 1e6:.0f}M trainable parameters ({100 * n / arch.params:.1f}% of {arch.params / 1e9:.1f}B) "
             f"instead of the whole model; the base stays frozen. Learning differs from full fine-tuning: verl's "
             f"LoRA examples use a larger learning rate (conf/model/qwen3_8b_lora.yaml: actor_lr=3e-6)")
 

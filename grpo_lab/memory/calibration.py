@@ -41,7 +41,7 @@ def size_class(params: float) -> str:
 
 def regime_of(arch: Any, s: Any) -> str:
     """The regime of a plan: one GPU or several, size class, engine, then what sets it apart (LoRA, MoE, FSDP2)."""
-    parts = ["one GPU" if s.n_gpus == 1 else "several GPUs", size_class(arch.params()),
+    parts = ["one GPU" if s.n_gpus == 1 else "several GPUs", size_class(arch.params),
              "SGLang" if str(s.rollout_engine).lower() == "sglang" else "vLLM"]
     if s.lora_rank > 0:
         parts.append("LoRA")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -19,7 +20,7 @@ class Arch:
 
     Mixture of experts (Qwen3-MoE's config.json: num_experts, num_experts_per_tok, moe_intermediate_size,
     decoder_sparse_step, mlp_only_layers): a sparse layer holds num_experts SwiGLU experts and a router; every expert
-    is a parameter, so weights, gradients, Adam state and vLLM's weights count them all (`params()`), while a token
+    is a parameter, so weights, gradients, Adam state and vLLM's weights count them all (`params`), while a token
     passes through num_experts_per_tok of them, so activations use the active width (`active_intermediate`).
     """
 
@@ -70,7 +71,7 @@ class Arch:
     def is_moe(self) -> bool:
         return self.num_experts > 0 and self.sparse_layers > 0
 
-    # ---- parameter counts ----
+    # ---- parameter counts (computed once per architecture: the plans and make fit's search read them often) ----
     def linear_shapes(self, intermediate: int | None = None) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear layer of one decoder layer (of one expert's MLP for a sparse layer)."""
         h, i = self.hidden_size, self.intermediate_size if intermediate is None else intermediate
@@ -93,32 +94,36 @@ class Arch:
         router = self.hidden_size * self.num_experts
         return self._attention_params() + experts * expert + router + self._norm_params()
 
+    @cached_property
     def layer_params(self) -> int:
         """Parameters of the largest decoder layer (what FSDP gathers at once for one layer)."""
         if self.is_moe:
             return self._sparse_layer_params(self.num_experts)
         return self._dense_layer_params()
 
+    @cached_property
     def root_params(self) -> int:
         """Parameters outside the decoder layers: embeddings, lm_head (unless tied), final norm (FSDP's root unit)."""
         emb = self.vocab_size * self.hidden_size
         return emb * (1 if self.tie_word_embeddings else 2) + self.hidden_size
 
+    @cached_property
     def params(self) -> int:
         """All parameters (every expert of an MoE): what weights, gradients, optimizer and vLLM hold."""
         if self.is_moe:
             dense = self.num_hidden_layers - self.sparse_layers
             return (dense * self._dense_layer_params() + self.sparse_layers * self._sparse_layer_params(
-                self.num_experts) + self.root_params())
-        return self.num_hidden_layers * self.layer_params() + self.root_params()
+                self.num_experts) + self.root_params)
+        return self.num_hidden_layers * self.layer_params + self.root_params
 
+    @cached_property
     def active_params(self) -> int:
         """Parameters one token passes through (num_experts_per_tok experts of each sparse layer)."""
         if not self.is_moe:
-            return self.params()
+            return self.params
         dense = self.num_hidden_layers - self.sparse_layers
         return (dense * self._dense_layer_params() + self.sparse_layers * self._sparse_layer_params(
-            self.num_experts_per_tok) + self.root_params())
+            self.num_experts_per_tok) + self.root_params)
 
     @property
     def active_intermediate(self) -> int:
@@ -144,16 +149,19 @@ class Arch:
             for n in names)
 
     # ---- per-token sizes ----
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x dtype."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+    @cached_property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token in bf16: 2 x layers x kv_heads x head_dim x 2 B."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2
 
+    @cached_property
     def layer_activation_bytes_per_token(self) -> int:
         """What one decoder layer saves for its backward per token (bf16 tensors, fp32 RMSNorm inputs)."""
         h, i = self.hidden_size, self.active_intermediate
         heads = (self.num_attention_heads + self.num_key_value_heads) * self.head_dim
         return 16 * h + 8 * i + 12 * heads
 
+    @cached_property
     def layer_forward_bytes_per_token(self) -> int:
         """Transient of one layer's forward without autograd (hidden, qkv, MLP gate/up and product)."""
         h, i = self.hidden_size, self.active_intermediate

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from grpo_lab.memory import engines
@@ -64,10 +65,10 @@ def actor_state(arch: Arch, s: Settings) -> ActorState:
     """Per-GPU actor state with everything on the card (what the update needs): grads and AdamW's moments in the
     parameters' dtype (fp32: 4 + 4 + 8 = 16 B per trainable parameter)."""
     n_lora = arch.lora_params(s.lora_rank, s.lora_targets)
-    trainable = n_lora if s.lora_rank > 0 else arch.params()
+    trainable = n_lora if s.lora_rank > 0 else arch.params
     f = s.fsdp
     pb = param_bytes(s)
-    return ActorState(params=pb * (arch.params() + n_lora) / f, grads=pb * trainable / f,
+    return ActorState(params=pb * (arch.params + n_lora) / f, grads=pb * trainable / f,
                       optimizer=2 * pb * trainable / f, trainable=trainable)
 
 
@@ -90,7 +91,7 @@ def resident_between_phases(arch: Arch, s: Settings) -> float:
 
 def activations(arch: Arch, s: Settings, tokens: int) -> float:
     """Saved activations of one micro-batch of `tokens` tokens in the update (bytes)."""
-    per_layer = arch.layer_activation_bytes_per_token()
+    per_layer = arch.layer_activation_bytes_per_token
     L = arch.num_hidden_layers
     if s.gradient_checkpointing:
         kept_layers = 2 if s.activation_offload else L
@@ -139,9 +140,9 @@ def logits_peak(arch: Arch, tokens: int, *, update: bool, entropy: bool, chunked
 def fsdp_gathered(arch: Arch, s: Settings, *, backward: bool) -> float:
     """Unsharded bf16 copies FSDP holds at once: the root unit (embeddings, lm_head, final norm; + its bf16 gradient
     in backward, the first one the backward makes) and two layers."""
-    root = arch.root_params()
+    root = arch.root_params
     root_grad = 2.0 * root if (backward and s.lora_rank == 0) else 0.0
-    return 2.0 * root + root_grad + 2 * 2.0 * arch.layer_params()
+    return 2.0 * root + root_grad + 2 * 2.0 * arch.layer_params
 
 
 def update_peaks(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
@@ -149,7 +150,7 @@ def update_peaks(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
     holds; no CUDA context, no vLLM): docs/memory_plan.md, "Training"."""
     t = s.update_tokens
     st = actor_state(arch, s)
-    root = arch.root_params()
+    root = arch.root_params
     start = {
         "actor_params_and_optimizer": st.params + st.optimizer,
         "fsdp_gathered": fsdp_gathered(arch, s, backward=True),
@@ -160,14 +161,14 @@ def update_peaks(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
     }
     end = {
         "actor_state": st.total,
-        "fsdp_gathered": 2.0 * root + 2.0 * arch.layer_params(),
+        "fsdp_gathered": 2.0 * root + 2.0 * arch.layer_params,
         "root_grad_reduce": (2.0 + 4.0) * root if s.lora_rank == 0 else 0.0,
     }
     return {"backward_start": start, "backward_end": end}
 
 
 def vllm_weights(arch: Arch, s: Settings) -> float:
-    return 2.0 * arch.params() / s.tp
+    return 2.0 * arch.params / s.tp
 
 
 def vllm_max_model_len(arch: Arch, s: Settings) -> int:
@@ -191,20 +192,7 @@ def vllm_activation(arch: Arch, s: Settings) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# verdict of a peak, rounding
-
-def verdict_of(peak_gb: float, capacity_gb: float, margin: float = 0.0, exact_gb: float = 0.0) -> str:
-    """`oom` when even the plan's largest measured overshoot (`margin`, grpo_lab/memory/calibration.py) leaves the peak
-    above the capacity (`exact_gb`: the part of the peak that is known exactly and carries no margin); `tight`
-    above TIGHT_FRACTION of it or above it within the margin; else `fits`."""
-    if capacity_gb <= 0:
-        return "unknown"
-    if exact_gb + (peak_gb - exact_gb) / (1.0 + margin) > capacity_gb:
-        return "oom"
-    if peak_gb > TIGHT_FRACTION * capacity_gb:
-        return "tight"
-    return "fits"
-
+# rounding
 
 def round_gb(x: float) -> float:
     return round(x / GB, 2)
@@ -226,11 +214,12 @@ def engine_budget(arch: Arch, s: Settings) -> tuple[float, float, str]:
     at_start = ((0.0 if s.param_offload else actor_state(arch, s).params) / GB
                 + reference_on_card_at_start(arch, s) / GB + TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB)
     e, u = s.rollout_engine, s.gpu_memory_utilization
+    card = card_bytes(s) / GB  # the engines take their fraction of the card's real bytes
+    static, rule = engines.static_budget_gb(e, u, card, at_start), engines.explain(e, u, card, at_start)
     extra = 0.0 if engines.budget_holds_activations(e) else (
         vllm_activation(arch, replace(s, enable_chunked_prefill=True))  # SGLang chunks its prefill by default
         + (0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB))
-    card = card_bytes(s) / GB  # the engines take their fraction of the card's real bytes
-    return engines.static_budget_gb(e, u, card, at_start) * GB, extra, engines.explain(e, u, card, at_start)
+    return static * GB, extra, rule
 
 
 def card_bytes(s: Settings) -> float:
@@ -246,13 +235,13 @@ def answer_rounds(answers: int, cache_tokens: float, sequence_tokens: float, max
     return concurrent, (math.ceil(answers / concurrent) if concurrent > 0 else None)
 
 
-def kv_cache(arch: Arch, s: Settings) -> dict[str, Any]:
-    budget, on_top, rule = engine_budget(arch, s)  # engine hook
+def kv_cache(arch: Arch, s: Settings, budget: tuple[float, float, str] | None = None) -> dict[str, Any]:
+    budget, on_top, rule = budget or engine_budget(arch, s)  # engine hook
     graphs = 0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB
     weights = vllm_weights(arch, s)
     act = vllm_activation(arch, s)
     kv_bytes_gpu = budget - weights - (0.0 if on_top else act + graphs)  # engine hook: SGLang's are outside
-    per_token_gpu = arch.kv_bytes_per_token() / s.tp
+    per_token_gpu = arch.kv_bytes_per_token / s.tp
     tokens = int(kv_bytes_gpu // per_token_gpu) if kv_bytes_gpu > 0 else 0
     seq = s.seq_len
     sequences = tokens // seq if seq else 0
@@ -292,9 +281,9 @@ def resident_at_generation(arch: Arch, s: Settings) -> float:
     return max(resident_between_phases(arch, s), start)
 
 
-def generation_phase(arch: Arch, s: Settings) -> dict[str, Any]:
+def generation_phase(arch: Arch, s: Settings, budget: tuple[float, float, str] | None = None) -> dict[str, Any]:
     resident = resident_at_generation(arch, s)
-    vllm, on_top, _ = engine_budget(arch, s)  # engine hook
+    vllm, on_top, _ = budget or engine_budget(arch, s)  # engine hook
     ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
     peak = resident + vllm + on_top + ctx
     engine = ({"vllm_budget": round_gb(vllm)} if not on_top
@@ -308,9 +297,9 @@ def sync_copies(arch: Arch, s: Settings) -> float:
     one GPU a FULL_STATE_DICT, else one full tensor at a time; docs/memory_plan.md, "The trainer's torch allocator"."""
     emb = arch.vocab_size * arch.hidden_size
     if s.lora_rank > 0:
-        return 4.0 * arch.layer_params() if s.layered_summon else 4.0 * emb
+        return 4.0 * arch.layer_params if s.layered_summon else 4.0 * emb
     if s.strategy == "fsdp" and s.n_gpus == 1:
-        return param_bytes(s) * (arch.params() + (emb if arch.tie_word_embeddings else 0))
+        return param_bytes(s) * (arch.params + (emb if arch.tie_word_embeddings else 0))
     return 4.0 * emb
 
 
@@ -319,7 +308,7 @@ def reference_on_card_at_start(arch: Arch, s: Settings) -> float:
     if not s.ref_used or s.lora_rank > 0 or s.strategy != "fsdp" or s.fsdp != 1:
         return 0.0
     dtype = 4.0 if s.ref_model_dtype.lower() in ("fp32", "float32", "float") else 2.0
-    return dtype * arch.params()
+    return dtype * arch.params
 
 
 def sync_trainer_side(arch: Arch, s: Settings, *, first: bool = False) -> dict[str, float]:
@@ -373,7 +362,7 @@ def training_subphases(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
     out["old_log_prob"] = {
         "actor_params_and_optimizer": st.params + (0.0 if s.optimizer_offload else st.optimizer),
         "fsdp_gathered": fsdp_gathered(arch, s, backward=False),
-        "forward_activations": t_lp * arch.layer_forward_bytes_per_token() + attention_extra(arch, s, t_lp, False),
+        "forward_activations": t_lp * arch.layer_forward_bytes_per_token + attention_extra(arch, s, t_lp, False),
         "logits": logits_peak(arch, t_lp, update=False, entropy=True, chunked=s.actor_entropy_chunking,
                               chunk=s.entropy_chunk_size, compiled=s.use_torch_compile, fused=s.use_fused_kernels)}
     # reference forward: the actor's resident state beside it; the reference streams fp32 shards in, gathers bf16
@@ -382,10 +371,10 @@ def training_subphases(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
         if s.lora_rank > 0:  # the reference is the actor with its adapters disabled
             stream = fsdp_gathered(arch, s, backward=False)
         else:
-            stream = (4.0 / s.fsdp + 2.0) * (arch.root_params() + 2 * arch.layer_params())
+            stream = (4.0 / s.fsdp + 2.0) * (arch.root_params + 2 * arch.layer_params)
         out["ref_log_prob"] = {
             "actor_resident": resident, "reference_streamed": stream,
-            "forward_activations": (t_ref * arch.layer_forward_bytes_per_token()
+            "forward_activations": (t_ref * arch.layer_forward_bytes_per_token
                                     + attention_extra(arch, s, t_ref, False)),
             "logits": logits_peak(arch, t_ref, update=False, entropy=False, chunked=False, chunk=0,
                                   fused=s.use_fused_kernels)}
@@ -394,10 +383,10 @@ def training_subphases(arch: Arch, s: Settings) -> dict[str, dict[str, float]]:
     return out
 
 
-def trainer_allocator(arch: Arch, s: Settings) -> dict[str, Any]:
+def trainer_allocator(arch: Arch, s: Settings, subs: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """The trainer process's torch-allocator peak over all its phases: what verl logs as
     actor/perf/max_memory_allocated_gb (reserved adds the allocator's cache: not knowable before the run)."""
-    peaks = {k: sum(v.values()) for k, v in training_subphases(arch, s).items()}
+    peaks = {k: sum(v.values()) for k, v in (subs or training_subphases(arch, s)).items()}
     peaks["weight_sync"] = sum(sync_trainer_side(arch, s).values())
     peaks["first_weight_sync"] = sum(sync_trainer_side(arch, s, first=True).values())
     worst_name = max(peaks, key=peaks.get)
@@ -406,14 +395,16 @@ def trainer_allocator(arch: Arch, s: Settings) -> dict[str, Any]:
             "what": "the trainer's torch-allocator peak over all its phases (verl's actor/perf/max_memory_*_gb)"}
 
 
-def training_phase(arch: Arch, s: Settings) -> dict[str, Any]:
-    subs = training_subphases(arch, s)
+def training_phase(arch: Arch, s: Settings, budget: tuple[float, float, str] | None = None,
+                   subs: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    subs = subs or training_subphases(arch, s)
     totals = {k: sum(v.values()) for k, v in subs.items()}
     names = {"update": f"update ({update_peak_at(arch, s).replace('_', ' ')})", "optimizer_step": "optimizer step",
              "old_log_prob": "old-log-prob forward", "ref_log_prob": "reference forward"}
     worst_name = max(totals, key=totals.get)
     asleep = (VLLM_CUDA_CONTEXT_GB + (0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB)) * GB
-    vllm = asleep if s.free_cache_engine else sum(engine_budget(arch, s)[:2]) + VLLM_CUDA_CONTEXT_GB * GB  # engine hook
+    awake = sum((budget or engine_budget(arch, s))[:2]) + VLLM_CUDA_CONTEXT_GB * GB  # engine hook
+    vllm = asleep if s.free_cache_engine else awake
     ctx = TRAINER_CUDA_CONTEXT_GB * GB
     peak = totals[worst_name] + vllm + ctx
     return {"peak_gb_per_gpu": round_gb(peak),
@@ -428,7 +419,7 @@ def training_phase(arch: Arch, s: Settings) -> dict[str, Any]:
 def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
     """Host RAM of one node: its share of the offloaded state, of the CPU-resident reference and of vLLM's level-1
     sleep, its processes, and (on the first node) rank 0 loading the full model at start-up."""
-    n = arch.params()
+    n = arch.params
     n_lora = arch.lora_params(s.lora_rank, s.lora_targets)
     trainable = n_lora if s.lora_rank > 0 else n
     groups = max(1, s.n_gpus // s.fsdp)  # replicas of the actor state across FSDP groups (HSDP)
@@ -449,7 +440,61 @@ def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
     # start-up: rank 0 loads the full model on the CPU in its model dtype, before anything is offloaded
     startup = parts["processes"] + param_bytes(s) * n
     total = max(steady, startup)
-    cap = float(s.host_ram_gb or 0)
     return {"total_gb": round_gb(total), "steady_gb": round_gb(steady), "startup_gb": round_gb(startup),
             "per_node": nodes > 1, "components_gb": {k: round_gb(v) for k, v in parts.items()},
-            "capacity_gb": cap or None, "verdict": verdict_of(total / GB, cap)}
+            "capacity_gb": float(s.host_ram_gb or 0) or None}
+
+
+class Phases:
+    """One configuration's phases (GB; the dicts plan.json shows), each computed once, when first read."""
+
+    def __init__(self, arch: Arch, s: Settings) -> None:
+        self.arch, self.s = arch, s
+
+    @cached_property
+    def budget(self) -> tuple[float, float, str]:
+        return engine_budget(self.arch, self.s)
+
+    @cached_property
+    def kv(self) -> dict[str, Any]:
+        return kv_cache(self.arch, self.s, self.budget)
+
+    @cached_property
+    def generation(self) -> dict[str, Any]:
+        return generation_phase(self.arch, self.s, self.budget)
+
+    @cached_property
+    def subphases(self) -> dict[str, dict[str, float]]:
+        return training_subphases(self.arch, self.s)
+
+    @cached_property
+    def training(self) -> dict[str, Any]:
+        return training_phase(self.arch, self.s, self.budget, self.subphases)
+
+    @cached_property
+    def weight_sync(self) -> dict[str, Any]:
+        return weight_sync_phase(self.arch, self.s)
+
+    @cached_property
+    def host(self) -> dict[str, Any]:
+        return host_ram(self.arch, self.s)
+
+    @cached_property
+    def trainer_allocator(self) -> dict[str, Any]:
+        return trainer_allocator(self.arch, self.s, self.subphases)
+
+    @cached_property
+    def actor_state_gb(self) -> float:
+        return actor_state_gb_per_gpu(self.arch, self.s)
+
+    @cached_property
+    def actor_state_full_gb(self) -> float:
+        return round_gb(actor_state(self.arch, self.s).total)
+
+    @property
+    def exact_generation_gb(self) -> float:
+        """The engine's static budget: the part of the generation phase's peak known exactly."""
+        return self.budget[0] / GB
+
+    def peak_gb(self, phase: str) -> float:
+        return self.host["total_gb"] if phase == "host_ram" else getattr(self, phase)["peak_gb_per_gpu"]

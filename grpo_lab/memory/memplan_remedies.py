@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_lab.memory.memplan_arch import Arch, Settings
-from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, generation_verdict, phase_result
+from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, phase_result
 
 # verl's LoRA example (and conf/model/qwen3_8b_lora.yaml), as overrides: rank 64 on all linear layers, safetensors
 # loading for vLLM; for models above 6B also the frozen base and the adapters' Adam state to RAM
@@ -25,7 +25,7 @@ def _best_util(arch: Arch, s: Settings) -> float | None:
     fits, tight = [], []
     for k in range(19, 1, -1):
         u = round(k * 0.05, 2)
-        v = generation_verdict(arch, replace(s, gpu_memory_utilization=u))
+        v = phase_result(arch, replace(s, gpu_memory_utilization=u), "generation")[1]
         (fits if v == "fits" else tight if v == "tight" else []).append(u)
     if fits:
         return max(fits)
@@ -72,7 +72,7 @@ def candidates(arch: Arch, s: Settings) -> list[tuple[str, Settings]]:
     if not s.optimizer_offload:
         out.append(("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", replace(s, optimizer_offload=True)))
     if s.lora_rank == 0:
-        big = arch.params() > 6e9
+        big = arch.params > 6e9
         override = LORA_OVERRIDES + (" " + OFFLOAD_OVERRIDES if big else "")
         out.append((override, replace(s, lora_rank=64, param_offload=big or s.param_offload,
                                       optimizer_offload=big or s.optimizer_offload)))

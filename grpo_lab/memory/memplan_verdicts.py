@@ -1,29 +1,37 @@
-"""Each phase's verdict with the calibration's margin (grpo_lab/memory/calibration.py, the recorded runs):
-`phase_result`, the generation phase's verdict (vLLM must start), plan.json's `calibration` and `worst`."""
+"""Each phase's verdict with the calibration's margin (grpo_lab/memory/calibration.py, the recorded runs): `verdict_of`,
+`judge` (a configuration's verdicts), `assess`, `phase_result`, plan.json's `calibration` and `worst`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from grpo_lab.memory import calibration
 from grpo_lab.memory.memplan_arch import Arch, Settings
-from grpo_lab.memory.memplan_phases import (
-    GB,
-    engine_budget,
-    generation_phase,
-    host_ram,
-    kv_cache,
-    training_phase,
-    verdict_of,
-    weight_sync_phase,
-)
+from grpo_lab.memory.memplan_phases import TIGHT_FRACTION, Phases
+
+PHASES = ("generation", "training", "weight_sync", "host_ram")
+VERDICT_ORDER = {"fits": 0, "unknown": 0, "tight": 1, "oom": 2}
+
+
+def verdict_of(peak_gb: float, capacity_gb: float, margin: float = 0.0, exact_gb: float = 0.0) -> str:
+    """`oom` when even the plan's largest measured overshoot (`margin`, grpo_lab/memory/calibration.py) leaves the peak
+    above the capacity (`exact_gb`: the part of the peak that is known exactly and carries no margin); `tight`
+    above TIGHT_FRACTION of it or above it within the margin; else `fits`."""
+    if capacity_gb <= 0:
+        return "unknown"
+    if exact_gb + (peak_gb - exact_gb) / (1.0 + margin) > capacity_gb:
+        return "oom"
+    if peak_gb > TIGHT_FRACTION * capacity_gb:
+        return "tight"
+    return "fits"
+
+
+def worst(*verdicts: str) -> str:
+    return max(verdicts, key=lambda v: VERDICT_ORDER.get(v, 0)) if verdicts else "fits"
 
 
 def calibration_of(arch: Arch, s: Settings) -> dict[str, Any]:
     """plan.json's `calibration`: per verdict, the regime, whether a recorded run measured it, the margin used."""
-    from grpo_lab.memory import (
-        calibration,  # reads the calibration table once (benchmarks/gpu/memplan_calibration.json)
-    )
-
     regime = calibration.regime_of(arch, s)
     out: dict[str, Any] = {ph: calibration.phase_calibration(regime, ph)
                            for ph in ("generation", "training", "weight_sync", "kv_cache")}
@@ -34,39 +42,34 @@ def calibration_of(arch: Arch, s: Settings) -> dict[str, Any]:
     return out
 
 
-def _exact_gb(arch: Arch, s: Settings, phase: str) -> float:
-    """The part of a phase's peak known exactly: the engine's static budget in the generation phase (vLLM takes
-    util x card, SGLang its fraction of the memory free at its start, whatever else the plan gets wrong)."""
-    return engine_budget(arch, s)[0] / GB if phase == "generation" else 0.0
+def verdict(ph: Phases, phase: str, cal: dict[str, Any]) -> str:
+    """One phase's verdict. Generation is `oom` where vLLM refuses to start (no KV cache, or not one max_model_len
+    sequence); its engine's static budget is known exactly and carries no margin."""
+    s = ph.s
+    if phase == "host_ram":
+        return verdict_of(ph.peak_gb(phase), float(s.host_ram_gb or 0))
+    if phase == "generation":
+        if ph.kv["tokens"] <= 0 or not ph.kv["fits_max_model_len"]:
+            return "oom"
+        return verdict_of(ph.peak_gb(phase), s.card_gb, cal[phase]["margin"], ph.exact_generation_gb)
+    return verdict_of(ph.peak_gb(phase), s.card_gb, cal[phase]["margin"])
 
 
-VERDICT_ORDER = {"fits": 0, "unknown": 0, "tight": 1, "oom": 2}
+def judge(ph: Phases, cal: dict[str, Any]) -> dict[str, str]:
+    """Each phase's verdict and the overall one."""
+    out = {p: verdict(ph, p, cal) for p in PHASES}
+    out["overall"] = worst(*out.values())
+    return out
 
 
-def worst(*verdicts: str) -> str:
-    return max(verdicts, key=lambda v: VERDICT_ORDER.get(v, 0)) if verdicts else "fits"
-
-
-def _margin(arch: Arch, s: Settings, phase: str) -> float:
-    from grpo_lab.memory import calibration
-
-    return calibration.phase_calibration(calibration.regime_of(arch, s), phase)["margin"]
-
-
-def generation_verdict(arch: Arch, s: Settings, margin: float | None = None) -> str:
-    kv = kv_cache(arch, s)
-    if kv["tokens"] <= 0 or not kv["fits_max_model_len"]:
-        return "oom"  # vLLM refuses to start: no KV cache, or not one max_model_len sequence
-    m = _margin(arch, s, "generation") if margin is None else margin
-    return verdict_of(generation_phase(arch, s)["peak_gb_per_gpu"], s.card_gb, m, _exact_gb(arch, s, "generation"))
+def assess(arch: Arch, s: Settings) -> tuple[Phases, dict[str, str]]:
+    """One configuration's phases and their verdicts."""
+    ph = Phases(arch, s)
+    return ph, judge(ph, calibration_of(arch, s))
 
 
 def phase_result(arch: Arch, s: Settings, phase: str) -> tuple[float, str]:
-    """(peak GB, verdict) of one phase ("generation", "training", "weight_sync", "host_ram")."""
-    if phase == "generation":
-        return generation_phase(arch, s)["peak_gb_per_gpu"], generation_verdict(arch, s)
-    if phase not in ("training", "weight_sync"):
-        h = host_ram(arch, s)
-        return h["total_gb"], h["verdict"]
-    peak = (training_phase if phase == "training" else weight_sync_phase)(arch, s)["peak_gb_per_gpu"]
-    return peak, verdict_of(peak, s.card_gb, _margin(arch, s, phase))
+    """(peak GB, verdict) of one phase ("generation", "training", "weight_sync", "host_ram"), planning only it."""
+    ph = Phases(arch, s)
+    cal = {phase: calibration.phase_calibration(calibration.regime_of(arch, s), phase)} if phase != "host_ram" else {}
+    return ph.peak_gb(phase), verdict(ph, phase, cal)

@@ -74,10 +74,10 @@ def plan_memory(verl: Keys, lab: Lab, m: PlannedModel, notes: list[str],
                f"{' and '.join(engines.ENGINES)} use gpu_memory_utilization (grpo_lab/memory/engines.py), not this "
                f"one, so it gives no memory verdict for this job (weights, KV cache and the phases unchecked)")
         notes.append(why)
-        return s, None, {"params": m.arch.params(), "architecture_source": m.arch.source, "rollout_engine":
+        return s, None, {"params": m.arch.params, "architecture_source": m.arch.source, "rollout_engine":
                          s.rollout_engine, "verdict": {"overall": "not measured"}, "not_measured": why}
     if s.card_gb <= 0:  # card_memory_unknown refuses it
-        return s, None, {"params": m.arch.params(), "architecture_source": m.arch.source}
+        return s, None, {"params": m.arch.params, "architecture_source": m.arch.source}
     read, util = s, s.gpu_memory_utilization
     if not 0.0 < util <= 1.0 or (util == 1.0 and engine == "vllm"):
         # refused by gpu_memory_utilization_range (out of (0, 1], or 1.0 on vLLM); plan with the guide's 0.4
@@ -86,8 +86,8 @@ def plan_memory(verl: Keys, lab: Lab, m: PlannedModel, notes: list[str],
     if m.arch.is_moe:
         a = m.arch
         notes.append(f"mixture of experts: {a.num_experts} experts, {a.num_experts_per_tok} per token in "
-                     f"{a.sparse_layers} layers: planned with all {a.params() / 1e9:.1f}B parameters for weights, "
-                     f"gradients, optimizer and vLLM, {a.active_params() / 1e9:.1f}B active for activations")
+                     f"{a.sparse_layers} layers: planned with all {a.params / 1e9:.1f}B parameters for weights, "
+                     f"gradients, optimizer and vLLM, {a.active_params / 1e9:.1f}B active for activations")
     plan = memplan.memory_plan(m.arch, s, remedies=not quick)
     for phase, opts in list(plan.get("remedies", {}).items()):  # once some remedy ends the OOM, drop those that do not
         if any(o["verdict"] != "oom" for o in opts):

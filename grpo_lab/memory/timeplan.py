@@ -143,21 +143,21 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     waves = generation_waves(arch, s, w)
     eager = 1.0 if s.enforce_eager else 0.0
     layer_steps = w.decode_steps * waves * arch.num_hidden_layers
-    gen_s = layer_steps / arch.num_hidden_layers * 2.0 * arch.params() / s.tp * byte_s  # a decode step reads weights
+    gen_s = layer_steps / arch.num_hidden_layers * 2.0 * arch.params / s.tp * byte_s  # a decode step reads weights
     gen_s += layer_steps * 2 * card.allreduce_s if s.tp > 1 else 0.0  # vLLM's TP: two all-reduces per layer and step
-    fwd_s = 2.0 * arch.active_params() * t * flop_s
+    fwd_s = 2.0 * arch.active_params * t * flop_s
     updates = updates_per_step(s)
     bwd = 1.0 if s.lora_rank > 0 else 2.0  # backward in forwards: activations' gradients, and the weights' unless LoRA
     recompute = 1.0 if s.gradient_checkpointing else 0.0
-    gather_s = 2.0 * arch.params() * (s.fsdp - 1) / s.fsdp / (card.link_gb_s * 1e9)  # one FSDP all-gather
+    gather_s = 2.0 * arch.params * (s.fsdp - 1) / s.fsdp / (card.link_gb_s * 1e9)  # one FSDP all-gather
     mb_lp = (math.ceil(t / max(1, s.log_prob_tokens)) if s.log_prob_use_dynamic_bsz
              else math.ceil(w.trajectories / max(1, s.log_prob_micro_batch_size_per_gpu or 1)))
     mb_upd = updates * math.ceil(t / updates / max(1, s.update_tokens))
-    trained = arch.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank > 0 else arch.params() / s.fsdp
+    trained = arch.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank > 0 else arch.params / s.fsdp
     opt_s = updates * 16.0 * trained * (3 * byte_s + (2 * pcie_s if s.optimizer_offload else 0.0))
     # verl's actor param_offload: the shards go to host RAM between phases and come back for each (a round trip)
-    shard_s = 2 * param_bytes(s) * arch.params() / s.fsdp * pcie_s if s.param_offload else 0.0
-    per_layer = arch.hidden_size * 2 if s.gradient_checkpointing else arch.layer_activation_bytes_per_token()
+    shard_s = 2 * param_bytes(s) * arch.params / s.fsdp * pcie_s if s.param_offload else 0.0
+    per_layer = arch.hidden_size * 2 if s.gradient_checkpointing else arch.layer_activation_bytes_per_token
     act_s = 2 * t * arch.num_hidden_layers * per_layer * pcie_s if s.activation_offload else 0.0  # out and back
     ref = {"fixed": 1.0, "loop_tokens": loop, fused_key: fused, "micro_batches": mb_lp,
            "packed_attention_tflop": packed_attention_tflop(arch, s, t, s.log_prob_tokens)}
@@ -165,17 +165,17 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     return {
         "generation": {"count": {"fixed": 1.0, "eager_layer_steps": eager * layer_steps,
                                  "graph_layer_steps": (1 - eager) * layer_steps},
-                       "physics_s": gen_s + 2.0 * arch.active_params() * w.trajectories * w.prompt * flop_s,
+                       "physics_s": gen_s + 2.0 * arch.active_params * w.trajectories * w.prompt * flop_s,
                        "waves": waves},  # said in plan.json's time.assumed
         "old_log_prob": {"count": dict(ref), "physics_s": fwd_s + mb_lp * gather_s + shard_s},
         "reference": {"count": ref if s.ref_used else {},
-                      "physics_s": fwd_s + mb_lp * gather_s + (2.0 * arch.params() * pcie_s if s.ref_param_offload
+                      "physics_s": fwd_s + mb_lp * gather_s + (2.0 * arch.params * pcie_s if s.ref_param_offload
                                                               else 0.0) if s.ref_used else 0.0},
         "update": {"count": {"fixed": 1.0, "loop_tokens": loop, fused_key: fused, "updates": updates,
                              "micro_batches": mb_upd, "packed_attention_tflop": packed_upd},
                    "physics_s": fwd_s * (1 + bwd + recompute) + opt_s + mb_upd * gather_s * (1 + bwd) + shard_s
                    + act_s},
-        "weight_sync": {"count": {"fixed": 1.0}, "physics_s": 2.0 * arch.params() / n * byte_s + shard_s},
+        "weight_sync": {"count": {"fixed": 1.0}, "physics_s": 2.0 * arch.params / n * byte_s + shard_s},
         "other": {"count": {"fixed": 1.0, "trajectories": w.trajectories}, "physics_s": 0.0},
     }
 
@@ -241,7 +241,7 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     phases = {k: v * (shared["factor"] if shared else 1.0) for k, v in phase_seconds(feats, coef).items()}
     step = sum(phases.values())
     first = step + float(cal.get("first_step_extra_s", 0.0))
-    load_s = 3 * 2.0 * arch.params() / (DISK_GB_S * 1e9)
+    load_s = 3 * 2.0 * arch.params / (DISK_GB_S * 1e9)
     startup = float(cal.get("startup_fixed_s", 0.0)) + load_s
     validations, val_s = 0, 0.0
     if shape.val_rows:

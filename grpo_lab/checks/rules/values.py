@@ -235,9 +235,9 @@ def full_finetune_too_big(c: Ctx) -> Iterable[Problem]:
     s, arch = c.run.planned, c.model.arch
     state_full = plan["actor_state_full_gb_per_gpu"]
     if s.lora_rank == 0 and state_full > memplan.TIGHT_FRACTION * s.card_gb:
-        big = arch.params() > 6e9
+        big = arch.params > 6e9
         pointer = memplan.LORA_OVERRIDES + (" " + memplan.OFFLOAD_OVERRIDES if big else "")
-        yield oom(f"full fine-tuning of a {arch.params() / 1e9:.1f}B-parameter model needs 16 B per parameter for its "
+        yield oom(f"full fine-tuning of a {arch.params / 1e9:.1f}B-parameter model needs 16 B per parameter for its "
                   f"weights, gradients and Adam state: {state_full:.1f} GB per GPU over {s.fsdp} GPUs, against "
                   f"{s.card_gb:g} GB cards, before any activation. verl loads all of it for the update even with "
                   f"offload. The guide: 8B and above only with LoRA (plus offload)"
