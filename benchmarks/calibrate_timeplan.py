@@ -132,6 +132,7 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None
     arch = memplan.Arch.from_mapping(info, source=info["name"])
     card, real_gb = card_of(job)
     s = settings_from_verl(verl, Lab.of({"hardware": {"gpu_memory_gb": real_gb}}))
+    kv = memplan.kv_cache(arch, s)
     steady = [r for r in rows if r.get("training/global_step", 0) >= 2] or []
     out: dict[str, Any] = {"job": rel(job), "model": info["name"], "card": card.name, "side_by_side": side_by_side(job),
                            "jobs_on_card": jobs_on_card(job),
@@ -145,8 +146,8 @@ def replay(job: Path, facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None
             measured = {ph: float(r[f"timing_s/{t}"]) for ph, t in timeplan.TIMERS.items() if f"timing_s/{t}" in r}
             step = step_less_validation(r)
             measured["other"] = step - sum(measured.values())
-            per_step.append({"step_s": step, "measured_s": measured, "features": timeplan.features(arch, s, w, card),
-                             "tokens": w.tokens})
+            per_step.append({"step_s": step, "measured_s": measured,
+                             "features": timeplan.features(arch, s, w, card, kv), "tokens": w.tokens})
         out["per_step"] = per_step
         out["step_s"] = round(statistics.fmean(p["step_s"] for p in per_step), 2)
         out["measured_s"] = {ph: round(statistics.fmean(p["measured_s"].get(ph, 0.0) for p in per_step), 2)

@@ -348,7 +348,7 @@ def check_step_plan(run: RunInfo) -> Check:
     """The measured steady step (without validation: metrics.step_less_validation) against the time plan at this
     run's own prompt and answer lengths (grpo_lab/memory/timeplan.py); flagged when further apart than the plan's
     stated accuracy."""
-    from grpo_lab.memory import timeplan
+    from grpo_lab.memory import memplan, timeplan
 
     metric = "timing_s/step vs the time plan"
     step = M.steps_less_validation(run.df)
@@ -368,7 +368,7 @@ def check_step_plan(run: RunInfo) -> Check:
         return Check(metric, WARN, f"{_fmt(measured)} s a step; no architecture facts to plan it with.")
     w = timeplan.Work(st.train_batch_size * st.rollout_n / max(1, st.n_gpus), *lengths)
     card = timeplan.Card.of(run.lab.hardware)
-    planned = sum(timeplan.phase_seconds(timeplan.features(arch, st, w, card),
+    planned = sum(timeplan.phase_seconds(timeplan.features(arch, st, w, card, memplan.kv_cache(arch, st)),
                                          timeplan.table().get("coefficients") or {}).values())
     ratio = planned / measured if measured else math.inf
     msg = (f"measured {_fmt(measured)} s a step (without step 1 and validation), planned {_fmt(planned)} s at this "

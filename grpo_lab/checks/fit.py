@@ -132,7 +132,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
 
     def plan_step(s: memplan.Settings) -> float:
         if repr(s) not in steps:
-            steps[repr(s)] = timeplan.time_plan(arch, s, card, shape)["step_s"]
+            steps[repr(s)] = timeplan.time_plan(arch, s, card, shape, ctx.eval(s).kv)["step_s"]
         return steps[repr(s)]
 
     def step_s(st: State) -> float:
@@ -149,7 +149,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
             res.guide_first = (override_strs(first.values, cfg), step_s(first))
     chosen = best or lora_best
     if valid_util:
-        res.time_before = timeplan.time_plan(arch, s_req, card, shape)
+        res.time_before = timeplan.time_plan(arch, s_req, card, shape, ctx.eval(s_req).kv)
     if chosen is None or (best is None and lora_best is not None):
         # full fine-tuning (or this LoRA setup) cannot fit: say what would
         res.way_out = way_out(ctx, s_req, verl, lora_fits=lora_best, lora_chosen=chosen is lora_best)
@@ -165,7 +165,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     res.rejected += slower
     res.ok, res.lora, res.values = True, chosen.lora, dict(chosen.values)
     res.after = memplan.memory_plan(arch, chosen.s, remedies=False)
-    res.time_after = timeplan.time_plan(arch, chosen.s, card, shape)
+    res.time_after = timeplan.time_plan(arch, chosen.s, card, shape, ctx.eval(chosen.s).kv)
     changes = _changes(ctx, chosen, cfg, plan_step)
     res.changes = [c for c in changes if c.move not in SPEED_IDS]
     res.speedups = [c for c in changes if c.move in SPEED_IDS]

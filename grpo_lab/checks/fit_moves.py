@@ -32,6 +32,7 @@ class Eval:
     peaks: dict[str, float]
     verdicts: dict[str, str]
     overflow: float   # GB above the target, summed over the phases (plus what vLLM's KV cache lacks)
+    kv: dict[str, Any]  # the memory plan's KV cache (what the time plan's generation reads)
 
     @property
     def fits(self) -> bool:
@@ -80,7 +81,7 @@ class FitContext:
         kv = plan.kv
         if not kv["fits_max_model_len"]:
             over += (kv["max_model_len"] - max(0, kv["tokens"])) * kv["bytes_per_token"] / GB + 0.01
-        e = Eval(peaks, verdicts, over)
+        e = Eval(peaks, verdicts, over, kv)
         try:
             self._cache[s] = e
         except TypeError:

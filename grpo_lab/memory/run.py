@@ -46,7 +46,8 @@ class Run:
         notes = list(model.notes)
         s, planned, memory = plan_memory(keys, lab, model, notes, quick)
         shape = run_shape(keys, lab, batch, planned) if planned is not None else None
-        time = timeplan.time_plan(model.arch, planned, timeplan.Card.of(lab.hardware), shape) if shape else {}
+        time = (timeplan.time_plan(model.arch, planned, timeplan.Card.of(lab.hardware), shape, memory["kv_cache"])
+                if shape else {})
         return cls(verl, keys, lab, environ, model, batch, s, planned, memory, shape, time, tuple(notes), quick,
                    layers)
 

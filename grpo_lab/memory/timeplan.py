@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.memory.memplan_arch import Arch, Settings
-from grpo_lab.memory.memplan_phases import FUSED_CHUNK, answer_rounds, kv_cache, param_bytes
+from grpo_lab.memory.memplan_phases import FUSED_CHUNK, answer_rounds, param_bytes
 
 TABLE = facts.ROOT / "benchmarks" / "gpu" / "timeplan_calibration.json"
 TABLE_MD = "benchmarks/gpu/timeplan_calibration.md"
@@ -117,12 +118,12 @@ def packed_attention_tflop(arch: Arch, s: Settings, tokens: float, budget: int) 
     return m * 4.0 * (tokens / m) ** 2 * arch.num_attention_heads * arch.head_dim * arch.num_hidden_layers / 1e12
 
 
-def generation_waves(arch: Arch, s: Settings, w: Work) -> int:
-    """How many rounds of answers vLLM's KV cache holds a step's in, at the step's own lengths: vLLM takes cache blocks
-    as a sequence grows, so answers shorter than max_response_length share the cache among more sequences."""
-    kv = kv_cache(arch, s)
-    _, rounds = answer_rounds(kv["trajectories_per_replica"], kv["tokens"], max(1.0, w.prompt + w.response),
-                              s.max_num_seqs)
+def generation_waves(s: Settings, w: Work, kv: Mapping[str, Any]) -> int:
+    """How many rounds of answers vLLM's KV cache (the memory plan's `kv`) holds a step's in, at the step's own
+    lengths: vLLM takes cache blocks as a sequence grows, so answers shorter than max_response_length share the cache
+    among more sequences."""
+    per_replica = math.ceil(s.train_batch_size * s.rollout_n / max(1, kv["replicas"]))
+    _, rounds = answer_rounds(per_replica, kv["tokens"], max(1.0, w.prompt + w.response), s.max_num_seqs)
     return rounds or 1
 
 
@@ -131,8 +132,9 @@ def updates_per_step(s: Settings) -> int:
     return max(1, s.train_batch_size // max(1, mini)) * max(1, s.ppo_epochs)
 
 
-def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str, Any]]:
-    """Per phase: the counts the fit weighs ("count") and the physics in seconds on `card` ("physics_s")."""
+def features(arch: Arch, s: Settings, w: Work, card: Card, kv: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per phase: the counts the fit weighs ("count") and the physics in seconds on `card` ("physics_s"); `kv`: the
+    memory plan's KV cache for these settings."""
     flop_s = 1.0 / (card.bf16_tflops * 1e12 * MFU)
     byte_s = 1.0 / (card.memory_gb_s * 1e9 * BW_SHARE)
     pcie_s = 1.0 / (card.pcie_gb_s * 1e9)
@@ -140,7 +142,7 @@ def features(arch: Arch, s: Settings, w: Work, card: Card) -> dict[str, dict[str
     loop = t if per_token_loop(s) else 0.0
     fused = math.ceil(t / FUSED_CHUNK) if s.use_fused_kernels else 0.0
     fused_key = "fused_chunks_flash_attn" if s.attn_implementation == "flash_attention_2" else "fused_chunks"
-    waves = generation_waves(arch, s, w)
+    waves = generation_waves(s, w, kv)
     eager = 1.0 if s.enforce_eager else 0.0
     layer_steps = w.decode_steps * waves * arch.num_hidden_layers
     gen_s = layer_steps / arch.num_hidden_layers * 2.0 * arch.params / s.tp * byte_s  # a decode step reads weights
@@ -228,15 +230,16 @@ def sharing(jobs: int, cal: dict[str, Any]) -> dict[str, Any] | None:
                       f"shared the card ({TABLE_MD})"}
 
 
-def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[str, Any] | None = None
-              ) -> dict[str, Any]:
-    """The `time` section of plan.json: a steady step per phase, the first step, start-up and the run."""
+def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, kv: Mapping[str, Any],
+              cal: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `time` section of plan.json: a steady step per phase, the first step, start-up and the run; `kv`: the
+    memory plan's KV cache for these settings."""
     cal = table() if cal is None else cal
     coef = cal.get("coefficients") or {}
     n = max(1, s.n_gpus)
     resp = float(s.max_response_length)
     w = Work(s.train_batch_size * s.rollout_n / n, shape.prompt_tokens, resp, resp)
-    feats = features(arch, s, w, card)
+    feats = features(arch, s, w, card, kv)
     shared = sharing(shape.jobs_on_card, cal)
     phases = {k: v * (shared["factor"] if shared else 1.0) for k, v in phase_seconds(feats, coef).items()}
     step = sum(phases.values())
@@ -247,7 +250,7 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, cal: dict[st
     if shape.val_rows:
         sv = replace(s, train_batch_size=shape.val_rows, rollout_n=shape.val_n)  # verl validates the whole file
         vw = Work(shape.val_rows * shape.val_n / n, shape.prompt_tokens, resp, resp)
-        val_s = phase_seconds({"generation": features(arch, sv, vw, card)["generation"]}, coef)["generation"]
+        val_s = phase_seconds({"generation": features(arch, sv, vw, card, kv)["generation"]}, coef)["generation"]
         val_s = val_s * (shared["factor"] if shared else 1.0) + float(cal.get("validation_extra_s", 0.0))
         if shape.test_freq and shape.test_freq > 0:
             validations = shape.steps // shape.test_freq
