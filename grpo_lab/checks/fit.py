@@ -18,7 +18,7 @@ import datetime as dt
 import os
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -37,18 +37,16 @@ from grpo_lab.checks.fit_moves import (
     FitContext,
     move_title,
     one_sequence,
-    tp_ok,
 )
-from grpo_lab.checks.fit_search import State, faster, lora_start, search, way_out
+from grpo_lab.checks.fit_search import State, choose, faster, way_out
 from grpo_lab.checks.fit_text import Change, FitResult, cost_words, format_result, override_strs
 from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
 from grpo_lab.cli.apply import apply_overrides
 from grpo_lab.cli.apply import groups as _conf_groups
-from grpo_lab.memory import engines, memplan, timeplan
+from grpo_lab.memory import engines
 from grpo_lab.memory.run import Run
 from grpo_lab.verl_keys import get as _get
 from grpo_lab.verl_keys import put as _put
-from grpo_lab.verl_keys import thaw
 
 # ---------------------------------------------------------------------------------------------------------------
 # the fit: search, then the preflight on its result
@@ -78,7 +76,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     """Search the settings that make every phase of the job's Run fit; verify the result with the preflight."""
     from grpo_lab.checks.preflight import run_preflight
 
-    environ, verl = run.environ, thaw(run.verl)
+    environ, verl = run.environ, run.verl
     lab = copy.deepcopy(run.lab)
     lab.preflight.strict = True
     run = replace(run, lab=lab)
@@ -96,64 +94,31 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
         raise FitError("lab.hardware.gpu_memory_gb is not set: the fit needs the card's size. Pick a hardware option "
                        "(hardware=rtx4080x4) or set it: lab.hardware.gpu_memory_gb=24")
     ctx = FitContext(arch, s0, lab, mini=int(_get(verl, A + "actor.ppo_mini_batch_size", 0) or 0),
-              ref_offload=_get(verl, A + "ref.fsdp_config.param_offload"))
+                     ref_offload=_get(verl, A + "ref.fsdp_config.param_offload"), shape=run.shape)
     base_report = run_preflight(run, launching=False)
     budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
     s_req = replace(s0, **{f: v for f, (_, v) in budgets.items()})  # what the search starts from and plans "before"
     blocked = [f"[{p.rule}] {p.message}" + (f"\n      fix: {p.fix}" if p.fix else "")
                for p in base_report.errors if p.rule not in memory_ids() and not (p.rule == "token_budget" and budgets)]
     valid_util = 0.0 < s0.gpu_memory_utilization < 1.0
-    before = memplan.memory_plan(arch, s_req if valid_util else replace(s_req, gpu_memory_utilization=0.4),
-                                 remedies=False)
+    before = ctx.plan(s_req if valid_util else replace(s_req, gpu_memory_utilization=0.4))
     res = FitResult(ok=False, lora=False, overrides=[], values={}, changes=[], before=before, after=None, rejected=[],
                     way_out=[], blocked=blocked, title=base_report.title, card_gb=s0.card_gb,
                     host_ram_gb=s0.host_ram_gb, batch=_batch_facts(base_report.batch))
     if blocked:
         return res
 
-    start = State(s0)
-    if budgets:
-        vals = dict(budgets.values())
-        start = State(s_req, vals, ("budget_fix",), False, (("budget_fix", vals, s0, s_req),))
-    if s0.n_gpus % s0.tp or s0.tp > s0.n_gpus:  # a vLLM replica must fit the GPUs: the largest TP that does
-        s1 = start.s
-        tp = max(t for t in (1, 2, 4, 8) if t <= min(s0.tp, s0.n_gpus) and tp_ok(arch, s0.n_gpus, t))
-        vals = {A + "rollout.tensor_model_parallel_size": tp}
-        start = State(replace(s1, tp=tp), {**start.values, **vals}, start.moves + ("tp_fix",), False,
-                      start.history + (("tp_fix", vals, s1, replace(s1, tp=tp)),))
-    best, found = search(ctx, start)
-    lora_best = None
-    if best is None and s0.lora_rank == 0:
-        lora_best, lfound = search(ctx, lora_start(start))
-        found = lfound
-    card, shape = timeplan.Card.of(lab.hardware), run.shape  # the Run's (every case that plans nothing raised above)
-
-    steps: dict[str, float] = {}
-
-    def plan_step(s: memplan.Settings) -> float:
-        if repr(s) not in steps:
-            steps[repr(s)] = timeplan.time_plan(arch, s, card, shape, ctx.eval(s).kv)["step_s"]
-        return steps[repr(s)]
-
-    def step_s(st: State) -> float:
-        return plan_step(st.s)
-
-    fitting = [f for f in found if f.lora == (best is None)]  # the fastest of the same kind (LoRA only when needed)
-    if len(fitting) > 1:
-        quickest = min(step_s(st) for st in fitting)  # the guide's order among those within FASTER of the fastest
-        fastest = min((st for st in fitting if step_s(st) <= quickest * (1 + FASTER)), key=State.cost)
-        best, lora_best = (fastest, None) if best is not None else (None, fastest)
-        res.faster_than = len(fitting) - 1
-        first = min(fitting, key=State.cost)
-        if first is not fastest:  # the guide's first choice, slower by the time plan
-            res.guide_first = (override_strs(first.values, cfg), step_s(first))
-    chosen = best or lora_best
+    found = choose(ctx, budgets, FASTER)
+    chosen = found.chosen
+    res.faster_than = found.faster_than
+    if found.guide_first is not None:
+        res.guide_first = (override_strs(found.guide_first.values, cfg), ctx.step_s(found.guide_first.s))
     if valid_util:
-        res.time_before = timeplan.time_plan(arch, s_req, card, shape, ctx.eval(s_req).kv)
-    if chosen is None or (best is None and lora_best is not None):
+        res.time_before = ctx.time(s_req)
+    if chosen is None or found.best is None:
         # full fine-tuning (or this LoRA setup) cannot fit: say what would
-        res.way_out = way_out(ctx, s_req, verl, lora_fits=lora_best, lora_chosen=chosen is lora_best)
-    res.rejected = _rejected(ctx, start, chosen, found)
+        res.way_out = way_out(ctx, s_req, verl, lora_fits=found.lora_best, lora_chosen=chosen is not None)
+    res.rejected = _rejected(ctx, found.start, chosen, found.states)
     res.evaluations = ctx.evaluations
     if chosen is None:
         return res
@@ -161,12 +126,12 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     # then the same algorithm in a shorter step, where it still fits (verl has no fused log-prob beside sum(pi^2))
     skip = ({"fused": "verl 0.9.1 has no fused path for actor.calculate_sum_pi_squared (rule fused_sum_pi_squared)"}
             if _get(verl, A + "actor.calculate_sum_pi_squared", False) else {})
-    chosen, slower = faster(ctx, chosen, plan_step, FASTER, skip)
+    chosen, slower = faster(ctx, chosen, FASTER, skip)
     res.rejected += slower
     res.ok, res.lora, res.values = True, chosen.lora, dict(chosen.values)
-    res.after = memplan.memory_plan(arch, chosen.s, remedies=False)
-    res.time_after = timeplan.time_plan(arch, chosen.s, card, shape, ctx.eval(chosen.s).kv)
-    changes = _changes(ctx, chosen, cfg, plan_step)
+    res.after = ctx.plan(chosen.s)
+    res.time_after = ctx.time(chosen.s)
+    changes = _changes(ctx, chosen, cfg)
     res.changes = [c for c in changes if c.move not in SPEED_IDS]
     res.speedups = [c for c in changes if c.move in SPEED_IDS]
     res.overrides = [o for c in changes for o in c.overrides]
@@ -193,7 +158,7 @@ def _batch_facts(b: Mapping[str, Any]) -> dict[str, Any]:
     return {k: b.get(k) for k in keys}
 
 
-def _changes(ctx: FitContext, chosen: State, cfg: Any, plan_step: Callable[[memplan.Settings], float]) -> list[Change]:
+def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Change]:
     """Each move of the chosen state in the order applied, with its overrides, its cost and a one-line reason."""
     later: set[str] = set()
     out = []
@@ -208,7 +173,7 @@ def _changes(ctx: FitContext, chosen: State, cfg: Any, plan_step: Callable[[memp
                    if abs(e0.peaks[ph] - e1.peaks[ph]) >= 0.01]
         cost = cost_words(ctx, mid, s_before, s_after)
         if mid in SPEED_IDS:
-            faster_by = f"a step {plan_step(s_before):.0f} -> {plan_step(s_after):.0f} s by the time plan"
+            faster_by = f"a step {ctx.step_s(s_before):.0f} -> {ctx.step_s(s_after):.0f} s by the time plan"
             cost, reason = f"{cost}; {faster_by}", f"{title}: {faster_by}" + "".join(f"; {x}" for x in lowered)
         else:
             reason = f"{title}: " + (", ".join(lowered) if lowered else "lets vLLM start (room for its KV cache)")

@@ -50,7 +50,7 @@ class FitContext:
     """What the search needs besides the settings: the model, the hardware facts, the batch, a cache of plans."""
 
     def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Lab, *, mini: int = 0,
-                 ref_offload: Any = None):
+                 ref_offload: Any = None, shape: timeplan.RunShape | None = None):
         self.arch = arch
         self.base = base
         self.lab = lab
@@ -61,6 +61,8 @@ class FitContext:
         hw = lab.hardware
         self.bw, self.bw_note = timeplan.pcie_gb_s(hw)  # host <-> card GB/s per card, for offload's copies
         self.nvlink = bool(hw.nvlink)
+        self.card, self.shape = timeplan.Card.of(hw), shape  # the time plan's card and run (the job's Run's)
+        self._steps: dict[str, float] = {}
 
     def eval(self, s: memplan.Settings) -> Eval:
         try:
@@ -87,6 +89,21 @@ class FitContext:
         except TypeError:
             pass
         return e
+
+    def plan(self, s: memplan.Settings) -> dict[str, Any]:
+        """The memory plan of these settings (plan.json's `memory`, without remedies)."""
+        return memplan.memory_plan(self.arch, s, remedies=False)
+
+    def time(self, s: memplan.Settings) -> dict[str, Any]:
+        """The time plan of these settings (plan.json's `time`)."""
+        assert self.shape is not None, "a FitContext without the run's shape plans no time"
+        return timeplan.time_plan(self.arch, s, self.card, self.shape, self.eval(s).kv)
+
+    def step_s(self, s: memplan.Settings) -> float:
+        """A steady step of these settings by the time plan (seconds), planned once per settings."""
+        if repr(s) not in self._steps:
+            self._steps[repr(s)] = self.time(s)["step_s"]
+        return self._steps[repr(s)]
 
     # batch facts for the cost words
     @property

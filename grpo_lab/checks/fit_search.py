@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import yaml
 
-from grpo_lab.checks.fit_moves import BY_ID, CONF, MOVES, RANK, REQUIRED, SPEED_MOVES, A, FitContext, Move
+from grpo_lab.checks.fit_moves import BY_ID, CONF, MOVES, RANK, REQUIRED, SPEED_MOVES, A, FitContext, Move, tp_ok
 from grpo_lab.checks.fit_text import override_strs
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan
@@ -110,8 +110,61 @@ def search(ctx: FitContext, start: State, *, combos: bool = True) -> tuple[State
     return (ranked[0] if ranked else None), ranked
 
 
-def faster(ctx: FitContext, st: State, step_s: Callable[[memplan.Settings], float], by: float,
-           skip: dict[str, str] | None = None) -> tuple[State, list[str]]:
+@dataclass
+class Found:
+    """What the search found: where it started, every fitting state, and the pick of each kind."""
+
+    start: State
+    states: list[State]  # every fitting state seen (LoRA's, when full fine-tuning found none)
+    best: State | None  # full fine-tuning's pick
+    lora_best: State | None  # LoRA's, searched only when full fine-tuning does not fit
+    faster_than: int = 0  # the other fitting states of the pick's kind, all slower by the time plan
+    guide_first: State | None = None  # the guide's first choice, where the time plan finds it slower
+
+    @property
+    def chosen(self) -> State | None:
+        return self.best or self.lora_best
+
+
+def start_state(ctx: FitContext, budgets: dict[str, tuple[str, int]]) -> State:
+    """The search's start: the config, with token budgets raised to one sequence and a TP that fits the GPUs."""
+    s0 = ctx.base
+    start = State(s0)
+    if budgets:
+        vals = dict(budgets.values())
+        s_req = replace(s0, **{f: v for f, (_, v) in budgets.items()})
+        start = State(s_req, vals, ("budget_fix",), False, (("budget_fix", vals, s0, s_req),))
+    if s0.n_gpus % s0.tp or s0.tp > s0.n_gpus:  # a vLLM replica must fit the GPUs: the largest TP that does
+        s1 = start.s
+        tp = max(t for t in (1, 2, 4, 8) if t <= min(s0.tp, s0.n_gpus) and tp_ok(ctx.arch, s0.n_gpus, t))
+        vals = {A + "rollout.tensor_model_parallel_size": tp}
+        start = State(replace(s1, tp=tp), {**start.values, **vals}, start.moves + ("tp_fix",), False,
+                      start.history + (("tp_fix", vals, s1, replace(s1, tp=tp)),))
+    return start
+
+
+def choose(ctx: FitContext, budgets: dict[str, tuple[str, int]], by: float) -> Found:
+    """Search full fine-tuning, then LoRA if that finds nothing; of the fitting states of the kind found, the one
+    earliest in the guide's order among those within `by` (a fraction) of the fastest by the time plan."""
+    start = start_state(ctx, budgets)
+    best, states = search(ctx, start)
+    lora_best = None
+    if best is None and ctx.base.lora_rank == 0:
+        lora_best, states = search(ctx, lora_start(start))
+    out = Found(start, states, best, lora_best)
+    fitting = [f for f in states if f.lora == (best is None)]  # the fastest of the same kind (LoRA only when needed)
+    if len(fitting) > 1:
+        quickest = min(ctx.step_s(st.s) for st in fitting)  # the guide's order among those within `by` of it
+        fastest = min((st for st in fitting if ctx.step_s(st.s) <= quickest * (1 + by)), key=State.cost)
+        out.best, out.lora_best = (fastest, None) if best is not None else (None, fastest)
+        out.faster_than = len(fitting) - 1
+        first = min(fitting, key=State.cost)
+        if first is not fastest:  # the guide's first choice, slower by the time plan
+            out.guide_first = first
+    return out
+
+
+def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = None) -> tuple[State, list[str]]:
     """The fitting state made quicker: each of SPEED_MOVES in turn, its option with the shortest planned step (to the
     whole second; the least change among equals: options come in that order) among those where every phase still fits,
     kept when that step is at least `by` (a fraction) shorter than before. Also why each move left out was (`skip`:
@@ -129,11 +182,11 @@ def faster(ctx: FitContext, st: State, step_s: Callable[[memplan.Settings], floa
         if not fitting:
             why.append(f"{title}: no option of it fits every phase")
             continue
-        vals, s2 = min(fitting, key=lambda o: round(step_s(o[1])))
-        if step_s(s2) <= step_s(st.s) * (1 - by):
+        vals, s2 = min(fitting, key=lambda o: round(ctx.step_s(o[1])))
+        if ctx.step_s(s2) <= ctx.step_s(st.s) * (1 - by):
             st = State(s2, {**st.values, **vals}, st.moves + (mid,), st.lora, st.history + ((mid, vals, st.s, s2),))
         else:
-            why.append(f"{title}: a step {step_s(st.s):.0f} -> {step_s(s2):.0f} s by the time plan, less than "
+            why.append(f"{title}: a step {ctx.step_s(st.s):.0f} -> {ctx.step_s(s2):.0f} s by the time plan, less than "
                        f"{by:.0%} shorter")
     return st, why
 
@@ -149,7 +202,8 @@ def lora_start(st: State) -> State:
 # ---------------------------------------------------------------------------------------------------------------
 
 def fits_with(ctx: FitContext, s: memplan.Settings, arch: memplan.Arch | None = None) -> State | None:
-    c = ctx if arch is None else FitContext(arch, s, ctx.lab, mini=ctx.mini, ref_offload=ctx.ref_offload)
+    c = ctx if arch is None else FitContext(arch, s, ctx.lab, mini=ctx.mini, ref_offload=ctx.ref_offload,
+                                            shape=ctx.shape)
     best, _ = search(c, State(s), combos=False)
     return best
 

@@ -18,7 +18,7 @@ from typing import Any
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 from grpo_lab.cli.apply import apply_overrides, parse, respell
 from grpo_lab.memory.run import Run
-from grpo_lab.verl_keys import MISSING, get, lookup, thaw
+from grpo_lab.verl_keys import MISSING, get, lookup
 
 MAX_ROUNDS = 3
 
@@ -83,7 +83,7 @@ def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[t
 
 class FixChecker:
     def __init__(self, run: Run, *, launching: bool, problems: list[Problem]) -> None:
-        self.verl, self.lab, self.launching, self.environ = thaw(run.verl), run.lab, launching, run.environ
+        self.verl, self.lab, self.launching, self.environ = run.verl, run.lab, launching, run.environ
         self.before = Counter(p.rule for p in problems if p.level == "error")
         self.apart = run.lab.set_apart
         self._memo: dict[tuple, list[Problem]] = {}

@@ -13,7 +13,7 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.cli.knobs import SHORT_KEYS, followers, short_key_targets
 from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import get
+from grpo_lab.verl_keys import get, thaw
 
 CONF = facts.ROOT / "conf"
 MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
@@ -124,7 +124,7 @@ def apply_overrides(verl: Mapping[str, Any], lab: Lab, overrides: Iterable[str] 
     """Copies of (verl, lab) with the overrides applied as composing them would (module docstring); inputs untouched.
     `overrides`: Hydra override strings, (op, key, value) triples from `parse`, or a {key: value} mapping."""
     items = _as_overrides(overrides)
-    v, lb = copy.deepcopy(dict(verl)), copy.deepcopy(lab)
+    v, lb = thaw(verl), copy.deepcopy(lab)  # verl's config may be a Run's read-only one
     # keys the config sets on their own (set_apart) follow neither their short key nor a key they once read
     apart = {k for keys in lab.set_apart.values() for k in keys}
     touched: set[str] = set(apart)
