@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.facts import atomic_write, write_json
 from grpo_lab.launch.outcome import NOT_READY_EXIT, REFUSED_EXIT
-from grpo_lab.launch.prepare import Job, Prepared, changed_defaults, mark_changed, mark_scaled, prepare
+from grpo_lab.launch.prepare import Job, Prepared, prepare
 
 if TYPE_CHECKING:
     from grpo_lab.checks.preflight import PreflightReport as Report
@@ -155,12 +155,11 @@ def train(checked: Checked, prepared: Prepared, job: Job) -> str:
 
 
 def _plan_record(report: Report, prepared: Prepared, job: Job) -> dict[str, Any]:
-    """plan.json: the preflight's report, the values that differ from verl's defaults (of what verl gets, with what
-    set them), the values given twice, the micro-batch settled, the emulation."""
+    """plan.json: the preflight's report, the values that differ from verl's defaults (prepare's: of what verl gets,
+    with what set them), the values given twice, the micro-batch settled, the emulation."""
     lab = prepared.run.lab
     plan_json = report.to_json()
-    plan_json["changed_defaults"] = changed = changed_defaults(prepared.verl, prepared.run.layers, job.multirun)
-    mark_changed(changed, prepared.kv_pin)
+    plan_json["changed_defaults"] = list(prepared.changed)
     # a value given twice (grpo_lab/cli/overrides.py warned on the console before composing): which one wins, on record
     twice = job.cli.warnings if job.cli is not None else []
     plan_json["warnings"] = list(plan_json.get("warnings", [])) + [
@@ -169,7 +168,6 @@ def _plan_record(report: Report, prepared: Prepared, job: Job) -> dict[str, Any]
         plan_json["micro_batch"] = lab.micro_batch
     if prepared.emulation:  # what vLLM and torch really get, and which values emulation scaled
         plan_json["emulation"] = prepared.emulation
-        mark_scaled(changed, prepared.emulation)
     return plan_json
 
 

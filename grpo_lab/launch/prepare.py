@@ -105,6 +105,7 @@ class Prepared:
     emulation: dict[str, Any] | None = None  # plan.json's "emulation" (grpo_lab/memory/emulate.py); None without
     kv_pin: dict[str, Any] | None = None  # side by side's KV cache pin: {"bytes", "by"}
     cluster: RayNodes | None = None  # the Ray cluster of a SLURM job of several nodes (its first node only)
+    changed: tuple[dict[str, Any], ...] = ()  # plan.json's changed_defaults: what verl gets that is not its default
 
 
 def prepare(cfg: DictConfig, job: Job) -> Prepared:
@@ -146,7 +147,11 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
     engine_verl, pin = pin_side_by_side(run, emulated.verl)
     if pin:  # the rule side_by_side_jobs reads it; the plans are the same (the pin is in verl's copy only)
         run = replace(run, lab=replace(lab, side_by_side_kv_pin=pin))
-    return Prepared(run, engine_verl, emulated.info, pin, cluster)
+    changed = changed_defaults(engine_verl, layers, job.multirun)
+    mark_changed(changed, pin)
+    if emulated.info:
+        mark_scaled(changed, emulated.info)
+    return Prepared(run, engine_verl, emulated.info, pin, cluster, tuple(changed))
 
 
 def emulate(verl: dict[str, Any], lab: Lab, job: Job) -> Emulated:
