@@ -31,6 +31,13 @@ def test_the_pair_prints_steady_phases_their_ratio_curves_and_memory(tmp_path):
     # the first steps side by side: every step of both runs
     assert [r["step"] for r in res["curves"]["actor/pg_loss"]] == [1, 2, 3, 4]
     assert res["curves"]["critic/score/mean"][0]["guide"] == _steps("smol_guide", "critic/score/mean")[0]
+    # the validation accuracy at each step both validated, step 0 included, read from each run's file
+    val = res["validation"]
+    assert val["metric"] == "val-core/arith_mixed_oneshot/acc/mean@1"
+    acc = {r: _steps(r, val["metric"]) for r in ("smol_guide", "smol_fast")}
+    assert [(v["step"], v["guide"], v["fast"]) for v in val["rows"]] == [
+        (0, acc["smol_guide"][0], acc["smol_fast"][0]), (4, acc["smol_guide"][1], acc["smol_fast"][1])]
+    assert f"0: {acc['smol_guide'][0]:.3f} | {acc['smol_fast'][0]:.3f}, 4: " in p.stdout
     # each run against its own plan: checkpointing off was 0.61 of its plan (fixed since: memplan_calibration.md)
     assert res["memory"]["guide"]["status"] == "ok" and res["memory"]["fast"]["status"] == "warn"
     assert "plan / allocated 0.61" in p.stdout

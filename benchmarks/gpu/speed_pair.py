@@ -1,6 +1,6 @@
 """Two runs of one job, the guide's settings against faster ones (issue 27 item 2): the steady step and each phase
 (verl's timing_s/*), the ratio guide / fast, each run's training peak against its own plan (`make report`'s check),
-and the first steps' loss, reward and entropy side by side.
+the first steps' loss, reward and entropy side by side, and the validation accuracy at each step both validated.
 
     python3 benchmarks/gpu/speed_pair.py GUIDE_RUN FAST_RUN [--step N] [--json OUT]
 
@@ -57,11 +57,21 @@ def compare(guide_dir: Path, fast_dir: Path, step: int | None = None) -> dict:
     curves = {}
     for metric in CURVES:
         g, f = (M.train_series(r.df, metric).dropna() for r in runs.values())
-        steps = sorted(set(g.index) & set(f.index))
-        curves[metric] = [{"step": int(s), "guide": float(g[s]), "fast": float(f[s])} for s in steps]
+        curves[metric] = side_by_side(g, f)
+    # the validation metric to follow (accuracy mean@N where there is one), step 0 included: whether both learn alike
+    cols = [M.primary_val_column(r.df) for r in runs.values()]
+    validation = {"metric": cols[0] if cols[0] == cols[1] else None, "rows": []}
+    if validation["metric"]:
+        g, f = (M.series(r.df, validation["metric"]) for r in runs.values())
+        validation["rows"] = side_by_side(g, f)
     memory = {label: check_memory(run).to_dict() for label, run in runs.items()}
     return {"guide": str(guide_dir), "fast": str(fast_dir), "step": step, "phases_s": phases, "curves": curves,
-            "memory": memory}
+            "validation": validation, "memory": memory}
+
+
+def side_by_side(g, f) -> list[dict]:
+    """The steps both series have, each with both values."""
+    return [{"step": int(s), "guide": float(g[s]), "fast": float(f[s])} for s in sorted(set(g.index) & set(f.index))]
 
 
 def cell(v: float | None, width: int) -> str:
@@ -78,6 +88,9 @@ def render(res: dict) -> str:
     for metric, rows in res["curves"].items():
         cells = ", ".join(f"{r['step']}: {r['guide']:.4g} | {r['fast']:.4g}" for r in rows)
         out.append(f"  {metric}: {cells or '-'}")
+    val = res["validation"]
+    cells = ", ".join(f"{r['step']}: {r['guide']:.3f} | {r['fast']:.3f}" for r in val["rows"])
+    out += ["", f"validation, guide | fast: {val['metric'] or 'no metric both runs have'}", f"  {cells or '-'}"]
     out += ["", "training peak against each run's plan"]
     out += [f"  {label}: [{c['status']}] {c['message']}" for label, c in res["memory"].items()]
     return "\n".join(out)
