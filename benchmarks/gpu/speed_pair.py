@@ -5,7 +5,9 @@ the first steps' loss, reward and entropy side by side, and the validation accur
     python3 benchmarks/gpu/speed_pair.py GUIDE_RUN FAST_RUN [--step N] [--json OUT]
 
 A run is a job folder (metrics.jsonl, plan.json, verl_config.yaml). The steady step is the mean over the steps after
-the first (step 1 carries the warm-up); a run of one step has none and is refused. --step N compares step N of both
+the first (step 1 carries the warm-up) up to the last step both runs trained (answers shorten as a model learns, so a
+longer run's later steps are shorter: a run of 20 steps is compared with one of 10 over steps 2-10); a run of one step
+has none and is refused. --step N compares step N of both
 runs instead (a run stopped after its first step: step 1 against step 1, both with their warm-up).
 """
 
@@ -28,10 +30,11 @@ PHASES = {"generation": "timing_s/gen", "old log-prob": "timing_s/old_log_prob",
 CURVES = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/score/mean", "response_length/mean")
 
 
-def steady(df, name: str) -> float | None:
-    """Mean of the metric over the trained steps after the first."""
+def steady(df, name: str, upto: int) -> float | None:
+    """Mean of the metric over the trained steps after the first, up to step `upto`."""
     s = M.train_series(df, name).dropna()
-    return float(s.iloc[1:].mean()) if len(s) > 1 else None
+    s = s.iloc[1:].loc[:upto]
+    return float(s.mean()) if len(s) else None
 
 
 def at_step(df, name: str, step: int) -> float | None:
@@ -50,9 +53,11 @@ def compare(guide_dir: Path, fast_dir: Path, step: int | None = None) -> dict:
         if step is not None and step not in steps:
             raise SystemExit(f"speed_pair: {run.run_dir} ({label}) has no trained step {step} in metrics.jsonl "
                              f"(its steps: {', '.join(map(str, steps)) or 'none'})")
+    # the steady steps: after the first, up to the last step both trained
+    upto = min(int(M.training_steps(r.df).max()) for r in runs.values())
     phases = {}
     for phase, metric in PHASES.items():
-        g, f = (steady(r.df, metric) if step is None else at_step(r.df, metric, step) for r in runs.values())
+        g, f = (steady(r.df, metric, upto) if step is None else at_step(r.df, metric, step) for r in runs.values())
         phases[phase] = {"guide_s": g, "fast_s": f, "ratio": g / f if g and f else None}
     curves = {}
     for metric in CURVES:
@@ -65,8 +70,8 @@ def compare(guide_dir: Path, fast_dir: Path, step: int | None = None) -> dict:
         g, f = (M.series(r.df, validation["metric"]) for r in runs.values())
         validation["rows"] = side_by_side(g, f)
     memory = {label: check_memory(run).to_dict() for label, run in runs.items()}
-    return {"guide": str(guide_dir), "fast": str(fast_dir), "step": step, "phases_s": phases, "curves": curves,
-            "validation": validation, "memory": memory}
+    return {"guide": str(guide_dir), "fast": str(fast_dir), "step": step, "steady_upto": upto, "phases_s": phases,
+            "curves": curves, "validation": validation, "memory": memory}
 
 
 def side_by_side(g, f) -> list[dict]:
@@ -79,7 +84,7 @@ def cell(v: float | None, width: int) -> str:
 
 
 def render(res: dict) -> str:
-    which = "steady (steps 2+)" if res["step"] is None else f"step {res['step']}"
+    which = f"steady (steps 2-{res['steady_upto']})" if res["step"] is None else f"step {res['step']}"
     out = [f"guide: {res['guide']}", f"fast:  {res['fast']}", "",
            f"{which:<18}{'guide s':>9}{'fast s':>9}{'guide/fast':>12}"]
     for phase, p in res["phases_s"].items():
