@@ -5,11 +5,13 @@ that is run.py's own output."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ROOT, fresh_clone, planned, run_py
 
 from grpo_lab.after_run import metrics as M
@@ -200,3 +202,110 @@ def test_the_first_screens_verdict_is_run_pys_own_output(tmp_path):
             assert line in printed, f"README's first screen shows {line!r}, not in run.py's output (in this order)"
     assert any(line.startswith("preflight: ") for line in block)
 
+
+
+# ---- docs/presets.md's learn_smollm2 figures (issue 44 item 11): each read from the recorded run it names ----
+
+PRESETS = ROOT / "docs" / "presets.md"
+
+
+def _section(doc: Path, heading: str) -> str:
+    text = doc.read_text()
+    start = text.index(heading)
+    return " ".join(text[start:text.index("\n## ", start + 1)].split())
+
+
+def _val(job: Path):
+    """The validation metric the run follows, by step (step 0 included)."""
+    df = M.read_metrics(job)
+    return df[M.primary_val_column(df)].dropna()
+
+
+def _steps(job: Path, metric: str = "timing_s/step"):
+    """The metric at each trained step."""
+    return M.train_series(M.read_metrics(job), metric).dropna()
+
+
+def _arrow(values: str) -> list[str]:
+    return [v.strip() for v in values.split("->")]
+
+
+def _stamp(log: Path, marker: str) -> list[float]:
+    """Seconds since launch (stamp.py) of each console line holding `marker`."""
+    with gzip.open(log, "rt", errors="replace") as f:
+        return [float(line.split()[0]) for line in f if marker in line]
+
+
+def _speed(job: Path) -> tuple[bool, bool]:
+    """(use_fused_kernels, use_remove_padding) of the run's verl config."""
+    model = yaml.safe_load((job / "verl_config.yaml").read_text())["actor_rollout_ref"]["model"]
+    return model["use_fused_kernels"], model["use_remove_padding"]
+
+
+def test_learn_smollm2s_figures_are_its_recorded_runs():
+    text = _section(PRESETS, "## `conf/experiment/learn_smollm2.yaml`")
+    # the default's learning, and the guide's settings' on the same preset
+    m = re.search(r"at the default speed: validation accuracy ([\d. >-]+?) at steps ([\d/]+) "
+                  r"\(`(benchmarks/gpu/results/[^`]+)`, (\d+) steps\), as with the guide's speed settings: "
+                  r"([\d. >-]+?) at steps ([\d/]+) \(`(benchmarks/gpu/results/[^`]+)`", text)
+    assert m, text
+    default, guide = ROOT / m.group(3), ROOT / m.group(7)
+    for values, steps, job in ((m.group(1), m.group(2), default), (m.group(5), m.group(6), guide)):
+        val = _val(job)
+        assert _arrow(values) == [f"{val.loc[int(s)]:.3f}" for s in steps.split("/")], job
+        assert [int(s) for s in steps.split("/")] == list(val.index), f"{job}: every validation it made"
+        assert json.loads((job / "status.json").read_text())["status"] == "ok"
+    assert int(m.group(4)) == _steps(default).index.max()
+    # the default is the preset with nothing else: no speed= override, the fused log-prob and padded micro-batches;
+    # the guide's run neither
+    overrides = (default / ".hydra" / "overrides.yaml").read_text()
+    assert "experiment=learn_smollm2" in overrides and "speed=" not in overrides
+    assert _speed(default) == (True, False) and _speed(guide) == (False, True)
+    assert "H200" in (default.parent / "gpu.txt").read_text()
+    # seconds a step: steps 2 on (step 1 carries the warm-up), and the first
+    m = re.search(r"at the default speed a step took (\d+\.\d) s on one H200 \(steps 2-(\d+), (\d+\.\d) s the first; "
+                  r"`(benchmarks/gpu/results/[^`]+)`\), start-up to \"ready to fit\" (\d+) s; with `speed=guide` "
+                  r"(\d+\.\d) s \(steps 2-(\d+), (\d+\.\d) s the first; (\d+\.\d) s over steps 2-(\d+); "
+                  r"`(benchmarks/gpu/results/[^`]+)`", text)
+    assert m, text
+    assert (ROOT / m.group(4), ROOT / m.group(11)) == (default, guide)
+    for steady, last, first, job in ((m.group(1), m.group(2), m.group(3), default),
+                                     (m.group(6), m.group(7), m.group(8), guide)):
+        s = _steps(job)
+        assert int(last) == s.index.max() and f"{s.loc[2:].mean():.1f}" == steady and f"{s.loc[1]:.1f}" == first, job
+    assert f"{_steps(guide).loc[2:int(m.group(10))].mean():.1f}" == m.group(9)
+    assert int(m.group(10)) == _steps(default).index.max(), "the guide over the default's steps"
+    ready = _stamp(default.parent / f"{default.name}.log.gz", "ready to fit")
+    assert len(ready) == 1 and f"{ready[0]:.0f}" == m.group(5)
+    # side by side: every step of the sweep's three jobs, and their start-up to the validation at step 0
+    m = re.search(r"with two other jobs side by side \(`speed=guide`\) (\d+)-(\d+) s, ~(\d+) min to the validation at "
+                  r"step 0 \(`(benchmarks/gpu/results/[^`]+)`\)", text)
+    assert m, text
+    sweep = ROOT / m.group(4)
+    jobs = sorted((sweep / "sweep").glob("job*"))
+    times = [t for j in jobs for t in _steps(j)]
+    assert len(jobs) == 3 and (f"{min(times):.0f}", f"{max(times):.0f}") == m.group(1, 2)
+    val0 = _stamp(sweep / "sweep.log.gz", "step:0 ")
+    assert len(val0) == 3 and {f"{t / 60:.0f}" for t in val0} == {m.group(3)}
+    # the sweep's learning rates
+    by_lr = {yaml.safe_load((j / "verl_config.yaml").read_text())["actor_rollout_ref"]["actor"]["optim"]["lr"]: j
+             for j in jobs}
+    m = re.search(r"validation at step 10: 3e-5 (\S+), 3e-6 (\S+), 1e-5 (\S+) \(from (\S+)\); 3e-5 reached (\S+) at "
+                  r"step 15, reward (\S+) -> (\S+)$", text.split("- `actor_lr`:")[1].split(" - `")[0].strip())
+    assert m, text
+    at10 = [f"{_val(by_lr[lr]).loc[10]:.3f}" for lr in (3e-5, 3e-6, 1e-5)]
+    assert list(m.group(1, 2, 3)) == at10 and {f"{_val(j).loc[0]:.3f}" for j in jobs} == {m.group(4)}
+    reward = _steps(by_lr[3e-5], "critic/score/mean")
+    assert (f"{_val(by_lr[3e-5]).loc[15]:.3f}", f"{reward.iloc[0]:.2f}", f"{reward.iloc[-1]:.2f}") == m.group(5, 6, 7)
+    # the preset's 20 steps, run alone
+    m = re.search(r"20 steps at 3e-5 were measured alone: (\S+) at step 20 against (\S+) at step 15, entropy "
+                  r"(\S+) -> (\S+) \(`(benchmarks/gpu/results/[^`]+)`\)", text)
+    assert m and ROOT / m.group(5) == guide, text
+    entropy = _steps(guide, "actor/entropy")
+    assert (f"{_val(guide).loc[20]:.3f}", f"{_val(guide).loc[15]:.3f}") == m.group(1, 2)
+    assert (f"{entropy.iloc[0]:.2f}", f"{entropy.iloc[-1]:.2f}") == m.group(3, 4)
+    # the config file's own comments quote the page
+    conf = (ROOT / "conf" / "experiment" / "learn_smollm2.yaml").read_text()
+    steady = re.search(r"a step took (\d+\.\d) s on one H200", text).group(1)
+    assert f"# 64 prompts x 8 answers: {steady} s a step on one H200 at the default speed (docs/presets.md)" in conf
+    assert f"# 20 at 3e-5 measured alone: {_val(guide).loc[20]:.3f} at step 20;" in conf

@@ -31,6 +31,13 @@ def test_the_pair_prints_steady_phases_their_ratio_curves_and_memory(tmp_path):
     # the first steps side by side: every step of both runs
     assert [r["step"] for r in res["curves"]["actor/pg_loss"]] == [1, 2, 3, 4]
     assert res["curves"]["critic/score/mean"][0]["guide"] == _steps("smol_guide", "critic/score/mean")[0]
+    # the validation accuracy at each step both validated, step 0 included, read from each run's file
+    val = res["validation"]
+    assert val["metric"] == "val-core/arith_mixed_oneshot/acc/mean@1"
+    acc = {r: _steps(r, val["metric"]) for r in ("smol_guide", "smol_fast")}
+    assert [(v["step"], v["guide"], v["fast"]) for v in val["rows"]] == [
+        (0, acc["smol_guide"][0], acc["smol_fast"][0]), (4, acc["smol_guide"][1], acc["smol_fast"][1])]
+    assert f"0: {acc['smol_guide'][0]:.3f} | {acc['smol_fast'][0]:.3f}, 4: " in p.stdout
     # each run against its own plan: checkpointing off was 0.61 of its plan (fixed since: memplan_calibration.md)
     assert res["memory"]["guide"]["status"] == "ok" and res["memory"]["fast"]["status"] == "warn"
     assert "plan / allocated 0.61" in p.stdout
@@ -63,3 +70,24 @@ def test_step_1_against_step_1_when_the_guide_stopped_after_its_first(tmp_path):
     p = subprocess.run([sys.executable, str(SCRIPT), str(guide), str(fit), "--step", "2"], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 1 and "has no trained step 2" in p.stderr and "(its steps: 1)" in p.stderr
+
+
+def test_runs_of_different_lengths_are_compared_over_the_steps_both_trained(tmp_path):
+    """The README's 20-step run against the default's 10 steps: steps 2-10 of each (answers shorten as a model learns,
+    so the longer run's later steps would make its mean shorter)."""
+    guide = PRESET / "2026-12-03-smollm2-recheck" / "learn"
+    fast = PRESET / "2026-12-06-h200-smol-default" / "smol_default"
+    out = tmp_path / "pair.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(guide), str(fast), "--json", str(out)], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    steps = {}
+    for run in (guide, fast):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        steps[run] = {r["step"]: r["data"]["timing_s/step"] for r in rows if "timing_s/step" in r["data"]}
+    assert max(steps[guide]) == 20 and max(steps[fast]) == 10 and res["steady_upto"] == 10
+    for side, run in (("guide_s", guide), ("fast_s", fast)):
+        want = [steps[run][s] for s in range(2, 11)]
+        assert abs(res["phases_s"]["step"][side] - sum(want) / len(want)) < 1e-9
+    assert "steady (steps 2-10)" in p.stdout

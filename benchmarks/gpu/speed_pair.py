@@ -1,11 +1,13 @@
 """Two runs of one job, the guide's settings against faster ones (issue 27 item 2): the steady step and each phase
 (verl's timing_s/*), the ratio guide / fast, each run's training peak against its own plan (`make report`'s check),
-and the first steps' loss, reward and entropy side by side.
+the first steps' loss, reward and entropy side by side, and the validation accuracy at each step both validated.
 
     python3 benchmarks/gpu/speed_pair.py GUIDE_RUN FAST_RUN [--step N] [--json OUT]
 
 A run is a job folder (metrics.jsonl, plan.json, verl_config.yaml). The steady step is the mean over the steps after
-the first (step 1 carries the warm-up); a run of one step has none and is refused. --step N compares step N of both
+the first (step 1 carries the warm-up) up to the last step both runs trained (answers shorten as a model learns, so a
+longer run's later steps are shorter: a run of 20 steps is compared with one of 10 over steps 2-10); a run of one step
+has none and is refused. --step N compares step N of both
 runs instead (a run stopped after its first step: step 1 against step 1, both with their warm-up).
 """
 
@@ -28,10 +30,11 @@ PHASES = {"generation": "timing_s/gen", "old log-prob": "timing_s/old_log_prob",
 CURVES = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/score/mean", "response_length/mean")
 
 
-def steady(df, name: str) -> float | None:
-    """Mean of the metric over the trained steps after the first."""
+def steady(df, name: str, upto: int) -> float | None:
+    """Mean of the metric over the trained steps after the first, up to step `upto`."""
     s = M.train_series(df, name).dropna()
-    return float(s.iloc[1:].mean()) if len(s) > 1 else None
+    s = s.iloc[1:].loc[:upto]
+    return float(s.mean()) if len(s) else None
 
 
 def at_step(df, name: str, step: int) -> float | None:
@@ -50,18 +53,30 @@ def compare(guide_dir: Path, fast_dir: Path, step: int | None = None) -> dict:
         if step is not None and step not in steps:
             raise SystemExit(f"speed_pair: {run.run_dir} ({label}) has no trained step {step} in metrics.jsonl "
                              f"(its steps: {', '.join(map(str, steps)) or 'none'})")
+    # the steady steps: after the first, up to the last step both trained
+    upto = min(int(M.training_steps(r.df).max()) for r in runs.values())
     phases = {}
     for phase, metric in PHASES.items():
-        g, f = (steady(r.df, metric) if step is None else at_step(r.df, metric, step) for r in runs.values())
+        g, f = (steady(r.df, metric, upto) if step is None else at_step(r.df, metric, step) for r in runs.values())
         phases[phase] = {"guide_s": g, "fast_s": f, "ratio": g / f if g and f else None}
     curves = {}
     for metric in CURVES:
         g, f = (M.train_series(r.df, metric).dropna() for r in runs.values())
-        steps = sorted(set(g.index) & set(f.index))
-        curves[metric] = [{"step": int(s), "guide": float(g[s]), "fast": float(f[s])} for s in steps]
+        curves[metric] = side_by_side(g, f)
+    # the validation metric to follow (accuracy mean@N where there is one), step 0 included: whether both learn alike
+    cols = [M.primary_val_column(r.df) for r in runs.values()]
+    validation = {"metric": cols[0] if cols[0] == cols[1] else None, "rows": []}
+    if validation["metric"]:
+        g, f = (M.series(r.df, validation["metric"]) for r in runs.values())
+        validation["rows"] = side_by_side(g, f)
     memory = {label: check_memory(run).to_dict() for label, run in runs.items()}
-    return {"guide": str(guide_dir), "fast": str(fast_dir), "step": step, "phases_s": phases, "curves": curves,
-            "memory": memory}
+    return {"guide": str(guide_dir), "fast": str(fast_dir), "step": step, "steady_upto": upto, "phases_s": phases,
+            "curves": curves, "validation": validation, "memory": memory}
+
+
+def side_by_side(g, f) -> list[dict]:
+    """The steps both series have, each with both values."""
+    return [{"step": int(s), "guide": float(g[s]), "fast": float(f[s])} for s in sorted(set(g.index) & set(f.index))]
 
 
 def cell(v: float | None, width: int) -> str:
@@ -69,7 +84,7 @@ def cell(v: float | None, width: int) -> str:
 
 
 def render(res: dict) -> str:
-    which = "steady (steps 2+)" if res["step"] is None else f"step {res['step']}"
+    which = f"steady (steps 2-{res['steady_upto']})" if res["step"] is None else f"step {res['step']}"
     out = [f"guide: {res['guide']}", f"fast:  {res['fast']}", "",
            f"{which:<18}{'guide s':>9}{'fast s':>9}{'guide/fast':>12}"]
     for phase, p in res["phases_s"].items():
@@ -78,6 +93,9 @@ def render(res: dict) -> str:
     for metric, rows in res["curves"].items():
         cells = ", ".join(f"{r['step']}: {r['guide']:.4g} | {r['fast']:.4g}" for r in rows)
         out.append(f"  {metric}: {cells or '-'}")
+    val = res["validation"]
+    cells = ", ".join(f"{r['step']}: {r['guide']:.3f} | {r['fast']:.3f}" for r in val["rows"])
+    out += ["", f"validation, guide | fast: {val['metric'] or 'no metric both runs have'}", f"  {cells or '-'}"]
     out += ["", "training peak against each run's plan"]
     out += [f"  {label}: [{c['status']}] {c['message']}" for label, c in res["memory"].items()]
     return "\n".join(out)

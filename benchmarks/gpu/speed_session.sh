@@ -12,7 +12,9 @@
 #   bash benchmarks/gpu/speed_session.sh budgets      # what a micro-batch costs by its size: the update and old
 #                                                     # log-prob of the 1.7B LoRA smoke's batch at budgets 3,000-16,384,
 #                                                     # checkpointing on/off, packed/padded (budget_bench.py)
-#   bash benchmarks/gpu/speed_session.sh smol_guide   # learn_smollm2, $STEPS steps (4), the preset as it is
+#   bash benchmarks/gpu/speed_session.sh smol_default # learn_smollm2, $STEPS steps (4), the preset as it is (the
+#                                                     # default speed, conf/speed/fast.yaml: no speed= override)
+#   bash benchmarks/gpu/speed_session.sh smol_guide   # the same with speed=guide (the guide's exact speed settings)
 #   bash benchmarks/gpu/speed_session.sh smol_budgets # the same with the passes' token budgets x4-5 and no activation
 #                                                     # checkpointing (ran 2026-12-04 as "smol_fast": no faster)
 #   bash benchmarks/gpu/speed_session.sh smol_fast    # the same with $FAST
@@ -141,6 +143,7 @@ case "${1:-}" in
     timed budgets_1_7b_lora 480 python3 benchmarks/gpu/budget_bench.py --budgets 3000,8192,16384 --profile 16384 \
       --out "$LOGS/budget_bench_1_7b_lora.json"
     pack budgets ;;
+  smol_default) job smol_default 900 "${SMOL[@]}" ;;
   smol_guide) job smol_guide 900 "${SMOL[@]}" "${GUIDE_ARGS[@]}" ;;
   smol_budgets) job smol_budgets 900 "${SMOL[@]}" "${BUDGETS[@]}" ;;
   smol_fast)  job smol_fast 900 "${SMOL[@]}" "${FAST_ARGS[@]}" ;;
