@@ -221,21 +221,25 @@ def conf_option(group: str, option: str) -> dict[str, Any]:
 
 
 def _lab(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
-    value = (doc.get("lab") or {}).get(section) if isinstance(doc.get("lab"), dict) else None
+    """A composed option's lab.<section>, or {}."""
+    lab = doc.get("lab")
+    value = lab.get(section) if isinstance(lab, dict) else None
     return value if isinstance(value, dict) else {}
 
 
 def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
     """The lab.model of the conf/model option whose model_path or hub_id is `path` (as written: an interpolation is no
     match): the option `chosen` when it is one, else the first in name order; None."""
-    def match(option: str, doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    def plans(doc: Mapping[str, Any]) -> bool:
         model = _lab(doc, "model")
-        keys = (doc.get("model_path"), model.get("hub_id"))
-        return dict(model) if model.get("name") and path and path in keys else None
+        return bool(path and model.get("name") and path in (doc.get("model_path"), model.get("hub_id")))
 
-    first = conf_options("model", [chosen]) if chosen else {}
-    found = next((m for o, doc in first.items() if (m := match(o, doc))), None)
-    return found or next((m for o, doc in conf_options("model").items() if (m := match(o, doc))), None)
+    def docs() -> Iterator[dict[str, Any]]:  # the others are composed only when the chosen one does not plan it
+        if chosen:
+            yield from conf_options("model", [chosen]).values()
+        yield from conf_options("model").values()
+
+    return next((_lab(doc, "model") for doc in docs() if plans(doc)), None)
 
 
 def model_group_of_folder(folder: str) -> dict[str, Any] | None:
