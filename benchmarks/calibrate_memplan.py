@@ -65,10 +65,12 @@ def _yaml(path: Path) -> Any:
 
 
 def model_facts() -> dict[str, dict[str, Any]]:
-    """conf/model's lab.model facts by the model folder's name (data/<name>) and by hub id."""
+    """conf/model's lab.model facts (each option as Hydra composes it) by the model folder's name (data/<name>) and by
+    hub id."""
+    from grpo_lab.facts import conf_options
+
     out = {}
-    for f in sorted((ROOT / "conf" / "model").glob("*.yaml")):
-        doc = _yaml(f) or {}
+    for doc in conf_options("model").values():
         model = (doc.get("lab") or {}).get("model") or {}
         for key in (str(doc.get("model_path") or "").rstrip("/").rsplit("/", 1)[-1], model.get("hub_id")):
             if key:

@@ -5,6 +5,8 @@ What each function gives: docs/cli.md."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import hashlib
 import itertools
@@ -15,7 +17,8 @@ import re
 import struct
 import subprocess
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +101,7 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the model groups: conf/model/*.yaml, read as files (no Hydra): which model_path each one plans
+# YAML files as written: a run folder's .hydra/*.yaml; conf/'s files as the layers grpo_lab/cli/ tells apart
 
 def load_yaml(path: str | os.PathLike) -> Any:
     """A YAML file's data (libyaml's safe loader where there is one)."""
@@ -117,42 +120,141 @@ def load_yaml_or(path: str | os.PathLike, default: Any) -> Any:
         return default
 
 
-@functools.cache
-def model_groups() -> dict[str, dict[str, Any]]:
-    """{model_path or hub id: that group's lab.model} for the files in conf/model/ (local paths: their folder name)."""
-    out: dict[str, dict[str, Any]] = {}
-    for f in sorted((ROOT / "conf" / "model").glob("*.yaml")):
-        doc = load_yaml_or(f, {})
-        model = (doc.get("lab") or {}).get("model") or {}
-        if not isinstance(model, dict) or not model.get("name"):
-            continue
-        for key in (doc.get("model_path"), model.get("hub_id")):
-            if isinstance(key, str) and key and "${" not in key:
-                out.setdefault(key, dict(model))
-    return out
+# ---------------------------------------------------------------------------------------------------------------
+# conf/'s config groups, composed by Hydra (its compose API follows the defaults lists, `# @package` headers and
+# overrides of other groups): what `python run.py GROUP=OPTION` adds to the config, interpolations as written
+
+CONF = ROOT / "conf"
+# the primary config each option is composed in (Hydra's ConfigStore): conf/config.yaml's groups, none chosen
+GROUPS_ROOT = "grpo_lab_conf_groups"
+_COMPOSED: dict[tuple[str, str], dict[str, Any] | None] = {}  # (group, option) -> composed, None: it does not compose
+_OPTIONS: dict[str, tuple[str, ...]] = {}  # group -> its options in conf/; "" -> the groups
+_COMPOSING = threading.RLock()
+_CONF_HYDRA: list[Any] = []  # [conf/'s Hydra (set up by the compose API), conf/'s config source], once per process
+_SESSION: list[Any] = []  # conf/'s config source while _conf_hydra is set up
+
+
+@contextlib.contextmanager
+def _conf_hydra() -> Iterator[Any]:
+    """Hydra's compose API on conf/ (GROUPS_ROOT stored), however deep it nests; yields conf/'s config source. The
+    Hydra there before (run.py's app) is put back after, and the version_base."""
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+    from hydra.core.utils import JobRuntime
+    from omegaconf import OmegaConf
+
+    from grpo_lab.verl_schema.hydra_internals import own_version_base, version_base_as
+
+    if _SESSION:
+        yield _SESSION[-1]
+        return
+    gh = GlobalHydra.instance()
+    running = gh.hydra
+    gh.clear()
+    try:
+        with version_base_as(own_version_base()):
+            if _CONF_HYDRA:
+                gh.initialize(_CONF_HYDRA[0])
+            else:  # the job name stays the app's (Hydra names a sweep's later jobs by it)
+                initialize_config_dir(str(CONF), job_name=JobRuntime.instance().get("name"), version_base=None)
+                source = next(s for s in gh.config_loader().get_sources() if s.provider == "main")
+                groups = [g for g in source.list("", ObjectType.GROUP) if g != "hydra"]
+                picked = OmegaConf.to_container(source.load_config("config").config).get("defaults") or []
+                order = [k for entry in picked if isinstance(entry, dict) for k in entry if k in groups]
+                _OPTIONS[""] = (*order, *sorted(g for g in groups if g not in order))
+                ConfigStore.instance().store(name=GROUPS_ROOT, node={
+                    "defaults": [{g: None} for g in _OPTIONS[""]] + ["_self_"]})
+                _CONF_HYDRA[:] = [gh.hydra, source]
+            _SESSION.append(_CONF_HYDRA[1])
+            yield _CONF_HYDRA[1]
+    finally:
+        _SESSION.clear()
+        gh.clear()
+        if running is not None:
+            gh.initialize(running)
+
+
+def _compose(config_name: str, overrides: list[str]) -> dict[str, Any] | None:
+    """Hydra's composition (inside _conf_hydra), without its `hydra` node, as plain data; None: it does not compose."""
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(compose(config_name, overrides=overrides), resolve=False)
+    except (HydraException, OmegaConfBaseException, OSError, ValueError):
+        return None
+
+
+def conf_groups() -> tuple[str, ...]:
+    """conf/'s config groups (Hydra's own, hydra/, aside), in the order conf/config.yaml's defaults list picks them."""
+    with _COMPOSING:
+        if "" not in _OPTIONS:
+            with _conf_hydra():
+                pass
+        return _OPTIONS[""]
+
+
+def conf_options(group: str, options: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """{option: what `python run.py GROUP=OPTION` adds to the config} for these options of a conf/ group (None: all
+    its options, in name order); an option that does not compose is left out. Each is composed once per process."""
+    with _COMPOSING:
+        names = tuple(options) if options is not None else _OPTIONS.get(group)
+        if names is None or any((group, o) not in _COMPOSED for o in names):
+            from hydra.core.object_type import ObjectType
+
+            with _conf_hydra() as source:
+                if names is None:
+                    names = _OPTIONS[group] = tuple(sorted(source.list(group, ObjectType.CONFIG)))
+                for o in names:
+                    if (group, o) not in _COMPOSED:
+                        _COMPOSED[group, o] = _compose(GROUPS_ROOT, [f"{group}={o}"])
+        return {o: copy.deepcopy(_COMPOSED[group, o]) for o in names if _COMPOSED[group, o] is not None}
+
+
+def conf_option(group: str, option: str) -> dict[str, Any]:
+    """conf_options of one option; {}: no such option, or it does not compose."""
+    return conf_options(group, [option]).get(option, {})
+
+
+def _lab(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """A composed option's lab.<section>, or {}."""
+    lab = doc.get("lab")
+    value = lab.get(section) if isinstance(lab, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
+    """The lab.model of the conf/model option whose model_path or hub_id is `path` (as written: an interpolation is no
+    match): the option `chosen` when it is one, else the first in name order; None."""
+    def plans(doc: Mapping[str, Any]) -> bool:
+        model = _lab(doc, "model")
+        return bool(path and model.get("name") and path in (doc.get("model_path"), model.get("hub_id")))
+
+    def docs() -> Iterator[dict[str, Any]]:  # the others are composed only when the chosen one does not plan it
+        if chosen:
+            yield from conf_options("model", [chosen]).values()
+        yield from conf_options("model").values()
+
+    return next((_lab(doc, "model") for doc in docs() if plans(doc)), None)
 
 
 def model_group_of_folder(folder: str) -> dict[str, Any] | None:
     """The lab.model of the conf/model option whose model_path ends in this folder name (a recorded job's model
     folder, e.g. /tmp/w/data/smollm2-135m-instruct), else None."""
-    for f in sorted((ROOT / "conf" / "model").glob("*.yaml")):
-        doc = load_yaml(f) or {}
+    for doc in conf_options("model").values():
         if str(doc.get("model_path") or "").rstrip("/").rsplit("/", 1)[-1] == folder:
-            return (doc.get("lab") or {}).get("model")
+            return _lab(doc, "model") or None
     return None
 
 
-def hardware_card_gb(name: str, _seen: frozenset[str] = frozenset()) -> float | None:
-    """conf/hardware/<name>.yaml's lab.hardware.gpu_memory_gb, or that of the option its defaults list names; None."""
-    path = ROOT / "conf" / "hardware" / f"{name}.yaml"
-    if name in _seen or not path.is_file():
-        return None
-    doc = load_yaml_or(path, {})
-    gb = ((doc.get("lab") or {}).get("hardware") or {}).get("gpu_memory_gb")
-    if isinstance(gb, (int, float)) and not isinstance(gb, bool) and gb > 0:
-        return float(gb)
-    parents = [d for d in doc.get("defaults") or () if isinstance(d, str) and d != "_self_"]
-    return next((gb for d in parents if (gb := hardware_card_gb(d, _seen | {name})) is not None), None)
+def hardware_card_gb(name: str) -> float | None:
+    """lab.hardware.gpu_memory_gb of `python run.py hardware=NAME` (its defaults list followed), when positive; None."""
+    gb = _lab(conf_option("hardware", name), "hardware").get("gpu_memory_gb")
+    return float(gb) if isinstance(gb, (int, float)) and not isinstance(gb, bool) and gb > 0 else None
 
 
 # the key grpo_lab.tasks.qwen3_random writes into config.json: its value starts "random weights: memory and speed only"
@@ -177,13 +279,14 @@ def random_weights_mark(config: Mapping[str, Any] | str | os.PathLike | None) ->
 
 @functools.cache
 def preset_learning_rates() -> tuple[tuple[float, str], ...]:
-    """The actor learning rates the files under conf/ set (actor_lr, or verl's actor_rollout_ref.actor.optim.lr):
-    ((value, file relative to the repository), ...), lowest first."""
+    """The actor learning rates (actor_lr, or verl's actor_rollout_ref.actor.optim.lr) that conf/config.yaml with no
+    group option composes to, and each option of conf/'s groups: ((value, file relative to the repository), ...),
+    lowest first."""
+    with _COMPOSING, _conf_hydra():
+        docs = [("conf/config.yaml", _compose("config", [f"~{g}" for g in conf_groups()]) or {})]
+        docs += [(f"conf/{g}/{o}.yaml", doc) for g in conf_groups() for o, doc in conf_options(g).items()]
     out = []
-    for f in sorted((ROOT / "conf").rglob("*.yaml")):
-        doc = load_yaml_or(f, {})
-        if not isinstance(doc, dict):
-            continue
+    for name, doc in docs:
         optim = ((doc.get("actor_rollout_ref") or {}).get("actor") or {}).get("optim") or {}
         for v in (doc.get("actor_lr"), optim.get("lr") if isinstance(optim, dict) else None):
             try:
@@ -191,7 +294,7 @@ def preset_learning_rates() -> tuple[tuple[float, str], ...]:
             except (TypeError, ValueError):  # an interpolation (${actor_lr})
                 lr = None
             if lr is not None:
-                out.append((lr, str(f.relative_to(ROOT))))
+                out.append((lr, name))
     return tuple(sorted(out))
 
 

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import yaml
 from conftest import CONF, NOT_READY_EXIT, ROOT, fake_gpus, fresh_clone, model_folder, planned, run_py, write_rows
 
 from grpo_lab.checks.inputs import MAKERS
+from grpo_lab.facts import preset_learning_rates
 
 A = "actor_rollout_ref."
 SDPA = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"  # no flash-attn needed
@@ -209,12 +209,9 @@ def test_each_make_command_writes_the_path_it_is_named_for(maker):
 # ---- item 3: values ----------------------------------------------------------------------------------------------
 
 def _preset_rates() -> list[tuple[float, str]]:
-    """The actor learning rates the files under conf/ set, read here on their own (top-level actor_lr)."""
-    out = []
-    for f in sorted(CONF.rglob("*.yaml")):
-        for m in re.finditer(r"^actor_lr: *([0-9.e+-]+)\s*(?:#.*)?$", f.read_text(), re.M):
-            out.append((float(m.group(1)), str(f.relative_to(ROOT))))
-    return sorted(out)
+    """The actor learning rates of the presets, as Hydra composes each option (tests/test_facts.py checks them against
+    run.py's own composition and the rates conf/'s files write)."""
+    return list(preset_learning_rates())
 
 
 @pytest.mark.parametrize("typed", ["actor_lr=1.0", f"{A}actor.optim.lr=1e-3"])
@@ -227,7 +224,7 @@ def test_a_learning_rate_of_1e_3_or_more_is_warned_with_the_presets(tmp_path, ty
     assert w["message"].endswith("The presets use " + "; ".join(f"{lr:g} ({f})" for lr, f in presets))
     assert "[learning_rate_high]" in proc.stdout  # on the console, not only in plan.json
     fixes = w["fix"].split("  or  ")
-    assert fixes == [f"{A}actor.optim.lr={lr:g}" for lr, _ in presets]
+    assert fixes == list(dict.fromkeys(f"{A}actor.optim.lr={lr:g}" for lr, _ in presets))  # one a rate
     assert w["checked"].startswith("re-checked: the preflight")
     # appended to the command as typed (either spelling), the fix passes
     proc, plan, job = _plan(tmp_path, typed, *_data(tmp_path), fixes[0], name="fixed")

@@ -46,12 +46,11 @@ GIB = 1 << 30
 
 
 def load_arch(name: str) -> memplan.Arch:
-    """Architecture facts from conf/model/<name>.yaml (lab.model), the planner's own fallback source."""
-    import yaml
+    """Architecture facts of model=<option> as Hydra composes it (lab.model), the planner's own fallback source."""
+    from grpo_lab.facts import conf_option
 
-    path = ROOT / "conf" / "model" / f"{MODELS.get(name, name)}.yaml"
-    facts = yaml.safe_load(path.read_text())["lab"]["model"]
-    return memplan.Arch.from_mapping(facts, source=str(path.relative_to(ROOT)))
+    option = MODELS.get(name, name)
+    return memplan.Arch.from_mapping(conf_option("model", option)["lab"]["model"], source=f"conf/model/{option}.yaml")
 
 
 def rows_for(args) -> list[dict]:

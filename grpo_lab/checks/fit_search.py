@@ -11,9 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import yaml
-
-from grpo_lab.checks.fit_moves import BY_ID, CONF, MOVES, RANK, REQUIRED, SPEED_MOVES, A, FitContext, Move, tp_ok
+from grpo_lab import facts
+from grpo_lab.checks.fit_moves import BY_ID, MOVES, RANK, REQUIRED, SPEED_MOVES, A, FitContext, Move, tp_ok
 from grpo_lab.checks.fit_text import override_strs
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan
@@ -235,32 +234,6 @@ def _fewest_gpus(ctx: FitContext, s: memplan.Settings, traj: int, mini_traj: int
     return first, None
 
 
-def _model_options() -> list[tuple[str, dict[str, Any]]]:
-    """(option, merged YAML) of every conf/model/*.yaml, following `defaults` inside the model group."""
-    def load(name: str, depth: int = 0) -> dict[str, Any]:
-        data = yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()) or {}
-        merged: dict[str, Any] = {}
-        for d in data.get("defaults") or []:
-            if isinstance(d, str) and d != "_self_" and depth < 4:
-                merged = _merge(merged, load(d, depth + 1))
-        return _merge(merged, {k: v for k, v in data.items() if k != "defaults"})
-
-    out = []
-    for p in sorted((CONF / "model").glob("*.yaml")):
-        try:
-            out.append((p.stem, load(p.stem)))
-        except (OSError, yaml.YAMLError):
-            continue
-    return out
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lora_fits: State | None,
             lora_chosen: bool = False) -> list[str]:
     """What would fit, when these cards cannot: a bigger card, more GPUs, LoRA, a smaller model."""
@@ -297,7 +270,7 @@ def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lo
             lines.append("LoRA: does not fit either on these cards")
     cur = ctx.arch.params
     smaller = []
-    for name, m in _model_options():
+    for name, m in facts.conf_options("model").items():
         mm = asdict(Lab.of(m.get("lab")).model)
         if not mm["hub_id"] or any(mm[k] is None for k in memplan.Arch.FIELDS):
             continue

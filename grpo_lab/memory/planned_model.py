@@ -61,8 +61,7 @@ def _model_files(verl: Mapping[str, Any] | Keys, lab: Lab, environ: Mapping[str,
     read = keys_of(verl)
     path = str(read(A + "model.hf_config_path") or read(A + "model.path") or "")
     group = asdict(lab.model)
-    groups = facts.model_groups()
-    known = groups.get(path)
+    known = facts.model_group(path, group.get("name") or "")
     info = dict(known) if known else group
     local = Path(os.path.expanduser(path)) if path else None
     notes: list[str] = []

@@ -44,12 +44,8 @@ LETTERS = "etaoinshrdlcumwfgypbvkjxqz"  # by English frequency: the first merges
 
 
 def arch_for(size: str, **reduced: int | None) -> tiny.Qwen3Arch:
-    """The architecture of conf/model/<group>.yaml for this size; reduced: num_hidden_layers=..., hidden_size=..."""
-    import yaml
-
-    group = SIZES[size][0]
-    doc = yaml.safe_load((facts.ROOT / "conf" / "model" / f"{group}.yaml").read_text())
-    m = doc["lab"]["model"]
+    """The architecture of model=<group> for this size (as Hydra composes it); reduced: num_hidden_layers=..., ..."""
+    m = facts.conf_option("model", SIZES[size][0])["lab"]["model"]
     arch = tiny.Qwen3Arch(**{k: m[k] for k in tiny.Qwen3Arch.__dataclass_fields__})
     return replace(arch, **{k: v for k, v in reduced.items() if v is not None})
 
