@@ -261,7 +261,7 @@ class VerlView:
         v: Any = getattr(self, field)
         for part in rest.split("."):
             if dataclasses.is_dataclass(v):
-                if part not in _kinds(type(v)):
+                if part not in {name for name, *_ in _kinds(type(v))}:
                     raise KeyError(dotted)
                 v = getattr(v, part)
             else:
@@ -288,39 +288,30 @@ _VIEWS = {c.__name__: c for c in (FSDPConfigView, OptimView, ActorView, RefView,
 
 
 @functools.cache
-def _kinds(cls: type) -> dict[str, Any]:
-    """{field: its view class, Mapping for a mapping section, or its own default (verl's dataclass default)}."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        t = str(f.type)
-        out[f.name] = _VIEWS.get(t) or (Mapping if t.startswith("Mapping") else
-                                        None if f.default is dataclasses.MISSING else _Default(f.default))
-    return out
-
-
-@dataclass(frozen=True)
-class _Default:
-    value: Any
+def _kinds(cls: type) -> tuple[tuple[str, Any, Any], ...]:
+    """(field, its view class or Mapping for a mapping section or None, its own default: verl's dataclass default)."""
+    return tuple((f.name, _VIEWS.get(str(f.type)) or (Mapping if str(f.type).startswith("Mapping") else None),
+                  None if f.default is dataclasses.MISSING else f.default) for f in dataclasses.fields(cls))
 
 
 def _child(d: Any, name: str) -> Any:
     return d.get(name, _NO) if isinstance(d, Mapping) else _NO
 
 
-def _section(cls: type, given: Any, theirs: Any) -> Any:
+def _section(cls: type, ours: Any, theirs: Any) -> Any:
     values = {}
-    for name, kind in _kinds(cls).items():
-        g, d = _child(given, name), _child(theirs, name)
-        if kind in _VIEWS.values():
-            values[name] = _section(kind, g, d)
-        elif kind is Mapping:
+    for name, kind, own in _kinds(cls):
+        g, d = _child(ours, name), _child(theirs, name)
+        if kind is Mapping:
             values[name] = freeze(g if isinstance(g, Mapping) else d if isinstance(d, Mapping) else EMPTY)
+        elif kind is not None:
+            values[name] = _section(kind, g, d)
         elif g is not _NO:
             values[name] = freeze(g)
         elif d is not _NO and d != "???":  # "???": verl has no default, the config must give it
             values[name] = freeze(d)
         else:
-            values[name] = kind.value if isinstance(kind, _Default) else None
+            values[name] = own
     return cls(**values)
 
 
