@@ -1,6 +1,7 @@
 """The package's layout (issue 21): stages as folders, no import circles, no module over 700 lines, no private name
-imported across modules, no module global changed from another module. Each check also runs on a planted fault, so a
-check that finds nothing is known to be able to find something."""
+imported across modules, no module global changed from another module; verl's config read by dotted key only at the
+edges (issue 43). Each check also runs on a planted fault, so a check that finds nothing is known to be able to find
+something."""
 
 import ast
 import re
@@ -176,6 +177,31 @@ def foreign_globals(mods: dict[str, Path], users: dict[str, Path] | None = None)
     return sorted(set(found))
 
 
+# verl's config read by dotted key (issue 43): grpo_lab.verl_keys' get or lookup, under whatever name it is imported,
+# on a mapping that is verl's config, and a typed view's .at(key); everything else reads the view's fields
+# (grpo_lab/memory/verl_view.py). The first argument's text says what is read: these are plan.json, conf/ files,
+# provenance layers and verl's own defaults, not the job's config.
+NOT_VERL_CONFIG = {"plan", "run.plan", "self.plan", "self.hydra", "data", "verl_tree()", "doc", "m", "defaults",
+                   "theirs", "schema().defaults"}
+MAX_DOTTED_READS, MAX_DOTTED_MODULES = 30, 4
+
+
+def dotted_reads(mods: dict[str, Path]) -> list[str]:
+    """module:line of each read of verl's config by dotted key."""
+    out = []
+    for name, f in mods.items():
+        tree = ast.parse(f.read_text())
+        readers = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   and (n.module or "").endswith(".verl_keys") for a in n.names if a.name in ("get", "lookup")}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and n.args and (
+                    isinstance(n.func, ast.Name) and n.func.id in readers
+                    and ast.unparse(n.args[0]) not in NOT_VERL_CONFIG
+                    or isinstance(n.func, ast.Attribute) and n.func.attr == "at"):
+                out.append(f"{name}:{n.lineno}")
+    return sorted(out)
+
+
 # ------------------------------------------------------------------------------------------------ the package itself
 
 MODS = modules(PKG)
@@ -216,6 +242,11 @@ def test_the_top_level_holds_stage_folders_and_few_modules():
         doc = ast.get_docstring(ast.parse((PKG / d / "__init__.py").read_text()))
         assert doc and len(doc) > 40, f"grpo_lab/{d}/__init__.py says what the stage does"
         assert re.search(rf"^\s+{d}/ ", layout, re.M), f"README's Layout section names grpo_lab/{d}/"
+
+
+def test_verls_config_is_read_by_dotted_key_only_at_the_edges():
+    reads = dotted_reads(MODS)
+    assert len(reads) <= MAX_DOTTED_READS and len({r.split(":")[0] for r in reads}) <= MAX_DOTTED_MODULES, reads
 
 
 def test_every_package_is_installed():
@@ -280,6 +311,16 @@ def test_a_planted_import_of_a_later_stage_is_found(tmp_path):
         "memory/__init__.py": "", "memory/m.py": "from pkg.launch import two\n",
     })
     assert imports_of_later_stages(imports(mods)) == ["pkg.cli.one imports pkg.launch.two"]
+
+
+def test_planted_dotted_reads_of_verls_config_are_found(tmp_path):
+    mods = plant(tmp_path, {
+        "__init__.py": "", "verl_keys.py": "def get(d, key):\n    return d\n",
+        "a.py": ("from pkg.verl_keys import get as read\n\n"
+                 "def f(verl, plan, cfg):\n    return read(verl, 'trainer.nnodes'), read(plan, 'memory.x')\n\n"
+                 "def g(cfg):\n    return cfg.at('data.train_files')\n"),
+    })
+    assert dotted_reads(mods) == ["pkg.a:4", "pkg.a:7"]
 
 
 @pytest.mark.parametrize("module", sorted(MODS))

@@ -17,6 +17,7 @@ from grpo_lab.after_run import doctor
 from grpo_lab.after_run import metrics as M
 from grpo_lab.after_run.run_info import RunInfo, int_or_none
 from grpo_lab.verl_keys import get as _get
+from grpo_lab.verl_keys import thaw
 
 OK, WARN, BAD = "ok", "warn", "bad"
 
@@ -163,7 +164,7 @@ def check_reward(run: RunInfo) -> Check:
 
 def check_validation(run: RunInfo, reward: Trend | None) -> Check:
     col = M.primary_val_column(run.df)
-    test_freq = int_or_none(run.verl_value("trainer.test_freq"))
+    test_freq = int_or_none(run.cfg.trainer.test_freq)
     if col is None:
         if test_freq is not None and test_freq <= 0:
             return Check("val-core", WARN, f"validation is off (trainer.test_freq={test_freq}): nothing to follow the "
@@ -239,7 +240,7 @@ def check_clip_ratio(run: RunInfo) -> Check:
 
 def _lower_lr(run: RunInfo) -> str:
     """A lower learning rate to try: a third of the job's own (the sweeps move by ~3x), else the guide's 1e-6 halved."""
-    lr = M.finite_float(run.verl_value("actor_rollout_ref.actor.optim.lr"))
+    lr = M.finite_float(run.cfg.actor.optim.lr)
     if lr is None or lr <= 0:
         return "actor_lr=5e-7"
 
@@ -272,7 +273,7 @@ def check_entropy(run: RunInfo) -> Check:
     s = M.train_series(run.df, metric)
     if s.empty:
         return Check(metric, WARN, "not logged.")
-    temp = M.finite_float(run.verl_value("actor_rollout_ref.rollout.temperature"))
+    temp = M.finite_float(run.cfg.rollout.temperature)
     hotter = (f", sampling temperature 1.0 instead of {temp:g} (actor_rollout_ref.rollout.temperature=1.0)"
               if temp is not None and temp < 1 else "")
     remedy = (" Keep exploring: entropy_coeff=0.001 (an entropy bonus), clip-higher "
@@ -337,8 +338,8 @@ def check_timing(run: RunInfo) -> Check:
     msg = f"generation {_fmt(gen)} s, actor update {_fmt(upd)} s{of_step}{note}"
     if gen >= upd:
         return Check(metric, OK, msg + ": generation takes longer than training.")
-    offload = bool(run.verl_value("actor_rollout_ref.actor.fsdp_config.optimizer_offload", False) or
-                   run.verl_value("actor_rollout_ref.actor.fsdp_config.param_offload", False))
+    fsdp = run.cfg.actor.fsdp_config
+    offload = bool(fsdp.optimizer_offload or fsdp.param_offload)
     why = "; optimizer/param offload is on (each update moves state over PCIe)" if offload else ""
     # most recorded runs train longer than they generate (benchmarks/gpu/results/): no verdict on the split
     return Check(metric, OK, msg + ": training takes longer than generation, as in most recorded runs" + why + ".")
@@ -361,7 +362,7 @@ def check_step_plan(run: RunInfo) -> Check:
     if arch is None and st is not None:  # a recorded job folder without .hydra/: the model option of its folder's name
         from grpo_lab.memory.memplan_arch import Arch
 
-        info = facts.model_group_of_folder(str(run.verl_value("actor_rollout_ref.model.path", "")).rstrip("/")
+        info = facts.model_group_of_folder(str(run.cfg.model.path or "").rstrip("/")
                                            .rsplit("/", 1)[-1])
         arch = Arch.from_mapping(info) if info and info.get("hidden_size") else None
     if arch is None or st is None:
@@ -450,7 +451,7 @@ def _speed_moves_left(run: RunInfo) -> list[str]:
     if s is None:  # a config verl could not have run
         return []
     left = []
-    if not s.use_fused_kernels and not _get(run.verl, "actor_rollout_ref.actor.calculate_sum_pi_squared"):
+    if not s.use_fused_kernels and not run.cfg.actor.calculate_sum_pi_squared:
         left.append("verl's fused log-prob")
     if not padded_why_not(s):
         left.append("padded micro-batches")
@@ -565,7 +566,7 @@ def check_kv_cache(run: RunInfo) -> Check | None:
 
 def _random_weights(run: RunInfo) -> str:
     """The mark of a model with random weights (grpo_lab.tasks.qwen3_random): its plan.json's, else its folder's."""
-    return run.plan.get("random_weights") or facts.random_weights_mark(run.verl_value("actor_rollout_ref.model.path"))
+    return run.plan.get("random_weights") or facts.random_weights_mark(run.cfg.model.path)
 
 
 def check_random_weights(run: RunInfo) -> Check | None:
@@ -580,7 +581,7 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     st = run.status.get("status")
     steps = M.training_steps(run.df)
     done = int(steps.max()) if len(steps) else 0
-    total = int_or_none(run.verl_value("trainer.total_training_steps"))
+    total = int_or_none(run.cfg.trainer.total_training_steps)
     of = f" of {total}" if total and total > 0 else ""
     diags: list[doctor.Diagnosis] = []
     if st == "failed" or (st is None and run.log_text and not len(steps)):
@@ -588,7 +589,7 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     if st == "ok" and run.status.get("note") == "planned":
         return Check("run", OK, "preflight only (preflight.only=true): nothing was trained; see plan.json."), diags
     if st == "ok" and not len(steps):
-        logger = run.verl_value("trainer.logger")
+        logger = thaw(run.cfg.trainer.logger)
         why = f" (trainer.logger={logger} has no 'file')" if logger and "file" not in logger else ""
         return Check("run", WARN, f"finished, but no metrics were logged: no step in metrics.jsonl{why}; verl's file "
                                   "logger writes it (logger=console, the default, keeps it)."), diags

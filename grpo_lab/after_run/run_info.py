@@ -17,6 +17,7 @@ from grpo_lab.after_run import metrics as M
 from grpo_lab.after_run.doctor.logread import load_yaml
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.run import Run
+from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.verl_keys import get as _get
 
 
@@ -50,17 +51,20 @@ class RunInfo:
 
         return job_run(self.verl, self.lab, self.plan)
 
-    def verl_value(self, path: str, default: Any = None) -> Any:
-        return _get(self.verl, path, default)
+    @property
+    def cfg(self) -> VerlView:
+        """The verl config the job ran with, typed (its Run's: a key it does not give is None)."""
+        return self.job.cfg
 
     @property
     def max_response_length(self) -> int | None:
-        v = self.verl_value("data.max_response_length", _get(self.hydra, "max_response_length"))
-        return int_or_none(v)
+        v = self.cfg.data.max_response_length
+        return int_or_none(self.hydra.get("max_response_length") if v is None else v)
 
     @property
     def max_prompt_length(self) -> int | None:
-        return int_or_none(self.verl_value("data.max_prompt_length", _get(self.hydra, "max_prompt_length")))
+        v = self.cfg.data.max_prompt_length
+        return int_or_none(self.hydra.get("max_prompt_length") if v is None else v)
 
     @property
     def gpu_memory_gb(self) -> float | None:
@@ -77,7 +81,7 @@ class RunInfo:
         name = self.lab.model.name
         if name:
             return str(name)
-        path = self.verl_value("actor_rollout_ref.model.path")
+        path = self.cfg.model.path
         return str(path) if path else None
 
     @property

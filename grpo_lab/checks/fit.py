@@ -33,7 +33,6 @@ from grpo_lab.checks.fit_moves import (
     RANK,
     REQUIRED,
     SPEED_MOVES,
-    A,
     FitContext,
     move_title,
     one_sequence,
@@ -45,7 +44,6 @@ from grpo_lab.cli.apply import apply_overrides
 from grpo_lab.cli.apply import groups as _conf_groups
 from grpo_lab.memory import engines
 from grpo_lab.memory.run import Run
-from grpo_lab.verl_keys import get as _get
 from grpo_lab.verl_keys import put as _put
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -93,8 +91,8 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     if s0.card_gb <= 0:
         raise FitError("lab.hardware.gpu_memory_gb is not set: the fit needs the card's size. Pick a hardware option "
                        "(hardware=rtx4080x4) or set it: lab.hardware.gpu_memory_gb=24")
-    ctx = FitContext(arch, s0, lab, mini=int(_get(verl, A + "actor.ppo_mini_batch_size", 0) or 0),
-                     ref_offload=_get(verl, A + "ref.fsdp_config.param_offload"), shape=run.shape)
+    ctx = FitContext(arch, s0, lab, mini=int(run.cfg.actor.ppo_mini_batch_size or 0),
+                     ref_offload=run.cfg.ref.fsdp_config.param_offload, shape=run.shape)
     base_report = run_preflight(run, launching=False)
     budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
     s_req = replace(s0, **{f: v for f, (_, v) in budgets.items()})  # what the search starts from and plans "before"
@@ -117,7 +115,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
         res.time_before = ctx.time(s_req)
     if chosen is None or found.best is None:
         # full fine-tuning (or this LoRA setup) cannot fit: say what would
-        res.way_out = way_out(ctx, s_req, verl, lora_fits=found.lora_best, lora_chosen=chosen is not None)
+        res.way_out = way_out(ctx, s_req, run.cfg, lora_fits=found.lora_best, lora_chosen=chosen is not None)
     res.rejected = _rejected(ctx, found.start, chosen, found.states)
     res.evaluations = ctx.evaluations
     if chosen is None:
@@ -125,7 +123,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
 
     # then the same algorithm in a shorter step, where it still fits (verl has no fused log-prob beside sum(pi^2))
     skip = ({"fused": "verl 0.9.1 has no fused path for actor.calculate_sum_pi_squared (rule fused_sum_pi_squared)"}
-            if _get(verl, A + "actor.calculate_sum_pi_squared", False) else {})
+            if run.cfg.actor.calculate_sum_pi_squared else {})
     chosen, slower = faster(ctx, chosen, FASTER, skip)
     res.rejected += slower
     res.ok, res.lora, res.values = True, chosen.lora, dict(chosen.values)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -16,6 +16,7 @@ from grpo_lab.checks.fit_moves import BY_ID, MOVES, RANK, REQUIRED, SPEED_MOVES,
 from grpo_lab.checks.fit_text import override_strs
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan
+from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.progress import progress
 from grpo_lab.verl_keys import get as _get
 
@@ -234,7 +235,7 @@ def _fewest_gpus(ctx: FitContext, s: memplan.Settings, traj: int, mini_traj: int
     return first, None
 
 
-def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lora_fits: State | None,
+def way_out(ctx: FitContext, s: memplan.Settings, cfg: VerlView, *, lora_fits: State | None,
             lora_chosen: bool = False) -> list[str]:
     """What would fit, when these cards cannot: a bigger card, more GPUs, LoRA, a smaller model."""
     lines = []
@@ -248,7 +249,7 @@ def way_out(ctx: FitContext, s: memplan.Settings, verl: Mapping[str, Any], *, lo
     traj = s.train_batch_size * s.rollout_n
     mini_traj = ctx.mini * s.rollout_n
     first, n = _fewest_gpus(ctx, s, traj, mini_traj)
-    per = int(_get(verl, "trainer.n_gpus_per_node", s.n_gpus) or s.n_gpus)
+    per = int(cfg.trainer.n_gpus_per_node or s.n_gpus)
     if n:
         how = f"nnodes={n // per} with {per} each" if n % per == 0 else f"ngpus_per_node={n}"
         lines.append(f"more GPUs: {n} GPUs of {s.card_gb:g} GB ({how}) fit {what}: FSDP shards the actor state over "

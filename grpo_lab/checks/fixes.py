@@ -12,13 +12,15 @@ from __future__ import annotations
 import re
 import shlex
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
 from grpo_lab.cli.apply import apply_overrides, parse, respell
 from grpo_lab.memory.run import Run
-from grpo_lab.verl_keys import MISSING, get, lookup
+from grpo_lab.memory.settings import as_int
+from grpo_lab.memory.verl_view import VerlView
+from grpo_lab.verl_keys import MISSING, lookup
 
 MAX_ROUNDS = 3
 
@@ -62,10 +64,10 @@ def gist(message: str) -> str:
     return message
 
 
-def lora_rank_set(fix: str, verl: Mapping) -> int:
+def lora_rank_set(fix: str, cfg: VerlView) -> int:
     """The LoRA rank an alternative of `fix` sets where the config trains the whole model; 0 when none does."""
     key = "actor_rollout_ref.model.lora_rank"
-    if int(get(verl, key, 0) or 0) > 0:
+    if as_int(cfg.model.lora_rank) > 0:
         return 0
     ranks = [v for alt in fix.split(ALT) for _, k, v in (parse(alt) or ()) if k == key]
     return next((int(v) for v in ranks if isinstance(v, int) and v > 0), 0)

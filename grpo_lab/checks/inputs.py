@@ -1,8 +1,7 @@
 """The files a job reads: train/validation parquet and the model. Missing ones are named with the command that makes
 them.
 
-    inputs = {key: get(verl, key) for key in INPUT_KEYS}     # all it reads of verl's config
-    for m in missing_inputs(inputs, lab.dataset.name, lab.model):       # [] when every file is there
+    for m in missing_inputs(run.cfg, lab.dataset.name, lab.model):      # [] when every file is there
         print(m.message, m.command)            # "... does not exist", "make countdown"
 
 The command is one that writes exactly that path: a make target for the paths it writes under the repository
@@ -18,11 +17,11 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.facts import hf_cached_config, hf_model_cache_dir, local_files
 from grpo_lab.labconf import ModelFacts
+from grpo_lab.memory.verl_view import VerlView
 
 ROOT = facts.ROOT
 _TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's reading of HF_HUB_OFFLINE
@@ -182,17 +181,14 @@ def _gguf(key: str, model: str, file: Path) -> Missing:
                                f"model_path={_sh(out)}", cmd)
 
 
-INPUT_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
-
-
-def missing_inputs(inputs: Mapping[str, Any], dataset: str | None, model_facts: ModelFacts,
+def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
                    environ: Mapping[str, str] | None = None) -> list[Missing]:
-    """The job's input files (`inputs`: picked from verl's config) that are not here, each with the command that
-    makes it (`dataset`, `model_facts`: the options chosen, lab.dataset.name and lab.model); [] when all are there."""
+    """The job's input files (the data files and model of verl's config) that are not here, each with the command
+    that makes it (`dataset`, `model_facts`: the options chosen, lab.dataset.name and lab.model); [] when all are
+    there."""
     environ = os.environ if environ is None else environ
     out: list[Missing] = []
-    for key in INPUT_KEYS[:2]:
-        value = inputs.get(key)
+    for key, value in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         items = value if isinstance(value, (list, tuple)) else [value]
         for path in (p for item in items for p in (local_files(item) or [])):  # remote files are not checked
             if os.path.isfile(path):
@@ -202,8 +198,7 @@ def missing_inputs(inputs: Mapping[str, Any], dataset: str | None, model_facts: 
             how = (f"`{cmd}` writes it" if cmd else "nothing in grpo-lab writes this path: check it") + \
                 f", or point to your own file: python run.py {flag}=/path/to/file.parquet"
             out.append(Missing(key, path, f"{key}: {path} does not exist; {how}", cmd))
-    key = INPUT_KEYS[2]
-    model = str(inputs.get(key) or "")
+    key, model = "actor_rollout_ref.model.path", str(cfg.model.path or "")
     if not model:
         return out
     if _looks_local(model):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.verl_keys import A
 
 # (pass, its micro-batch keys (per GPU, and verl's deprecated global form), its dynamic batching switch, token budget)
@@ -25,10 +26,37 @@ PASSES: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
 )
 
 
-def ignored(info: dict[str, Any], verl_get) -> Iterable[tuple[dict[str, Any], str, str]]:
-    """(the user's micro-batch, its pass's dynamic batching switch, token budget key) for each micro-batch that dynamic
-    batching makes ineffective in this config (`verl_get(key)` reads it)."""
+def _values(cfg: VerlView) -> list[tuple[tuple[Any, ...], bool, Any]]:
+    """PASSES's values in this config, pass by pass: (its micro-batch sizes, dynamic batching on, token budget)."""
+    actor, rollout, ref = cfg.actor, cfg.rollout, cfg.ref
+    return [((actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size), bool(actor.use_dynamic_bsz),
+             actor.ppo_max_token_len_per_gpu),
+            ((rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size),
+             bool(rollout.log_prob_use_dynamic_bsz), rollout.log_prob_max_token_len_per_gpu),
+            ((ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size), bool(ref.log_prob_use_dynamic_bsz),
+             ref.log_prob_max_token_len_per_gpu)]
+
+
+def sizes_given(cfg: VerlView) -> Iterable[tuple[str, str, Any]]:
+    """(pass, key, value) of each micro-batch size the config sets."""
+    for (name, keys, _, _), (sizes, _, _) in zip(PASSES, _values(cfg)):
+        yield from ((name, key, v) for key, v in zip(keys, sizes) if v is not None)
+
+
+def switches(cfg: VerlView) -> list[tuple[str, bool]]:
+    """(key, on) of each pass's dynamic batching switch."""
+    return [(dyn, on) for (_, _, dyn, _), (_, on, _) in zip(PASSES, _values(cfg))]
+
+
+def dynamic_on(cfg: VerlView) -> list[str]:
+    """The passes' dynamic batching switches that are on."""
+    return [dyn for dyn, on in switches(cfg) if on]
+
+
+def ignored(info: dict[str, Any], cfg: VerlView) -> Iterable[tuple[dict[str, Any], str, str, Any]]:
+    """(the user's micro-batch, its pass's dynamic batching switch, token budget key, its value) for each micro-batch
+    that dynamic batching makes ineffective in this config."""
     for m in info.get("micro") or ():
-        for name, _, dyn, budget in PASSES:
-            if name == m["pass"] and verl_get(dyn):
-                yield m, dyn, budget
+        for (name, _, dyn, budget), (_, on, tokens) in zip(PASSES, _values(cfg)):
+            if name == m["pass"] and on:
+                yield m, dyn, budget, tokens

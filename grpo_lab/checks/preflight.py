@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
-from grpo_lab.checks.inputs import INPUT_KEYS, missing_inputs
+from grpo_lab.checks.inputs import missing_inputs
 from grpo_lab.checks.plan_text import fit_command, report_text
-from grpo_lab.checks.rules import ALT, A, Ctx, Problem, ids, launching_only_ids, run_rules
+from grpo_lab.checks.rules import ALT, Ctx, Problem, ids, launching_only_ids, run_rules
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
 from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
 from grpo_lab.memory.run import Run
@@ -118,7 +118,7 @@ def run_preflight(run: Run, *, launching: bool, check_fixes: bool = True) -> Pre
     problems = run_rules(c)
     report = PreflightReport(launching=launching)
     name = (c.model.info or {}).get("name")
-    report.title = f"{name or c.get(A + 'model.path', '?')} on {run.lab.hardware.name or '?'}, variant " \
+    report.title = f"{name or c.cfg.model.path or '?'} on {run.lab.hardware.name or '?'}, variant " \
                    f"{run.lab.variant or '?'}"
     report.random_weights = c.model.random_weights
     report.batch = c.batch
@@ -149,9 +149,8 @@ def not_ready_here(run: Run, *, plan_only: bool) -> list[NotReady]:
     """What this machine lacks to launch the job: missing inputs; with plan_only, the environment rules too (those a
     launch runs as refusals: flash-attn, the rollout engine and loggers importable, visible GPUs), each with its fix
     re-checked."""
-    inputs = {key: run.get(key) for key in INPUT_KEYS}
     out = [NotReady("input_missing", m.message, m.command, short=m.short())
-           for m in missing_inputs(inputs, run.lab.dataset.name, run.lab.model, run.environ)]
+           for m in missing_inputs(run.cfg, run.lab.dataset.name, run.lab.model, run.environ)]
     if not plan_only:
         return out
     c = Ctx.on(run, launching=True)
@@ -173,11 +172,11 @@ def _lora_caution(c: Ctx, fix: str) -> str:
     """The warning make fit gives over a LoRA command, for a fix that switches this config to LoRA ("" otherwise)."""
     from grpo_lab.checks.fit_text import lora_banner, lora_words
 
-    rank = lora_rank_set(fix, c.verl)
+    rank = lora_rank_set(fix, c.cfg)
     if not rank:
         return ""
     arch = c.model.arch
-    words = lora_words(arch, rank, c.get(A + "model.target_modules", "all-linear")) if arch else ""
+    words = lora_words(arch, rank, c.cfg.model.target_modules) if arch else ""
     return lora_banner("fix") + (f"\nLoRA: {words}" if words else "")  # make fit's banner, and its words for LoRA
 
 

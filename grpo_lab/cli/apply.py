@@ -110,6 +110,15 @@ def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, tou
                 todo.append(f)
 
 
+def already_has(verl: Mapping[str, Any], override: str) -> bool:
+    """Whether the config already has this override's value (every verl key a short key sets)."""
+    (parsed,) = parse([override]) or [("~", "", None)]
+    op, key, value = parsed
+    keys = short_key_targets(key) if key in SHORT_KEYS else (key,)
+    same = lambda cur: cur == value and isinstance(cur, (str, bool)) == isinstance(value, (str, bool))  # noqa: E731
+    return op != "~" and bool(keys) and all(same(get(verl, k)) for k in keys)
+
+
 def jobs_at_once(n_jobs: Any) -> int:
     """Jobs run at once for joblib's n_jobs (-1: one a CPU core, as joblib counts them)."""
     try:

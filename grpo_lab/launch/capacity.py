@@ -120,7 +120,7 @@ def row(model: str, hardware: str, extra: tuple[str, ...] = ()) -> Row:
         return Row(name, hardware, "refused: " + " ".join(b.split("]")[0] + "]" for b in res.blocked),
                    "-", "-", "-", "-", "-", emulated=emulated)
     plan, times = (res.after, res.time_after) if res.ok else (res.before, res.time_before)
-    rank = int(res.values.get(LORA_RANK) or run.get(LORA_RANK) or 0)
+    rank = int(res.values.get(LORA_RANK) or run.cfg.model.lora_rank or 0)
     changes, offload = _changes(res)
     if not res.ok:  # nothing fits; or (a bug) the fitted settings failed the preflight's re-check
         fits, changes = ("no", "-") if res.after is None else ("no: the fit failed its re-check", "-")
@@ -149,9 +149,9 @@ def grid() -> tuple[list[Row], dict[str, str], dict[str, Any]]:
         rows = {(h, c): row(c[0], h, c[1]) for h, c in progress(pairs, COMMAND, unit="configs")}
         table = {h: {c: rows[h, c] for c in configs} for h in options("hardware")}
         job = composed([])
-    run = {"rows": job.lab.dataset.train_rows, "batch": job.get("data.train_batch_size"),
-           "epochs": job.get("trainer.total_epochs"), "n": job.get("actor_rollout_ref.rollout.n"),
-           "prompt": job.get("data.max_prompt_length"), "response": job.get("data.max_response_length"),
+    data = job.cfg.data
+    run = {"rows": job.lab.dataset.train_rows, "batch": data.train_batch_size, "epochs": job.cfg.trainer.total_epochs,
+           "n": job.cfg.rollout.n, "prompt": data.max_prompt_length, "response": data.max_response_length,
            "dataset": job.lab.dataset.name}
     merged: dict[str, str] = {}  # an emulation that plans exactly as another option is named, not repeated
     for h, by in table.items():

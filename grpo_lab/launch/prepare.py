@@ -24,14 +24,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_lab import facts
-from grpo_lab.checks.microbatch import PASSES
+from grpo_lab.checks.microbatch import sizes_given, switches
 from grpo_lab.cli.knobs import SHORT_KEYS, followers, knob_keys
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.emulate import ALLOC_VARS, ENV_VARS
 from grpo_lab.memory.run import Run, planned_kv_bytes
-from grpo_lab.memory.settings import KV_PIN
-from grpo_lab.verl_keys import MISSING, flatten, get, lookup, put, with_value
+from grpo_lab.memory.settings import kv_cache_memory_bytes
+from grpo_lab.memory.verl_view import KV_PIN, VerlView
+from grpo_lab.verl_keys import MISSING, flatten, lookup, put, with_value
 
 if TYPE_CHECKING:
     from grpo_lab.cli.overrides import CommandLine
@@ -127,7 +128,7 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
                            f"e.g. python run.py {e.full_key}=...") from None
     if job.multirun:
         # each sweep job its own checkpoints, so that none resumes from a sibling's
-        ckpt = os.path.join(get(verl, "trainer.default_local_dir"), checkpoint_key(job.override_dirname))
+        ckpt = os.path.join(VerlView.of(verl).trainer.default_local_dir, checkpoint_key(job.override_dirname))
         put(verl, "trainer.default_local_dir", ckpt)
         # hydra/launcher=side_by_side: min(n_jobs, the sweep's jobs) share the GPUs and host (rule side_by_side_jobs)
         points = job.cli.sweep_points() if job.cli is not None else None
@@ -160,7 +161,7 @@ def emulate(verl: dict[str, Any], lab: Lab, job: Job) -> Emulated:
     from grpo_lab.memory.emulate import EmulationError
     from grpo_lab.memory.emulate import emulate as for_card
 
-    config = with_value(verl, WORKER_ENV, worker_env(verl, lab, job.dir))
+    config = with_value(verl, WORKER_ENV, worker_env(VerlView.of(verl), lab, job.dir))
     try:
         return for_card(config, lab, os.environ)
     except EmulationError as e:
@@ -181,12 +182,12 @@ def side_by_side_jobs(launcher: Any) -> int:
         return 1
 
 
-def worker_env(verl: dict[str, Any], lab: Lab, job_dir: Path) -> dict[str, Any]:
+def worker_env(cfg: VerlView, lab: Lab, job_dir: Path) -> dict[str, Any]:
     """The environment of verl's Ray workers (Ray wants string values): the job's own, with ours added where the
     user set nothing."""
-    env = dict(get(verl, WORKER_ENV) or {})
+    env = dict(cfg.env_vars)
     ours = {"VERL_FILE_LOGGER_PATH": str(job_dir.resolve() / "metrics.jsonl")}
-    if "wandb" in (get(verl, "trainer.logger") or []):
+    if "wandb" in (cfg.trainer.logger or ()):
         ours["WANDB_DIR"] = str(job_dir.resolve())
         ours["WANDB_MODE"] = os.environ.get("WANDB_MODE") or str(lab.wandb.mode or "offline")
     if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
@@ -232,19 +233,16 @@ def settle(verl: dict[str, Any], layers: Layers) -> dict[str, Any]:
 
     Returns what the rule micro_batch_explicit reports: {"micro": [{pass, key, value, set_by}], "turned_off": [{key,
     set_by}], "kept_on": [{key, set_by}]} ({} when the user gave no micro-batch size)."""
-    micro = []
-    for name, keys, _, _ in PASSES:
-        for key in keys:
-            value, by = get(verl, key), _set_by(layers, key)
-            if value is not None and _users(by):
-                micro.append({"pass": name, "key": key, "value": value, "set_by": by})
+    cfg = VerlView.of(verl)
+    micro = [{"pass": name, "key": key, "value": value, "set_by": by} for name, key, value in sizes_given(cfg)
+             if _users(by := _set_by(layers, key))]
     if not micro:
         return {}
-    switches = [(dyn, bool(get(verl, dyn, False)), _set_by(layers, dyn)) for _, _, dyn, _ in PASSES]
-    kept = [{"key": dyn, "set_by": by} for dyn, on, by in switches if on and _users(by)]
+    on_off = [(dyn, on, _set_by(layers, dyn)) for dyn, on in switches(cfg)]
+    kept = [{"key": dyn, "set_by": by} for dyn, on, by in on_off if on and _users(by)]
     off = []
     if not kept:  # no use_dynamic_bsz=true of the user's: their micro-batch wins over our default
-        for dyn, on, by in switches:
+        for dyn, on, by in on_off:
             if on:
                 put(verl, dyn, False)
                 off.append({"key": dyn, "set_by": by})
@@ -265,7 +263,7 @@ def pin_side_by_side(run: Run, verl: dict[str, Any]) -> tuple[dict[str, Any], di
     wrote it, so a fix that changes vLLM's share is re-checked with the cache it sizes."""
     if run.lab.side_by_side_jobs <= 1:
         return verl, None
-    own = run.get(KEY)
+    own = kv_cache_memory_bytes(run.cfg)
     if own is not None:
         return verl, {"bytes": own, "by": "user"}
     n = planned_kv_bytes(run.memory)
@@ -292,9 +290,9 @@ def changed_defaults(verl: Mapping[str, Any], layers: Layers, multirun: bool = F
 
     defaults = verl_defaults() if defaults is None else defaults
     out = []
-    seen = set()
+    paths = set()  # every key of verl: its leaves and the sections above them
     for key, ours in flatten(verl):
-        seen.add(key)
+        paths.update(key.rsplit(".", n)[0] for n in range(key.count(".") + 1))
         if key.endswith("_target_"):
             continue
         theirs = lookup(defaults, key)
@@ -303,7 +301,7 @@ def changed_defaults(verl: Mapping[str, Any], layers: Layers, multirun: bool = F
         out.append({"key": key, "verl": "(not in verl's config)" if theirs is MISSING else theirs, "ours": ours,
                     "set_by": layers.source(key)})
     for key, theirs in flatten(defaults):
-        if key not in seen and lookup(verl, key) is MISSING and not key.endswith("_target_"):
+        if key not in paths and not key.endswith("_target_"):
             out.append({"key": key, "verl": theirs, "ours": "(removed)", "set_by": layers.source(key)})
     if multirun:
         for item in out:

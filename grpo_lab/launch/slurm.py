@@ -25,7 +25,6 @@ from typing import Any
 
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.labconf import Lab, Slurm
-from grpo_lab.verl_keys import get
 
 # overrides that change the resources a job needs: the launcher's resources are fixed for the whole sweep
 RESOURCE_KEYS = ("hardware", "nnodes", "trainer.nnodes", "ngpus_per_node", "trainer.n_gpus_per_node")
@@ -441,8 +440,8 @@ def serve_ray_worker(cfg: Any, environ: Mapping[str, str] = os.environ, **inject
     if _plan_only(lab):
         return _say(f"{me}: planning only (preflight.only / fit): the head plans, no Ray starts here")
     try:
-        nodes = ray_nodes(verl.get("trainer") or {}, get(verl, "ray_kwargs.ray_init", {}), lab.slurm,
-                          lab.hardware.cpu_cores, alloc, **inject)
+        nodes = ray_nodes(verl.get("trainer") or {}, (verl.get("ray_kwargs") or {}).get("ray_init") or {},
+                          lab.slurm, lab.hardware.cpu_cores, alloc, **inject)
     except ClusterError as e:  # the head's task refuses the job with the same message
         return _say(f"{me}: {e}")
     return nodes.serve(head_done=head_done)

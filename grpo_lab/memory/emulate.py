@@ -24,7 +24,8 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import A, get, put, with_value
+from grpo_lab.memory.verl_view import VerlView
+from grpo_lab.verl_keys import A, put, with_value
 
 ENV_VARS = facts.RAY_ENV_VARS  # what verl hands its Ray workers
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the name torch 2.11 reads first, then the new one
@@ -131,14 +132,14 @@ def _user_alloc(env: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str
 
 
 def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str],
-               verl: Mapping[str, Any]) -> dict[str, str]:
+               cfg: VerlView) -> dict[str, str]:
     """The variables emulation adds to verl's Ray workers; `env` is what the job already hands them.
     PYTORCH_CUDA_ALLOC_CONF always (torch 2.11 reads it first); PYTORCH_ALLOC_CONF too when the user set it, with the
     same value, so that whichever name a torch reads first carries the cap."""
     user, _ = _user_alloc(env, environ)
     merged, _ = merge_alloc_conf(user, emu.fraction)
-    sleep = get(verl, A + "rollout.enable_sleep_mode", True)
-    if sleep and any(k == "expandable_segments" and v == "True" for k, v in parse_alloc_conf(merged)):
+    expandable = any(k == "expandable_segments" and v == "True" for k, v in parse_alloc_conf(merged))
+    if cfg.rollout.enable_sleep_mode and expandable:
         raise EmulationError(f"your allocator setting {user!r} turns expandable_segments on; emulation hands it to "
                              f"vLLM's processes in PYTORCH_CUDA_ALLOC_CONF, and vLLM's sleep mode refuses that "
                              f"(vllm/device_allocator/cumem.py: 'Expandable segments are not compatible with memory "
@@ -150,14 +151,15 @@ def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str
     return out
 
 
-def _utils(d: Any, path: str = "") -> Iterator[tuple[str, float]]:
+def utilizations(d: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    """(key, value) of each gpu_memory_utilization the config sets to a number."""
     if isinstance(d, Mapping):
         for k, v in d.items():
             p = f"{path}.{k}" if path else str(k)
             if k == UTIL_KEY and _number(v) is not None:
                 yield p, float(v)
             else:
-                yield from _utils(v, p)
+                yield from utilizations(v, p)
 
 
 def _plain(x: Any) -> Any:
@@ -170,8 +172,8 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def check_engine(verl: Mapping[str, Any]) -> None:
-    engine = str(get(verl, A + "rollout.name", "vllm") or "vllm").lower()
+def check_engine(cfg: VerlView) -> None:
+    engine = str(cfg.rollout.name).lower()
     if engine != "vllm":
         raise EmulationError(f"emulation scales vLLM's gpu_memory_utilization (a fraction of the card's total); "
                              f"{engine} reads it as a fraction of the memory free at start, which emulation cannot "
@@ -204,13 +206,14 @@ def emulate(config: dict[str, Any], lab: Lab, environ: Mapping[str, str]) -> Emu
     emu = settings(lab)
     if emu is None:
         return Emulated(config)
-    env = dict(get(config, ENV_VARS, {}) or {})
-    env.update(worker_env(emu, env, environ, config))
-    check_engine(config)
+    cfg = VerlView.of(config)
+    env = dict(cfg.env_vars)
+    env.update(worker_env(emu, env, environ, cfg))
+    check_engine(cfg)
     scaled = {path: {"planned": util, "handed_to_engine": emu.scale(util),
                      # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
                      "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
-              for path, util in _utils(config)}
+              for path, util in utilizations(config)}
     info = {
         "emulated": True,
         "card": f"{emu.name or f'{emu.card_gb:g} GB card'} ({emu.card_gb:g} GB)",
@@ -231,7 +234,7 @@ def describe(done: Emulated) -> str:
     emu, info = done.settings, done.info
     if emu is None or info is None:
         return ""
-    conf = get(done.planned, ENV_VARS)["PYTORCH_CUDA_ALLOC_CONF"]
+    conf = info["worker_env"]["PYTORCH_CUDA_ALLOC_CONF"]
     cap = float(dict(parse_alloc_conf(conf)).get(FRACTION_KEY, emu.fraction))
     own = (f" (your own {FRACTION_KEY}, kept; emulation's would be {emu.fraction:.6g})"
            if abs(cap - emu.fraction) > 1e-6 else "")

@@ -14,8 +14,7 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.memplan_arch import Arch
-from grpo_lab.memory.settings import Keys, keys_of
-from grpo_lab.verl_keys import A
+from grpo_lab.memory.verl_view import VerlView
 
 
 @dataclass
@@ -37,29 +36,28 @@ def _from_config_json(path: Path, source: str) -> Arch:
     return Arch.from_mapping(cfg, source=source)
 
 
-def position_override(verl: Mapping[str, Any] | Keys) -> int | None:
+def position_override(cfg: VerlView) -> int | None:
     """actor_rollout_ref.model.override_config's max_position_embeddings (under its model_config when it has one), as
     verl 0.9.1 sets it on the model's config before the rollout checks max_model_len against it
     (verl/workers/config/model.py HFModelConfig.__post_init__ -> verl/utils/model.py update_model_config)."""
-    ov = keys_of(verl)(A + "model.override_config", {}) or {}
-    ov = ov.get("model_config", ov) if isinstance(ov, Mapping) else {}
+    ov = cfg.model.override_config
+    ov = ov.get("model_config", ov)
     v = ov.get("max_position_embeddings") if isinstance(ov, Mapping) else None
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-def resolve_model(verl: Mapping[str, Any] | Keys, lab: Lab, environ: Mapping[str, str]) -> PlannedModel:
+def resolve_model(cfg: VerlView, lab: Lab, environ: Mapping[str, str]) -> PlannedModel:
     """The model verl will load (module docstring), with the positions override_config gives it."""
-    m = _model_files(verl, lab, environ)
-    positions = position_override(verl)
+    m = _model_files(cfg, lab, environ)
+    positions = position_override(cfg)
     if m.arch is not None and positions is not None:
         m.file_positions = m.arch.max_position_embeddings
         m.arch = replace(m.arch, max_position_embeddings=positions)
     return m
 
 
-def _model_files(verl: Mapping[str, Any] | Keys, lab: Lab, environ: Mapping[str, str]) -> PlannedModel:
-    read = keys_of(verl)
-    path = str(read(A + "model.hf_config_path") or read(A + "model.path") or "")
+def _model_files(cfg: VerlView, lab: Lab, environ: Mapping[str, str]) -> PlannedModel:
+    path = str(cfg.model.hf_config_path or cfg.model.path or "")
     group = asdict(lab.model)
     known = facts.model_group(path, group.get("name") or "")
     info = dict(known) if known else group

@@ -14,14 +14,15 @@ from grpo_lab.labconf import Lab
 from grpo_lab.memory import engines, memplan, timeplan
 from grpo_lab.memory.memplan_arch import Settings
 from grpo_lab.memory.planned_model import PlannedModel, resolve_model
-from grpo_lab.memory.settings import Keys, batch_facts, settings_from_verl, wrong_types
-from grpo_lab.verl_keys import A, freeze
+from grpo_lab.memory.settings import batch_facts, settings_from_verl
+from grpo_lab.memory.verl_view import VerlView, wrong_types
+from grpo_lab.verl_keys import freeze
 
 
 @dataclass(frozen=True)
 class Run:
     verl: Mapping[str, Any]  # the composed verl config as planned (read-only)
-    keys: Keys  # the same, by dotted key (what `get` reads)
+    cfg: VerlView  # the same, typed: verl's sections and field names (grpo_lab/memory/verl_view.py)
     lab: Lab
     environ: Mapping[str, str]
     model: PlannedModel
@@ -37,31 +38,28 @@ class Run:
 
     @classmethod
     def build(cls, verl: Mapping[str, Any], lab: Lab | None = None, environ: Mapping[str, str] | None = None, *,
-              quick: bool = False, layers: Any = None) -> Run:
+              quick: bool = False, layers: Any = None, verl_defaults: bool = True) -> Run:
+        """The job's Run; verl_defaults=False: a key the config lacks reads None, not verl's default."""
         lab, environ = lab or Lab(), os.environ if environ is None else environ
         verl = freeze(verl or {})
-        keys = Keys(verl)
-        model = resolve_model(keys, lab, environ)
-        batch = batch_facts(keys)
+        cfg = VerlView.of(verl, defaults=verl_defaults)
+        model = resolve_model(cfg, lab, environ)
+        batch = batch_facts(cfg)
         notes = list(model.notes)
-        s, planned, memory = plan_memory(keys, lab, model, notes, quick)
-        shape = run_shape(keys, lab, batch, planned) if planned is not None else None
+        s, planned, memory = plan_memory(cfg, lab, model, notes, quick)
+        shape = run_shape(cfg, lab, batch, planned) if planned is not None else None
         time = (timeplan.time_plan(model.arch, planned, timeplan.Card.of(lab.hardware), shape, memory["kv_cache"])
                 if shape else {})
-        return cls(verl, keys, lab, environ, model, batch, s, planned, memory, shape, time, tuple(notes), quick,
+        return cls(verl, cfg, lab, environ, model, batch, s, planned, memory, shape, time, tuple(notes), quick,
                    layers)
 
-    def get(self, dotted: str, default: Any = None) -> Any:
-        """The value at a dotted key of verl's config; `default` where it is absent or null."""
-        return self.keys(dotted, default)
 
-
-def plan_memory(verl: Keys, lab: Lab, m: PlannedModel, notes: list[str],
+def plan_memory(cfg: VerlView, lab: Lab, m: PlannedModel, notes: list[str],
                 quick: bool) -> tuple[Settings | None, Settings | None, dict[str, Any]]:
     """(the settings as read, as planned, the memory plan); what was skipped, and why, goes to `notes`."""
-    nulls = [key for key, v, *_ in wrong_types(verl) if v is None]  # the plan would read verl's default in their place
+    nulls = [key for key, v, *_ in wrong_types(cfg) if v is None]  # verl's own default is a number: no plan on null
     try:
-        s, why = (None, f"{', '.join(nulls)}: null") if nulls else (settings_from_verl(verl, lab), "")
+        s, why = (None, f"{', '.join(nulls)}: null") if nulls else (settings_from_verl(cfg, lab), "")
     except (TypeError, ValueError) as e:
         s, why = None, str(e)
     if m.arch is None:
@@ -96,13 +94,13 @@ def plan_memory(verl: Keys, lab: Lab, m: PlannedModel, notes: list[str],
     return read, s, plan
 
 
-def run_shape(read: Keys, lab: Lab, batch: Mapping[str, Any], s: Settings) -> timeplan.RunShape:
+def run_shape(cfg: VerlView, lab: Lab, batch: Mapping[str, Any], s: Settings) -> timeplan.RunShape:
     """The run's steps, validations and planned prompt length."""
     ds = lab.dataset
     steps = batch.get("total_training_steps")
     if steps is None and ds.train_rows:  # the train file is not here yet: the dataset option's published size
         steps = ds.train_rows // max(1, s.train_batch_size) * timeplan.int_or(batch.get("total_epochs"), 1)
-    val_rows, vf = ds.test_rows, read("data.val_files")
+    val_rows, vf = ds.test_rows, cfg.data.val_files
     try:  # the validation file when it is here (verl validates all of it)
         val_rows = facts.parquet_num_rows(vf[0] if isinstance(vf, (list, tuple)) and vf else vf)
     except (OSError, ValueError, TypeError):
@@ -112,9 +110,9 @@ def run_shape(read: Keys, lab: Lab, batch: Mapping[str, Any], s: Settings) -> ti
     else:
         prompt, source = s.max_prompt_length / 2, "half of max_prompt_length (lab.dataset.prompt_tokens not set)"
     return timeplan.RunShape(steps=timeplan.int_or(steps, 0), prompt_tokens=prompt, prompt_source=source,
-                             val_rows=val_rows, val_n=timeplan.int_or(read(A + "rollout.val_kwargs.n", 1), 1),
-                             test_freq=timeplan.int_or(read("trainer.test_freq", -1), -1),
-                             val_before_train=bool(read("trainer.val_before_train", True)),
+                             val_rows=val_rows, val_n=timeplan.int_or(cfg.rollout.val_kwargs.n, 1),
+                             test_freq=timeplan.int_or(cfg.trainer.test_freq, -1),
+                             val_before_train=bool(cfg.trainer.val_before_train),
                              jobs_on_card=timeplan.int_or(lab.side_by_side_jobs, 1))
 
 

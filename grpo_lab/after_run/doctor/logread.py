@@ -137,30 +137,28 @@ def _merged(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
                     for k, v in b.items()}}
 
 
-def now(run: Run, key: str) -> str:
+def now(v: Any) -> str:
     """A value of the job's config as the doctor quotes it, or that it is unknown."""
-    v = run.get(key)
     return "unknown: not in the job's config" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def cpus_needed(run: Run) -> int | None:
     """Ray CPUs the job's placement groups need on a node (grpo_lab.facts), None where its config does not say."""
-    gpus, v1, units = run.get("trainer.n_gpus_per_node"), run.get("trainer.use_v1"), run.get(UNITS)
+    gpus, v1, units = run.cfg.trainer.n_gpus_per_node, run.cfg.trainer.use_v1, storage_units(run)
     if gpus is None or v1 is None or (v1 and units is None):
         return None
     return facts.ray_cpus_needed(int(gpus), bool(v1), int(units or 0))
 
 
+def storage_units(run: Run) -> Any:
+    return run.cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units
+
+
 def already_set(run: Run, override: str) -> bool:
     """Whether the job's config already has this override's value (every verl key a short key sets)."""
-    from grpo_lab.cli.apply import parse
-    from grpo_lab.cli.knobs import SHORT_KEYS, short_key_targets
+    from grpo_lab.cli.apply import already_has
 
-    (parsed,) = parse([override]) or [("~", "", None)]
-    op, key, value = parsed
-    keys = short_key_targets(key) if key in SHORT_KEYS else (key,)
-    same = lambda cur: cur == value and isinstance(cur, (str, bool)) == isinstance(value, (str, bool))  # noqa: E731
-    return op != "~" and bool(keys) and all(same(run.get(k)) for k in keys)
+    return already_has(run.verl, override)
 
 
 def env_override(name: str, value: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -15,7 +15,6 @@ from grpo_lab.memory.memplan_remedies import find_remedies
 from grpo_lab.memory.memplan_verdicts import phase_result
 from grpo_lab.memory.run import Run
 from grpo_lab.registry import Entry, Registry
-from grpo_lab.verl_keys import A
 
 Matcher = Callable[[Log, Run], list[Diagnosis]]
 
@@ -259,12 +258,12 @@ def _kv_cache(log: Log, run: Run) -> list[Diagnosis]:
     out = []
     i = log.first(_KV_NONE)
     if i is not None:
-        util = run.get(A + "rollout.gpu_memory_utilization")
+        util = run.cfg.rollout.gpu_memory_utilization
         out.append(Diagnosis(
             id="vllm_kv_cache_too_small",
             title="vLLM has no memory left for its KV cache (generation phase, at engine start)",
             evidence=log.evidence(i), line=i + 1, phase="generation",
-            remedy=(f"vLLM's share (gpu_memory_utilization, {now(run, A + 'rollout.gpu_memory_utilization')}, x the "
+            remedy=(f"vLLM's share (gpu_memory_utilization, {now(util)}, x the "
                     "card) is used up by the model weights and the profiling run, so no KV cache is left. Give vLLM a "
                     "larger share if the training phase has room (rollout_gpu_mem_util up by 0.1), or make its "
                     "profiling run smaller (actor_rollout_ref.rollout.max_num_batched_tokens, max_model_len)."),
@@ -447,8 +446,7 @@ def _ray_env(log: Log, run: Run) -> list[Diagnosis]:
     i = log.first(_RAY_ENV)
     if i is None:
         return []
-    env = run.get("ray_kwargs.ray_init.runtime_env.env_vars", {})
-    bad = {k: val for k, val in (env.items() if isinstance(env, Mapping) else []) if not isinstance(val, str)}
+    bad = {k: val for k, val in run.cfg.env_vars.items() if not isinstance(val, str)}
     if not bad:
         m = re.search(r"the value (\S+) is of type", log.clean[i])
         bad = {"<NAME>": m.group(1) if m else "<value>"}

@@ -11,10 +11,19 @@ import socket
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.after_run.doctor.logread import END_MARKERS, UNITS, Diagnosis, Log, cpus_needed, env_override
+from grpo_lab.after_run.doctor.logread import (
+    END_MARKERS,
+    UNITS,
+    Diagnosis,
+    Log,
+    cpus_needed,
+    env_override,
+    storage_units,
+)
 from grpo_lab.after_run.doctor.signatures import FatalLine, fatal_line, known, nccl_diagnosis
 from grpo_lab.loglines import EXCEPTION_LINE, FRAME, strip
 from grpo_lab.memory.run import Run
+from grpo_lab.memory.settings import as_int
 
 # the diagnoses of this module: no matcher finds them, they come from where the log stops or from a dead engine
 # (a stop at NCCL initialisation is the nccl_hang signature's)
@@ -63,8 +72,8 @@ _UNSCHEDULABLE = re.compile(r"resource request cannot be scheduled right now")
 
 
 def _cpu_budget_hang(log: Log, run: Run, evidence: str, line: int | None, where: str) -> Diagnosis:
-    need, have = cpus_needed(run), run.get("ray_kwargs.ray_init.num_cpus")
-    gpus, v1, units = run.get("trainer.n_gpus_per_node"), run.get("trainer.use_v1"), run.get(UNITS)
+    need, have = cpus_needed(run), run.cfg.ray_init.num_cpus
+    gpus, v1, units = run.cfg.trainer.n_gpus_per_node, run.cfg.trainer.use_v1, storage_units(run)
     units_fit = have - facts.ray_cpus_needed(int(gpus), True, 0) if need and have is not None and v1 else None
     overrides = [f"ray_kwargs.ray_init.num_cpus={need}"] if need else []
     if units_fit is not None and 1 <= units_fit < int(units):
@@ -142,7 +151,7 @@ def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diag
     """A log that ends with no error: hung (and killed), still running, or finished; one that ends in a Python
     exception is no hang (raised)."""
     steps = log.steps()
-    total = int(run.get("trainer.total_training_steps", 0))
+    total = as_int(run.cfg.trainer.total_training_steps)
     if log.first(END_MARKERS) is not None or (total > 0 and steps and max(steps) >= total):
         return []  # it finished
     crashed = raised(log)  # a process that raised is over, however recent its log

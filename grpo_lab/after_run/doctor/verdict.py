@@ -51,8 +51,9 @@ def diagnose(text: str, config: dict[str, Any] | None = None, *, lab: Lab | None
 
 
 def job_run(verl: dict[str, Any] | None, lab: Lab | None, plan: dict[str, Any]) -> Run:
-    """The job's Run as planned, in the user's terms where its card was emulated (RunInfo.job reads the same)."""
-    return Run.build(in_users_terms(verl, plan) or {}, lab, {}, quick=True)
+    """The job's Run as planned, in the user's terms where its card was emulated (RunInfo.job reads the same); a key
+    its config does not give is unknown, not verl's default."""
+    return Run.build(in_users_terms(verl, plan) or {}, lab, {}, quick=True, verl_defaults=False)
 
 
 def errors_in(path: str | Path) -> list[Diagnosis]:
@@ -137,14 +138,16 @@ def diagnose_path(path: str | Path, *, stale_minutes: float = 10.0) -> tuple[Pat
 
 def in_users_terms(config: dict[str, Any] | None, plan: dict[str, Any]) -> dict[str, Any] | None:
     """The job's verl config with the values the user set where an emulated card scaled them (docs/after_run.md)."""
-    from grpo_lab.verl_keys import get, with_value
+    from grpo_lab.memory.emulate import utilizations
+    from grpo_lab.verl_keys import with_value
 
     emulation = plan.get("emulation") or {}
     if not config or not emulation.get("emulated"):
         return config
-    for key, values in (emulation.get("gpu_memory_utilization") or {}).items():
-        if get(config, key) is not None and "planned" in values:
-            config = with_value(config, key, values["planned"])
+    scaled = emulation.get("gpu_memory_utilization") or {}
+    for key, _ in list(utilizations(config)):
+        if "planned" in scaled.get(key, {}):
+            config = with_value(config, key, scaled[key]["planned"])
     return config
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.planned_model import PlannedModel
 from grpo_lab.memory.run import Run
+from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.registry import Entry, Registry
 from grpo_lab.verl_keys import A  # noqa: F401 (A: for the rule modules)
 
@@ -131,6 +132,10 @@ class Ctx:
         return self.run.verl
 
     @property
+    def cfg(self) -> VerlView:
+        return self.run.cfg
+
+    @property
     def lab(self) -> Lab:
         return self.run.lab
 
@@ -141,9 +146,6 @@ class Ctx:
     @property
     def plan(self) -> Mapping[str, Any]:
         return self.run.memory
-
-    def get(self, dotted: str, default: Any = None) -> Any:
-        return self.run.get(dotted, default)
 
     @property
     def strict(self) -> bool:

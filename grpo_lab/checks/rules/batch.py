@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from grpo_lab.checks.inputs import data_command, has_column, maker_for, parquet_columns
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
@@ -90,7 +91,7 @@ def train_batch_vs_mini_batch(c: Ctx) -> Iterable[Problem]:
     tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
     if not (_sizes_ok(c) and tb < mini):
         return
-    m, fix = mode(c.run.keys), _batch_fix_text(c)
+    m, fix = mode(c.cfg), _batch_fix_text(c)
     what = f"the train batch ({tb} prompts) is smaller than the PPO mini-batch ({mini} prompts)"
     if not m.dyn:
         yield error(f"{what}. {m.name}: verl 0.9.1's validate_config raises 'ValueError: train_batch_size ({tb}) must "
@@ -110,7 +111,7 @@ def updates_per_step_integer(c: Ctx) -> Iterable[Problem]:
     tb, mini = b["train_batch_size"], b["ppo_mini_batch_size"]
     if not (_sizes_ok(c) and tb >= mini and tb % mini):
         return
-    m, fix = mode(c.run.keys), _batch_fix_text(c)
+    m, fix = mode(c.cfg), _batch_fix_text(c)
     what = (f"the train batch ({tb} prompts) is not a whole number of PPO mini-batches ({mini}): {tb}/{mini} = "
             f"{tb / mini:.2f} updates per step")
     if m.v1:
@@ -130,7 +131,7 @@ def batch_divisibility(c: Ctx) -> Iterable[Problem]:
     traj, dp, n_gpus = b["trajectories_per_step"], b["data_parallel_size"], b["n_gpus"]
     if not _sizes_ok(c):
         return
-    m = mode(c.run.keys)
+    m = mode(c.cfg)
     steps = f"{b['train_batch_size']} prompts x {b['rollout_n']} answers = {traj} trajectories per step do not split"
     if not m.dyn and traj % n_gpus:
         yield error(f"{steps} over all {n_gpus} GPUs ({traj}/{n_gpus} = {traj / n_gpus:.2f}). {m.name}: verl 0.9.1's "
@@ -187,12 +188,12 @@ def _divisor_le(n: int, limit: int) -> int:
 @rule("micro_batch", kind="batch", phase="update")
 def micro_batch(c: Ctx) -> Iterable[Problem]:
     b = c.batch
-    if not _sizes_ok(c) or c.get(A + "actor.use_dynamic_bsz", False):
+    actor = c.cfg.actor
+    if not _sizes_ok(c) or actor.use_dynamic_bsz:
         return
     dp = b["data_parallel_size"]
     per_gpu_mini = b["mini_batch_trajectories"] / dp
-    micro = c.get(A + "actor.ppo_micro_batch_size_per_gpu")
-    old = c.get(A + "actor.ppo_micro_batch_size")
+    micro, old = actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size
     if old is not None:
         yield error(f"actor.ppo_micro_batch_size={old} is the deprecated global form; verl wants the per-GPU "
                     f"actor.ppo_micro_batch_size_per_gpu (performance sizes are local per GPU)",
@@ -231,10 +232,10 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
         return
     pad = b.get("padding")  # the V1 trainer pads the step before the log-prob passes (Mode)
     per_gpu_step = (pad["padded_trajectories"] if pad else b["trajectories_per_step"]) / b["data_parallel_size"]
-    for key in ("rollout", "ref"):
-        if c.get(A + f"{key}.log_prob_use_dynamic_bsz", False) or (key == "ref" and not ref_used(c.run.keys)):
+    for key, p in (("rollout", c.cfg.rollout), ("ref", c.cfg.ref)):
+        if p.log_prob_use_dynamic_bsz or (key == "ref" and not ref_used(c.cfg)):
             continue
-        micro = c.get(A + f"{key}.log_prob_micro_batch_size_per_gpu")
+        micro = p.log_prob_micro_batch_size_per_gpu
         if micro is None:
             yield error(f"{key}.log_prob_use_dynamic_bsz is off and {key}.log_prob_micro_batch_size_per_gpu is not set",
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
@@ -251,12 +252,17 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
 
 # ---- the train file ---------------------------------------------------------------------------------------------
 
+def data_files_of(c: Ctx) -> tuple[tuple[str, Any], ...]:
+    """(key, value) of the train and validation files."""
+    return ("data.train_files", c.cfg.data.train_files), ("data.val_files", c.cfg.data.val_files)
+
+
 @rule("data_files", kind="batch", phase="start-up")
 def data_files(c: Ctx) -> Iterable[Problem]:
     """Steps per epoch from the train file's row count; a file verl cannot read, or smaller than one batch: refused."""
     b = c.batch
-    for key in ("data.train_files", "data.val_files"):
-        files = local_files(c.get(key))
+    for key, value in data_files_of(c):
+        files = local_files(value)
         for f in files or ():
             if not os.path.isfile(f):
                 continue
@@ -278,7 +284,7 @@ def data_files(c: Ctx) -> Iterable[Problem]:
                             f"stops with 'Unsupported file format' after Ray has started",
                             f"point {flag} at a parquet file: `make data` writes data/gsm8k/train.parquet and "
                             f"test.parquet (python run.py {flag}=/path/to/file.parquet)")
-    files = local_files(c.get("data.train_files"))
+    files = local_files(c.cfg.data.train_files)
     if files is None:
         yield note("data.train_files is remote: steps per epoch unknown until verl reads it")
         return
@@ -300,13 +306,12 @@ def data_files(c: Ctx) -> Iterable[Problem]:
 
 def _columns_read(c: Ctx) -> list[tuple[str, str]]:
     """(column, what reads it) for each column verl reads from every row of the data files."""
-    prompt = str(c.get("data.prompt_key") or "prompt")
-    key = str(c.get("data.reward_fn_key") or "data_source")
+    prompt, key = str(c.cfg.data.prompt_key), str(c.cfg.data.reward_fn_key)
     out = [(prompt, "data.prompt_key: the chat messages verl's RLHFDataset tokenizes"),
            ("data_source", "data.reward_fn_key: the reward key, verl's reward picks its scorer by it" if
             key == "data_source" else f"the reward key: verl 0.9.1's reward loop reads data_source whatever "
                                       f"data.reward_fn_key={key} says")]
-    if not c.get("reward.reward_model.enable", False):
+    if not c.cfg.reward.reward_model.enable:
         out.append(("reward_model.ground_truth", f"what reward_fn={c.lab.reward_fn or 'verl_default'} scores "
                                                  f"each answer against"))
     return out
@@ -316,8 +321,8 @@ def _columns_read(c: Ctx) -> list[tuple[str, str]]:
 def data_columns(c: Ctx) -> Iterable[Problem]:
     """The columns the composed config reads, in each parquet file's schema (no rows read)."""
     need = _columns_read(c)
-    for key in ("data.train_files", "data.val_files"):
-        for f in local_files(c.get(key)) or ():
+    for key, value in data_files_of(c):
+        for f in local_files(value) or ():
             cols = parquet_columns(f) if f.lower().endswith(".parquet") else None
             if cols is None:
                 continue  # not there, or not parquet: rule data_files and grpo_lab.checks.inputs say so
@@ -339,12 +344,12 @@ def data_columns(c: Ctx) -> Iterable[Problem]:
 def prompts_too_long(c: Ctx) -> Iterable[Problem]:
     """verl 0.9.1's RLHFDataset drops each prompt longer than max_prompt_length under the chat template
     (filter_overlong_prompts, utils/dataset/rl_dataset.py); measured here when the tokenizer and the files are local."""
-    limit, files = as_int(c.get("data.max_prompt_length"), 0), local_files(c.get("data.train_files")) or ()
-    tok = str(c.get(A + "model.tokenizer_path") or c.get(A + "model.path", ""))
-    if limit <= 0 or not files or not c.get("data.filter_overlong_prompts", True):
+    data = c.cfg.data
+    limit, files = as_int(data.max_prompt_length, 0), local_files(data.train_files) or ()
+    tok = str(c.cfg.model.tokenizer_path or c.cfg.model.path or "")
+    if limit <= 0 or not files or not data.filter_overlong_prompts:
         return
-    lengths = prompt_lengths(tok, tuple(files), str(c.get("data.prompt_key", "prompt")),
-                             dict(c.get("data.apply_chat_template_kwargs") or {}))
+    lengths = prompt_lengths(tok, tuple(files), str(data.prompt_key), dict(data.apply_chat_template_kwargs))
     if not lengths or (over := sum(n > limit for n in lengths)) == 0:
         return
     what = (f"max_prompt_length={limit}: {over} of the first {len(lengths)} training prompts (at most {PROMPT_ROWS} "
@@ -359,14 +364,18 @@ def prompts_too_long(c: Ctx) -> Iterable[Problem]:
 
 # ---- token budgets ----------------------------------------------------------------------------------------------
 
-def _budget_checks(c: Ctx) -> list[tuple[str, str, str, str, str]]:
-    checks = [("actor", "actor.use_dynamic_bsz", "actor.ppo_max_token_len_per_gpu", "ppo_max_token_len_per_gpu",
-               "the actor update"),
-              ("rollout", "rollout.log_prob_use_dynamic_bsz", "rollout.log_prob_max_token_len_per_gpu",
-               A + "rollout.log_prob_max_token_len_per_gpu", "the old-log-prob pass")]
-    if ref_used(c.run.keys):
-        checks.append(("ref", "ref.log_prob_use_dynamic_bsz", "ref.log_prob_max_token_len_per_gpu",
-                       A + "ref.log_prob_max_token_len_per_gpu", "the reference log-prob pass"))
+def _budget_checks(c: Ctx) -> list[tuple[str, bool, str, int, str, str]]:
+    """(pass, dynamic batching on, its token budget's key and size, the key of its fix, what it is) of each pass."""
+    actor, rollout, ref = c.cfg.actor, c.cfg.rollout, c.cfg.ref
+    checks = [("actor", bool(actor.use_dynamic_bsz), "actor.ppo_max_token_len_per_gpu",
+               as_int(actor.ppo_max_token_len_per_gpu), "ppo_max_token_len_per_gpu", "the actor update"),
+              ("rollout", bool(rollout.log_prob_use_dynamic_bsz), "rollout.log_prob_max_token_len_per_gpu",
+               as_int(rollout.log_prob_max_token_len_per_gpu), A + "rollout.log_prob_max_token_len_per_gpu",
+               "the old-log-prob pass")]
+    if ref_used(c.cfg):
+        checks.append(("ref", bool(ref.log_prob_use_dynamic_bsz), "ref.log_prob_max_token_len_per_gpu",
+                       as_int(ref.log_prob_max_token_len_per_gpu), A + "ref.log_prob_max_token_len_per_gpu",
+                       "the reference log-prob pass"))
     return checks
 
 
@@ -377,10 +386,9 @@ def token_budget(c: Ctx) -> Iterable[Problem]:
     b = c.batch
     seq, sp = b["sequence_length"], b["sequence_parallel_size"]
     budgets = {}
-    for name, dyn_key, key, override, what in _budget_checks(c):
-        if not c.get(A + dyn_key, False):
+    for name, dyn, key, budget, override, what in _budget_checks(c):
+        if not dyn:
             continue
-        budget = as_int(c.get(A + key, 0))
         budgets[name] = budget
         if budget * sp < seq:
             need = math.ceil(seq / sp)
@@ -398,9 +406,8 @@ def token_budget(c: Ctx) -> Iterable[Problem]:
 @rule("token_budget_advice", kind="batch", phase="update")
 def token_budget_advice(c: Ctx) -> Iterable[Problem]:
     seq, sp = c.batch["sequence_length"], c.batch["sequence_parallel_size"]
-    for _, dyn_key, key, _, _ in _budget_checks(c):
-        budget = as_int(c.get(A + key, 0))
-        if c.get(A + dyn_key, False) and seq <= budget * sp < 2 * seq:
+    for _, dyn, key, budget, _, _ in _budget_checks(c):
+        if dyn and seq <= budget * sp < 2 * seq:
             yield note(f"{key}={budget} is below 2 x (prompt + response) = {2 * seq}: verl's tuning guide advises "
                        f"ppo_max_token_len_per_gpu >= 2 x (max_prompt_length + max_response_length) so that a "
                        f"micro-batch packs at least two full sequences (the official script's 3000 is a cautious "

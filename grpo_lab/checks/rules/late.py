@@ -112,7 +112,7 @@ def unread_values(c: Ctx, defaults: Mapping[str, Any]) -> Iterator[tuple[str, An
     """(key, value, the key verl reads or None, where verl shows it) of each key of UNREAD set to something verl's
     default is not, and that the key verl reads does not already hold."""
     seen: set[str] = set()
-    v1 = bool(c.get("trainer.use_v1", True))
+    v1 = bool(c.cfg.trainer.use_v1)
     for prefix, reads, why in UNREAD:
         value = lookup(c.verl, prefix)
         if value is MISSING or (why.startswith(V1) and not v1):
@@ -197,9 +197,7 @@ NEEDS = ("verl needs a number (int, float or bool) or a dict with a numeric 'sco
 
 
 def _cfg(c: Ctx) -> tuple[str | None, str, dict[str, Any]]:
-    cfg = c.get(KEY, {}) or {}
-    if not isinstance(cfg, Mapping):
-        return None, "", {}
+    cfg = c.cfg.reward.custom_reward_function
     kwargs = cfg.get("reward_kwargs") or {}
     return cfg.get("path") or None, str(cfg.get("name") or ""), thaw(kwargs) if isinstance(kwargs, Mapping) else {}
 
@@ -212,7 +210,7 @@ def _probe(c: Ctx) -> dict[str, Any] | None:
     f = reward_probe.file_of(str(path))
     if f is not None and not os.path.isfile(f):
         return None
-    return reward_probe.probe(str(path), name, kwargs, c.get("data.train_files"))
+    return reward_probe.probe(str(path), name, kwargs, c.cfg.data.train_files)
 
 
 def _raised_at(r: Mapping[str, Any]) -> str:
@@ -410,11 +408,11 @@ def _file_sources(path: str, mtime_ns: int, size: int) -> frozenset[str]:
 @rule("reward_fn_data_source", kind="reward", phase="reward")
 def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     path, _, _ = _cfg(c)
-    if path or c.get("reward.reward_model.enable", False):
+    if path or c.cfg.reward.reward_model.enable:
         return  # a custom reward file (rules above) or a reward model scores the rows
     from grpo_lab.facts import local_files
 
-    files = [f for key in ("data.train_files", "data.val_files") for f in (local_files(c.get(key)) or [])]
+    files = [f for v in (c.cfg.data.train_files, c.cfg.data.val_files) for f in (local_files(v) or [])]
     sources = _data_sources(files)
     if not sources:
         return
@@ -458,18 +456,16 @@ def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
     (verl/experimental/agent_loop/agent_loop.py); DataProto.chunk asserts an equal split (verl/protocol.py) unless
     VERL_AUTO_PADDING is on. The V1 trainer (the default) splits a TensorDict instead, unequal chunks allowed
     (verl/trainer/ppo/v1/agent_loop_tq.py): nothing to refuse there."""
-    if bool(c.get("trainer.use_v1", True)):
+    if bool(c.cfg.trainer.use_v1):
         return
-    env_vars = c.get(ENV_VARS, {}) or {}
-    padding = (env_vars.get("VERL_AUTO_PADDING") if isinstance(env_vars, Mapping) else None) \
-        or c.environ.get("VERL_AUTO_PADDING")
+    padding = c.cfg.env_vars.get("VERL_AUTO_PADDING") or c.environ.get("VERL_AUTO_PADDING")
     if _truthy(padding):
         return
     tb, n = c.batch["train_batch_size"], c.batch["rollout_n"]
-    workers = as_int(c.get(A + "rollout.agent.num_workers", 8), 8)
+    workers = as_int(c.cfg.rollout.agent.num_workers, 8)
     if tb <= 0 or n <= 0 or workers <= 0:
         return
-    size = tb * n + (tb if str(c.get("algorithm.adv_estimator")) == "remax" else 0)  # REMAX adds a greedy baseline
+    size = tb * n + (tb if str(c.cfg.algorithm.adv_estimator) == "remax" else 0)  # REMAX adds a greedy baseline
     if size % workers:
         ok = _divisor_le(size, workers)
         yield error(f"trainer.use_v1=false: verl 0.9.1's legacy trainer splits each step's {size} generation requests "
@@ -483,7 +479,7 @@ def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
 def _sp_key(c: Ctx) -> str:
     """The key whose SP size verl uses: the deprecated actor.ulysses_sequence_parallel_size when above 1
     (FSDPActorConfig.__post_init__ copies it over), else actor.fsdp_config.ulysses_sequence_parallel_size."""
-    old = as_int(c.get(A + "actor.ulysses_sequence_parallel_size", 1), 1)
+    old = as_int(c.cfg.actor.ulysses_sequence_parallel_size, 1)
     return A + ("actor.ulysses_sequence_parallel_size" if old > 1 else
                 "actor.fsdp_config.ulysses_sequence_parallel_size")
 
@@ -495,7 +491,7 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
     (verl/models/transformers/monkey_patch.py apply_monkey_patch), builds a (dp, sp) device mesh over the GPUs
     (verl/workers/engine/fsdp/transformer_impl.py _init_device_mesh: torch refuses a shape that does not cover them)
     and raises without use_remove_padding (same file): all when the actor is built, after Ray has started."""
-    sp = sp_size(c.run.keys)
+    sp = sp_size(c.cfg)
     if sp <= 1:
         return
     key, n_gpus = _sp_key(c), c.batch["n_gpus"]
@@ -518,7 +514,7 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
         yield error(f"Ulysses sequence parallel size {sp} ({key}) does not divide {what}: verl 0.9.1 asserts "
                     f"'num_attention_heads {heads} must be divisible by ulysses_sp_size {sp}' (or the key/value form) "
                     f"when it builds the actor, after Ray has started (verl #1226; {arch.source})", fix)
-    if not bool(c.get(A + "model.use_remove_padding", False)):
+    if not bool(c.cfg.model.use_remove_padding):
         yield error(f"Ulysses sequence parallel size {sp} with actor_rollout_ref.model.use_remove_padding=false: verl "
                     f"0.9.1 raises 'When using sequence parallelism (ulysses_sequence_parallel_size > 1), you must "
                     f"enable `use_remove_padding`' when it builds the actor", f"{A}model.use_remove_padding=true")
@@ -527,11 +523,9 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
 def _vllm_reads_file_positions(c: Ctx, mml: int) -> bool:
     """vLLM reads the model's own config.json for its limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it go above."""
     own = c.model.file_positions if c.model else None
-    if str(c.get(A + "rollout.name", "vllm")) != "vllm" or not own or mml <= own:
+    if str(c.cfg.rollout.name) != "vllm" or not own or mml <= own:
         return False
-    env_vars = c.get(ENV_VARS, {}) or {}
-    allow = (env_vars.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") if isinstance(env_vars, Mapping) else None) \
-        or c.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    allow = c.cfg.env_vars.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") or c.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
     return not _truthy(allow)
 
 
@@ -544,15 +538,15 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     of room (vllm_async_server.py generate: 'Prompt length (...) leaves no room to generate') and otherwise cap the
     answer at max_model_len - prompt tokens, below max_response_length without a word. The model's limit is
     override_config.max_position_embeddings when set (verl applies it to the model's config first: DAPO's recipe)."""
-    if str(c.get(A + "rollout.name", "vllm")) not in ("vllm", "sglang"):
+    if str(c.cfg.rollout.name) not in ("vllm", "sglang"):
         return
-    mml = c.get(A + "rollout.max_model_len")
+    mml = c.cfg.rollout.max_model_len
     if mml is None and c.model and c.model.arch:  # verl then gives the engine the model's (overridden) limit
         mml = c.model.arch.max_position_embeddings
     if mml is None or isinstance(mml, bool):
         return
     mml = as_int(mml)
-    prompt, resp = as_int(c.get("data.max_prompt_length", 0)), as_int(c.get("data.max_response_length", 0))
+    prompt, resp = as_int(c.cfg.data.max_prompt_length), as_int(c.cfg.data.max_response_length)
     if mml <= 0 or prompt <= 0 or resp <= 0:
         return
     arch = c.model.arch if c.model else None
@@ -560,7 +554,7 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     want = prompt + resp if not mpe else min(prompt + resp, mpe)
     fix = f"{A}rollout.max_model_len={want}"
     if mpe and mml > mpe:
-        where = (f"{A}model.override_config.max_position_embeddings" if position_override(c.verl) else arch.source)
+        where = (f"{A}model.override_config.max_position_embeddings" if position_override(c.cfg) else arch.source)
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's max_position_embeddings "
                     f"({mpe}, {where}): verl 0.9.1 raises 'max_model_len ({mml}) should be less than or equal "
                     f"to max_position_embeddings ({mpe})' when the rollout engine starts, after Ray and the actor", fix)
@@ -568,7 +562,7 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
         own = c.model.file_positions
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's own max_position_embeddings "
                     f"({own}, its config.json): {A}model.override_config.max_position_embeddings="
-                    f"{position_override(c.verl)} reaches verl, not vLLM (verl 0.9.1 hands vLLM only quantization "
+                    f"{position_override(c.cfg)} reaches verl, not vLLM (verl 0.9.1 hands vLLM only quantization "
                     f"overrides: vllm_async_server.py _apply_quantization), and vLLM 0.24 refuses 'User-specified "
                     f"max_model_len ({mml}) is greater than the derived max_model_len' at engine start unless "
                     f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set for its process (vllm/config/model.py)",

@@ -15,6 +15,7 @@ from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import memplan
 from grpo_lab.memory.memplan_arch import LINEAR_NAMES
 from grpo_lab.memory.settings import as_int, ref_used
+from grpo_lab.memory.verl_view import given
 from grpo_lab.verl_schema import schema
 
 # A Qwen3 chat model thinks first (<think>...</think>); the answer's "#### n" comes after the trace. Qwen's model card
@@ -33,10 +34,10 @@ def env_str(v: Any) -> str:
 
 def attn_impl(c: Ctx) -> tuple[str, str | None]:
     """(the actor's attn_implementation, the key that sets it; None: verl's default, flash_attention_2)."""
-    key = A + "model.override_config"
-    if isinstance(c.get(key + ".model_config"), Mapping):
-        key += ".model_config"
-    value = c.get(key + ".attn_implementation")
+    ov, key = c.cfg.model.override_config, A + "model.override_config"
+    if isinstance(ov.get("model_config"), Mapping):
+        ov, key = ov["model_config"], key + ".model_config"
+    value = ov.get("attn_implementation")
     return (str(value), key + ".attn_implementation") if value else ("flash_attention_2", None)
 
 
@@ -49,12 +50,12 @@ def gpu_memory_utilization_range(c: Ctx) -> Iterable[Problem]:
     MemorySnapshot (cudaMemGetInfo) and request_memory (vllm/v1/worker/utils.py) raises when the free memory is below
     ceil(total x gpu_memory_utilization), i.e. below the whole card at 1.0. SGLang (mem_fraction_static) and the other
     engines at 1.0 are not checked against their code: a warning."""
-    util = c.get(A + "rollout.gpu_memory_utilization")
+    util = c.cfg.rollout.gpu_memory_utilization
     try:
         u = float(util) if not isinstance(util, bool) else None
     except (TypeError, ValueError):
         u = None
-    engine = str(c.get(A + "rollout.name", "vllm"))
+    engine = str(c.cfg.rollout.name)
     what = (f"actor_rollout_ref.rollout.gpu_memory_utilization={util!r}: it is the fraction of each card's total "
             f"memory the rollout engine takes (on 32 GB cards the guide starts at 0.4)")
     if u is None or not 0.0 < u <= 1.0:
@@ -80,8 +81,8 @@ def ray_target(c: Ctx):
     RAY_ADDRESS, then, when launching here, the cluster the latest `ray start` on this node recorded."""
     from grpo_lab.checks.ray_lookup import ray_target as lookup
 
-    return lookup(c.get("ray_kwargs.ray_init.address"), c.environ, temp_dir=c.get("ray_kwargs.ray_init._temp_dir"),
-                  read_file=c.launching)
+    ray_init = c.cfg.ray_init
+    return lookup(ray_init.address, c.environ, temp_dir=ray_init._temp_dir, read_file=c.launching)
 
 
 def joins_cluster(c: Ctx) -> str | None:
@@ -93,7 +94,7 @@ def joins_cluster(c: Ctx) -> str | None:
 def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
     """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
     where = joins_cluster(c)
-    num_cpus = c.get(NUM_CPUS)
+    num_cpus = c.cfg.ray_init.num_cpus
     if where and num_cpus is not None and not c.lab.ray_cluster:  # a cluster of ours: its ray start gets it
         yield error(f"ray.init connects to an existing Ray cluster ({where}) and {NUM_CPUS}={num_cpus} is set (by "
                     f"{set_by(c, NUM_CPUS)}, for a Ray started here): Ray raises 'When connecting to an existing "
@@ -112,7 +113,7 @@ def set_by(c: Ctx, key: str) -> str:
 
 def start_ray(c: Ctx) -> str:
     """Advice: the cluster to start, then the same command (without num_cpus, which Ray refuses when joining)."""
-    then = f"with {NUM_CPUS}=null appended joins it" if c.get(NUM_CPUS) is not None else "joins it"
+    then = f"with {NUM_CPUS}=null appended joins it" if c.cfg.ray_init.num_cpus is not None else "joins it"
     return ("start Ray on the nodes first (docs/launch.md, 'More than one machine'): `ray start --head --port=6379` "
             "on this node and `ray start --address=<this node's ip>:6379` on each other node; then the same command "
             f"{then}")
@@ -161,15 +162,14 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
     checked against each node's `ray start --num-cpus` when grpo-lab starts it (a SLURM job of several nodes)."""
     b = c.batch
     per_node, nnodes = max(0, b["n_gpus_per_node"]), b["nnodes"]
-    v1 = bool(c.get("trainer.use_v1", True))
-    storage = c.get("transfer_queue.backend.storage_backend", "SimpleStorage")
-    units = as_int(c.get("transfer_queue.backend.SimpleStorage.num_data_storage_units", 8), 8)
+    v1, tq = bool(c.cfg.trainer.use_v1), c.cfg.transfer_queue.backend
+    storage, units = tq.storage_backend, as_int(tq.SimpleStorage.num_data_storage_units, 8)
     units = units if storage == "SimpleStorage" else 0
     once = facts.ray_cpus_per_job(v1, units)
     need_node = facts.ray_cpus_needed(per_node, v1, units) if nnodes == 1 else \
         facts.CPUS_PER_GPU * per_node + math.ceil(once / nnodes)
     where = joins_cluster(c)
-    num_cpus = c.get("ray_kwargs.ray_init.num_cpus")
+    num_cpus = c.cfg.ray_init.num_cpus
     started = c.lab.ray_cluster or {}  # a cluster grpo-lab starts itself (a SLURM job of several nodes)
     if where and not started.get("num_cpus_per_node"):
         b["ray_cpus"] = {"needed": need_node, "available": None, "source": f"the cluster's nodes ({where})",
@@ -207,12 +207,10 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
 
 @rule("ray_env_vars", kind="setup", phase="start-up")
 def ray_env_vars(c: Ctx) -> Iterable[Problem]:
-    env_vars = c.get(ENV_VARS, {}) or {}
-    if isinstance(env_vars, Mapping):
-        for k, v in env_vars.items():
-            if not isinstance(v, str):
-                yield error(f"{ENV_VARS}.{k}={v!r} is a {type(v).__name__}: Ray's runtime_env takes string values "
-                            f"only and ray.init fails", f"'{ENV_VARS}.{k}=\"{env_str(v)}\"'")
+    for k, v in c.cfg.env_vars.items():
+        if not isinstance(v, str):
+            yield error(f"{ENV_VARS}.{k}={v!r} is a {type(v).__name__}: Ray's runtime_env takes string values "
+                        f"only and ray.init fails", f"'{ENV_VARS}.{k}=\"{env_str(v)}\"'")
 
 
 # ---- verl's keys and recipes ------------------------------------------------------------------------------------
@@ -224,9 +222,9 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
     trainers use this worker): an error. The reference model gets an engine of its own, built with its own
     ref.log_prob_use_dynamic_bsz (same function, the ref branch): a mismatch there runs, and a missing ref micro-batch
     size is log_prob_micro_batch's error."""
-    actor_dyn = bool(c.get(A + "actor.use_dynamic_bsz", False))
+    actor_dyn = bool(c.cfg.actor.use_dynamic_bsz)
     val = "true" if actor_dyn else "false"
-    roll = bool(c.get(A + "rollout.log_prob_use_dynamic_bsz", False))
+    roll = bool(c.cfg.rollout.log_prob_use_dynamic_bsz)
     if roll != actor_dyn:
         yield error(f"actor.use_dynamic_bsz={val} but rollout.log_prob_use_dynamic_bsz={str(roll).lower()}: the actor "
                     f"update and the old-log-prob pass share one engine, and verl 0.9.1 asserts "
@@ -234,8 +232,8 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
                     f"AssertionError) when it builds the actor, after Ray has started (verl/workers/engine_workers.py "
                     f"ActorRolloutRefWorker.init_model), with either trainer",
                     f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz={val}")
-    if ref_used(c.run.keys):
-        ref = bool(c.get(A + "ref.log_prob_use_dynamic_bsz", False))
+    if ref_used(c.cfg):
+        ref = bool(c.cfg.ref.log_prob_use_dynamic_bsz)
         if ref != actor_dyn:
             how = ("packs micro-batches by tokens (ref.log_prob_max_token_len_per_gpu)" if ref else
                    "uses fixed micro-batches of ref.log_prob_micro_batch_size_per_gpu")
@@ -252,7 +250,7 @@ def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
     """actor_rollout_ref.rollout.name must be an engine verl can start: its schema takes any string (its YAML comment
     even names hf), but verl 0.9.1's worker asserts the (name, mode) pair is in its registry and its server registry
     raises for any other name, after Ray and the model have started (grpo_lab.verl_schema: schema().rollout_engines)."""
-    name, mode = c.get(A + "rollout.name"), c.get(A + "rollout.mode", "async")
+    name, mode = c.cfg.rollout.name, c.cfg.rollout.mode
     if name is None:
         return
     s = schema()
@@ -280,7 +278,7 @@ def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
 def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
     """The user's micro-batch size against grpo-lab's dynamic batching default (grpo_lab/checks/microbatch.py settles it
     before the preflight and leaves what it did in lab.micro_batch)."""
-    from grpo_lab.checks.microbatch import PASSES, ignored
+    from grpo_lab.checks.microbatch import dynamic_on, ignored
 
     info = c.lab.micro_batch
     if not info:
@@ -294,19 +292,19 @@ def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
                    f"three passes together: verl 0.9.1's engine worker asserts that the actor's and the rollout "
                    f"log-prob's agree. The passes you gave no size take theirs from conf/config.yaml. To keep dynamic "
                    f"batching, leave the micro-batch size out or set use_dynamic_bsz=true yourself")
-    for m, dyn, budget in ignored(info, c.get):
-        on = [d for _, _, d, _ in PASSES if c.get(d, False)]
+    for m, dyn, budget, tokens in ignored(info, c.cfg):
+        on = dynamic_on(c.cfg)
         kept = ", ".join(f"{k['key']}=true ({k['set_by']})" for k in info.get("kept_on") or ())
         yield warn(f"your {m['key']}={m['value']} ({m['set_by']}) is IGNORED: {dyn}=true, and you set dynamic "
                    f"batching on yourself ({kept}), so verl packs the {m['pass']}'s micro-batches by tokens "
-                   f"({budget}={c.get(budget)} per GPU) and never reads a micro-batch size. Leave one of the two "
+                   f"({budget}={tokens} per GPU) and never reads a micro-batch size. Leave one of the two "
                    f"out, or turn dynamic batching off for the micro-batch size to count",
                    " ".join(f"{d}=false" for d in on))
 
 
 @rule("model_key_unknown", kind="setup", phase="compose")
 def model_key_unknown(c: Ctx) -> Iterable[Problem]:
-    model_cfg = c.get(A + "model", {}) or {}
+    model_cfg = given(c.verl, "model")
     known, source = schema().model_keys, schema().model_keys_from
     if not known:
         yield note(f"actor_rollout_ref.model keys not checked: {source}")
@@ -326,7 +324,7 @@ def model_key_unknown(c: Ctx) -> Iterable[Problem]:
 
 def _lora_rank(c: Ctx) -> int:
     """The LoRA rank in either of verl's spellings (model.lora_rank, model.lora.rank); 0: full fine-tuning."""
-    return as_int(c.get(A + "model.lora_rank", 0)) or as_int(c.get(A + "model.lora.rank", 0))
+    return as_int(c.cfg.model.lora_rank) or as_int(c.cfg.model.lora.get("rank"))
 
 
 @rule("lora_target_modules", kind="setup", phase="start-up")
@@ -334,8 +332,8 @@ def lora_target_modules(c: Ctx) -> Iterable[Problem]:
     """peft (verl's FSDP engine builds its LoraConfig) raises 'Target modules ... not found in the base model' when no
     target names a module: a list item matches a module's name or its dotted tail, a string is a regular expression
     over the full name (peft/tuners/tuners_utils.py check_target_module_exists), except 'all-linear'."""
-    key, targets = A + "model.target_modules", c.get(A + "model.target_modules", "all-linear")
-    if _lora_rank(c) <= 0 or not c.model.arch or targets == "all-linear" or c.get(A + "model.target_parameters"):
+    key, targets = A + "model.target_modules", c.cfg.model.target_modules
+    if _lora_rank(c) <= 0 or not c.model.arch or targets == "all-linear" or c.cfg.model.target_parameters:
         return
     names = LINEAR_NAMES + ("lm_head", "embed_tokens") + (("gate",) if c.model.arch.is_moe else ())
     paths = [f"model.layers.0.{'self_attn' if n[0] in 'qkvo' else 'mlp'}.{n}" for n in names[:7]] + list(names[7:])
@@ -363,9 +361,9 @@ def lora_load_format(c: Ctx) -> Iterable[Problem]:
     (verl/workers/engine_workers.py: `base_sync_done = "dummy" not in load_format`, then `do_lora_base_sync`).
     So verl's code says it works; no GPU run here has confirmed it yet (benchmarks/gpu/README.md): a warning."""
     lora = _lora_rank(c)
-    load_format = str(c.get(A + "rollout.load_format", "dummy"))
+    load_format = str(c.cfg.rollout.load_format)
     # other formats (safetensors, auto, pt) load the checkpoint in vLLM itself; merge=true syncs merged full weights
-    if lora > 0 and "dummy" in load_format and not bool(c.get(A + "model.lora.merge", False)):
+    if lora > 0 and "dummy" in load_format and not bool(c.cfg.model.lora.get("merge")):
         yield warn(f"LoRA (lora_rank={lora}) with actor_rollout_ref.rollout.load_format={load_format}: vLLM starts "
                    f"without the base weights, and verl 0.9.1's worker syncs them in before the first adapter "
                    f"(engine_workers.py, do_lora_base_sync), so this should run; how sure: read in verl's code, not "
@@ -396,7 +394,7 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     if card and need > card:
         gen = peaks.get("generation", 0.0)
         budget = float((plan.get("kv_cache") or {}).get("budget_gb") or 0)
-        share = c.get(A + "rollout.gpu_memory_utilization")
+        share = c.cfg.rollout.gpu_memory_utilization
         others = max((v for n, v in peaks.items() if n != "generation"), default=0.0)
         util = 0.0
         if budget and k * others <= card * 0.95:
@@ -447,9 +445,9 @@ PEFT_PATH_MATCH = (0, 21)
 
 def _fsdp1_lora_adapter(c: Ctx) -> bool:
     """LoRA sent to vLLM as an adapter (not merged) by verl's FSDP1 engine."""
-    merge = str(c.get(A + "model.lora.merge", False)).lower() in ("true", "1")
+    merge = str(c.cfg.model.lora.get("merge")).lower() in ("true", "1")
     # verl's FSDP actor config copies actor.strategy into its engine config (workers/config/actor.py)
-    return _lora_rank(c) > 0 and not merge and str(c.get(A + "actor.strategy", "fsdp")) == "fsdp"
+    return _lora_rank(c) > 0 and not merge and str(c.cfg.actor.strategy) == "fsdp"
 
 
 @rule("lora_fsdp1_adapter", kind="setup", phase="weight sync")
@@ -478,9 +476,9 @@ def lora_fsdp1_adapter(c: Ctx) -> Iterable[Problem]:
 @rule("lora_layered_summon_one_gpu", kind="setup", phase="weight sync")
 def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
     lora = _lora_rank(c)
-    if lora <= 0 or not c.get(A + "rollout.layered_summon", False):
+    if lora <= 0 or not c.cfg.rollout.layered_summon:
         return
-    strategy = str(c.get(A + "actor.strategy", "fsdp"))
+    strategy = str(c.cfg.actor.strategy)
     world = c.batch["n_gpus"]  # GPUs per node x nodes: FSDP's world size
     if _fsdp1_lora_adapter(c) and world == 1:
         # seen on the GPU test machine (benchmarks/gpu/README.md, 2026-12-03): both load formats failed at the first
@@ -499,7 +497,7 @@ def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
 def fused_sum_pi_squared(c: Ctx) -> Iterable[Problem]:
     # verl 0.9.1 workers/engine/fsdp/transformer_impl.py: "calculate_sum_pi_squared=True is not supported with
     # use_fused_kernels=True" (NotImplementedError in the first log-prob pass, after start-up)
-    if c.get(A + "model.use_fused_kernels", False) and c.get(A + "actor.calculate_sum_pi_squared", False):
+    if c.cfg.model.use_fused_kernels and c.cfg.actor.calculate_sum_pi_squared:
         yield error("actor_rollout_ref.model.use_fused_kernels=true (the default speed=fast, or speed=fused) with "
                     "actor_rollout_ref.actor.calculate_sum_pi_squared=true: verl's fused log-prob never holds the "
                     "whole logits that sum(pi^2) needs (the optimal-token-baseline estimators), and verl 0.9.1 raises "
@@ -509,11 +507,10 @@ def fused_sum_pi_squared(c: Ctx) -> Iterable[Problem]:
 
 @rule("dapo_filter_metric", kind="setup", phase="reward")
 def dapo_filter_metric(c: Ctx) -> Iterable[Problem]:
-    fg = c.get("algorithm.filter_groups", {}) or {}
-    if not (isinstance(fg, Mapping) and fg.get("enable")):
+    fg = c.cfg.algorithm.filter_groups
+    if not fg.enable:
         return
-    metric = fg.get("metric")
-    manager = c.get("reward.reward_manager.name", "naive")
+    metric, manager = fg.metric, c.cfg.reward.reward_manager.name
     if not metric:
         yield error("algorithm.filter_groups.enable=true without algorithm.filter_groups.metric: DAPO's dynamic "
                     "sampling has nothing to compare the answers of a group by (verl raises after start-up)",
@@ -531,12 +528,12 @@ def dapo_overlong_buffer(c: Ctx) -> Iterable[Problem]:
     """DAPO's soft overlong punishment ramps over the last `len` tokens before max_resp_len: verl 0.9.1's DAPO reward
     manager (verl/experimental/reward_loop/reward_manager/dapo.py) adds min(-(length - (max_resp_len - len)) / len x
     factor, 0), and asserts max_resp_len >= len inside its worker."""
-    kw = c.get("reward.reward_kwargs", {}) or {}
-    cfg = kw.get("overlong_buffer_cfg") if isinstance(kw, Mapping) else None
-    if c.get("reward.reward_manager.name") != "dapo" or not (isinstance(cfg, Mapping) and cfg.get("enable")):
+    kw = c.cfg.reward.reward_kwargs
+    cfg = kw.get("overlong_buffer_cfg")
+    if c.cfg.reward.reward_manager.name != "dapo" or not (isinstance(cfg, Mapping) and cfg.get("enable")):
         return
     ramp = as_int(cfg.get("len"), 0)
-    limit = as_int(kw.get("max_resp_len"), 0) or as_int(c.get("data.max_response_length"), 0)
+    limit = as_int(kw.get("max_resp_len"), 0) or as_int(c.cfg.data.max_response_length, 0)
     if ramp <= 0 or limit <= 0:
         return
     fix = f"reward.reward_kwargs.overlong_buffer_cfg.len={max(1, limit // 4)}"
@@ -560,13 +557,12 @@ def thinking_response_length(c: Ctx) -> Iterable[Problem]:
     m = c.model
     info = m.info if m else {}
     thinking = bool(info.get("thinking", False))
-    path = str(c.get(A + "model.path", ""))
+    path = str(c.cfg.model.path or "")
     if path.rstrip("/").lower().endswith("-base"):
         thinking = False
-    tmpl = c.get("data.apply_chat_template_kwargs", {}) or {}
-    if isinstance(tmpl, Mapping) and tmpl.get("enable_thinking") is False:
+    if c.cfg.data.apply_chat_template_kwargs.get("enable_thinking") is False:
         thinking = False
-    resp = as_int(c.get("data.max_response_length", 0))
+    resp = as_int(c.cfg.data.max_response_length)
     if thinking and 0 < resp < THINKING_MIN_RESPONSE:
         name = info.get("name") or "the model"
         base = {"qwen3_1_7b": "model=qwen3_1_7b_base", "qwen3_4b": "model=qwen3_4b_base"}.get(str(name))
@@ -580,9 +576,8 @@ def thinking_response_length(c: Ctx) -> Iterable[Problem]:
 
 @rule("nccl_p2p", kind="setup", phase="start-up")
 def nccl_p2p(c: Ctx) -> Iterable[Problem]:
-    env_vars = c.get(ENV_VARS, {}) or {}
     if c.lab.hardware.p2p is False and c.batch["n_gpus"] > 1:
-        set_in = (isinstance(env_vars, Mapping) and "NCCL_P2P_DISABLE" in env_vars) or "NCCL_P2P_DISABLE" in c.environ
+        set_in = "NCCL_P2P_DISABLE" in c.cfg.env_vars or "NCCL_P2P_DISABLE" in c.environ
         if not set_in:
             yield warn(f"{c.lab.hardware.name or 'this hardware'} has no GPU peer-to-peer "
                        f"(lab.hardware.p2p=false): NCCL can hang at initialisation unless NCCL_P2P_DISABLE=1 reaches "
@@ -597,15 +592,15 @@ LOGGERS = {"wandb": "wandb", "tracking": "wandb", "mlflow": "mlflow", "swanlab":
 
 
 def _loggers(c: Ctx) -> list[str]:
-    v = c.get("trainer.logger", "console")
-    return [v] if isinstance(v, str) else [str(x) for x in v]
+    v = c.cfg.trainer.logger
+    return [v] if isinstance(v, str) else [str(x) for x in v or ()]
 
 
 @rule("logger_unknown", kind="setup", phase="start-up")
 def logger_unknown(c: Ctx) -> Iterable[Problem]:
     """A backend verl does not know: Tracking asserts '<name> is not supported' when the trainer starts, after Ray and
     the workers. Without `file`, no metrics.jsonl (VERL_FILE_LOGGER_PATH, grpo_lab/launch/prepare.py) for the report."""
-    loggers, typed = _loggers(c), quote(c.get("trainer.logger"))
+    loggers, typed = _loggers(c), quote(c.cfg.trainer.logger)
     if bad := [x for x in loggers if x not in LOGGERS]:
         near = [x if x in LOGGERS else next(iter(difflib.get_close_matches(x, LOGGERS, n=1, cutoff=0.6)), None)
                 for x in loggers]
@@ -638,7 +633,7 @@ def environment_skipped(c: Ctx) -> Iterable[Problem]:
                    "packages importable, visible GPUs >= n_gpus_per_node, the Ray cluster a `ray start` on this node "
                    "recorded for ray.init() to join; a plan through run.py lists what this machine lacks under 'Not "
                    "ready to launch here' instead of refusing")
-    if (impl := attn_impl(c)[0]) in ("sdpa", "eager") and c.get(A + "model.use_remove_padding", False):
+    if (impl := attn_impl(c)[0]) in ("sdpa", "eager") and c.cfg.model.use_remove_padding:
         yield note(f"use_remove_padding with attn_implementation={impl} is correct because verl's FSDP engine "
                    f"calls the model with use_cache=False (tests/test_remove_padding.py pins it)")
 
@@ -646,7 +641,7 @@ def environment_skipped(c: Ctx) -> Iterable[Problem]:
 @rule("padded_with_flash_attn", kind="setup", phase="preflight")
 def padded_with_flash_attn(c: Ctx) -> Iterable[Problem]:
     impl = attn_impl(c)[0]
-    if impl.startswith("flash") and not c.get(A + "model.use_remove_padding", True):
+    if impl.startswith("flash") and not c.cfg.model.use_remove_padding:
         yield warn(f"actor_rollout_ref.model.use_remove_padding=false with attn_implementation={impl}: verl 0.9.1 "
                    f"then pads each micro-batch to its longest answer (its FSDP engine's prepare_model_inputs), while "
                    f"flash-attn's varlen kernel already attends within each answer of a packed one: the padding only "
@@ -671,7 +666,7 @@ def flash_attn_missing(c: Ctx) -> Iterable[Problem]:
 @rule("rollout_engine_missing", kind="setup", phase="start-up", launching_only=True)
 def rollout_engine_missing(c: Ctx) -> Iterable[Problem]:
     """verl imports the rollout engine where its rollout servers start, after Ray and the actor's model."""
-    name = str(c.get(A + "rollout.name", "vllm"))
+    name = str(c.cfg.rollout.name)
     if name not in ("vllm", "sglang") or facts.module_available(name):
         return
     other = [f"{A}rollout.name={e}" for e in ("vllm", "sglang") if e != name and facts.module_available(e)]

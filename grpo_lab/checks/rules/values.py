@@ -15,7 +15,7 @@ from grpo_lab.facts import preset_learning_rates
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import calibration, memplan
 from grpo_lab.memory.run import planned_kv_bytes
-from grpo_lab.memory.settings import KV_PIN, NUMBERS, is_kind, wrong_types
+from grpo_lab.memory.verl_view import KV_PIN, below_range, is_kind, wrong_types
 
 # --------------------------------------------------------------------------------- values verl takes but cannot use
 
@@ -55,7 +55,7 @@ LR_WARN = 1e-3
 @rule("value_types", kind="values", phase="compose")
 def value_types(c: Ctx) -> Iterable[Problem]:
     """A number verl needs given as text (train_batch_size=abc) or null: named, not read as 0."""
-    for key, v, default, what, fix, why in wrong_types(c.run.keys):
+    for key, v, default, what, fix, why in wrong_types(c.cfg):
         if v is None:
             yield error(f"{key}=null is not {what} (verl's own default is {default}): verl would fail on it, or "
                         f"{why}", f"{override_key(key)}={fix}")
@@ -67,23 +67,19 @@ def value_types(c: Ctx) -> Iterable[Problem]:
 @rule("value_range", kind="values", phase="compose")
 def value_range(c: Ctx) -> Iterable[Problem]:
     """Numbers below what verl can use (ngpus_per_node=0, actor_lr=-1e-6, total_epochs=-1, max_response_length=0)."""
-    for key, kind, lo, fix, why in NUMBERS:
-        v = c.get(key)
-        if lo is None or v is None or not is_kind(v, kind) and not (kind is int and isinstance(v, float)):
-            continue
-        if v < lo:
-            if key == "trainer.n_gpus_per_node" and c.launching:
-                from grpo_lab.facts import visible_gpus
+    for key, v, lo, fix, why in below_range(c.cfg):
+        if key == "trainer.n_gpus_per_node" and c.launching:
+            from grpo_lab.facts import visible_gpus
 
-                fix = max(1, visible_gpus(c.environ)[0])
-            yield error(f"{key}={v!r} must be at least {lo:g}: {why}", f"{override_key(key)}={fix}")
+            fix = max(1, visible_gpus(c.environ)[0])
+        yield error(f"{key}={v!r} must be at least {lo:g}: {why}", f"{override_key(key)}={fix}")
 
 
 @rule("lora_rank_negative", kind="values", phase="compose")
 def lora_rank_negative(c: Ctx) -> Iterable[Problem]:
     """verl 0.9.1 turns LoRA on for lora_rank > 0 only (workers/engine/fsdp/transformer_impl.py: _is_lora)."""
     key = A + "model.lora_rank"
-    if is_kind(v := c.get(key), int) and v < 0:
+    if is_kind(v := c.cfg.model.lora_rank, int) and v < 0:
         yield error(f"{key}={v}: verl 0.9.1 turns LoRA on only when lora_rank > 0, so a negative rank trains the "
                     f"whole model without a word. 0 says that (whole model); a positive rank is LoRA",
                     ALT.join([f"{key}=0", f"{key}=64"]))
@@ -94,8 +90,7 @@ def learning_rate_zero(c: Ctx) -> Iterable[Problem]:
     """actor_lr=0: torch's AdamW takes it (it refuses only a negative rate) and verl runs every step, generation,
     rewards and all, but each update moves every weight by lr x (its Adam step + weight decay) = 0: nothing is
     learned, at the full cost of the run."""
-    key = A + "actor.optim.lr"
-    v = c.get(key)
+    key, v = A + "actor.optim.lr", c.cfg.actor.optim.lr
     if is_kind(v, float) and v == 0:
         yield warn(f"{key}=0: verl 0.9.1 runs it (torch.optim.AdamW accepts a rate of 0), but every actor update then "
                    f"moves no weight, so the run generates and scores answers at full cost and the actor never changes "
@@ -106,8 +101,7 @@ def learning_rate_zero(c: Ctx) -> Iterable[Problem]:
 def group_size(c: Ctx) -> Iterable[Problem]:
     """rollout.n=1 with an estimator that compares the answers of one prompt: grpo_passk raises in verl 0.9.1, the
     others run with no baseline (GROUP_ESTIMATORS says what each does)."""
-    est = str(c.get("algorithm.adv_estimator", "gae"))
-    n = c.get(A + "rollout.n", 1)
+    est, n = str(c.cfg.algorithm.adv_estimator), c.cfg.rollout.n
     if est not in GROUP_ESTIMATORS or not is_kind(n, int) or n != 1:
         return
     what = (f"algorithm.adv_estimator={est} compares the answers of one prompt with each other, and rollout.n=1 gives "
@@ -126,8 +120,7 @@ def group_size(c: Ctx) -> Iterable[Problem]:
 def learning_rate_high(c: Ctx) -> Iterable[Problem]:
     """actor_lr=1.0 or 1e-3 (a typo of 1e-6, a supervised fine-tuning habit): AdamW moves every weight by about the
     learning rate each step, so the pretrained model is overwritten within a few steps. The presets' rates: conf/."""
-    key = A + "actor.optim.lr"
-    v = c.get(key)
+    key, v = A + "actor.optim.lr", c.cfg.actor.optim.lr
     if not is_kind(v, float) or v < LR_WARN:
         return
     presets = preset_learning_rates()
@@ -144,8 +137,7 @@ def learning_rate_high(c: Ctx) -> Iterable[Problem]:
 def experiment_name_folder(c: Ctx) -> Iterable[Problem]:
     """trainer.experiment_name names the run's folder and its checkpoints': a safe folder name (the command line's
     own value is refused before composing: grpo_lab/cli/overrides.py)."""
-    key = "trainer.experiment_name"
-    name = c.get(key)
+    key, name = "trainer.experiment_name", c.cfg.trainer.experiment_name
     why = unsafe_name(key, name, override_key(key)) if isinstance(name, str) else ""
     if why:
         yield error(why, f"{override_key(key)}={safe_name(name)}")
@@ -217,7 +209,7 @@ def rollout_tp_heads(c: Ctx) -> Iterable[Problem]:
     """vLLM splits attention heads over tensor-parallel ranks: it refuses a TP that does not divide the model's
     attention heads (SmolLM2-135M has 9: TP 2 cannot serve it)."""
     arch = c.model.arch
-    tp = c.get(A + "rollout.tensor_model_parallel_size", 1)
+    tp = c.cfg.rollout.tensor_model_parallel_size
     if arch is None or not isinstance(tp, int) or tp <= 1:
         return
     heads = arch.num_attention_heads
