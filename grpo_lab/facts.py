@@ -521,16 +521,26 @@ PROMPT_ROWS = 5000  # prompt lengths are measured on the first rows of the train
 def prompt_lengths(tokenizer_dir: str, files: tuple[str, ...], key: str, kwargs: Mapping[str, Any]) -> list[int] | None:
     """Token lengths of the first PROMPT_ROWS prompts as verl's RLHFDataset measures them (the chat template with the
     generation prompt, utils/dataset/rl_dataset.py doc2len); None: the tokenizer or a file is not local. Kept on disk
-    per version of the files (transformers' import alone takes seconds)."""
+    per version of the files, and found again by their contents (transformers' import alone takes seconds)."""
     tok = [os.path.join(tokenizer_dir, n) for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")]
     tok = [p for p in tok if os.path.isfile(p)]
     if not tok or tok[0].endswith(".jinja") or not all(f.endswith(".parquet") and os.path.isfile(f) for f in files):
         return None
-    stamp = json.dumps([[(p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in (*tok, *files)], key,
-                        sorted(kwargs.items()), PROMPT_ROWS], default=str)
-    path = cache_dir() / "prompt_lengths" / f"{hashlib.sha256(stamp.encode()).hexdigest()[:24]}.json"
+    folder, asked = cache_dir() / "prompt_lengths", [key, sorted(kwargs.items()), PROMPT_ROWS]
+    # found by the files' paths, sizes and times (no file read); else by their contents (the same tokenizer and data
+    # written again or elsewhere: a fresh `make tiny`, a copy): kept under both
+    stamp = json.dumps([[(p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in (*tok, *files)], *asked],
+                       default=str)
+    path = folder / f"{hashlib.sha256(stamp.encode()).hexdigest()[:24]}.json"
     if path.is_file():
         return json.loads(path.read_text()) or None
+    contents = json.dumps([[(os.path.basename(p), _digest(p)) for p in tok], [_digest(f) for f in files], *asked],
+                          default=str)
+    same = folder / f"c-{hashlib.sha256(contents.encode()).hexdigest()[:24]}.json"
+    if same.is_file():
+        text = same.read_text()
+        atomic_write(path, text)
+        return json.loads(text) or None
     try:
         import pyarrow.parquet as pq
         from transformers import AutoTokenizer
@@ -542,5 +552,14 @@ def prompt_lengths(tokenizer_dir: str, files: tuple[str, ...], key: str, kwargs:
         lengths = [len(ids) for ids in t(texts, add_special_tokens=False)["input_ids"]]
     except Exception:  # no chat template, no such column: verl's own errors there, and other rules'
         lengths = []
+    atomic_write(same, json.dumps(lengths))
     atomic_write(path, json.dumps(lengths))
     return lengths or None
+
+
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

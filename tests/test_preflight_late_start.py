@@ -144,3 +144,30 @@ def test_a_max_prompt_length_below_the_datas_prompts(tmp_path, made):
     no_tokenizer = (*args[:1], f"model_path={model_folder(tmp_path / 'model')}", *args[2:], "max_prompt_length=16")
     r = run_preflight(Run.build(*composed(*no_tokenizer), {}), launching=False)
     assert "prompts_too_long" not in {p.rule for p in r.errors + r.warnings}
+
+
+def test_prompt_lengths_are_found_again_by_the_files_contents(tmp_path, made):
+    """The lengths measured are kept by the files' contents too: make tiny's tokenizer and data copied to another
+    folder are not measured again (here transformers cannot be imported: a stand-in that raises), and the same refusal
+    follows; a changed train file is measured anew (here: it cannot be, so its prompts are not judged)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    out = made[0]
+    tok = shutil.copytree(out / "tiny-qwen3", tmp_path / "tok")
+    data = shutil.copytree(out / "arith_tiny", tmp_path / "d")
+    (tmp_path / "no-transformers" / "transformers").mkdir(parents=True)
+    (tmp_path / "no-transformers" / "transformers" / "__init__.py").write_text("raise ImportError('not here')\n")
+    broken = {"PYTHONPATH": str(tmp_path / "no-transformers")}
+
+    def refusal(model: Path, folder: Path, env: dict | None = None) -> dict | None:
+        _, p, _ = plan(tmp_path, "experiment=smoke_tiny", f"model_path={model}", f"train_file={folder}/train.parquet",
+                       f"test_file={folder}/test.parquet", "max_prompt_length=16", env=env)
+        return next((e for e in p["errors"] if e["rule"] == "prompts_too_long"), None)
+
+    measured = refusal(out / "tiny-qwen3", out / "arith_tiny")
+    copied = refusal(tok, data, env=broken)
+    assert measured and copied and copied["message"] == measured["message"].replace(str(out / "tiny-qwen3"), str(tok))
+    pq.write_table(pq.read_table(data / "train.parquet").slice(0, 100), data / "train.parquet")
+    assert refusal(tok, data, env=broken) is None

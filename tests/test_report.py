@@ -392,10 +392,17 @@ def _recorded_report(job: Path) -> dict[str, dict]:
     return {c["metric"]: c for c in R.make_report(job, plots=False, write=False)["checks"]}
 
 
-def test_recorded_jobs_memory_units_and_plan():
+@pytest.fixture(scope="module")
+def recorded_reports() -> dict[Path, dict[str, dict]]:
+    """The report's checks of every recorded job, made once for the tests below that read them (nothing here writes:
+    write=False, no plots), each job's as _recorded_report gives it."""
+    return {job: _recorded_report(job) for job in RECORDED_JOBS}
+
+
+def test_recorded_jobs_memory_units_and_plan(recorded_reports):
     held = 0
     for job in RECORDED_JOBS:
-        mem = next(c for m, c in _recorded_report(job).items() if m.startswith("actor/perf/max_memory_"))
+        mem = next(c for m, c in recorded_reports[job].items() if m.startswith("actor/perf/max_memory_"))
         msg = mem["message"]
         assert " GiB allocated" in msg and not re.search(r"[0-9] GB (allocated|reserved)", msg), (job, msg)
         plan = json.loads((job / "plan.json").read_text()) if (job / "plan.json").exists() else {}
@@ -409,10 +416,10 @@ def test_recorded_jobs_memory_units_and_plan():
     assert held >= 5
 
 
-def test_recorded_random_weight_jobs_reward_is_not_called_a_bug():
+def test_recorded_random_weight_jobs_reward_is_not_called_a_bug(recorded_reports):
     random_zero = plain_zero = 0
     for job in RECORDED_JOBS:
-        c = _recorded_report(job)
+        c = recorded_reports[job]
         reward, clip = c["critic/score/mean"], c["response_length/clip_ratio"]
         scores = M.series(M.read_metrics(job), "critic/score/mean")
         zero = len(scores) >= 3 and float(scores.abs().max()) == 0.0
@@ -427,11 +434,11 @@ def test_recorded_random_weight_jobs_reward_is_not_called_a_bug():
     assert random_zero >= 2 and plain_zero >= 1
 
 
-def test_recorded_jobs_phase_split_is_no_verdict():
+def test_recorded_jobs_phase_split_is_no_verdict(recorded_reports):
     """Most recorded runs train longer than they generate (small models, short answers or not): no warning on it."""
     split = {True: 0, False: 0}
     for job in RECORDED_JOBS:
-        timing = next((v for m, v in _recorded_report(job).items() if " vs " in m), None)
+        timing = next((v for m, v in recorded_reports[job].items() if " vs " in m), None)
         if timing is None:
             continue
         assert timing["status"] == "ok", (job, timing)
@@ -536,7 +543,7 @@ def test_a_steps_validation_is_taken_out_only_where_the_steps_timer_holds_it():
 
 
 def test_rollout_probs_diff_threshold_comes_from_the_recorded_runs_and_names_the_card_only_when_it_is_the_cause(
-        tmp_path):
+        tmp_path, recorded_reports):
     """Issue 44 item 10: every SmolLM2 run on the H100/H200 test cards measures 0.0073-0.0085, above verl's FAQ
     figure (0.005); the report warns 20% above the largest recorded steady value and blames the card only off Hopper."""
     top, job = RC.recorded_probs_diff()
@@ -544,7 +551,7 @@ def test_rollout_probs_diff_threshold_comes_from_the_recorded_runs_and_names_the
     warn, bad, source = RC.probs_diff_thresholds()
     assert warn == round(top * 1.2, 4) and bad == 2 * warn and job in source
     for recorded in RECORDED_JOBS:  # all on Hopper cards: none warns
-        c = _recorded_report(recorded)["training/rollout_probs_diff_mean"]
+        c = recorded_reports[recorded]["training/rollout_probs_diff_mean"]
         assert c["status"] == "ok" and f"below {RC._fmt(warn)}" in c["message"], (recorded, c)
     n = 6
     curves = {**synth.healthy_curves(n), "training/rollout_probs_diff_mean": lambda s: 1.5 * warn}

@@ -59,7 +59,14 @@ def set_apart(cfg: Any) -> dict[str, list[str]]:
     def own(k: str) -> bool:
         parent, _, leaf = k.rpartition(".")
         node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-        return isinstance(node, DictConfig) and leaf in node and not OmegaConf.is_interpolation(node, leaf)
+        if not isinstance(node, DictConfig):
+            return False
+        try:  # an interpolation first: `leaf in node` would resolve it (OmegaConf parses it anew each time)
+            if OmegaConf.is_interpolation(node, leaf):
+                return False
+        except (KeyError, AttributeError):  # not there, in a struct config
+            return False
+        return leaf in node
 
     # verl's too: the log-prob passes' budgets read the update's, and speed=fast sets all three
     leaders = [(key, knob_keys(key)) for key in sorted(SHORT_KEYS)]

@@ -195,11 +195,10 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def load_yaml(path: Path) -> dict[str, Any] | None:
-    """A YAML mapping from a file (a job's verl_config.yaml), or None when it is missing or not one."""
+    """A YAML mapping from a file (a job's verl_config.yaml), or None when it is missing or not one. libyaml's safe
+    loader where there is one (facts.load_yaml): the same data, ~7x faster on a job's config files."""
     try:
-        import yaml
-
-        data = yaml.safe_load(path.read_text())
+        data = facts.load_yaml(path)
         return data if isinstance(data, dict) else None
     except Exception:
         return None
