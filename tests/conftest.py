@@ -206,8 +206,10 @@ SLOW = {
 }
 
 
+@functools.cache
 def _functions(path: str) -> dict:
-    """The module-level functions of the Python file at `path`, by name (ast.FunctionDef)."""
+    """The module-level functions of the Python file at `path`, by name (ast.FunctionDef); read once a file (this one
+    for every test module)."""
     import ast
 
     return {n.name: n for n in ast.parse(Path(path).read_text()).body if isinstance(n, ast.FunctionDef)}
