@@ -23,6 +23,14 @@ CONF = ROOT / "conf"
 if not os.environ.get("GRPO_LAB_CACHE_DIR"):
     os.environ["GRPO_LAB_CACHE_DIR"] = str(ROOT / ".pytest_cache" / "grpo-lab")
 
+# pytest-xdist's workers share the cores (make test: one a core): torch's OpenMP threads, in a worker and in the
+# processes it starts, get the worker's share unless OMP_NUM_THREADS is set. One thread a core: the threads of two
+# workers on one core spin waiting for each other (the CPU pass_bench runs, two at once on 2 cores: 20 s -> 12 s each)
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_THREADS"):
+    from grpo_lab.facts import machine_cpus
+
+    os.environ["OMP_NUM_THREADS"] = str(max(1, machine_cpus() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def pytest_configure(config):
     """Build the schema cache once, before pytest-xdist's workers start (else each builds it at once, ~5 s each)."""
@@ -206,8 +214,10 @@ SLOW = {
 }
 
 
+@functools.cache
 def _functions(path: str) -> dict:
-    """The module-level functions of the Python file at `path`, by name (ast.FunctionDef)."""
+    """The module-level functions of the Python file at `path`, by name (ast.FunctionDef); read once a file (this one
+    for every test module)."""
     import ast
 
     return {n.name: n for n in ast.parse(Path(path).read_text()).body if isinstance(n, ast.FunctionDef)}

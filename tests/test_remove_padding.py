@@ -15,12 +15,17 @@ import importlib.util
 import types
 
 import pytest
-import torch
 from conftest import ROOT
 
-spec = importlib.util.spec_from_file_location("pass_bench", ROOT / "benchmarks" / "gpu" / "pass_bench.py")
-pass_bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pass_bench)
+# torch (and benchmarks/gpu/pass_bench.py, which imports it) only in the tests: collecting the suite, `make test-fast`'s
+# too, does not import it
+
+
+def _pass_bench():
+    spec = importlib.util.spec_from_file_location("pass_bench", ROOT / "benchmarks" / "gpu" / "pass_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 PROMPT_LENS = [5, 8, 3, 6]
 RESPONSE_LENS = [10, 4, 7, 9]
@@ -30,6 +35,8 @@ P, R = max(PROMPT_LENS), max(RESPONSE_LENS)
 @pytest.fixture(scope="module")
 def setup():
     import warnings
+
+    import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -79,7 +86,7 @@ def setup():
 
     # verl's FSDP engine without building FSDP (benchmarks/gpu/pass_bench.py times the same path on the GPU);
     # fp32 on CPU: forward_step skips autocast
-    engine_for = pass_bench.engine_for
+    engine_for = _pass_bench().engine_for
     return types.SimpleNamespace(model=model, fused=fused, td=td, seqs=seqs, engine=engine_for(model, "cpu"),
                                  fused_engine=engine_for(fused, "cpu"), impl=transformer_impl, tu=tu,
                                  no_padding_2_padding=no_padding_2_padding, logprobs_from_logits=logprobs_from_logits)
@@ -87,6 +94,8 @@ def setup():
 
 def separate_log_probs(s, i: int, **model_kwargs):
     """Response log-probs of sequence i run on its own (batch of one, no padding), via verl's logprobs_from_logits."""
+    import torch
+
     seq, pl, rl = s.seqs[i], PROMPT_LENS[i], RESPONSE_LENS[i]
     with torch.no_grad():
         logits = s.model(input_ids=seq[None], use_cache=False, **model_kwargs).logits[0]
@@ -94,6 +103,8 @@ def separate_log_probs(s, i: int, **model_kwargs):
 
 
 def test_packed_inputs_are_one_row_with_restarting_positions(setup):
+    import torch
+
     s = setup
     inputs, _ = s.engine.prepare_model_inputs(s.td)
     assert inputs["attention_mask"] is None
@@ -104,6 +115,8 @@ def test_packed_inputs_are_one_row_with_restarting_positions(setup):
 
 
 def test_packed_log_probs_equal_separate_ones_through_verls_forward_step(setup, monkeypatch):
+    import torch
+
     s = setup
     # verl picks the device by name; on this CPU-only machine it is the CPU
     monkeypatch.setattr(s.impl, "get_device_id", lambda: "cpu")
@@ -121,6 +134,8 @@ def test_packed_log_probs_equal_separate_ones_through_verls_forward_step(setup, 
 def test_the_comparison_detects_sequences_that_see_each_other(setup):
     """Control: the same packed tokens as ONE causal sequence (what packing without the block mask amounts to)
     give clearly different log-probs for every sequence after the first, so the check above has teeth."""
+    import torch
+
     s = setup
     inputs, _ = s.engine.prepare_model_inputs(s.td)
     with torch.no_grad():
@@ -150,6 +165,8 @@ def _sum_outputs(model_output, data, dp_group):
 
 
 def test_fused_kernels_give_the_same_log_probs_entropy_and_gradients(setup, monkeypatch):
+    import torch
+
     s = setup
     monkeypatch.setattr(s.impl, "get_device_id", lambda: "cpu")
     monkeypatch.setattr(s.impl, "get_device_name", lambda: "cpu")
@@ -172,6 +189,8 @@ def test_fused_kernels_give_the_same_log_probs_entropy_and_gradients(setup, monk
 
 def test_fused_kernels_skip_the_per_token_loop(setup, monkeypatch):
     """The per-token loop (logprobs_from_logits_v2, verl's path without flash-attn) is what the setting removes."""
+    import torch
+
     s = setup
     monkeypatch.setattr(s.impl, "get_device_id", lambda: "cpu")
     monkeypatch.setattr(s.impl, "get_device_name", lambda: "cpu")
@@ -198,6 +217,8 @@ def _responses_and_entropy(model_output, data, dp_group):
 def test_padded_micro_batches_give_the_same_log_probs_entropy_and_gradients(setup, monkeypatch):
     """make fit's padded move (use_remove_padding=false, with the fused log-prob it comes after): verl pads each answer
     to the micro-batch's longest instead of packing them; the answers' log-probs, entropy and gradients are the same."""
+    import torch
+
     s = setup
     monkeypatch.setattr(s.impl, "get_device_id", lambda: "cpu")
     monkeypatch.setattr(s.impl, "get_device_name", lambda: "cpu")

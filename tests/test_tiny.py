@@ -177,7 +177,7 @@ def test_warmup_trains_saves_and_the_cli_runs(made, tmp_path, capsys):
         table = pq.read_table(out / "arith_tiny" / f"{split}.parquet")
         pq.write_table(table.slice(0, 8 if split == "train" else 4), small / f"{split}.parquet")
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # at most 2, fewer where the worker's share is less
     metrics = warmup.warmup(str(out / "tiny-qwen3"), str(small), str(tmp_path / "sft"), steps=30, device="cpu",
                             batch_size=8, lr=1e-2, eval_n=4, samples=2, max_new_tokens=8, log=lambda _: None)
     losses = metrics["losses_all"]
