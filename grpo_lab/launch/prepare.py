@@ -15,6 +15,7 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,7 +114,17 @@ class Prepared:
     emulation: dict[str, Any] | None = None  # plan.json's "emulation" (grpo_lab/memory/emulate.py); None without
     kv_pin: dict[str, Any] | None = None  # side by side's KV cache pin: {"bytes", "by"}
     cluster: RayNodes | None = None  # the Ray cluster of a SLURM job of several nodes (its first node only)
-    changed: tuple[dict[str, Any], ...] = ()  # plan.json's changed_defaults: what verl gets that is not its default
+    multirun: bool = False  # a sweep point (its checkpoint folder is its own)
+
+    @cached_property
+    def changed(self) -> list[dict[str, Any]]:
+        """plan.json's changed_defaults: what verl gets that is not verl's default, and what set it (the launcher's
+        KV pin, emulation's scaling); worked out when first read (the check stage: make fit's jobs write no plan)."""
+        changed = changed_defaults(self.verl, self.run.layers, self.multirun)
+        mark_changed(changed, self.kv_pin)
+        if self.emulation:
+            mark_scaled(changed, self.emulation)
+        return changed
 
 
 def prepare(cfg: DictConfig, job: Job) -> Prepared:
@@ -155,11 +166,7 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
     engine_verl, pin = pin_side_by_side(run, emulated.verl)
     if pin:  # the rule side_by_side_jobs reads it; the plans are the same (the pin is in verl's copy only)
         run = replace(run, lab=replace(lab, side_by_side_kv_pin=pin))
-    changed = changed_defaults(engine_verl, layers, job.multirun)
-    mark_changed(changed, pin)
-    if emulated.info:
-        mark_scaled(changed, emulated.info)
-    return Prepared(run, engine_verl, emulated.info, pin, cluster, tuple(changed))
+    return Prepared(run, engine_verl, emulated.info, pin, cluster, job.multirun)
 
 
 def emulate(verl: dict[str, Any], lab: Lab, job: Job) -> Emulated:
