@@ -142,6 +142,29 @@ def test_callback_remakes_summary_and_diagnoses(tmp_path):
     assert (sweep / "summary.md").exists()
 
 
+def test_a_plan_sweeps_summary_is_made_at_its_end_and_after_a_crash(tmp_path):
+    """Jobs that only plan (preflight.only, fit) take seconds: the summary is made at the sweep's end, not again after
+    each plan or refusal; a job that crashed gets it at once, as its sweep does not reach the end."""
+    sweep = make_sweep(tmp_path)
+    cb = S.SweepSummaryCallback(plots=False)
+
+    def plan(job: str):
+        cfg = _hydra_cfg(sweep / job, sweep)
+        cfg.preflight = {"only": True, "fit": False, "fit_write": None}
+        return cfg
+
+    cb.on_job_end(plan("job0"), JobReturn(status=JobStatus.COMPLETED, _return_value="planned"))
+    status = json.loads((sweep / "job1" / "status.json").read_text())
+    (sweep / "job1" / "status.json").write_text(json.dumps({**status, "status": "failed", "exit": 2}))
+    cb.on_job_end(plan("job1"), JobReturn(status=JobStatus.COMPLETED, _return_value="refused"))
+    assert not (sweep / "summary.md").exists()
+    cb.on_job_end(plan("job2"), JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError("boom")))
+    assert "OOM in training" in (sweep / "summary.md").read_text()
+    (sweep / "summary.md").unlink()
+    cb.on_multirun_end(_hydra_cfg(sweep, sweep))
+    assert (sweep / "summary.md").exists()
+
+
 def test_callback_never_raises(tmp_path, caplog):
     cb = S.SweepSummaryCallback()
     cb.on_job_end(OmegaConf.create({"nothing": 1}), None)  # no hydra node at all

@@ -368,7 +368,8 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
 
         hydra_cfg = config.hydra
         job_dir = Path(str(hydra_cfg.runtime.output_dir))
-        failed = _job_failed(job_return) or doctor.read_json(job_dir / "status.json").get("status") == "failed"
+        status = doctor.read_json(job_dir / "status.json")
+        failed = _job_failed(job_return) or status.get("status") == "failed"
         if failed and (job_dir / "train.log").exists():
             diags = doctor.write_diagnosis(job_dir)
             for d in diags:  # "try:" only with something to try
@@ -382,7 +383,11 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
             sweep = _sweep_dir_of(job_dir) or Path(str(hydra_cfg.sweep.dir))
             if sweep not in self._sweep_dirs:
                 self._sweep_dirs.append(sweep)
-            summarize_sweep(sweep, plots=self.plots)
+            # a plan takes seconds and the sweep's end makes the summary: after each plan it was made again at once
+            # (by every worker of jobs side by side, each importing pandas and matplotlib for it). A crash still
+            # gets it here, as the sweep's end does not come (a refusal, exit 2, lets the sweep go on)
+            if not _planned_only(config, crashed=failed and status.get("exit") != 2):
+                summarize_sweep(sweep, plots=self.plots)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         try:
@@ -395,6 +400,14 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
                     log.info("grpo-lab: sweep summary in %s", sweep / "summary.md")
         except BaseException as e:
             log.warning("grpo-lab: sweep summary callback: %s: %s", type(e).__name__, e)
+
+
+def _planned_only(config: Any, *, crashed: bool) -> bool:
+    """A job that only planned (preflight.only, fit), and planned or was refused rather than crashed."""
+    from omegaconf import OmegaConf
+
+    preflight = OmegaConf.select(config, "preflight", default=None) or {}
+    return not crashed and any(bool(preflight.get(k)) for k in ("only", "fit", "fit_write"))
 
 
 def _job_failed(job_return: Any) -> bool:
