@@ -17,7 +17,6 @@ from conftest import ROOT, composed, planned, run_py
 from grpo_lab import facts
 from grpo_lab.checks import preflight
 from grpo_lab.checks.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
-from grpo_lab.memory import memplan
 from grpo_lab.memory.run import Run
 from grpo_lab.verl_schema import schema
 
@@ -415,7 +414,11 @@ def test_full_finetune_of_8b_refused_with_a_pointer_to_lora():
     p = only(r.errors, "full_finetune_too_big")
     assert "8.2B" in p.message and "16 B per parameter" in p.message and "model=qwen3_8b_lora" in p.message
     # the fix is the LoRA recipe as overrides (re-checkable), not a group choice
-    assert p.fix == (memplan.LORA_OVERRIDES + " " + memplan.OFFLOAD_OVERRIDES) and p.checked.startswith("re-checked")
+    assert p.fix == ("actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32 "
+                     "actor_rollout_ref.rollout.load_format=safetensors "
+                     "actor_rollout_ref.actor.fsdp_config.param_offload=true "
+                     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+    assert p.checked.startswith("re-checked")
     # strict=false: the predicted OOMs become warnings, nothing else blocks
     lab.preflight.strict = False
     r = check(verl, lab)

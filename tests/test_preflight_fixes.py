@@ -20,6 +20,7 @@ from conftest import ROOT, composed, planned, run_py
 from grpo_lab import facts
 from grpo_lab.checks import fixes
 from grpo_lab.checks.preflight import run_preflight
+from grpo_lab.cli.apply import Change
 from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.memory.run import Run
 from grpo_lab.verl_keys import get
@@ -180,11 +181,11 @@ def test_apply_and_respell_follow_what_composing_does_with_keys_set_apart():
     by_compose, _ = composed(*STATIC, f"{ref}=3", "log_prob_micro_batch_size_per_gpu=4")
     assert applied == by_compose and get(applied, ref) == 3 and get(applied, roll) == 4
     assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab.set_apart) == [
-        ("", "log_prob_micro_batch_size_per_gpu", 4), ("", ref, 4)]
+        Change("log_prob_micro_batch_size_per_gpu", 4), Change(ref, 4)]
     # the rollout's key typed: the ref's still follows it, so the fix names the rollout's key alone
     verl, lab = composed(*STATIC, f"{roll}=3")
-    assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab.set_apart) == [("", roll, 4)]
-    applied, _ = fixes.apply(verl, lab, [("", roll, 4)])
+    assert fixes.respell(fixes.parse("log_prob_micro_batch_size_per_gpu=4"), lab.set_apart) == [Change(roll, 4)]
+    applied, _ = fixes.apply(verl, lab, [Change(roll, 4)])
     assert applied == composed(*STATIC, f"{roll}=3", f"{roll}=4")[0]
     # verl's log-prob budgets read the update's, but conf/speed/fast.yaml sets all three: a new update budget leaves
     # them as composing does, even where their values are equal (16384)
@@ -192,7 +193,7 @@ def test_apply_and_respell_follow_what_composing_does_with_keys_set_apart():
     verl, lab = composed(*STATIC)
     assert lab.set_apart[upd] == ["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
                                   "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"]
-    applied, _ = fixes.apply(verl, lab, [("", upd, 8192)])
+    applied, _ = fixes.apply(verl, lab, [Change(upd, 8192)])
     assert applied == composed(*STATIC, f"{upd}=8192")[0]
     assert get(applied, "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu") == 16384
 

@@ -38,7 +38,7 @@ from grpo_lab.checks.fit_moves import (
     one_sequence,
 )
 from grpo_lab.checks.fit_search import State, choose, faster, way_out
-from grpo_lab.checks.fit_text import Change, FitResult, cost_words, format_result, override_strs
+from grpo_lab.checks.fit_text import FitResult, Step, cost_words, format_result, spelled
 from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
 from grpo_lab.cli.apply import apply_overrides
 from grpo_lab.cli.apply import groups as _conf_groups
@@ -95,7 +95,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
                      ref_offload=run.cfg.ref.fsdp_config.param_offload, shape=run.shape)
     base_report = run_preflight(run, launching=False)
     budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
-    s_req = replace(s0, **{f: v for f, (_, v) in budgets.items()})  # what the search starts from and plans "before"
+    s_req = ctx.choice(s0, dict(budgets.values()))[1]  # what the search starts from and plans "before"
     blocked = [f"[{p.rule}] {p.message}" + (f"\n      fix: {p.fix}" if p.fix else "")
                for p in base_report.errors if p.rule not in memory_ids() and not (p.rule == "token_budget" and budgets)]
     valid_util = 0.0 < s0.gpu_memory_utilization < 1.0
@@ -110,7 +110,8 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     chosen = found.chosen
     res.faster_than = found.faster_than
     if found.guide_first is not None:
-        res.guide_first = (override_strs(found.guide_first.values, cfg), ctx.step_s(found.guide_first.s))
+        res.guide_first = ([c.override for c in spelled(found.guide_first.values, cfg)],
+                           ctx.step_s(found.guide_first.s))
     if valid_util:
         res.time_before = ctx.time(s_req)
     if chosen is None or found.best is None:
@@ -156,7 +157,7 @@ def _batch_facts(b: Mapping[str, Any]) -> dict[str, Any]:
     return {k: b.get(k) for k in keys}
 
 
-def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Change]:
+def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Step]:
     """Each move of the chosen state in the order applied, with its overrides, its cost and a one-line reason."""
     later: set[str] = set()
     out = []
@@ -175,7 +176,7 @@ def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Change]:
             cost, reason = f"{cost}; {faster_by}", f"{title}: {faster_by}" + "".join(f"; {x}" for x in lowered)
         else:
             reason = f"{title}: " + (", ".join(lowered) if lowered else "lets vLLM start (room for its KV cache)")
-        out.append(Change(mid, title, override_strs(keep, cfg), cost, reason))
+        out.append(Step(mid, title, spelled(keep, cfg, reason), cost, reason))
     return out[::-1]
 
 
@@ -278,11 +279,10 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
     for k, v in user_vals.items():
         _put(tree, k, v)
         comments[k] = "from the command line"
-    for c in [*res.changes, *res.speedups]:
-        for i, o in enumerate(c.overrides):
-            k, v = o.split("=", 1)
-            _put(tree, k, yaml.safe_load(v))
-            comments[k] = c.reason if i == 0 else f"{c.title}, with {c.overrides[0].split('=')[0]}"
+    for step in [*res.changes, *res.speedups]:
+        for i, c in enumerate(step.changes):
+            _put(tree, c.key, c.value)
+            comments[c.key] = c.reason if i == 0 else f"{step.title}, with {step.changes[0].key}"
     lines += _emit_tree(tree, comments, "", 0)
     return "\n".join(lines) + "\n"
 

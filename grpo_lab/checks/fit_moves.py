@@ -9,12 +9,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan, timeplan
+from grpo_lab.memory.memplan_remedies import budget_changes
+from grpo_lab.memory.settings import FIELD_OF_KEY, settings_after
 from grpo_lab.verl_keys import A
 
 CONF = facts.ROOT / "conf"
@@ -105,6 +107,10 @@ class FitContext:
             self._steps[repr(s)] = self.time(s)["step_s"]
         return self._steps[repr(s)]
 
+    def choice(self, s: memplan.Settings, values: dict[str, Any]) -> tuple[dict[str, Any], memplan.Settings]:
+        """Values and the settings after them, as the config with them would read (settings_after)."""
+        return values, settings_after(s, values, self.lab.set_apart)
+
     # batch facts for the cost words
     @property
     def dp(self) -> int:
@@ -152,31 +158,24 @@ def _m_max_model_len(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     mml = memplan.vllm_max_model_len(ctx.arch, s)
     if mml <= seq:
         return f"already {mml} (prompt + response = {seq})"
-    return {A + "rollout.max_model_len": seq}, replace(s, max_model_len=seq)
+    return ctx.choice(s, {A + "rollout.max_model_len": seq})
 
 
 def _m_bucket(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     opts, b = [], s.bucket_mb
     while b > 512:
         b = max(512, b // 2)
-        opts.append(({A + "rollout.checkpoint_engine.update_weights_bucket_megabytes": b}, replace(s, bucket_mb=b)))
+        opts.append(ctx.choice(s, {A + "rollout.checkpoint_engine.update_weights_bucket_megabytes": b}))
     return _pick(ctx, s, opts) if opts else f"already {s.bucket_mb} MiB (512 is the floor here)"
 
 
-def _switch_on(key: str, attr: str) -> Callable[[FitContext, memplan.Settings], Choice | str]:
-    """A move that turns one boolean setting on: the verl key, and the planner's Settings field it maps to."""
+def _switch_on(key: str) -> Callable[[FitContext, memplan.Settings], Choice | str]:
+    """A move that turns one boolean setting on."""
     def move(ctx: FitContext, s: memplan.Settings) -> Choice | str:
-        if getattr(s, attr):
+        if getattr(s, FIELD_OF_KEY[key]):
             return "already on"
-        return {key: True}, replace(s, **{attr: True})
+        return ctx.choice(s, {key: True})
     return move
-
-
-def _with_budget(s: memplan.Settings, t: int) -> memplan.Settings:
-    seq = s.seq_len
-    return replace(s, ppo_max_token_len_per_gpu=t,
-                   log_prob_max_token_len_per_gpu=max(seq, min(s.log_prob_max_token_len_per_gpu, 2 * t)),
-                   ref_log_prob_max_token_len_per_gpu=max(seq, min(s.ref_log_prob_max_token_len_per_gpu, 2 * t)))
 
 
 def _m_budget(ctx: FitContext, s: memplan.Settings) -> Choice | str:
@@ -186,18 +185,18 @@ def _m_budget(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     opts = []
     while t > seq:
         t = max(seq, t // 2)
-        opts.append(_budget_choice(s, _with_budget(s, t)))
+        opts.append(_budgets(ctx, s, t, *(c.value for c in budget_changes(s, t)[1:])))
     return _pick(ctx, s, opts) if opts else f"already one sequence ({seq} tokens): it cannot go lower"
 
 
-def _budget_choice(s: memplan.Settings, s2: memplan.Settings) -> Choice:
-    """The overrides that take the three passes' token budgets from `s` to `s2` (each one that changed)."""
-    vals = {A + "actor.ppo_max_token_len_per_gpu": s2.ppo_max_token_len_per_gpu}
-    if s2.log_prob_max_token_len_per_gpu != s.log_prob_max_token_len_per_gpu:
-        vals[A + "rollout.log_prob_max_token_len_per_gpu"] = s2.log_prob_max_token_len_per_gpu
-    if s2.ref_log_prob_max_token_len_per_gpu != s.ref_log_prob_max_token_len_per_gpu:
-        vals[A + "ref.log_prob_max_token_len_per_gpu"] = s2.ref_log_prob_max_token_len_per_gpu
-    return vals, s2
+def _budgets(ctx: FitContext, s: memplan.Settings, t: int, log_prob: int, ref: int) -> Choice:
+    """The three passes' token budgets: the actor's, and each log-prob pass's that changes."""
+    vals = {A + "actor.ppo_max_token_len_per_gpu": t}
+    if log_prob != s.log_prob_max_token_len_per_gpu:
+        vals[A + "rollout.log_prob_max_token_len_per_gpu"] = log_prob
+    if ref != s.ref_log_prob_max_token_len_per_gpu:
+        vals[A + "ref.log_prob_max_token_len_per_gpu"] = ref
+    return ctx.choice(s, vals)
 
 
 def one_sequence(s: memplan.Settings) -> dict[str, tuple[str, int]]:
@@ -216,7 +215,7 @@ def _m_util(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     if valid and ctx.eval(s).verdicts["generation"] == "fits" and memplan.kv_cache(ctx.arch, s)["fits_max_model_len"]:
         return f"generation fits at {u0:g}"
     # the highest value whose generation phase fits (most KV cache), else whatever helps most
-    opts = [({A + "rollout.gpu_memory_utilization": u}, replace(s, gpu_memory_utilization=u))
+    opts = [ctx.choice(s, {A + "rollout.gpu_memory_utilization": u})
             for u in (round(k * 0.05, 2) for k in range(19, 1, -1)) if abs(u - u0) > 1e-6]
     fitting = [o for o in opts if ctx.eval(o[1]).fits]
     if fitting:
@@ -238,7 +237,7 @@ def _m_tp(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     opts, tp = [], s.tp * 2
     while tp <= s.n_gpus:
         if tp_ok(ctx.arch, s.n_gpus, tp):
-            opts.append(({A + "rollout.tensor_model_parallel_size": tp}, replace(s, tp=tp)))
+            opts.append(ctx.choice(s, {A + "rollout.tensor_model_parallel_size": tp}))
         tp *= 2
     if not opts:
         return f"TP {s.tp} is the most that {s.n_gpus} GPU(s) and {ctx.arch.num_attention_heads} heads allow"
@@ -267,16 +266,14 @@ def _m_micro(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     opts: list[Choice] = []
     if not s.use_dynamic_bsz and s.ppo_micro_batch_size_per_gpu and per_mini:
         for m in _divisors_below(per_mini, int(s.ppo_micro_batch_size_per_gpu)):
-            opts.append(({A + "actor.ppo_micro_batch_size_per_gpu": m}, replace(s, ppo_micro_batch_size_per_gpu=m)))
+            opts.append(ctx.choice(s, {A + "actor.ppo_micro_batch_size_per_gpu": m}))
     if not s.log_prob_use_dynamic_bsz and s.log_prob_micro_batch_size_per_gpu:
-        base = opts[-1] if opts else ({}, s)
+        base = opts[-1][0] if opts else {}
         for m in _divisors_below(per_step, int(s.log_prob_micro_batch_size_per_gpu)):
-            vals = {**base[0], A + "rollout.log_prob_micro_batch_size_per_gpu": m}
-            s2 = replace(base[1], log_prob_micro_batch_size_per_gpu=m)
+            vals = {**base, A + "rollout.log_prob_micro_batch_size_per_gpu": m}
             if s.ref_used and not s.ref_log_prob_use_dynamic_bsz:
                 vals[A + "ref.log_prob_micro_batch_size_per_gpu"] = m
-                s2 = replace(s2, ref_log_prob_micro_batch_size_per_gpu=m)
-            opts.append((vals, s2))
+            opts.append(ctx.choice(s, vals))
     return _pick(ctx, s, opts) if opts else "micro-batches are already 1"
 
 
@@ -285,7 +282,7 @@ def _m_entropy_ckpt(ctx: FitContext, s: memplan.Settings) -> Choice | str:
         return "no entropy in the loss (entropy_coeff 0)"
     if s.entropy_checkpointing:
         return "already on"
-    return {A + "actor.entropy_checkpointing": True}, replace(s, entropy_checkpointing=True)
+    return ctx.choice(s, {A + "actor.entropy_checkpointing": True})
 
 
 def _m_entropy_chunk(ctx: FitContext, s: memplan.Settings) -> Choice | str:
@@ -293,7 +290,7 @@ def _m_entropy_chunk(ctx: FitContext, s: memplan.Settings) -> Choice | str:
         return "the log-prob pass's entropy is torch.compile'd (fused, no vocabulary-sized copy)"
     if s.actor_entropy_chunking:
         return "already on"
-    return {A + "actor.entropy_from_logits_with_chunking": True}, replace(s, actor_entropy_chunking=True)
+    return ctx.choice(s, {A + "actor.entropy_from_logits_with_chunking": True})
 
 
 def _m_layered(ctx: FitContext, s: memplan.Settings) -> Choice | str:
@@ -301,21 +298,17 @@ def _m_layered(ctx: FitContext, s: memplan.Settings) -> Choice | str:
         return "only with LoRA"
     if s.layered_summon:
         return "already on"
-    return {A + "rollout.layered_summon": True}, replace(s, layered_summon=True)
+    return ctx.choice(s, {A + "rollout.layered_summon": True})
 
 
 MOVES: tuple[Move, ...] = (
     Move("max_model_len", "vLLM max_model_len = prompt + response", 0, _m_max_model_len),
-    Move("free_cache_engine", "free vLLM's KV cache while training", 1,
-         _switch_on(A + "rollout.free_cache_engine", "free_cache_engine")),
+    Move("free_cache_engine", "free vLLM's KV cache while training", 1, _switch_on(A + "rollout.free_cache_engine")),
     Move("bucket", "smaller weight-sync bucket", 2, _m_bucket),
-    Move("grad_ckpt", "gradient checkpointing", 3,
-         _switch_on(A + "model.enable_gradient_checkpointing", "gradient_checkpointing")),
+    Move("grad_ckpt", "gradient checkpointing", 3, _switch_on(A + "model.enable_gradient_checkpointing")),
     Move("token_budget", "smaller token budgets", 4, _m_budget),
-    Move("opt_offload", "optimizer offload", 5,
-         _switch_on(A + "actor.fsdp_config.optimizer_offload", "optimizer_offload")),
-    Move("param_offload", "parameter offload", 6,
-         _switch_on(A + "actor.fsdp_config.param_offload", "param_offload")),
+    Move("opt_offload", "optimizer offload", 5, _switch_on(A + "actor.fsdp_config.optimizer_offload")),
+    Move("param_offload", "parameter offload", 6, _switch_on(A + "actor.fsdp_config.param_offload")),
     Move("util", "rollout gpu_memory_utilization", 7, _m_util),
     Move("tp", "rollout tensor parallel", 8, _m_tp),
     Move("ref_offload", "reference offload", 9, _m_ref_offload),
@@ -331,7 +324,7 @@ LORA_RANK = 100
 def _m_fused(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
     if s.use_fused_kernels:
         return "already on"
-    return [({A + "model.use_fused_kernels": True}, replace(s, use_fused_kernels=True))]
+    return [ctx.choice(s, {A + "model.use_fused_kernels": True})]
 
 
 def padded_why_not(s: memplan.Settings) -> str:
@@ -350,7 +343,7 @@ def _m_padded(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
     why = padded_why_not(s)
     if why:
         return why
-    key, padded = {A + "model.use_remove_padding": False}, replace(s, use_remove_padding=False)
+    key, padded = ctx.choice(s, {A + "model.use_remove_padding": False})
     # padded micro-batches drop the attention that grew with their size: with each larger budget too, as one move
     budgets = _m_larger_budgets(ctx, padded)
     return [(key, padded)] + ([({**key, **vals}, s2) for vals, s2 in budgets] if isinstance(budgets, list) else [])
@@ -378,10 +371,8 @@ def _m_larger_budgets(ctx: FitContext, s: memplan.Settings) -> list[Choice] | st
     if next(larger_budgets(s.ppo_max_token_len_per_gpu), None) is None:
         return f"no recorded run measured update micro-batches above {_measured_update_tokens()} tokens"
     cap = ctx.tokens_per_gpu_per_update(s)
-    opts = [_budget_choice(s, replace(
-        s, ppo_max_token_len_per_gpu=t, log_prob_max_token_len_per_gpu=max(s.log_prob_max_token_len_per_gpu, t),
-        ref_log_prob_max_token_len_per_gpu=max(s.ref_log_prob_max_token_len_per_gpu, t)))
-        for t in itertools.takewhile(lambda t: cap and t < 2 * cap, larger_budgets(s.ppo_max_token_len_per_gpu))]
+    opts = [_budgets(ctx, s, t, max(s.log_prob_max_token_len_per_gpu, t), max(s.ref_log_prob_max_token_len_per_gpu, t))
+            for t in itertools.takewhile(lambda t: cap and t < 2 * cap, larger_budgets(s.ppo_max_token_len_per_gpu))]
     return opts or f"the budget ({s.ppo_max_token_len_per_gpu}) already holds a whole update ({cap} tokens per GPU)"
 
 

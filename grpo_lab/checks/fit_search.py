@@ -13,7 +13,7 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks.fit_moves import BY_ID, MOVES, RANK, REQUIRED, SPEED_MOVES, A, FitContext, Move, tp_ok
-from grpo_lab.checks.fit_text import override_strs
+from grpo_lab.checks.fit_text import spelled
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan
 from grpo_lab.memory.verl_view import VerlView
@@ -48,9 +48,7 @@ def _step(ctx: FitContext, st: State, move: Move) -> State | None:
     r = move.choose(ctx, st.s)
     if isinstance(r, str):
         return None
-    vals, s2 = r
-    moves = st.moves if move.id in st.moves else st.moves + (move.id,)
-    return State(s2, {**st.values, **vals}, moves, st.lora, st.history + ((move.id, vals, st.s, s2),))
+    return _then(st, move.id, *r)
 
 
 def _apply_combo(ctx: FitContext, start: State, combo: Iterable[Move]) -> State | None:
@@ -131,16 +129,18 @@ def start_state(ctx: FitContext, budgets: dict[str, tuple[str, int]]) -> State:
     s0 = ctx.base
     start = State(s0)
     if budgets:
-        vals = dict(budgets.values())
-        s_req = replace(s0, **{f: v for f, (_, v) in budgets.items()})
-        start = State(s_req, vals, ("budget_fix",), False, (("budget_fix", vals, s0, s_req),))
+        start = _then(start, "budget_fix", *ctx.choice(s0, dict(budgets.values())))
     if s0.n_gpus % s0.tp or s0.tp > s0.n_gpus:  # a vLLM replica must fit the GPUs: the largest TP that does
-        s1 = start.s
         tp = max(t for t in (1, 2, 4, 8) if t <= min(s0.tp, s0.n_gpus) and tp_ok(ctx.arch, s0.n_gpus, t))
-        vals = {A + "rollout.tensor_model_parallel_size": tp}
-        start = State(replace(s1, tp=tp), {**start.values, **vals}, start.moves + ("tp_fix",), False,
-                      start.history + (("tp_fix", vals, s1, replace(s1, tp=tp)),))
+        start = _then(start, "tp_fix", *ctx.choice(start.s, {A + "rollout.tensor_model_parallel_size": tp}))
     return start
+
+
+def _then(st: State, mid: str, vals: dict[str, Any], s2: memplan.Settings, lora: bool | None = None) -> State:
+    """The state after a move's values (`s2`: the settings after them)."""
+    moves = st.moves if mid in st.moves else st.moves + (mid,)
+    return State(s2, {**st.values, **vals}, moves, st.lora if lora is None else lora,
+                 st.history + ((mid, vals, st.s, s2),))
 
 
 def choose(ctx: FitContext, budgets: dict[str, tuple[str, int]], by: float) -> Found:
@@ -150,7 +150,7 @@ def choose(ctx: FitContext, budgets: dict[str, tuple[str, int]], by: float) -> F
     best, states = search(ctx, start)
     lora_best = None
     if best is None and ctx.base.lora_rank == 0:
-        lora_best, states = search(ctx, lora_start(start))
+        lora_best, states = search(ctx, lora_start(ctx, start))
     out = Found(start, states, best, lora_best)
     fitting = [f for f in states if f.lora == (best is None)]  # the fastest of the same kind (LoRA only when needed)
     if len(fitting) > 1:
@@ -184,17 +184,15 @@ def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = 
             continue
         vals, s2 = min(fitting, key=lambda o: round(ctx.step_s(o[1])))
         if ctx.step_s(s2) <= ctx.step_s(st.s) * (1 - by):
-            st = State(s2, {**st.values, **vals}, st.moves + (mid,), st.lora, st.history + ((mid, vals, st.s, s2),))
+            st = _then(st, mid, vals, s2)
         else:
             why.append(f"{title}: a step {ctx.step_s(st.s):.0f} -> {ctx.step_s(s2):.0f} s by the time plan, less than "
                        f"{by:.0%} shorter")
     return st, why
 
 
-def lora_start(st: State) -> State:
-    s = replace(st.s, lora_rank=LORA[A + "model.lora_rank"], lora_targets=st.s.lora_targets or "all-linear",
-                strategy=LORA[A + "actor.strategy"])
-    return State(s, {**st.values, **LORA}, st.moves + ("lora",), True, st.history + (("lora", dict(LORA), st.s, s),))
+def lora_start(ctx: FitContext, st: State) -> State:
+    return _then(st, "lora", *ctx.choice(st.s, dict(LORA)), lora=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,7 +264,7 @@ def way_out(ctx: FitContext, s: memplan.Settings, cfg: VerlView, *, lora_fits: S
             pass  # the command above is that LoRA setup
         elif lora_fits is not None:
             lines.append("LoRA (trains adapters, not the whole model): "
-                         + " ".join(override_strs(lora_fits.values, None)))
+                         + " ".join(c.override for c in spelled(lora_fits.values, None)))
         else:
             lines.append("LoRA: does not fit either on these cards")
     cur = ctx.arch.params

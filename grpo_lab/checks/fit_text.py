@@ -1,5 +1,5 @@
-"""The fit's words: what each change costs (`cost_words`), the result it hands back (`FitResult`, one `Change` per
-move), the overrides as the user would type them (the short key where it feeds that verl key), and the printed result
+"""The fit's words: what each change costs (`cost_words`), the result it hands back (`FitResult`, one `Step` per
+move), its changes as the user would type them (the short key where it feeds that verl key), and the printed result
 (`format_result`: the target, the phase table before and after, the changes, what was not taken, the command).
 """
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_lab.checks.fit_moves import GB, MARGIN, FitContext
+from grpo_lab.cli.apply import Change
 from grpo_lab.cli.knobs import KNOBS, short_key_targets
 from grpo_lab.memory import calibration, memplan, memplan_phases
 
@@ -126,12 +127,18 @@ def lora_banner(what: str, why: str = "") -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 @dataclass
-class Change:
+class Step:
+    """One move of the fitted command: the changes it makes (as applied, printed and saved), what it costs, why."""
+
     move: str
     title: str
-    overrides: list[str]
+    changes: list[Change]
     cost: str
     reason: str          # one line, for the saved experiment file
+
+    @property
+    def overrides(self) -> list[str]:
+        return [c.override for c in self.changes]
 
 
 @dataclass
@@ -140,7 +147,7 @@ class FitResult:
     lora: bool
     overrides: list[str]               # what to add to the command line
     values: dict[str, Any]             # verl key -> value
-    changes: list[Change]
+    changes: list[Step]
     before: dict[str, Any]             # memplan.memory_plan before / after
     after: dict[str, Any] | None
     rejected: list[str]
@@ -158,13 +165,7 @@ class FitResult:
     time_after: dict[str, Any] | None = None
     faster_than: int = 0  # the other fitting settings found, all slower by the time plan
     guide_first: tuple[list[str], float] | None = None  # the guide's first choice (overrides, step s) when slower
-    speedups: list[Change] = field(default_factory=list)  # after the memory fits: the same algorithm, a shorter step
-
-
-def _fmt_value(v: Any) -> str:
-    from grpo_lab.cli.overrides import quote
-
-    return quote(v)
+    speedups: list[Step] = field(default_factory=list)  # after the memory fits: the same algorithm, a shorter step
 
 
 def _emit_key(verl_key: str, cfg: Any) -> str:
@@ -184,8 +185,9 @@ def _emit_key(verl_key: str, cfg: Any) -> str:
     return knob.key if raw == "${" + knob.key + "}" else verl_key
 
 
-def override_strs(values: Mapping[str, Any], cfg: Any) -> list[str]:
-    return [f"{_emit_key(k, cfg)}={_fmt_value(v)}" for k, v in values.items()]
+def spelled(values: Mapping[str, Any], cfg: Any, reason: str = "") -> list[Change]:
+    """The changes of a fit's values, each by the short key where that feeds the verl key in the user's config."""
+    return [Change(_emit_key(k, cfg), v, reason=reason) for k, v in values.items()]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -242,7 +244,7 @@ def time_lines(res: FitResult) -> list[str]:
     return ["", head, *out]
 
 
-def _numbered(head: str, changes: list[Change]) -> list[str]:
+def _numbered(head: str, changes: list[Step]) -> list[str]:
     return [head] + [ln for i, c in enumerate(changes, 1)
                      for ln in (f"  {i}. {' '.join(c.overrides)}", f"     {c.title}: {c.cost}")]
 

@@ -10,13 +10,12 @@ How a fix is applied, re-checked and spelled: docs/preflight.md.
 from __future__ import annotations
 
 import re
-import shlex
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import replace
 
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
-from grpo_lab.cli.apply import apply_overrides, parse, respell
+from grpo_lab.cli.apply import Change, apply_overrides, parse, respell, text
 from grpo_lab.memory.run import Run
 from grpo_lab.memory.settings import as_int
 from grpo_lab.memory.verl_view import VerlView
@@ -28,30 +27,13 @@ MAX_ROUNDS = 3
 apply = apply_overrides  # copies of (verl, lab) with the overrides applied, derived values derived again
 
 
-def merge(*alternatives: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any]]:
-    """Overrides of several alternatives, one per key (the later wins)."""
-    out: dict[str, tuple[str, str, Any]] = {}
+def merge(*alternatives: list[Change]) -> list[Change]:
+    """Changes of several alternatives, one per key (the later wins)."""
+    out: dict[str, Change] = {}
     for alt in alternatives:
-        for o in alt:
-            out[o[1]] = o
+        for c in alt:
+            out[c.key] = c
     return list(out.values())
-
-
-def text(overrides: list[tuple[str, str, Any]]) -> str:
-    """The overrides as typed after `python run.py`: values quoted for Hydra (grpo_lab.cli.overrides.quote), and a token
-    the shell would split or expand quoted for the shell."""
-    from grpo_lab.cli.overrides import quote
-
-    out = []
-    for op, key, value in overrides:
-        tok = f"~{key}" if op == "~" else f"{op}{key}={quote(value)}"
-        if re.fullmatch(r"[\w.+~=@/:,-]+", tok):
-            out.append(tok)
-        elif not re.search(r"[\"$`!\\]", tok):
-            out.append(f'"{tok}"')  # key='1': the shell keeps Hydra's quotes inside double quotes
-        else:
-            out.append(shlex.quote(tok))
-    return " ".join(out)
 
 
 def gist(message: str) -> str:
@@ -69,11 +51,11 @@ def lora_rank_set(fix: str, cfg: VerlView) -> int:
     key = "actor_rollout_ref.model.lora_rank"
     if as_int(cfg.model.lora_rank) > 0:
         return 0
-    ranks = [v for alt in fix.split(ALT) for _, k, v in (parse(alt) or ()) if k == key]
+    ranks = [c.value for alt in fix.split(ALT) for c in (parse(alt) or ()) if c.key == key]
     return next((int(v) for v in ranks if isinstance(v, int) and v > 0), 0)
 
 
-def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[tuple[str, str, Any]]]:
+def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[Change]]:
     """Of each problem, its first alternative that is overrides (not words, not a config-group choice), parsed."""
     out = []
     for p in problems:
@@ -91,13 +73,13 @@ class FixChecker:
         self._memo: dict[tuple, list[Problem]] = {}
         self.runs = 0
 
-    def parse(self, alt: str) -> list[tuple[str, str, Any]] | None:
+    def parse(self, alt: str) -> list[Change] | None:
         """One alternative's overrides, in the spelling that wins in this config (module docstring)."""
         parsed = parse(alt)
         if not parsed:
             return parsed
         # a key the config already has (the user's own `+key`): Hydra's `+` cannot add it again, `++` sets it
-        parsed = [("++" if op == "+" and lookup(self.verl, k) is not MISSING else op, k, v) for op, k, v in parsed]
+        parsed = [replace(c, op="++") if c.op == "+" and lookup(self.verl, c.key) is not MISSING else c for c in parsed]
         return respell(parsed, self.apart)
 
     def spelled(self, alt: str) -> str:
@@ -105,8 +87,8 @@ class FixChecker:
         parsed = self.parse(alt) if self.apart else None
         return text(parsed) if parsed else alt
 
-    def evaluate(self, overrides: list[tuple[str, str, Any]], quick: bool = True) -> list[Problem]:
-        key = (tuple((o, k, repr(v)) for o, k, v in overrides), quick)
+    def evaluate(self, overrides: list[Change], quick: bool = True) -> list[Problem]:
+        key = (tuple((c.op, c.key, repr(c.value)) for c in overrides), quick)
         if key not in self._memo:
             v, lb = apply(self.verl, self.lab, overrides)
             self.runs += 1
@@ -126,8 +108,8 @@ class FixChecker:
             bad += still[:1]
         return bad
 
-    def settle(self, p: Problem, overrides: list[tuple[str, str, Any]]
-               ) -> tuple[list[tuple[str, str, Any]] | None, list[Problem]]:
+    def settle(self, p: Problem, overrides: list[Change]
+               ) -> tuple[list[Change] | None, list[Problem]]:
         """The overrides (grown by the fixes of what they cause) that clear p without new errors, or (None, why)."""
         cur = overrides
         for _ in range(MAX_ROUNDS):
@@ -140,7 +122,7 @@ class FixChecker:
                 if q.level == "error" and any(b.rule == q.rule for b in bad):
                     for alt in q.alternatives:
                         parsed = self.parse(alt)
-                        if parsed and not any(k == o[1] for o in cur for _, k, _ in parsed):
+                        if parsed and not any(c.key == o.key for o in cur for c in parsed):
                             added.append(parsed)
                             break
             if not added:

@@ -1,13 +1,15 @@
-"""Apply command-line overrides to a resolved config, as composing them would have: one function for the preflight's
-fix re-check (grpo_lab/checks/fixes.py) and the fit's search (grpo_lab/checks/fit.py); how: docs/cli.md."""
+"""Changes to a resolved config: a fix, a memory remedy and a fit move are each `Change`s, applied here as composing
+them would have (the preflight's fix re-check, the fit's verify) and printed from the same values; how: docs/cli.md."""
 
 from __future__ import annotations
 
 import copy
 import functools
 import os
+import re
 import shlex
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo_lab import facts
@@ -20,7 +22,44 @@ MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
 LENGTHS = ("data.max_prompt_length", "data.max_response_length")
 _MISSING = object()
 
-Override = tuple[str, str, Any]  # (op: "" | "+" | "++" | "~", key, value)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One override of the config: the key (verl's, a short key or lab's), its value, why; `op` is Hydra's "" | "+" |
+    "++" | "~" (a key the config lacks is added with "+", one the user added is set again with "++")."""
+
+    key: str
+    value: Any = None
+    op: str = ""
+    reason: str = ""
+
+    @property
+    def override(self) -> str:
+        """The change as Hydra reads it: `key=value`, the value quoted for Hydra's grammar."""
+        from grpo_lab.cli.overrides import quote
+
+        return f"~{self.key}" if self.op == "~" else f"{self.op}{self.key}={quote(self.value)}"
+
+    @property
+    def token(self) -> str:
+        """The change as typed after `python run.py`: the override, quoted for the shell where it must be."""
+        tok = self.override
+        if re.fullmatch(r"[\w.+~=@/:,-]+", tok):
+            return tok
+        if not re.search(r"[\"$`!\\]", tok):
+            return f'"{tok}"'  # key='1': the shell keeps Hydra's quotes inside double quotes
+        return shlex.quote(tok)
+
+
+def text(changes: Iterable[Change]) -> str:
+    """Changes as typed after `python run.py`."""
+    return " ".join(c.token for c in changes)
+
+
+def changes_of(values: Mapping[str, Any], reason: str = "") -> list[Change]:
+    """{key: value} as changes, in order."""
+    return [Change(k, v, reason=reason) for k, v in values.items()]
 
 
 @functools.cache
@@ -28,25 +67,25 @@ def groups() -> frozenset[str]:
     return frozenset(p.name for p in CONF.iterdir() if p.is_dir()) if CONF.is_dir() else frozenset()
 
 
-def respell(overrides: list[Override], apart: Mapping[str, Iterable[str]]) -> list[Override]:
-    """Overrides in the spelling that wins where `apart` (set_apart) keys no longer follow their short key."""
+def respell(changes: list[Change], apart: Mapping[str, Iterable[str]]) -> list[Change]:
+    """Changes in the spelling that wins where `apart` (set_apart) keys no longer follow their short key."""
     if not apart:
-        return overrides
-    out: dict[str, Override] = {}
-    for op, key, value in overrides:
-        keys = list(apart.get(key) or ()) if op == "" and key in SHORT_KEYS else []
+        return changes
+    out: dict[str, Change] = {}
+    for c in changes:
+        keys = list(apart.get(c.key) or ()) if c.op == "" and c.key in SHORT_KEYS else []
         if not keys:
-            out[key] = (op, key, value)
+            out[c.key] = c
             continue
-        if any(t not in keys for t in short_key_targets(key)):
-            out[key] = (op, key, value)
+        if any(t not in keys for t in short_key_targets(c.key)):
+            out[c.key] = c
         for k in keys:
-            out[k] = ("", k, value)
+            out[k] = replace(c, key=k)
     return list(out.values())
 
 
-def parse(text: str | Iterable[str]) -> list[Override] | None:
-    """[(op, key, value)] of overrides as typed after `python run.py` (Hydra's grammar); None when it is not all
+def parse(text: str | Iterable[str]) -> list[Change] | None:
+    """The changes of overrides as typed after `python run.py` (Hydra's grammar); None when it is not all
     overrides: advice in words, or a config-group choice, which only a compose can apply."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -55,21 +94,21 @@ def parse(text: str | Iterable[str]) -> list[Override] | None:
         parsed = OverridesParser.create().parse_overrides(tokens)
     except Exception:
         return None
-    out: list[Override] = []
+    out: list[Change] = []
     for o in parsed:
         key = o.key_or_group
         if key in groups() or "/" in key or "@" in key or o.is_sweep_override():
             return None
         op = "~" if o.is_delete() else ("++" if o.is_force_add() else ("+" if o.is_add() else ""))
-        out.append((op, key, None if o.is_delete() else o.value()))
+        out.append(Change(key, None if o.is_delete() else o.value(), op))
     return out or None
 
 
-def _as_overrides(overrides: Iterable[str] | Iterable[Override] | Mapping[str, Any]) -> list[Override]:
+def _as_changes(overrides: Iterable[str] | Iterable[Change] | Mapping[str, Any]) -> list[Change]:
     if isinstance(overrides, Mapping):
-        return [("", k, v) for k, v in overrides.items()]
+        return changes_of(overrides)
     items = list(overrides)
-    if all(isinstance(o, tuple) for o in items):
+    if all(isinstance(o, Change) for o in items):
         return items
     parsed = parse([str(o) for o in items])
     if parsed is None:
@@ -112,8 +151,8 @@ def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, tou
 
 def already_has(verl: Mapping[str, Any], override: str) -> bool:
     """Whether the config already has this override's value (every verl key a short key sets)."""
-    (parsed,) = parse([override]) or [("~", "", None)]
-    op, key, value = parsed
+    (parsed,) = parse([override]) or [Change("", op="~")]
+    op, key, value = parsed.op, parsed.key, parsed.value
     keys = short_key_targets(key) if key in SHORT_KEYS else (key,)
     same = lambda cur: cur == value and isinstance(cur, (str, bool)) == isinstance(value, (str, bool))  # noqa: E731
     return op != "~" and bool(keys) and all(same(get(verl, k)) for k in keys)
@@ -128,18 +167,17 @@ def jobs_at_once(n_jobs: Any) -> int:
     return (os.cpu_count() or 1) if n < 0 else max(1, n)
 
 
-def apply_overrides(verl: Mapping[str, Any], lab: Lab, overrides: Iterable[str] | Iterable[Override] | Mapping[str, Any]
+def apply_overrides(verl: Mapping[str, Any], lab: Lab, overrides: Iterable[str] | Iterable[Change] | Mapping[str, Any]
                     ) -> tuple[dict[str, Any], Lab]:
-    """Copies of (verl, lab) with the overrides applied as composing them would (module docstring); inputs untouched.
-    `overrides`: Hydra override strings, (op, key, value) triples from `parse`, or a {key: value} mapping."""
-    items = _as_overrides(overrides)
+    """Copies of (verl, lab) with the changes applied as composing them would (module docstring); inputs untouched.
+    `overrides`: Changes, Hydra override strings, or a {key: value} mapping."""
+    items = _as_changes(overrides)
     v, lb = thaw(verl), copy.deepcopy(lab)  # verl's config may be a Run's read-only one
     # keys the config sets on their own (set_apart) follow neither their short key nor a key they once read
     apart = {k for keys in lab.set_apart.values() for k in keys}
     touched: set[str] = set(apart)
     old_lengths = [get(v, k) for k in LENGTHS]
-    for op, key, value in items:
-        delete = op == "~"
+    for key, value, delete in ((c.key, c.value, c.op == "~") for c in items):
         if key in groups():
             raise ValueError(f"{key}={value} picks a config group option: compose it (python run.py {key}={value}) "
                              f"instead of applying it to a resolved config")

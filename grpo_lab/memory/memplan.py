@@ -39,7 +39,7 @@ from grpo_lab.memory.memplan_phases import (
     vllm_max_model_len,
     vllm_weights,
 )
-from grpo_lab.memory.memplan_remedies import LORA_OVERRIDES, OFFLOAD_OVERRIDES, find_remedies
+from grpo_lab.memory.memplan_remedies import find_remedies, lora_changes
 from grpo_lab.memory.memplan_verdicts import PHASES, assess, calibration_of, judge, phase_result, verdict_of, worst
 
 # the plan's names that its users take from `from grpo_lab.memory import memplan` (preflight rules, fit, benchmarks,
@@ -52,7 +52,7 @@ __all__ = [
     "activations", "actor_state", "actor_state_gb_per_gpu", "card_bytes", "host_ram", "kv_cache",
     "optimizer_step_bytes", "resident_between_phases", "training_phase", "training_subphases", "update_breakdown",
     "update_peak_at", "verdict_of", "vllm_activation", "vllm_max_model_len", "vllm_weights",
-    "LORA_OVERRIDES", "OFFLOAD_OVERRIDES", "assess", "phase_result", "worst", "memory_plan",
+    "lora_changes", "assess", "phase_result", "worst", "memory_plan",
 ]
 
 

@@ -8,15 +8,21 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from grpo_lab.cli.apply import Change, changes_of, text
 from grpo_lab.memory.memplan_arch import Arch, Settings
 from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, phase_result
+from grpo_lab.memory.settings import settings_after
+from grpo_lab.verl_keys import A
 
-# verl's LoRA example (and conf/model/qwen3_8b_lora.yaml), as overrides: rank 64 on all linear layers, safetensors
-# loading for vLLM; for models above 6B also the frozen base and the adapters' Adam state to RAM
-LORA_OVERRIDES = ("actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=32 "
-                  "actor_rollout_ref.rollout.load_format=safetensors")
-OFFLOAD_OVERRIDES = ("actor_rollout_ref.actor.fsdp_config.param_offload=true "
-                     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+# verl's LoRA example (and conf/model/qwen3_8b_lora.yaml): rank 64 on all linear layers, safetensors loading for vLLM;
+# for models above 6B also the frozen base and the adapters' Adam state to RAM
+LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors"}
+OFFLOAD = {A + "actor.fsdp_config.param_offload": True, A + "actor.fsdp_config.optimizer_offload": True}
+
+
+def lora_changes(arch: Arch) -> list[Change]:
+    """verl's LoRA example as changes, with offload for a model above 6B."""
+    return changes_of(LORA | (OFFLOAD if arch.params > 6e9 else {}))
 
 
 def _best_util(arch: Arch, s: Settings) -> float | None:
@@ -37,66 +43,55 @@ def _best_token_budget(arch: Arch, s: Settings) -> int | None:
     t = s.ppo_max_token_len_per_gpu
     while t > s.seq_len:
         t = max(s.seq_len, t // 2)
-        s2 = _with_budget(s, t)
-        if phase_result(arch, s2, "training")[1] == "fits":
+        if phase_result(arch, settings_after(s, budget_changes(s, t)), "training")[1] == "fits":
             return t
     return max(s.seq_len, t) if t != s.ppo_max_token_len_per_gpu else None
 
 
-def _with_budget(s: Settings, t: int) -> Settings:
-    return replace(s, ppo_max_token_len_per_gpu=t,
-                   log_prob_max_token_len_per_gpu=max(s.seq_len, min(s.log_prob_max_token_len_per_gpu, 2 * t)),
-                   ref_log_prob_max_token_len_per_gpu=max(s.seq_len, min(s.ref_log_prob_max_token_len_per_gpu, 2 * t)))
+def budget_changes(s: Settings, t: int) -> list[Change]:
+    """The actor's token budget `t` (first), the log-prob passes' at most twice it (never below one sequence)."""
+    return [Change("ppo_max_token_len_per_gpu", t),
+            Change(A + "rollout.log_prob_max_token_len_per_gpu", max(s.seq_len, min(s.log_prob_max_token_len_per_gpu,
+                                                                                     2 * t))),
+            Change(A + "ref.log_prob_max_token_len_per_gpu", max(s.seq_len, min(s.ref_log_prob_max_token_len_per_gpu,
+                                                                                 2 * t)))]
 
 
-def candidates(arch: Arch, s: Settings) -> list[tuple[str, Settings]]:
-    """(override, settings after it) for each remedy that applies to this configuration, in order."""
-    out: list[tuple[str, Settings]] = []
+def candidates(arch: Arch, s: Settings) -> list[tuple[list[Change], Settings]]:
+    """(changes, settings after them) for each remedy that applies to this configuration, in order."""
+    out: list[list[Change]] = []
     seq = s.seq_len
     if not s.max_model_len and (arch.max_position_embeddings or 0) > seq:
-        out.append((f"actor_rollout_ref.rollout.max_model_len={seq}", replace(s, max_model_len=seq)))
+        out.append([Change(A + "rollout.max_model_len", seq)])
     if s.use_dynamic_bsz:
         t = _best_token_budget(arch, s)
         if t is not None:
-            s2 = _with_budget(s, t)
-            out.append((f"ppo_max_token_len_per_gpu={t} "
-                        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={s2.log_prob_max_token_len_per_gpu} "
-                        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={s2.ref_log_prob_max_token_len_per_gpu}",
-                        s2))
+            out.append(budget_changes(s, t))
     elif (s.ppo_micro_batch_size_per_gpu or 1) > 1:
-        m = max(1, (s.ppo_micro_batch_size_per_gpu or 1) // 2)
-        out.append((f"ppo_micro_batch_size_per_gpu={m}", replace(s, ppo_micro_batch_size_per_gpu=m)))
+        out.append([Change("ppo_micro_batch_size_per_gpu", max(1, (s.ppo_micro_batch_size_per_gpu or 1) // 2))])
     u = _best_util(arch, s)
     if u is not None and abs(u - s.gpu_memory_utilization) > 1e-6:
-        out.append((f"rollout_gpu_mem_util={u}", replace(s, gpu_memory_utilization=u)))
+        out.append([Change("rollout_gpu_mem_util", u)])
     if not s.optimizer_offload:
-        out.append(("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", replace(s, optimizer_offload=True)))
+        out.append([Change(A + "actor.fsdp_config.optimizer_offload", True)])
     if s.lora_rank == 0:
-        big = arch.params > 6e9
-        override = LORA_OVERRIDES + (" " + OFFLOAD_OVERRIDES if big else "")
-        out.append((override, replace(s, lora_rank=64, param_offload=big or s.param_offload,
-                                      optimizer_offload=big or s.optimizer_offload)))
+        out.append(lora_changes(arch))
     tp2 = s.tp * 2
     if s.n_gpus % tp2 == 0 and arch.num_attention_heads % tp2 == 0:
-        out.append((f"rollout_tp={tp2}", replace(s, tp=tp2)))
+        out.append([Change("rollout_tp", tp2)])
     if not s.param_offload:
-        out.append(("actor_rollout_ref.actor.fsdp_config.param_offload=true", replace(s, param_offload=True)))
+        out.append([Change(A + "actor.fsdp_config.param_offload", True)])
     if s.bucket_mb > 512:
-        b = max(512, s.bucket_mb // 4)
-        out.append((f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={b}",
-                    replace(s, bucket_mb=b)))
-    return out
+        bucket = max(512, s.bucket_mb // 4)
+        out.append([Change(A + "rollout.checkpoint_engine.update_weights_bucket_megabytes", bucket)])
+    return [(changes, settings_after(s, changes)) for changes in out]
 
 
 def _improves(before: tuple[float, str], after: tuple[float, str]) -> bool:
     return VERDICT_ORDER[after[1]] < VERDICT_ORDER[before[1]] or (after[1] == before[1] and after[0] < before[0] - 0.05)
 
 
-_FREE = "actor_rollout_ref.rollout.max_model_len"  # costs nothing (GRPO never generates past prompt + response)
-
-
-def _key(override: str) -> str:
-    return override.split("=")[0]
+_FREE = A + "rollout.max_model_len"  # costs nothing (GRPO never generates past prompt + response)
 
 
 def find_remedies(arch: Arch, s: Settings, phase: str) -> list[dict[str, Any]]:
@@ -104,17 +99,17 @@ def find_remedies(arch: Arch, s: Settings, phase: str) -> list[dict[str, Any]]:
     when no single one ends an `oom`, a last entry (combined: true) applies them in order until one does."""
     before = phase_result(arch, s, phase)
     out = []
-    for override, s2 in candidates(arch, s):
+    for changes, s2 in candidates(arch, s):
         after = phase_result(arch, s2, phase)
         if _improves(before, after):
-            out.append({"override": override, "peak_gb_per_gpu": after[0], "verdict": after[1]})
+            out.append({"override": text(changes), "peak_gb_per_gpu": after[0], "verdict": after[1]})
     if before[1] == "oom" and not any(r["verdict"] != "oom" for r in out):
-        combo: list[str] = []
+        combo: list[list[Change]] = []
         cur, cur_s = before, s
         for _ in range(8):
             step = next(((o, s2) for o, s2 in candidates(arch, cur_s)
-                         if _key(o) not in {_key(c) for c in combo}
-                         and (_key(o) == _FREE or _improves(cur, phase_result(arch, s2, phase)))),
+                         if o[0].key not in {c[0].key for c in combo}
+                         and (o[0].key == _FREE or _improves(cur, phase_result(arch, s2, phase)))),
                         None)
             if step is None:
                 break
@@ -124,5 +119,6 @@ def find_remedies(arch: Arch, s: Settings, phase: str) -> list[dict[str, Any]]:
             if cur[1] != "oom":
                 break
         if len(combo) > 1:
-            out.append({"override": " ".join(combo), "peak_gb_per_gpu": cur[0], "verdict": cur[1], "combined": True})
+            out.append({"override": " ".join(map(text, combo)), "peak_gb_per_gpu": cur[0], "verdict": cur[1],
+                        "combined": True})
     return out

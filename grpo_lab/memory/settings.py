@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo_lab import facts
+from grpo_lab.cli.apply import Change, changes_of
+from grpo_lab.cli.knobs import SHORT_KEYS, followers, short_key_targets
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.memplan_arch import Settings
 from grpo_lab.memory.verl_view import VerlView, view_of
+from grpo_lab.verl_keys import A
 
 
 def settings_from_verl(verl: Mapping[str, Any] | VerlView, lab: Lab) -> Settings:
@@ -80,6 +83,60 @@ def settings_from_verl(verl: Mapping[str, Any] | VerlView, lab: Lab) -> Settings
         ppo_mini_batch_size=int(actor.ppo_mini_batch_size or 0),
         ppo_epochs=int(actor.ppo_epochs or 1),
     )
+
+
+# the Settings field that a verl key alone sets, as settings_from_verl reads it (tests/test_settings.py holds each
+# against it): what a change of the key does to the plans
+FIELD_OF_KEY = {A + k: f for k, f in {
+    "rollout.max_model_len": "max_model_len", "rollout.free_cache_engine": "free_cache_engine",
+    "rollout.checkpoint_engine.update_weights_bucket_megabytes": "bucket_mb",
+    "model.enable_gradient_checkpointing": "gradient_checkpointing",
+    "actor.ppo_max_token_len_per_gpu": "ppo_max_token_len_per_gpu",
+    "rollout.log_prob_max_token_len_per_gpu": "log_prob_max_token_len_per_gpu",
+    "ref.log_prob_max_token_len_per_gpu": "ref_log_prob_max_token_len_per_gpu",
+    "actor.ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size_per_gpu",
+    "rollout.log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size_per_gpu",
+    "ref.log_prob_micro_batch_size_per_gpu": "ref_log_prob_micro_batch_size_per_gpu",
+    "actor.fsdp_config.optimizer_offload": "optimizer_offload", "actor.fsdp_config.param_offload": "param_offload",
+    "rollout.gpu_memory_utilization": "gpu_memory_utilization", "rollout.tensor_model_parallel_size": "tp",
+    "actor.entropy_checkpointing": "entropy_checkpointing",
+    "actor.entropy_from_logits_with_chunking": "actor_entropy_chunking", "rollout.layered_summon": "layered_summon",
+    "model.use_fused_kernels": "use_fused_kernels", "model.use_remove_padding": "use_remove_padding",
+    "model.lora_rank": "lora_rank", "model.target_modules": "lora_targets", "actor.strategy": "strategy",
+}.items()}
+
+
+def settings_after(s: Settings, changes: Iterable[Change] | Mapping[str, Any],
+                   apart: Mapping[str, Iterable[str]] | None = None) -> Settings:
+    """The settings after the changes, for the plans, as apply_overrides changes the config: each key's field (a short
+    key's through the verl keys it sets), and the fields of keys that follow it (`${key}`) and still hold its value,
+    unless the config sets them on their own (`apart`: lab.set_apart); a key that moves no planned setting
+    (lora_alpha, load_format) leaves them."""
+    new: dict[str, Any] = {}
+    set_apart = {k for keys in (apart or {}).values() for k in keys}
+    touched = set(set_apart)
+    for c in changes_of(changes) if isinstance(changes, Mapping) else changes:
+        todo = [k for k in short_key_targets(c.key) if k not in set_apart] if c.key in SHORT_KEYS else [c.key]
+        touched.update(todo)
+        old = {k: getattr(s, FIELD_OF_KEY[k]) for k in todo if k in FIELD_OF_KEY}
+        while todo:
+            key = todo.pop()
+            if key in FIELD_OF_KEY:
+                new[FIELD_OF_KEY[key]] = _as_field(getattr(s, FIELD_OF_KEY[key]), c.value)
+            for f in followers().get(key, ()):
+                if f not in touched and f in FIELD_OF_KEY and getattr(s, FIELD_OF_KEY[f]) == old.get(key):
+                    touched.add(f)
+                    old[f] = old[key]
+                    todo.append(f)
+    return replace(s, **new)
+
+
+def _as_field(current: Any, value: Any) -> Any:
+    """A change's value as its Settings field holds it (settings_from_verl's conversions); an unset size, as given."""
+    for kind in (bool, int, float, str):
+        if isinstance(current, kind) and value is not None:
+            return kind(value)
+    return value
 
 
 def kv_cache_memory_bytes(cfg: VerlView) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, oom, rule, warn
+from grpo_lab.cli.apply import text
 from grpo_lab.cli.config import safe_name, unsafe_name
 from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.facts import preset_learning_rates
@@ -228,7 +229,7 @@ def full_finetune_too_big(c: Ctx) -> Iterable[Problem]:
     state_full = plan["actor_state_full_gb_per_gpu"]
     if s.lora_rank == 0 and state_full > memplan.TIGHT_FRACTION * s.card_gb:
         big = arch.params > 6e9
-        pointer = memplan.LORA_OVERRIDES + (" " + memplan.OFFLOAD_OVERRIDES if big else "")
+        pointer = text(memplan.lora_changes(arch))
         yield oom(f"full fine-tuning of a {arch.params / 1e9:.1f}B-parameter model needs 16 B per parameter for its "
                   f"weights, gradients and Adam state: {state_full:.1f} GB per GPU over {s.fsdp} GPUs, against "
                   f"{s.card_gb:g} GB cards, before any activation. verl loads all of it for the update even with "
