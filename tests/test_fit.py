@@ -16,9 +16,8 @@ import pytest
 from conftest import ROOT, compose_split, composed, fresh_clone, options, planned, run_py
 
 from grpo_lab.checks import fit as F
-from grpo_lab.checks import fit_search
 from grpo_lab.checks.preflight import run_preflight
-from grpo_lab.memory import memplan
+from grpo_lab.memory import fit_search, memplan
 from grpo_lab.memory.run import Run
 from grpo_lab.memory.settings import settings_from_verl
 

@@ -444,8 +444,8 @@ def check_memory(run: RunInfo) -> Check:
 
 
 def _speed_moves_left(run: RunInfo) -> list[str]:
-    """What `make fit`'s moves for time (grpo_lab/checks/fit_moves.py SPEED_MOVES) could still change in this run."""
-    from grpo_lab.checks.fit_moves import larger_budgets, padded_why_not
+    """What `make fit`'s moves for time (grpo_lab/memory/fit_moves.py SPEED_MOVES) could still change in this run."""
+    from grpo_lab.memory.fit_moves import larger_budgets, padded_why_not
 
     s = run.job.settings
     if s is None:  # a config verl could not have run

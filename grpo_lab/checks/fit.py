@@ -4,8 +4,8 @@
     python run.py preflight.fit_write=my_4b model=qwen3_4b hardware=...        # also saves conf/experiment/my_4b.yaml
 
 Where it lives: this module is the entry point (`fit`, `fit_job`: the search, its re-check by the preflight, the
-command line and the saved experiment); the moves and how a setting is judged are grpo_lab/checks/fit_moves.py, the
-search and what would fit when nothing does grpo_lab/checks/fit_search.py, the costs in words and the printed result
+command line and the saved experiment); the moves and how a setting is judged are grpo_lab/memory/fit_moves.py, the
+search and what would fit when nothing does grpo_lab/memory/fit_search.py, the costs in words and the printed result
 grpo_lab/checks/fit_text.py.
 
 The moves in the guide's order, what "fits" means and the search: docs/memory_plan.md.
@@ -18,14 +18,18 @@ import datetime as dt
 import os
 import re
 import shlex
-from collections.abc import Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from grpo_lab.checks.fit_moves import (
+from grpo_lab.checks.fit_text import FitResult, Step, cost_words, format_result
+from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
+from grpo_lab.cli.apply import apply_overrides
+from grpo_lab.cli.apply import groups as _conf_groups
+from grpo_lab.memory import engines
+from grpo_lab.memory.fit_moves import (
     CONF,
     MARGIN,
     MOVES,
@@ -37,13 +41,9 @@ from grpo_lab.checks.fit_moves import (
     move_title,
     one_sequence,
 )
-from grpo_lab.checks.fit_search import State, choose, faster, way_out
-from grpo_lab.checks.fit_text import FitResult, Step, cost_words, format_result, spelled
-from grpo_lab.checks.rules import memory_ids  # the rules the fit is here to clear: those of kind "memory"
-from grpo_lab.cli.apply import apply_overrides
-from grpo_lab.cli.apply import groups as _conf_groups
-from grpo_lab.memory import engines
+from grpo_lab.memory.fit_search import State, choose, faster, way_out
 from grpo_lab.memory.run import Run
+from grpo_lab.memory.settings import spelled
 from grpo_lab.verl_keys import put as _put
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -91,9 +91,9 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     if s0.card_gb <= 0:
         raise FitError("lab.hardware.gpu_memory_gb is not set: the fit needs the card's size. Pick a hardware option "
                        "(hardware=rtx4080x4) or set it: lab.hardware.gpu_memory_gb=24")
+    base_report = run_preflight(run, launching=False)
     ctx = FitContext(arch, s0, lab, mini=int(run.cfg.actor.ppo_mini_batch_size or 0),
                      ref_offload=run.cfg.ref.fsdp_config.param_offload, shape=run.shape)
-    base_report = run_preflight(run, launching=False)
     budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
     s_req = ctx.choice(s0, dict(budgets.values()))[1]  # what the search starts from and plans "before"
     blocked = [f"[{p.rule}] {p.message}" + (f"\n      fix: {p.fix}" if p.fix else "")
@@ -102,7 +102,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     before = ctx.plan(s_req if valid_util else replace(s_req, gpu_memory_utilization=0.4))
     res = FitResult(ok=False, lora=False, overrides=[], values={}, changes=[], before=before, after=None, rejected=[],
                     way_out=[], blocked=blocked, title=base_report.title, card_gb=s0.card_gb,
-                    host_ram_gb=s0.host_ram_gb, batch=_batch_facts(base_report.batch))
+                    host_ram_gb=s0.host_ram_gb, batch=run.batch_shape)
     if blocked:
         return res
 
@@ -143,18 +143,11 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     report = run_preflight(after, launching=False)
     res.verify_problems += [f"[{p.rule}] {p.message}" for p in report.errors]
     res.warnings = [f"[{p.rule}]" for p in report.warnings]
-    after_batch = _batch_facts(report.batch)
-    if after_batch != res.batch:
-        res.verify_problems.append(f"the batch arithmetic changed: {res.batch} -> {after_batch}")
+    if after.batch_shape != res.batch:
+        res.verify_problems.append(f"the batch arithmetic changed: {res.batch} -> {after.batch_shape}")
     res.verified = not res.verify_problems
     res.ok = res.verified
     return res
-
-
-def _batch_facts(b: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("train_batch_size", "rollout_n", "ppo_mini_batch_size", "updates_per_step", "sequence_length",
-            "trajectories_per_step")
-    return {k: b.get(k) for k in keys}
 
 
 def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Step]:

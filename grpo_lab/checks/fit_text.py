@@ -6,14 +6,12 @@ move), its changes as the user would type them (the short key where it feeds tha
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_lab.checks.fit_moves import GB, MARGIN, FitContext
 from grpo_lab.cli.apply import Change
-from grpo_lab.cli.knobs import KNOBS, short_key_targets
-from grpo_lab.memory import calibration, memplan, memplan_phases
+from grpo_lab.memory import memplan, memplan_phases
+from grpo_lab.memory.fit_moves import GB, MARGIN, FitContext
 
 # ---------------------------------------------------------------------------------------------------------------
 # what each change costs, in words and numbers
@@ -168,28 +166,6 @@ class FitResult:
     speedups: list[Step] = field(default_factory=list)  # after the memory fits: the same algorithm, a shorter step
 
 
-def _emit_key(verl_key: str, cfg: Any) -> str:
-    """The short key when it feeds this verl key in the composed config (cfg: unresolved DictConfig), else verl's."""
-    knob = next((k for k in KNOBS if k.verl_key == verl_key), None)
-    if knob is None or short_key_targets(knob.key) != (verl_key,):
-        return verl_key
-    if cfg is None:
-        return knob.key
-    try:
-        from omegaconf import OmegaConf
-
-        parent, leaf = verl_key.rsplit(".", 1)
-        raw = OmegaConf.to_container(OmegaConf.select(cfg, parent), resolve=False)[leaf]
-    except Exception:
-        return verl_key
-    return knob.key if raw == "${" + knob.key + "}" else verl_key
-
-
-def spelled(values: Mapping[str, Any], cfg: Any, reason: str = "") -> list[Change]:
-    """The changes of a fit's values, each by the short key where that feeds the verl key in the user's config."""
-    return [Change(_emit_key(k, cfg), v, reason=reason) for k, v in values.items()]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # text
 # ---------------------------------------------------------------------------------------------------------------
@@ -254,9 +230,7 @@ def format_result(res: FitResult, command: str | None) -> str:
     card = res.card_gb
     out.append(f"target: every phase below {int(MARGIN * 100)}% of a {card:g} GB card ({MARGIN * card:.1f} GB) and of "
                f"host RAM")
-    regime = (((res.after or res.before or {}).get("calibration") or {}).get("training") or {}).get("regime")
-    if regime:
-        out.extend(f"plan vs recorded runs: {line}" for line in calibration.accuracy_lines(regime))
+    out.extend(f"plan vs recorded runs: {line}" for line in (res.after or res.before or {}).get("accuracy") or ())
     if res.blocked:
         out.append("")
         out.append("The preflight finds problems the fit does not touch (it changes memory settings only); fix "

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from grpo_lab.checks.rules import ALT, Ctx, Problem, run_rules
-from grpo_lab.cli.apply import Change, apply_overrides, parse, respell, text
+from grpo_lab.cli.apply import Change, apply_overrides, parse, text
+from grpo_lab.cli.knobs import SHORT_KEYS, short_key_targets
 from grpo_lab.memory.run import Run
 from grpo_lab.memory.settings import as_int
 from grpo_lab.memory.verl_view import VerlView
@@ -33,6 +34,23 @@ def merge(*alternatives: list[Change]) -> list[Change]:
     for alt in alternatives:
         for c in alt:
             out[c.key] = c
+    return list(out.values())
+
+
+def respell(changes: list[Change], apart: Mapping[str, Iterable[str]]) -> list[Change]:
+    """Changes in the spelling that wins where `apart` (set_apart) keys no longer follow their short key."""
+    if not apart:
+        return changes
+    out: dict[str, Change] = {}
+    for c in changes:
+        keys = list(apart.get(c.key) or ()) if c.op == "" and c.key in SHORT_KEYS else []
+        if not keys:
+            out[c.key] = c
+            continue
+        if any(t not in keys for t in short_key_targets(c.key)):
+            out[c.key] = c
+        for k in keys:
+            out[k] = replace(c, key=k)
     return list(out.values())
 
 

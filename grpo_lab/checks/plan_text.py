@@ -10,7 +10,7 @@ from typing import Any
 from grpo_lab.checks.fixes import gist
 from grpo_lab.checks.rules import memory_ids
 from grpo_lab.checks.rules.batch import num as _num
-from grpo_lab.memory import calibration, timeplan
+from grpo_lab.memory import timeplan
 
 PHASES = ("generation", "training", "weight_sync")
 
@@ -196,9 +196,7 @@ def _memory(m: dict[str, Any]) -> list[str]:
     cap = f" of {h['capacity_gb']:g} GB" if h.get("capacity_gb") else ""
     out.append(f"  host RAM{' per node' if h.get('per_node') else ''} {h['total_gb']} GB{cap}: {h['verdict']}")
     out.append(f"  overall: {m['verdict']['overall']}")
-    regime = ((m.get("calibration") or {}).get("training") or {}).get("regime")
-    if regime:
-        out.extend(f"  plan vs recorded runs: {line}" for line in calibration.accuracy_lines(regime))
+    out.extend(f"  plan vs recorded runs: {line}" for line in m.get("accuracy") or ())
     for phase, opts in (m.get("remedies") or {}).items():
         if opts:
             out.append(f"  remedies for {phase.replace('_', ' ')}:")

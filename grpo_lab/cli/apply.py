@@ -9,7 +9,7 @@ import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_lab import facts
@@ -65,23 +65,6 @@ def changes_of(values: Mapping[str, Any], reason: str = "") -> list[Change]:
 @functools.cache
 def groups() -> frozenset[str]:
     return frozenset(p.name for p in CONF.iterdir() if p.is_dir()) if CONF.is_dir() else frozenset()
-
-
-def respell(changes: list[Change], apart: Mapping[str, Iterable[str]]) -> list[Change]:
-    """Changes in the spelling that wins where `apart` (set_apart) keys no longer follow their short key."""
-    if not apart:
-        return changes
-    out: dict[str, Change] = {}
-    for c in changes:
-        keys = list(apart.get(c.key) or ()) if c.op == "" and c.key in SHORT_KEYS else []
-        if not keys:
-            out[c.key] = c
-            continue
-        if any(t not in keys for t in short_key_targets(c.key)):
-            out[c.key] = c
-        for k in keys:
-            out[k] = replace(c, key=k)
-    return list(out.values())
 
 
 def parse(text: str | Iterable[str]) -> list[Change] | None:

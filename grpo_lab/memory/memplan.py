@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_lab.memory.calibration import accuracy_lines
 from grpo_lab.memory.memplan_arch import Arch, Settings
 from grpo_lab.memory.memplan_phases import (
     CARD_UNIT_BYTES,
@@ -86,6 +87,8 @@ def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, 
         "host_ram": ph.host,
         "verdict": verdict,
         "calibration": cal,
+        # what `make plan` and `make fit` print about the plan's accuracy in the training phase's regime
+        "accuracy": accuracy_lines(cal["training"]["regime"]) if (cal.get("training") or {}).get("regime") else [],
     }
     if remedies:
         plan["remedies"] = {p: find_remedies(arch, s, p) for p in PHASES if verdict[p] in ("tight", "oom")}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from grpo_lab.cli.apply import Change, changes_of, text
+from grpo_lab.cli.apply import Change, text
 from grpo_lab.memory.memplan_arch import Arch, Settings
 from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, phase_result
 from grpo_lab.memory.settings import settings_after
@@ -22,7 +22,7 @@ OFFLOAD = {A + "actor.fsdp_config.param_offload": True, A + "actor.fsdp_config.o
 
 def lora_changes(arch: Arch) -> list[Change]:
     """verl's LoRA example as changes, with offload for a model above 6B."""
-    return changes_of(LORA | (OFFLOAD if arch.params > 6e9 else {}))
+    return [Change(k, v) for k, v in (LORA | (OFFLOAD if arch.params > 6e9 else {})).items()]
 
 
 def _best_util(arch: Arch, s: Settings) -> float | None:

@@ -36,6 +36,13 @@ class Run:
     quick: bool = False  # a fix's re-check: the memory plan without its remedies
     layers: Any = field(default=None, compare=False)  # what set each value (grpo_lab/cli/provenance.py Layers)
 
+    @property
+    def batch_shape(self) -> dict[str, Any]:
+        """The batch arithmetic that make fit leaves as it is (what is trained per step and per update)."""
+        keys = ("train_batch_size", "rollout_n", "ppo_mini_batch_size", "updates_per_step", "sequence_length",
+                "trajectories_per_step")
+        return {k: self.batch.get(k) for k in keys}
+
     @classmethod
     def build(cls, verl: Mapping[str, Any], lab: Lab | None = None, environ: Mapping[str, str] | None = None, *,
               quick: bool = False, layers: Any = None, verl_defaults: bool = True) -> Run:

@@ -5,6 +5,7 @@ What each value means: docs/memory_plan.md (Settings) and docs/preflight.md (the
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -12,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.cli.apply import Change, changes_of
-from grpo_lab.cli.knobs import SHORT_KEYS, followers, short_key_targets
+from grpo_lab.cli.apply import Change
+from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS, followers, short_key_targets
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.memplan_arch import Settings
 from grpo_lab.memory.verl_view import VerlView, view_of
@@ -114,21 +115,54 @@ def settings_after(s: Settings, changes: Iterable[Change] | Mapping[str, Any],
     (lora_alpha, load_format) leaves them."""
     new: dict[str, Any] = {}
     set_apart = {k for keys in (apart or {}).values() for k in keys}
-    touched = set(set_apart)
-    for c in changes_of(changes) if isinstance(changes, Mapping) else changes:
-        todo = [k for k in short_key_targets(c.key) if k not in set_apart] if c.key in SHORT_KEYS else [c.key]
+    touched, follow = set(set_apart), _followers()
+    pairs = changes.items() if isinstance(changes, Mapping) else ((c.key, c.value) for c in changes)
+    for key, value in pairs:
+        todo = [k for k in follow.get(key, ()) if k not in set_apart] if key in SHORT_KEYS else [key]
         touched.update(todo)
         old = {k: getattr(s, FIELD_OF_KEY[k]) for k in todo if k in FIELD_OF_KEY}
         while todo:
-            key = todo.pop()
-            if key in FIELD_OF_KEY:
-                new[FIELD_OF_KEY[key]] = _as_field(getattr(s, FIELD_OF_KEY[key]), c.value)
-            for f in followers().get(key, ()):
-                if f not in touched and f in FIELD_OF_KEY and getattr(s, FIELD_OF_KEY[f]) == old.get(key):
+            k = todo.pop()
+            if k in FIELD_OF_KEY:
+                new[FIELD_OF_KEY[k]] = _as_field(getattr(s, FIELD_OF_KEY[k]), value)
+            for f in follow.get(k, ()):
+                if f not in touched and f in FIELD_OF_KEY and getattr(s, FIELD_OF_KEY[f]) == old.get(k):
                     touched.add(f)
-                    old[f] = old[key]
+                    old[f] = old[k]
                     todo.append(f)
     return replace(s, **new)
+
+
+@functools.cache
+def _followers() -> dict[str, tuple[str, ...]]:
+    """key -> the keys that follow it (grpo_lab/cli/knobs.py followers), a short key -> the verl keys it sets."""
+    return followers() | {k: short_key_targets(k) for k in SHORT_KEYS}
+
+
+def spelled(values: Mapping[str, Any], cfg: Any, reason: str = "") -> list[Change]:
+    """Values as the changes a user types: a verl key by its short key where that feeds it in the composed config
+    (cfg: the unresolved DictConfig; None: wherever the short key sets that key alone), else by verl's key."""
+    return [Change(_typed_key(k, cfg), v, reason=reason) for k, v in values.items()]
+
+
+def _typed_key(verl_key: str, cfg: Any) -> str:
+    short = _short_keys().get(verl_key)
+    if short is None or cfg is None:
+        return short or verl_key
+    try:
+        from omegaconf import OmegaConf
+
+        parent, leaf = verl_key.rsplit(".", 1)
+        raw = OmegaConf.to_container(OmegaConf.select(cfg, parent), resolve=False)[leaf]
+    except Exception:
+        return verl_key
+    return short if raw == "${" + short + "}" else verl_key
+
+
+@functools.cache
+def _short_keys() -> dict[str, str]:
+    """verl key -> the short key that sets it alone (grpo_lab/cli/knobs.py)."""
+    return {k.verl_key: k.key for k in KNOBS if short_key_targets(k.key) == (k.verl_key,)}
 
 
 def _as_field(current: Any, value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The fit's search: combinations of up to MAX_COMBO moves (grpo_lab/checks/fit_moves.py) plus a greedy path with the
+"""The fit's search: combinations of up to MAX_COMBO moves (grpo_lab/memory/fit_moves.py) plus a greedy path with the
 moves it did not need pruned, the cheapest fitting state first (`search`); LoRA as the start of a second search; and,
 when nothing fits these cards, what would (`way_out`: a bigger card, more GPUs, LoRA, a smaller model of conf/model/).
 """
@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.checks.fit_moves import BY_ID, MOVES, RANK, REQUIRED, SPEED_MOVES, A, FitContext, Move, tp_ok
-from grpo_lab.checks.fit_text import spelled
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan
+from grpo_lab.memory.fit_moves import BY_ID, MOVES, RANK, REQUIRED, SPEED_MOVES, A, FitContext, Move, tp_ok
+from grpo_lab.memory.settings import spelled
 from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.progress import progress
 from grpo_lab.verl_keys import get as _get
