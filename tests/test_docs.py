@@ -18,10 +18,10 @@ from grpo_lab.after_run import metrics as M
 
 README = ROOT / "README.md"
 GPU_README = ROOT / "benchmarks" / "gpu" / "README.md"
-# the pages README's sections moved to, with measured figures (docs/presets.md quotes its by run folder: not yet held
-# to this; docs/time_plan.md's start-up and sharing paragraphs name the calibration table only elsewhere on the page,
-# and its figures are read from their files below: test_the_time_plans_figures_are_its_calibration_tables)
-MOVED = [ROOT / "docs" / p for p in ("fit.md", "tasks.md", "launch.md", "emulation.md", "sglang.md", "verl_schema.md")]
+# the pages README's sections moved to, with measured figures (docs/time_plan.md's are also read from their files below:
+# test_the_time_plans_figures_are_its_calibration_tables; docs/presets.md's learn_smollm2 figures: test_learn_*)
+MOVED = [ROOT / "docs" / p for p in ("fit.md", "tasks.md", "launch.md", "emulation.md", "sglang.md", "verl_schema.md",
+                                     "presets.md", "time_plan.md")]
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 # a number with a unit of time, memory or share, or an accuracy going from one value to another
 FIGURE = re.compile(r"\d[\d,.]*\s?(?:ms|s|min|GB|GiB|MB|MiB|%|tokens/s)(?![\w/])|\d\.\d+\s?->\s?\d\.\d+")
@@ -342,6 +342,11 @@ def time_plan_disagreements(text: str, table: dict) -> dict[str, str]:
         if not m or m.groups() != expected:
             wrong[name] = f"{m.group(0) if m else pattern!r}: the file gives {expected}"
 
+    from grpo_lab.memory import timeplan  # the assumed shares: the time plan's own constants
+
+    check("assumed", r"(\d+)% of its dense bf16 FLOP/s .*?(\d+)% of its memory bandwidth \(`BW_SHARE`\), PCIe 4\.0 x16 "
+          r"at (\d+) GB/s .*?NVLink at (\d+) GB/s", f"{timeplan.MFU:.0%}"[:-1], f"{timeplan.BW_SHARE:.0%}"[:-1],
+          f"{timeplan.PCIE_DEFAULT[1]:.0f}", f"{timeplan.NVLINK_GB_S:.0f}")
     us = {p: coef[p]["loop_tokens"] * 1e6 for p in ("old_log_prob", "reference", "update")}
     five = [f"{5 * round(us[p] / 5)}" for p in us]  # to the nearest 5 µs
     check("loop", r"~(\d+)-(\d+) µs a token in each forward pass and ~(\d+) µs in the update",
@@ -424,7 +429,8 @@ STALE = {"loop": ("~65-70 µs a token in each forward pass and ~145 µs",
          "H100 guide": ("1.10-1.21x", "1.20-1.22x"), "fused chunks": ("(12.3 ms old", "(14.0 ms old"),
          "fused pairs": ("smoke 26.1 / 23.6 s", "smoke 21.9 / 23.6 s"), "sharing others": ("(1.51:", "(1.52:"),
          "H100 smokes": ("1.10-1.32x long", "1.1-1.35x long"), "full steps": ("(seven since", "(six since"),
-         "sharing": ("0.303 today", "0.31 today"), "validation": ("2-8 s shorter", "2-9 s shorter")}
+         "sharing": ("0.303 today", "0.31 today"), "validation": ("2-8 s shorter", "2-9 s shorter"),
+         "assumed": ("35% of its dense", "40% of its dense")}
 
 
 @pytest.mark.parametrize("name", STALE)
