@@ -178,7 +178,7 @@ def _rejected(ctx: FitContext, start: State, chosen: State | None, found: list[S
     out = []
     used = set(chosen.moves) if chosen else set()
     top = max((RANK[m] for m in used if m not in ("max_model_len", *REQUIRED)), default=-1)
-    e0 = ctx.eval(start.s)
+    e0 = start.e
     missing = [ph for ph in PHASES if e0.verdicts[ph] not in ("fits", "unknown")]
     for m in MOVES:
         if m.id in used:

@@ -14,7 +14,7 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan
-from grpo_lab.memory.fit_moves import BY_ID, MOVES, RANK, REQUIRED, SPEED_MOVES, A, FitContext, Move, tp_ok
+from grpo_lab.memory.fit_moves import BY_ID, MOVES, RANK, REQUIRED, SPEED_MOVES, A, Eval, FitContext, Move, tp_ok
 from grpo_lab.memory.settings import spelled
 from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.progress import progress
@@ -33,11 +33,16 @@ MAX_COMBO = 3
 @dataclass
 class State:
     s: memplan.Settings
+    e: Eval                    # how its settings are judged (every phase's peak and verdict)
     values: dict[str, Any] = field(default_factory=dict)       # verl key -> value, in the order they were set
     moves: tuple[str, ...] = ()
     lora: bool = False
     # (move id, the values it set, settings before, settings after), in the order applied
     history: tuple[tuple[str, dict[str, Any], memplan.Settings, memplan.Settings], ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.e.fits
 
     def cost(self) -> tuple:
         ranks = sorted((RANK[m] for m in self.moves if m not in ("max_model_len", *REQUIRED)), reverse=True)
@@ -48,7 +53,7 @@ def _step(ctx: FitContext, st: State, move: Move) -> State | None:
     r = move.choose(ctx, st.s)
     if isinstance(r, str):
         return None
-    return _then(st, move.id, *r)
+    return _then(ctx, st, move.id, *r)
 
 
 def _apply_combo(ctx: FitContext, start: State, combo: Iterable[Move]) -> State | None:
@@ -66,23 +71,23 @@ def _greedy(ctx: FitContext, start: State, moves: list[Move]) -> State:
     for _ in range(3):
         changed = False
         for m in moves:
-            if ctx.eval(st.s).fits:
+            if st.fits:
                 break
             nxt = _step(ctx, st, m)
-            if nxt is not None and ctx.eval(nxt.s).score() < ctx.eval(st.s).score():
+            if nxt is not None and nxt.e.score() < st.e.score():
                 st, changed = nxt, True
-        if not changed or ctx.eval(st.s).fits:
+        if not changed or st.fits:
             break
-    if not ctx.eval(st.s).fits:
+    if not st.fits:
         return st
     used = [BY_ID[m] for m in st.moves if m in BY_ID]
     canon = _apply_combo(ctx, start, used)  # the same moves once each, in order: one value per key
-    if canon is not None and ctx.eval(canon.s).fits:
+    if canon is not None and canon.fits:
         st = canon
     for m in sorted(used, key=lambda m: -m.rank):  # the most expensive first
         rest = [u for u in used if u is not m]
         alt = _apply_combo(ctx, start, rest)
-        if alt is not None and ctx.eval(alt.s).fits:
+        if alt is not None and alt.fits:
             used, st = rest, alt
     return st
 
@@ -90,7 +95,7 @@ def _greedy(ctx: FitContext, start: State, moves: list[Move]) -> State:
 def search(ctx: FitContext, start: State, *, combos: bool = True) -> tuple[State | None, list[State]]:
     """(cheapest fitting state or None, every fitting state seen): combinations up to MAX_COMBO plus greedy."""
     moves = [m for m in MOVES if m.full_ft or start.s.lora_rank > 0]
-    if ctx.eval(start.s).fits:
+    if start.fits:
         return start, [start]
     found: dict[tuple, State] = {}
     if combos:
@@ -99,10 +104,10 @@ def search(ctx: FitContext, start: State, *, combos: bool = True) -> tuple[State
         tried = [c for k in range(1, MAX_COMBO + 1) for c in itertools.combinations(usable, k)]
         for combo in progress(tried, "searching settings that fit", unit="combinations"):
             st = _apply_combo(ctx, start, combo)
-            if st is not None and ctx.eval(st.s).fits:
+            if st is not None and st.fits:
                 found.setdefault(tuple(sorted(st.values.items(), key=str)), st)
     g = _greedy(ctx, start, moves)
-    if ctx.eval(g.s).fits:
+    if g.fits:
         found.setdefault(tuple(sorted(g.values.items(), key=str)), g)
     ranked = sorted(found.values(), key=State.cost)
     return (ranked[0] if ranked else None), ranked
@@ -127,19 +132,20 @@ class Found:
 def start_state(ctx: FitContext, budgets: dict[str, tuple[str, int]]) -> State:
     """The search's start: the config, with token budgets raised to one sequence and a TP that fits the GPUs."""
     s0 = ctx.base
-    start = State(s0)
+    start = State(s0, ctx.eval(s0))
     if budgets:
-        start = _then(start, "budget_fix", *ctx.choice(s0, dict(budgets.values())))
+        start = _then(ctx, start, "budget_fix", *ctx.choice(s0, dict(budgets.values())))
     if s0.n_gpus % s0.tp or s0.tp > s0.n_gpus:  # a vLLM replica must fit the GPUs: the largest TP that does
         tp = max(t for t in (1, 2, 4, 8) if t <= min(s0.tp, s0.n_gpus) and tp_ok(ctx.arch, s0.n_gpus, t))
-        start = _then(start, "tp_fix", *ctx.choice(start.s, {A + "rollout.tensor_model_parallel_size": tp}))
+        start = _then(ctx, start, "tp_fix", *ctx.choice(start.s, {A + "rollout.tensor_model_parallel_size": tp}))
     return start
 
 
-def _then(st: State, mid: str, vals: dict[str, Any], s2: memplan.Settings, lora: bool | None = None) -> State:
-    """The state after a move's values (`s2`: the settings after them)."""
+def _then(ctx: FitContext, st: State, mid: str, vals: dict[str, Any], s2: memplan.Settings,
+          lora: bool | None = None) -> State:
+    """The state after a move's values (`s2`: the settings after them), judged."""
     moves = st.moves if mid in st.moves else st.moves + (mid,)
-    return State(s2, {**st.values, **vals}, moves, st.lora if lora is None else lora,
+    return State(s2, ctx.eval(s2), {**st.values, **vals}, moves, st.lora if lora is None else lora,
                  st.history + ((mid, vals, st.s, s2),))
 
 
@@ -184,7 +190,7 @@ def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = 
             continue
         vals, s2 = min(fitting, key=lambda o: round(ctx.step_s(o[1])))
         if ctx.step_s(s2) <= ctx.step_s(st.s) * (1 - by):
-            st = _then(st, mid, vals, s2)
+            st = _then(ctx, st, mid, vals, s2)
         else:
             why.append(f"{title}: a step {ctx.step_s(st.s):.0f} -> {ctx.step_s(s2):.0f} s by the time plan, less than "
                        f"{by:.0%} shorter")
@@ -192,7 +198,7 @@ def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = 
 
 
 def lora_start(ctx: FitContext, st: State) -> State:
-    return _then(st, "lora", *ctx.choice(st.s, dict(LORA)), lora=True)
+    return _then(ctx, st, "lora", *ctx.choice(st.s, dict(LORA)), lora=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -202,7 +208,7 @@ def lora_start(ctx: FitContext, st: State) -> State:
 def fits_with(ctx: FitContext, s: memplan.Settings, arch: memplan.Arch | None = None) -> State | None:
     c = ctx if arch is None else FitContext(arch, s, ctx.lab, mini=ctx.mini, ref_offload=ctx.ref_offload,
                                             shape=ctx.shape)
-    best, _ = search(c, State(s), combos=False)
+    best, _ = search(c, State(s, c.eval(s)), combos=False)
     return best
 
 
