@@ -59,7 +59,9 @@ def resolve_model(cfg: VerlView, lab: Lab, environ: Mapping[str, str]) -> Planne
 def _model_files(cfg: VerlView, lab: Lab, environ: Mapping[str, str]) -> PlannedModel:
     path = str(cfg.model.hf_config_path or cfg.model.path or "")
     group = asdict(lab.model)
-    known = facts.model_group(path, group.get("name") or "")
+    # the job's own model option names this model: its facts are the job's lab.model, composed from that option
+    own = bool(path and group.get("name") and path == group.get("hub_id"))
+    known = group if own else facts.model_group(path, group.get("name") or "")
     info = dict(known) if known else group
     local = Path(os.path.expanduser(path)) if path else None
     notes: list[str] = []
