@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts
+from grpo_lab.cli.apply import Change, apply_overrides
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.verl_view import VerlView
-from grpo_lab.verl_keys import A, put, with_value
+from grpo_lab.verl_keys import A
 
 ENV_VARS = facts.RAY_ENV_VARS  # what verl hands its Ray workers
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the name torch 2.11 reads first, then the new one
@@ -162,16 +163,6 @@ def utilizations(d: Any, path: str = "") -> Iterator[tuple[str, float]]:
                 yield from utilizations(v, p)
 
 
-def _plain(x: Any) -> Any:
-    """A copy that shares nothing: mappings as dicts, lists and tuples as lists (the preflight's rules read a
-    read-only view of the config: grpo_lab/checks/rules/__init__.py's freeze)."""
-    if isinstance(x, Mapping):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
-
-
 def check_engine(cfg: VerlView) -> None:
     engine = str(cfg.rollout.name).lower()
     if engine != "vllm":
@@ -187,17 +178,15 @@ class Emulated:
     planned: dict[str, Any]  # what the preflight plans: utilizations as typed (of the small card), the workers capped
     info: dict[str, Any] | None = None  # plan.json's "emulation" section; None without emulation
     settings: Emulation | None = None
+    scaled: tuple[Change, ...] = ()  # what verl gets instead: each utilization scaled to the real card
 
     @functools.cached_property
     def verl(self) -> dict[str, Any]:
-        """What verl gets: `planned` with each utilization scaled to the real card, in a copy that shares nothing
-        with it (made when first asked for: the preflight's rule only describes)."""
+        """What verl gets: `planned` with the `scaled` changes applied, in a copy that shares nothing with it (made
+        when first asked for: the preflight's rule only describes)."""
         if self.info is None:
             return self.planned
-        out = _plain(self.planned)
-        for path, u in self.info["gpu_memory_utilization"].items():
-            put(out, path, u["handed_to_engine"])
-        return out
+        return apply_overrides(self.planned, Lab(), self.scaled)[0]
 
 
 def emulate(config: dict[str, Any], lab: Lab, environ: Mapping[str, str]) -> Emulated:
@@ -225,7 +214,10 @@ def emulate(config: dict[str, Any], lab: Lab, environ: Mapping[str, str]) -> Emu
         "gpu_memory_utilization": scaled,
         "worker_env": {k: env[k] for k in (*ALLOC_VARS, "NCCL_P2P_DISABLE") if k in env},
     }
-    return Emulated(with_value(config, ENV_VARS, env), info, emu)
+    capped = Change(ENV_VARS, env, reason=f"emulation: each torch process capped at {emu.fraction:.3f} of the card")
+    scaled = tuple(Change(path, u["handed_to_engine"], reason=f"emulation: {u['planned']:g} of a {emu.card_gb:g} GB "
+                          f"card as a fraction of the real {emu.real_gb:g} GB") for path, u in scaled.items())
+    return Emulated(apply_overrides(config, lab, [capped])[0], info, emu, scaled)
 
 
 def describe(done: Emulated) -> str:
