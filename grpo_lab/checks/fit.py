@@ -169,7 +169,7 @@ def _changes(ctx: FitContext, chosen: State, cfg: Any) -> list[Step]:
             cost, reason = f"{cost}; {faster_by}", f"{title}: {faster_by}" + "".join(f"; {x}" for x in lowered)
         else:
             reason = f"{title}: " + (", ".join(lowered) if lowered else "lets vLLM start (room for its KV cache)")
-        out.append(Step(mid, title, spelled(keep, cfg, reason), cost, reason))
+        out.append(Step(mid, title, spelled(keep, cfg, reason), cost))
     return out[::-1]
 
 

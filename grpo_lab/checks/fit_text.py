@@ -130,9 +130,8 @@ class Step:
 
     move: str
     title: str
-    changes: list[Change]
+    changes: list[Change]  # each with the move's one-line reason, for the saved experiment file
     cost: str
-    reason: str          # one line, for the saved experiment file
 
     @property
     def overrides(self) -> list[str]:

@@ -23,7 +23,6 @@ LENGTHS = ("data.max_prompt_length", "data.max_response_length")
 _MISSING = object()
 
 
-
 @dataclass(frozen=True)
 class Change:
     """One override of the config: the key (verl's, a short key or lab's), its value, why; `op` is Hydra's "" | "+" |
@@ -57,11 +56,6 @@ def text(changes: Iterable[Change]) -> str:
     return " ".join(c.token for c in changes)
 
 
-def changes_of(values: Mapping[str, Any], reason: str = "") -> list[Change]:
-    """{key: value} as changes, in order."""
-    return [Change(k, v, reason=reason) for k, v in values.items()]
-
-
 @functools.cache
 def groups() -> frozenset[str]:
     return frozenset(p.name for p in CONF.iterdir() if p.is_dir()) if CONF.is_dir() else frozenset()
@@ -89,7 +83,7 @@ def parse(text: str | Iterable[str]) -> list[Change] | None:
 
 def _as_changes(overrides: Iterable[str] | Iterable[Change] | Mapping[str, Any]) -> list[Change]:
     if isinstance(overrides, Mapping):
-        return changes_of(overrides)
+        return [Change(k, v) for k, v in overrides.items()]
     items = list(overrides)
     if all(isinstance(o, Change) for o in items):
         return items
