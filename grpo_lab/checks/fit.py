@@ -4,8 +4,8 @@
     python run.py preflight.fit_write=my_4b model=qwen3_4b hardware=...        # also saves conf/experiment/my_4b.yaml
 
 Where it lives: this module is the entry point (`fit`, `fit_job`: the search, its re-check by the preflight, the
-command line and the saved experiment); the moves and how a setting is judged are grpo_lab/memory/fit_moves.py, the
-search and what would fit when nothing does grpo_lab/memory/fit_search.py, the costs in words and the printed result
+command line and the saved experiment); the moves are grpo_lab/memory/fit_moves.py, how a setting is judged, the search
+and what would fit when nothing does grpo_lab/memory/fit_search.py, the costs in words and the printed result
 grpo_lab/checks/fit_text.py.
 
 The moves in the guide's order, what "fits" means and the search: docs/memory_plan.md.
@@ -37,13 +37,11 @@ from grpo_lab.memory.fit_moves import (
     RANK,
     REQUIRED,
     SPEED_MOVES,
-    FitContext,
     move_title,
-    one_sequence,
 )
-from grpo_lab.memory.fit_search import State, choose, faster, way_out
+from grpo_lab.memory.fit_search import FitContext, State, choose, faster, way_out
 from grpo_lab.memory.run import Run
-from grpo_lab.memory.settings import spelled
+from grpo_lab.memory.settings import one_sequence, settings_after, spelled
 from grpo_lab.verl_keys import put as _put
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -92,10 +90,10 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
         raise FitError("lab.hardware.gpu_memory_gb is not set: the fit needs the card's size. Pick a hardware option "
                        "(hardware=rtx4080x4) or set it: lab.hardware.gpu_memory_gb=24")
     base_report = run_preflight(run, launching=False)
+    budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
+    s_req = settings_after(s0, budgets, lab.set_apart)  # what the search starts from and plans "before"
     ctx = FitContext(arch, s0, lab, mini=int(run.cfg.actor.ppo_mini_batch_size or 0),
                      ref_offload=run.cfg.ref.fsdp_config.param_offload, shape=run.shape)
-    budgets = one_sequence(s0)  # token budgets below one sequence: raised first, the fit's own required move
-    s_req = ctx.choice(s0, dict(budgets.values()))[1]  # what the search starts from and plans "before"
     blocked = [f"[{p.rule}] {p.message}" + (f"\n      fix: {p.fix}" if p.fix else "")
                for p in base_report.errors if p.rule not in memory_ids() and not (p.rule == "token_budget" and budgets)]
     valid_util = 0.0 < s0.gpu_memory_utilization < 1.0

@@ -11,7 +11,8 @@ from typing import Any
 
 from grpo_lab.cli.apply import Change
 from grpo_lab.memory import memplan, memplan_phases
-from grpo_lab.memory.fit_moves import GB, MARGIN, FitContext
+from grpo_lab.memory.fit_moves import GB, MARGIN
+from grpo_lab.memory.fit_search import FitContext
 
 # ---------------------------------------------------------------------------------------------------------------
 # what each change costs, in words and numbers

@@ -89,6 +89,17 @@ def phase_calibration(regime: str, phase: str, path: Path | None = None) -> dict
         out.update(range=[row["ratio_min"], row["ratio_max"]], runs=row["runs"])
     return out
 
+def calibration_of(arch: Any, s: Any) -> dict[str, Any]:
+    """plan.json's `calibration`: per verdict, the regime, whether a recorded run measured it, the margin used."""
+    regime = regime_of(arch, s)
+    out: dict[str, Any] = {ph: phase_calibration(regime, ph)
+                           for ph in ("generation", "training", "weight_sync", "kv_cache")}
+    out["host_ram"] = {"regime": regime, "measured": False, "margin": 0.0, "basis": "host_ram",
+                       "note": "host RAM is not calibrated: compared with the RAM as planned (the kernel's OOM killer "
+                               "ends a run without a Python error)"}
+    out["table"] = TABLE_MD
+    return out
+
 
 def describe(cal: dict[str, Any]) -> str:
     """One clause for messages: how sure the plan is in this regime."""

@@ -1,4 +1,4 @@
-"""The fit's building blocks: how one setting is judged (`FitContext.eval`: every phase's peak and verdict from the
+"""The fit's building blocks: how one setting is judged (`Judge.eval`: every phase's peak and verdict from the
 memory plan, and by how much it misses its target) and the moves, each a setting a user can change without changing what
 is trained, picking its own value given the settings so far (or saying why it does not apply), in the guide's order of
 preference (MOVES). The search over them is grpo_lab/memory/fit_search.py; the entry point grpo_lab/checks/fit.py.
@@ -10,13 +10,12 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from grpo_lab import facts
-from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan, timeplan
 from grpo_lab.memory.memplan_remedies import budget_changes
-from grpo_lab.memory.settings import FIELD_OF_KEY, settings_after
+from grpo_lab.memory.settings import FIELD_OF_KEY
 from grpo_lab.verl_keys import A
 
 CONF = facts.ROOT / "conf"
@@ -26,7 +25,7 @@ PHASES = ("generation", "training", "weight_sync", "host_ram")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# evaluating a setting
+# a setting judged, and what a move asks of the search to judge one
 # ---------------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -48,76 +47,16 @@ class Eval:
         return self.misses, round(self.overflow, 3)
 
 
-class FitContext:
-    """What the search needs besides the settings: the model, the hardware facts, the batch, a cache of plans."""
+class Judge(Protocol):
+    """What a move asks of the search's context (grpo_lab/memory/fit_search.py FitContext)."""
 
-    def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Lab, *, mini: int = 0,
-                 ref_offload: Any = None, shape: timeplan.RunShape | None = None):
-        self.arch = arch
-        self.base = base
-        self.lab = lab
-        self.mini = mini                # actor.ppo_mini_batch_size (prompts)
-        self.ref_offload = ref_offload  # ref.fsdp_config.param_offload as configured
-        self._cache: dict[Any, Eval] = {}
-        self.evaluations = 0
-        hw = lab.hardware
-        self.bw, self.bw_note = timeplan.pcie_gb_s(hw)  # host <-> card GB/s per card, for offload's copies
-        self.nvlink = bool(hw.nvlink)
-        self.card, self.shape = timeplan.Card.of(hw), shape  # the time plan's card and run (the job's Run's)
-        self._steps: dict[str, float] = {}
+    arch: memplan.Arch
 
-    def eval(self, s: memplan.Settings) -> Eval:
-        try:
-            hit = self._cache.get(s)
-        except TypeError:  # unhashable field (a list of LoRA targets): no cache
-            hit = None
-        if hit is not None:
-            return hit
-        self.evaluations += 1
-        arch, card = self.arch, s.card_gb
-        plan, judged = memplan.assess(arch, s)
-        peaks = {ph: plan.peak_gb(ph) for ph in PHASES}
-        verdicts, over = {ph: judged[ph] for ph in PHASES}, 0.0
-        for ph, peak in peaks.items():
-            cap = card if ph != "host_ram" else float(s.host_ram_gb or 0)
-            if cap:
-                over += max(0.0, peak - MARGIN * cap)
-        kv = plan.kv
-        if not kv["fits_max_model_len"]:
-            over += (kv["max_model_len"] - max(0, kv["tokens"])) * kv["bytes_per_token"] / GB + 0.01
-        e = Eval(peaks, verdicts, over, kv)
-        try:
-            self._cache[s] = e
-        except TypeError:
-            pass
-        return e
+    def eval(self, s: memplan.Settings) -> Eval: ...
 
-    def plan(self, s: memplan.Settings) -> dict[str, Any]:
-        """The memory plan of these settings (plan.json's `memory`, without remedies)."""
-        return memplan.memory_plan(self.arch, s, remedies=False)
+    def choice(self, s: memplan.Settings, values: dict[str, Any]) -> tuple[dict[str, Any], memplan.Settings]: ...
 
-    def time(self, s: memplan.Settings) -> dict[str, Any]:
-        """The time plan of these settings (plan.json's `time`)."""
-        assert self.shape is not None, "a FitContext without the run's shape plans no time"
-        return timeplan.time_plan(self.arch, s, self.card, self.shape, self.eval(s).kv)
-
-    def step_s(self, s: memplan.Settings) -> float:
-        """A steady step of these settings by the time plan (seconds), planned once per settings."""
-        if repr(s) not in self._steps:
-            self._steps[repr(s)] = self.time(s)["step_s"]
-        return self._steps[repr(s)]
-
-    def choice(self, s: memplan.Settings, values: dict[str, Any]) -> tuple[dict[str, Any], memplan.Settings]:
-        """Values and the settings after them, as the config with them would read (settings_after)."""
-        return values, settings_after(s, values, self.lab.set_apart)
-
-    # batch facts for the cost words
-    @property
-    def dp(self) -> int:
-        return max(1, self.base.n_gpus // max(1, self.base.sp_size))
-
-    def tokens_per_gpu_per_update(self, s: memplan.Settings) -> int:
-        return self.mini * s.rollout_n * s.seq_len // self.dp
+    def tokens_per_gpu_per_update(self, s: memplan.Settings) -> int: ...
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -132,11 +71,11 @@ class Move:
     id: str
     title: str
     rank: int
-    choose: Callable[[FitContext, memplan.Settings], Choice | str]
+    choose: Callable[[Judge, memplan.Settings], Choice | str]
     full_ft: bool = True   # a move for full fine-tuning and LoRA alike (False: LoRA only)
 
 
-def _pick(ctx: FitContext, s: memplan.Settings, options: list[Choice]) -> Choice | str:
+def _pick(ctx: Judge, s: memplan.Settings, options: list[Choice]) -> Choice | str:
     """The first option (options come in order of least change) after which every phase it moves fits (the others
     are for later moves to fix); else the one that helps most; else why none helps."""
     if not options:
@@ -153,7 +92,7 @@ def _pick(ctx: FitContext, s: memplan.Settings, options: list[Choice]) -> Choice
     return "lowers no phase that does not fit"
 
 
-def _m_max_model_len(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_max_model_len(ctx: Judge, s: memplan.Settings) -> Choice | str:
     seq = s.seq_len
     mml = memplan.vllm_max_model_len(ctx.arch, s)
     if mml <= seq:
@@ -161,7 +100,7 @@ def _m_max_model_len(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     return ctx.choice(s, {A + "rollout.max_model_len": seq})
 
 
-def _m_bucket(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_bucket(ctx: Judge, s: memplan.Settings) -> Choice | str:
     opts, b = [], s.bucket_mb
     while b > 512:
         b = max(512, b // 2)
@@ -169,16 +108,16 @@ def _m_bucket(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts) if opts else f"already {s.bucket_mb} MiB (512 is the floor here)"
 
 
-def _switch_on(key: str) -> Callable[[FitContext, memplan.Settings], Choice | str]:
+def _switch_on(key: str) -> Callable[[Judge, memplan.Settings], Choice | str]:
     """A move that turns one boolean setting on."""
-    def move(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+    def move(ctx: Judge, s: memplan.Settings) -> Choice | str:
         if getattr(s, FIELD_OF_KEY[key]):
             return "already on"
         return ctx.choice(s, {key: True})
     return move
 
 
-def _m_budget(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_budget(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if not s.use_dynamic_bsz:
         return "dynamic batch size is off (micro-batch sizes instead)"
     seq, t = s.seq_len, s.ppo_max_token_len_per_gpu
@@ -189,7 +128,7 @@ def _m_budget(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts) if opts else f"already one sequence ({seq} tokens): it cannot go lower"
 
 
-def _budgets(ctx: FitContext, s: memplan.Settings, t: int, log_prob: int, ref: int) -> Choice:
+def _budgets(ctx: Judge, s: memplan.Settings, t: int, log_prob: int, ref: int) -> Choice:
     """The three passes' token budgets: the actor's, and each log-prob pass's that changes."""
     vals = {A + "actor.ppo_max_token_len_per_gpu": t}
     if log_prob != s.log_prob_max_token_len_per_gpu:
@@ -199,17 +138,8 @@ def _budgets(ctx: FitContext, s: memplan.Settings, t: int, log_prob: int, ref: i
     return ctx.choice(s, vals)
 
 
-def one_sequence(s: memplan.Settings) -> dict[str, tuple[str, int]]:
-    """The dynamic token budgets below one sequence of prompt + response (over Ulysses SP), raised to one: verl
-    asserts it (rule token_budget). {Settings field: (verl key, value)}; {} when all hold one."""
-    need = math.ceil(s.seq_len / max(1, s.sp_size))
-    passes = (("ppo_max_token_len_per_gpu", "actor.", s.use_dynamic_bsz),
-              ("log_prob_max_token_len_per_gpu", "rollout.", s.log_prob_use_dynamic_bsz),
-              ("ref_log_prob_max_token_len_per_gpu", "ref.", s.ref_used and s.ref_log_prob_use_dynamic_bsz))
-    return {f: (A + pre + f.removeprefix("ref_"), need) for f, pre, on in passes if on and getattr(s, f) < need}
 
-
-def _m_util(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_util(ctx: Judge, s: memplan.Settings) -> Choice | str:
     u0 = s.gpu_memory_utilization
     valid = 0.0 < u0 < 1.0
     if valid and ctx.eval(s).verdicts["generation"] == "fits" and memplan.kv_cache(ctx.arch, s)["fits_max_model_len"]:
@@ -233,7 +163,7 @@ def tp_ok(arch: memplan.Arch, n_gpus: int, tp: int) -> bool:
     return (n_gpus % tp == 0 and arch.num_attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0))
 
 
-def _m_tp(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_tp(ctx: Judge, s: memplan.Settings) -> Choice | str:
     opts, tp = [], s.tp * 2
     while tp <= s.n_gpus:
         if tp_ok(ctx.arch, s.n_gpus, tp):
@@ -244,7 +174,7 @@ def _m_tp(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts)
 
 
-def _m_ref_offload(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_ref_offload(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if not s.ref_used:
         return "no reference model (no KL term)"
     on = ctx.ref_offload
@@ -258,7 +188,7 @@ def _divisors_below(n: int, limit: int) -> list[int]:
     return [d for d in range(min(n, limit) - 1, 0, -1) if n % d == 0]
 
 
-def _m_micro(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_micro(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if s.use_dynamic_bsz and s.log_prob_use_dynamic_bsz:
         return "dynamic batch size is on (token budgets instead)"
     per_mini = ctx.tokens_per_gpu_per_update(s) // max(1, s.seq_len)
@@ -277,7 +207,7 @@ def _m_micro(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts) if opts else "micro-batches are already 1"
 
 
-def _m_entropy_ckpt(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_entropy_ckpt(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if not s.entropy_in_update:
         return "no entropy in the loss (entropy_coeff 0)"
     if s.entropy_checkpointing:
@@ -285,7 +215,7 @@ def _m_entropy_ckpt(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     return ctx.choice(s, {A + "actor.entropy_checkpointing": True})
 
 
-def _m_entropy_chunk(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_entropy_chunk(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if not s.entropy_in_update and s.use_torch_compile:
         return "the log-prob pass's entropy is torch.compile'd (fused, no vocabulary-sized copy)"
     if s.actor_entropy_chunking:
@@ -293,7 +223,7 @@ def _m_entropy_chunk(ctx: FitContext, s: memplan.Settings) -> Choice | str:
     return ctx.choice(s, {A + "actor.entropy_from_logits_with_chunking": True})
 
 
-def _m_layered(ctx: FitContext, s: memplan.Settings) -> Choice | str:
+def _m_layered(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if s.lora_rank <= 0:
         return "only with LoRA"
     if s.layered_summon:
@@ -321,7 +251,7 @@ LORA_RANK = 100
 
 # ---- moves for time, taken after the memory fits: the same algorithm, a shorter step by the time plan ----
 
-def _m_fused(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
+def _m_fused(ctx: Judge, s: memplan.Settings) -> list[Choice] | str:
     if s.use_fused_kernels:
         return "already on"
     return [ctx.choice(s, {A + "model.use_fused_kernels": True})]
@@ -339,7 +269,7 @@ def padded_why_not(s: memplan.Settings) -> str:
     return ""
 
 
-def _m_padded(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
+def _m_padded(ctx: Judge, s: memplan.Settings) -> list[Choice] | str:
     why = padded_why_not(s)
     if why:
         return why
@@ -363,7 +293,7 @@ def larger_budgets(budget: int) -> Iterator[int]:
         t *= 2
 
 
-def _m_larger_budgets(ctx: FitContext, s: memplan.Settings) -> list[Choice] | str:
+def _m_larger_budgets(ctx: Judge, s: memplan.Settings) -> list[Choice] | str:
     """larger_budgets up to one that holds a whole update per GPU; the log-prob passes' budgets raised to each too
     (never lowered)."""
     if not s.use_dynamic_bsz:

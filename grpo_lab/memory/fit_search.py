@@ -1,5 +1,7 @@
-"""The fit's search: combinations of up to MAX_COMBO moves (grpo_lab/memory/fit_moves.py) plus a greedy path with the
-moves it did not need pruned, the cheapest fitting state first (`search`); LoRA as the start of a second search; and,
+"""The fit's search: how one setting is judged (`FitContext.eval`: every phase's peak and verdict from the memory plan,
+and by how much it misses its target; `FitContext.time`: the time plan); combinations of up to MAX_COMBO moves
+(grpo_lab/memory/fit_moves.py) plus a greedy path with the moves it did not need pruned, the cheapest fitting state
+first (`search`); LoRA as the start of a second search; and,
 when nothing fits these cards, what would (`way_out`: a bigger card, more GPUs, LoRA, a smaller model of conf/model/).
 """
 
@@ -13,12 +15,12 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
-from grpo_lab.memory import memplan
-from grpo_lab.memory.fit_moves import BY_ID, MOVES, RANK, REQUIRED, SPEED_MOVES, A, Eval, FitContext, Move, tp_ok
-from grpo_lab.memory.settings import spelled
+from grpo_lab.memory import memplan, timeplan
+from grpo_lab.memory.fit_moves import BY_ID, GB, MARGIN, MOVES, PHASES, RANK, REQUIRED, SPEED_MOVES, Eval, Move, tp_ok
+from grpo_lab.memory.settings import settings_after, spelled
 from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.progress import progress
-from grpo_lab.verl_keys import get as _get
+from grpo_lab.verl_keys import A
 
 # LoRA as conf/model/qwen3_8b_lora.yaml sets it; FSDP2: with FSDP1 verl 0.9.1 sends vLLM an empty adapter (peft >= 0.21)
 LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors",
@@ -29,6 +31,79 @@ MAX_COMBO = 3
 # ---------------------------------------------------------------------------------------------------------------
 # the search
 # ---------------------------------------------------------------------------------------------------------------
+
+class FitContext:
+    """What the search needs besides the settings: the model, the hardware facts, the batch, a cache of plans."""
+
+    def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Lab, *, mini: int = 0,
+                 ref_offload: Any = None, shape: timeplan.RunShape | None = None):
+        self.arch = arch
+        self.base = base
+        self.lab = lab
+        self.mini = mini                # actor.ppo_mini_batch_size (prompts)
+        self.ref_offload = ref_offload  # ref.fsdp_config.param_offload as configured
+        self._cache: dict[Any, Eval] = {}
+        self.evaluations = 0
+        hw = lab.hardware
+        self.bw, self.bw_note = timeplan.pcie_gb_s(hw)  # host <-> card GB/s per card, for offload's copies
+        self.nvlink = bool(hw.nvlink)
+        self.card, self.shape = timeplan.Card.of(hw), shape  # the time plan's card and run (the job's Run's)
+        self._steps: dict[str, float] = {}
+
+    def eval(self, s: memplan.Settings) -> Eval:
+        try:
+            hit = self._cache.get(s)
+        except TypeError:  # unhashable field (a list of LoRA targets): no cache
+            hit = None
+        if hit is not None:
+            return hit
+        self.evaluations += 1
+        arch, card = self.arch, s.card_gb
+        plan, judged = memplan.assess(arch, s)
+        peaks = {ph: plan.peak_gb(ph) for ph in PHASES}
+        verdicts, over = {ph: judged[ph] for ph in PHASES}, 0.0
+        for ph, peak in peaks.items():
+            cap = card if ph != "host_ram" else float(s.host_ram_gb or 0)
+            if cap:
+                over += max(0.0, peak - MARGIN * cap)
+        kv = plan.kv
+        if not kv["fits_max_model_len"]:
+            over += (kv["max_model_len"] - max(0, kv["tokens"])) * kv["bytes_per_token"] / GB + 0.01
+        e = Eval(peaks, verdicts, over, kv)
+        try:
+            self._cache[s] = e
+        except TypeError:
+            pass
+        return e
+
+    def plan(self, s: memplan.Settings) -> dict[str, Any]:
+        """The memory plan of these settings (plan.json's `memory`, without remedies)."""
+        return memplan.memory_plan(self.arch, s, remedies=False)
+
+    def time(self, s: memplan.Settings) -> dict[str, Any]:
+        """The time plan of these settings (plan.json's `time`)."""
+        assert self.shape is not None, "a FitContext without the run's shape plans no time"
+        return timeplan.time_plan(self.arch, s, self.card, self.shape, self.eval(s).kv)
+
+    def step_s(self, s: memplan.Settings) -> float:
+        """A steady step of these settings by the time plan (seconds), planned once per settings."""
+        if repr(s) not in self._steps:
+            self._steps[repr(s)] = self.time(s)["step_s"]
+        return self._steps[repr(s)]
+
+    def choice(self, s: memplan.Settings, values: dict[str, Any]) -> tuple[dict[str, Any], memplan.Settings]:
+        """Values and the settings after them, as the config with them would read (settings_after)."""
+        return values, settings_after(s, values, self.lab.set_apart)
+
+    # batch facts for the cost words
+    @property
+    def dp(self) -> int:
+        return max(1, self.base.n_gpus // max(1, self.base.sp_size))
+
+    def tokens_per_gpu_per_update(self, s: memplan.Settings) -> int:
+        return self.mini * s.rollout_n * s.seq_len // self.dp
+
+
 
 @dataclass
 class State:
@@ -129,12 +204,12 @@ class Found:
         return self.best or self.lora_best
 
 
-def start_state(ctx: FitContext, budgets: dict[str, tuple[str, int]]) -> State:
+def start_state(ctx: FitContext, budgets: dict[str, int]) -> State:
     """The search's start: the config, with token budgets raised to one sequence and a TP that fits the GPUs."""
     s0 = ctx.base
     start = State(s0, ctx.eval(s0))
     if budgets:
-        start = _then(ctx, start, "budget_fix", *ctx.choice(s0, dict(budgets.values())))
+        start = _then(ctx, start, "budget_fix", *ctx.choice(s0, budgets))
     if s0.n_gpus % s0.tp or s0.tp > s0.n_gpus:  # a vLLM replica must fit the GPUs: the largest TP that does
         tp = max(t for t in (1, 2, 4, 8) if t <= min(s0.tp, s0.n_gpus) and tp_ok(ctx.arch, s0.n_gpus, t))
         start = _then(ctx, start, "tp_fix", *ctx.choice(start.s, {A + "rollout.tensor_model_parallel_size": tp}))
@@ -149,7 +224,7 @@ def _then(ctx: FitContext, st: State, mid: str, vals: dict[str, Any], s2: mempla
                  st.history + ((mid, vals, st.s, s2),))
 
 
-def choose(ctx: FitContext, budgets: dict[str, tuple[str, int]], by: float) -> Found:
+def choose(ctx: FitContext, budgets: dict[str, int], by: float) -> Found:
     """Search full fine-tuning, then LoRA if that finds nothing; of the fitting states of the kind found, the one
     earliest in the guide's order among those within `by` (a fraction) of the fastest by the time plan."""
     start = start_state(ctx, budgets)
@@ -282,7 +357,7 @@ def way_out(ctx: FitContext, s: memplan.Settings, cfg: VerlView, *, lora_fits: S
         arch = memplan.Arch.from_mapping(mm, source=name)
         if arch.params >= cur:
             continue
-        rank = int(_get(m, A + "model.lora_rank", 0) or 0)
+        rank = int(VerlView.of(m).model.lora_rank or 0)
         s2 = replace(s, lora_rank=rank)
         best = fits_with(ctx, s2, arch)
         if best is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_lab.memory.calibration import accuracy_lines
+from grpo_lab.memory.calibration import accuracy_lines, calibration_of
 from grpo_lab.memory.memplan_arch import Arch, Settings
 from grpo_lab.memory.memplan_phases import (
     CARD_UNIT_BYTES,
@@ -40,8 +40,8 @@ from grpo_lab.memory.memplan_phases import (
     vllm_max_model_len,
     vllm_weights,
 )
-from grpo_lab.memory.memplan_remedies import find_remedies, lora_changes
-from grpo_lab.memory.memplan_verdicts import PHASES, assess, calibration_of, judge, phase_result, verdict_of, worst
+from grpo_lab.memory.memplan_remedies import find_remedies, lora_changes, phase_result
+from grpo_lab.memory.memplan_verdicts import PHASES, assess, judge, verdict_of, worst
 
 # the plan's names that its users take from `from grpo_lab.memory import memplan` (preflight rules, fit, benchmarks,
 # tests; the benchmark records every upper-case number); the rest from the memplan_* modules themselves
@@ -60,6 +60,8 @@ __all__ = [
 def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, Any]:
     """The `memory` section of plan.json."""
     cal = calibration_of(arch, s)
+    # what `make plan` and `make fit` print about the plan's accuracy in the training phase's regime
+    accuracy = accuracy_lines(cal["training"]["regime"]) if (cal.get("training") or {}).get("regime") else []
     ph = Phases(arch, s)
     verdict = judge(ph, cal)
     for name in ("generation", "training", "weight_sync"):
@@ -87,8 +89,7 @@ def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, 
         "host_ram": ph.host,
         "verdict": verdict,
         "calibration": cal,
-        # what `make plan` and `make fit` print about the plan's accuracy in the training phase's regime
-        "accuracy": accuracy_lines(cal["training"]["regime"]) if (cal.get("training") or {}).get("regime") else [],
+        "accuracy": accuracy,
     }
     if remedies:
         plan["remedies"] = {p: find_remedies(arch, s, p) for p in PHASES if verdict[p] in ("tight", "oom")}

@@ -9,8 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_lab.cli.apply import Change, text
+from grpo_lab.memory import calibration
 from grpo_lab.memory.memplan_arch import Arch, Settings
-from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, phase_result
+from grpo_lab.memory.memplan_phases import Phases
+from grpo_lab.memory.memplan_verdicts import VERDICT_ORDER, verdict
 from grpo_lab.memory.settings import settings_after
 from grpo_lab.verl_keys import A
 
@@ -23,6 +25,13 @@ OFFLOAD = {A + "actor.fsdp_config.param_offload": True, A + "actor.fsdp_config.o
 def lora_changes(arch: Arch) -> list[Change]:
     """verl's LoRA example as changes, with offload for a model above 6B."""
     return [Change(k, v) for k, v in (LORA | (OFFLOAD if arch.params > 6e9 else {})).items()]
+
+
+def phase_result(arch: Arch, s: Settings, phase: str) -> tuple[float, str]:
+    """(peak GB, verdict) of one phase ("generation", "training", "weight_sync", "host_ram"), planning only it."""
+    ph = Phases(arch, s)
+    cal = {phase: calibration.phase_calibration(calibration.regime_of(arch, s), phase)} if phase != "host_ram" else {}
+    return ph.peak_gb(phase), verdict(ph, phase, cal)
 
 
 def _best_util(arch: Arch, s: Settings) -> float | None:

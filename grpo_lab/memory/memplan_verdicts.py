@@ -1,5 +1,5 @@
 """Each phase's verdict with the calibration's margin (grpo_lab/memory/calibration.py, the recorded runs): `verdict_of`,
-`judge` (a configuration's verdicts), `assess`, `phase_result`, plan.json's `calibration` and `worst`."""
+`judge` (a configuration's verdicts), `assess` and `worst`."""
 
 from __future__ import annotations
 
@@ -30,17 +30,6 @@ def worst(*verdicts: str) -> str:
     return max(verdicts, key=lambda v: VERDICT_ORDER.get(v, 0)) if verdicts else "fits"
 
 
-def calibration_of(arch: Arch, s: Settings) -> dict[str, Any]:
-    """plan.json's `calibration`: per verdict, the regime, whether a recorded run measured it, the margin used."""
-    regime = calibration.regime_of(arch, s)
-    out: dict[str, Any] = {ph: calibration.phase_calibration(regime, ph)
-                           for ph in ("generation", "training", "weight_sync", "kv_cache")}
-    out["host_ram"] = {"regime": regime, "measured": False, "margin": 0.0, "basis": "host_ram",
-                       "note": "host RAM is not calibrated: compared with the RAM as planned (the kernel's OOM killer "
-                               "ends a run without a Python error)"}
-    out["table"] = calibration.TABLE_MD
-    return out
-
 
 def verdict(ph: Phases, phase: str, cal: dict[str, Any]) -> str:
     """One phase's verdict. Generation is `oom` where vLLM refuses to start (no KV cache, or not one max_model_len
@@ -65,11 +54,4 @@ def judge(ph: Phases, cal: dict[str, Any]) -> dict[str, str]:
 def assess(arch: Arch, s: Settings) -> tuple[Phases, dict[str, str]]:
     """One configuration's phases and their verdicts."""
     ph = Phases(arch, s)
-    return ph, judge(ph, calibration_of(arch, s))
-
-
-def phase_result(arch: Arch, s: Settings, phase: str) -> tuple[float, str]:
-    """(peak GB, verdict) of one phase ("generation", "training", "weight_sync", "host_ram"), planning only it."""
-    ph = Phases(arch, s)
-    cal = {phase: calibration.phase_calibration(calibration.regime_of(arch, s), phase)} if phase != "host_ram" else {}
-    return ph.peak_gb(phase), verdict(ph, phase, cal)
+    return ph, judge(ph, calibration.calibration_of(arch, s))

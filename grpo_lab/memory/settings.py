@@ -132,6 +132,15 @@ def settings_after(s: Settings, changes: Iterable[Change] | Mapping[str, Any],
                     todo.append(f)
     return replace(s, **new)
 
+def one_sequence(s: Settings) -> dict[str, int]:
+    """The dynamic token budgets below one sequence of prompt + response (over Ulysses SP), raised to one: verl
+    asserts it (rule token_budget). {verl key: value}; {} when all hold one."""
+    need = math.ceil(s.seq_len / max(1, s.sp_size))
+    passes = (("ppo_max_token_len_per_gpu", "actor.", s.use_dynamic_bsz),
+              ("log_prob_max_token_len_per_gpu", "rollout.", s.log_prob_use_dynamic_bsz),
+              ("ref_log_prob_max_token_len_per_gpu", "ref.", s.ref_used and s.ref_log_prob_use_dynamic_bsz))
+    return {A + pre + f.removeprefix("ref_"): need for f, pre, on in passes if on and getattr(s, f) < need}
+
 
 @functools.cache
 def _followers() -> dict[str, tuple[str, ...]]:

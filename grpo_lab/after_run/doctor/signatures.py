@@ -11,8 +11,7 @@ from typing import NamedTuple
 
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, already_set, cpus_needed, env_override, now
 from grpo_lab.loglines import FRAME, strip
-from grpo_lab.memory.memplan_remedies import find_remedies
-from grpo_lab.memory.memplan_verdicts import phase_result
+from grpo_lab.memory.memplan_remedies import find_remedies, phase_result
 from grpo_lab.memory.run import Run
 from grpo_lab.registry import Entry, Registry
 
