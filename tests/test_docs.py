@@ -213,7 +213,8 @@ PRESETS = ROOT / "docs" / "presets.md"
 def _section(doc: Path, heading: str) -> str:
     text = doc.read_text()
     start = text.index(heading)
-    return " ".join(text[start:text.index("\n## ", start + 1)].split())
+    end = text.find("\n## ", start + 1)
+    return " ".join(text[start:end if end > 0 else None].split())
 
 
 def _val(job: Path):
@@ -314,6 +315,59 @@ def test_learn_smollm2s_figures_are_its_recorded_runs():
 
 # ---- docs/time_plan.md's figures (issue 44 item 11): each from the calibration table or the recorded run it comes
 # from (`make calibrate` writes benchmarks/gpu/timeplan_calibration.json; the doc rounds as below) ----
+
+def _steady(job: Path, upto: int) -> float:
+    """A run's steady step as benchmarks/gpu/speed_pair.py takes it: the mean of steps 2 to `upto`."""
+    return _steps(job).loc[2:upto].mean()
+
+
+def test_the_speed_settings_figures_are_their_recorded_pairs():
+    text = _section(PRESETS, "## `conf/speed/guide.yaml`")
+    pairs = {"h200": ("2026-12-06-h200-speed/q17lora_guide", "2026-12-06-h200-speed/q17lora_fast"),
+             "17": ("2026-12-06-h100-speed/q17lora_guide", "2026-12-06-h100-speed/q17lora_fit"),
+             "06": ("2026-12-06-h100-speed/q06_guide", "2026-12-06-h100-speed/q06_fit"),
+             "padded": ("2026-12-06-h100-padded/q17lora_guide", "2026-12-06-h100-padded/q17lora_fast"),
+             "06 fast": ("2026-12-06-h100-speed/q06_guide", "2026-12-06-h100-padded/q06_fast")}
+
+    def steady(pair: str) -> list[str]:
+        guide, fast = (RESULTS / j for j in pairs[pair])
+        upto = min(_steps(guide).index.max(), _steps(fast).index.max())
+        g, f = _steady(guide, upto), _steady(fast, upto)
+        return [f"{g:.1f}", f"{f:.1f}", f"{g / f:.2f}"]
+
+    def found(pattern: str) -> list[str]:
+        m = re.search(pattern, text)
+        assert m, pattern
+        return list(m.groups())
+
+    n = r"([\d.]+)"
+    assert found(rf"one H200, back to back with the guide's: {n} -> {n} s steady \({n}x") == steady("h200")
+    assert found(rf"the 1.7B LoRA smoke {n} -> {n} s a step \({n}x\), the 0.6B smoke {n} -> {n} s \({n}x\)") \
+        == steady("17") + steady("06")
+    assert found(r"smoke ran ([\d.]+) -> ([\d.]+) s a step on one\s+H100 \(([\d.]+)x, "
+                 r"`benchmarks/gpu/results/2026-12-06-h100-padded/`") == steady("padded")
+    assert found(r"The 0.6B smoke ran ([\d.]+) -> ([\d.]+) s a step with `speed=fast` \(([\d.]+)x, two holds") \
+        == steady("06 fast")
+    # the preset's pair: its first steps, and the fast side's second
+    guide = _steps(RESULTS / "2026-12-06-h100-preset-guide/p17_guide")
+    fast = _steps(RESULTS / "2026-12-06-h100-preset/p17_fit")
+    assert found(rf"the guide's settings {n} s and `make fit`'s command {n} s for the first step \({n}x; .*?"
+                 rf"the fast side's second step {n} s") == [f"{guide[1]:.1f}", f"{fast[1]:.1f}",
+                                                          f"{guide[1] / fast[1]:.2f}", f"{fast[2]:.1f}"]
+    # the token entropy at step 1 of the two pairs above, and what random weights give: every reward, advantage and
+    # loss 0, so the text compares no loss
+    entropy = [f"{_steps(RESULTS / j, 'actor/entropy').loc[1]:.2f}" for pair in ("17", "06") for j in pairs[pair]]
+    assert found(r"step 1: ([\d.]+) against ([\d.]+), ([\d.]+) against ([\d.]+)\)") == entropy
+    for job in {j for pair in pairs.values() for j in pair}:
+        for metric in ("critic/score/mean", "critic/advantages/max", "actor/pg_loss"):
+            assert (_steps(RESULTS / job, metric) == 0).all(), (job, metric)
+    assert "every reward, advantage and loss in them is 0" in text and "first loss" not in text
+    # the learning it points to is learn_smollm2's, as that section gives it
+    smol = _section(PRESETS, "## `conf/experiment/learn_smollm2.yaml`")
+    default, guide_, start = found(r"validation ([\d.]+) at step 10 at the default speed, ([\d.]+) with `speed=guide`, "
+                                   r"from ([\d.]+)\)")
+    assert f"{start} -> 0.156 -> {default} at steps 0/5/10" in smol and f"{start} -> 0.156 -> {guide_}" in smol
+
 
 TIME_PLAN = ROOT / "docs" / "time_plan.md"
 CALIBRATION = ROOT / "benchmarks" / "gpu" / "timeplan_calibration.json"
