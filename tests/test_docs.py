@@ -466,6 +466,29 @@ def time_plan_disagreements(text: str, table: dict) -> dict[str, str]:
           *{f"{smol['measured_s'][p]:.0f}" for p in ("old_log_prob", "reference")})
     check("fixed passes", r"a fixed cost each \(([\d.]+) s old log-prob, ([\d.]+) s reference",
           *(f"{coef[p]['fixed']:.2f}" for p in ("old_log_prob", "reference")))
+    # the preset's rounds of answers: its plan's KV cache, its trajectories and its answers' measured lengths
+    p17 = RESULTS / "2026-12-06-h100-preset/p17_fit"
+    kv = json.loads((p17 / "plan.json").read_text())["memory"]["kv_cache"]
+    lengths = {m: _steps(p17, f"{m}_length/mean").mean() for m in ("prompt", "response")}
+    from grpo_lab.memory.memplan_phases import answer_rounds
+
+    at_once, rounds = answer_rounds(kv["trajectories_per_replica"], kv["tokens"], sum(lengths.values()), 10**6)
+    check("rounds", r"(\d+) answers of ~([\d,]+) tokens in a ([\d,]+)-token cache, ~(\d+) at once: (\d+) rounds",
+          f"{kv['trajectories_per_replica']}", f"{lengths['response']:,.0f}", f"{kv['tokens']:,}", f"{at_once}",
+          f"{rounds}")
+    # the log-prob passes' seconds a token of the run outside the goal, against the later SmolLM2 runs with verl's
+    # per-token loop, to the nearest 5 µs
+    per_token = {k: [5 * round(j["measured_s"][p] / j["tokens_per_gpu"] * 2e5) for p in ("old_log_prob", "reference")]
+                 for k, j in steady.items() if j["model"] == "smollm2_135m" and not j["fused"]}
+    first = per_token.pop("2026-12-03-smollm2/sweep/job0")
+    later = [v for vals in per_token.values() for v in vals]
+    check("loop first", r"log-prob passes ran at ~(\d+) µs a token where the later SmolLM2 runs with the same loop "
+          r"took (\d+)-(\d+),",
+          *(f"{v}" for v in {*first}), f"{min(later)}", f"{max(later)}")
+    # the profiler's share of a packed update's card time, as the padded pair's results give it
+    got = re.search(r"([\d.]+) s of the ([\d.]+) s that the top 25 kernels took",
+                    (RESULTS / "2026-12-06-h100-padded" / "README.md").read_text())
+    check("packed share", r"~(\d+)% of a packed update's kernel time", f"{float(got[1]) / float(got[2]):.0%}"[:-1])
     validation = [j["validation_s"] for j in jobs.values() if "validation_s" in j]
     check("validation", r"look (\d+)-(\d+) s shorter than it was", f"{min(validation):.0f}", f"{max(validation):.0f}")
     return wrong
@@ -484,7 +507,8 @@ STALE = {"loop": ("~65-70 µs a token in each forward pass and ~145 µs",
          "fused pairs": ("smoke 26.1 / 23.6 s", "smoke 21.9 / 23.6 s"), "sharing others": ("(1.51:", "(1.52:"),
          "H100 smokes": ("1.10-1.32x long", "1.1-1.35x long"), "full steps": ("(seven since", "(six since"),
          "sharing": ("0.303 today", "0.31 today"), "validation": ("2-8 s shorter", "2-9 s shorter"),
-         "assumed": ("35% of its dense", "40% of its dense")}
+         "assumed": ("35% of its dense", "40% of its dense"), "rounds": ("~74 at once", "~75 at once"),
+         "loop first": ("took 75-105,", "took ~80-95,"), "packed share": ("~59% of a packed", "~65% of a packed")}
 
 
 @pytest.mark.parametrize("name", STALE)

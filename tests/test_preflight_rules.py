@@ -460,6 +460,11 @@ def test_side_by_side_jobs_with_a_fifth_each_run_at_once(tmp_path):
     assert planned(proc), proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Joblib.Parallel(n_jobs=3" in proc.stdout + proc.stderr  # Hydra's joblib launcher ran them
     assert len(plans) == 3 and all(p["errors"] == [] for p in plans)
+    # docs/time_plan.md quotes this plan (the README's sweep at today's default speed): alone, and shared by three
+    t = plans[0]["time"]
+    doc = " ".join((ROOT / "docs" / "time_plan.md").read_text().split())
+    assert f"plans that sweep at {t['step_s'] / t['sharing']['factor']:.1f} s a step alone and {t['step_s']:.1f} s " \
+           f"shared by {t['sharing']['jobs_on_card']}" in doc.replace("shared by three", "shared by 3")
     # each job's vLLM cache pinned to the plan's size without typing it, so neighbours starting at once cannot shrink
     # it: in the config verl gets, and the plan (plan.json and the console) says so
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
