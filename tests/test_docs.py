@@ -21,7 +21,7 @@ GPU_README = ROOT / "benchmarks" / "gpu" / "README.md"
 # the pages README's sections moved to, with measured figures (docs/time_plan.md's are also read from their files below:
 # test_the_time_plans_figures_are_its_calibration_tables; docs/presets.md's learn_smollm2 figures: test_learn_*)
 MOVED = [ROOT / "docs" / p for p in ("fit.md", "tasks.md", "launch.md", "emulation.md", "sglang.md", "verl_schema.md",
-                                     "presets.md", "time_plan.md")]
+                                     "presets.md", "time_plan.md", "memory_plan.md")]
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 # a number with a unit of time, memory or share, or an accuracy going from one value to another
 FIGURE = re.compile(r"\d[\d,.]*\s?(?:ms|s|min|GB|GiB|MB|MiB|%|tokens/s)(?![\w/])|\d\.\d+\s?->\s?\d\.\d+")
@@ -367,6 +367,64 @@ def test_the_speed_settings_figures_are_their_recorded_pairs():
     default, guide_, start = found(r"validation ([\d.]+) at step 10 at the default speed, ([\d.]+) with `speed=guide`, "
                                    r"from ([\d.]+)\)")
     assert f"{start} -> 0.156 -> {default} at steps 0/5/10" in smol and f"{start} -> 0.156 -> {guide_}" in smol
+
+
+MEMORY_PLAN = ROOT / "docs" / "memory_plan.md"
+
+
+def memory_plan_disagreements(text: str) -> dict[str, str]:
+    """{figure: what docs/memory_plan.md says against what its file or constant gives}, as time_plan_disagreements."""
+    from grpo_lab.memory import calibration, memplan
+
+    text = " ".join(text.split())
+    table = calibration.table()
+    wrong = {}
+
+    def check(name: str, pattern: str, *expected: str):
+        m = re.search(pattern, text)
+        if not m or m.groups() != expected:
+            wrong[name] = f"{m.group(0) if m else pattern!r}: the file gives {expected}"
+
+    check("margins", r"UNMEASURED_MARGIN, (\d+)%, where no run measured it; .*?`tight` above (\d+)% of the card",
+          f"{calibration.UNMEASURED_MARGIN:.0%}"[:-1], f"{memplan.TIGHT_FRACTION:.0%}"[:-1])
+    # reserved above allocated: the largest share over the recorded runs, and the model it was
+    over = max((j["training"]["reserved_gb"] / j["training"]["allocated_gb"] - 1, j["model"]) for j in table["jobs"]
+                if (j.get("training") or {}).get("allocated_gb"))
+    check("reserved", r"what it reserves above, up to (\d+)% on the ([\d.]+)B preset", f"{over[0]:.0%}"[:-1],
+          over[1].removeprefix("qwen3_").replace("_", ".").upper().removesuffix("B"))
+    margins = [calibration.margin_of(q["training"]) for q in table["regimes"].values()
+               if (q.get("training") or {}).get("runs")]
+    check("unmeasured", r"is about (\w+) the largest margin of a measured regime \((\d+)% today",
+          "twice" if round(calibration.UNMEASURED_MARGIN / max(margins)) == 2 else "?", f"{max(margins):.0%}"[:-1])
+    update = [b["ratio"] for b in table["bench"] if b["what"] == "update"]
+    check("update peaks", r"the update peak ([\d.]+)-([\d.]+) of measured, `bench`", f"{min(update):.3f}",
+          f"{max(update):.3f}")
+    # the reference left on the card: the SmolLM2 variants' first-step allocated peaks, with a reference and without
+    first = {}
+    for cfg in (RESULTS / "2026-12-03-smollm2-variants-lora").glob("*/job*/verl_config.yaml"):
+        verl = yaml.safe_load(cfg.read_text())
+        ref = verl["actor_rollout_ref"]["actor"]["use_kl_loss"] or verl["algorithm"]["use_kl_in_reward"]
+        first.setdefault(bool(ref), []).append(_steps(cfg.parent, "actor/perf/max_memory_allocated_gb").loc[1])
+    check("reference", r"with a reference is ([\d.]+) GiB \(its fp32 weights\) above the (\w+) without",
+          f"{first[True][0] - max(first[False]):.2f}", WORDS[len(first[False])] if len(set(first[False])) == 1 else "?")
+    return wrong
+
+
+def test_the_memory_plans_figures_are_its_files():
+    assert memory_plan_disagreements(MEMORY_PLAN.read_text()) == {}
+
+
+MEMORY_STALE = {"margins": ("UNMEASURED_MARGIN, 25%", "UNMEASURED_MARGIN, 20%"), "reserved": ("up to 24%", "up to 18%"),
+                "unmeasured": ("(12% today", "(15% today"), "update peaks": ("0.987-1.027", "0.98-1.02"),
+                "reference": ("is 0.51 GiB", "is 0.55 GiB")}
+
+
+@pytest.mark.parametrize("name", MEMORY_STALE)
+def test_a_planted_wrong_memory_plan_figure_is_found(name):
+    now, then = MEMORY_STALE[name]
+    text = " ".join(MEMORY_PLAN.read_text().split())
+    assert now in text, name
+    assert list(memory_plan_disagreements(text.replace(now, then, 1))) == [name]
 
 
 TIME_PLAN = ROOT / "docs" / "time_plan.md"
