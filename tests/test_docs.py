@@ -369,6 +369,36 @@ def test_the_speed_settings_figures_are_their_recorded_pairs():
     assert f"{start} -> 0.156 -> {default} at steps 0/5/10" in smol and f"{start} -> 0.156 -> {guide_}" in smol
 
 
+def test_the_moved_pages_measured_figures_are_their_files():
+    """The measured figures of docs/tasks.md, docs/emulation.md and docs/verl_schema.md, read from their files."""
+    warmup = RESULTS / "2026-12-02" / "warmup"
+    run, vllm = (json.loads((warmup / f).read_text()) for f in ("grpo_lab_warmup.json", "vllm_tiny-qwen3-sft.json"))
+    wall = re.search(r"real\s+(\d+)m([\d.]+)s", (warmup / "warmup.log").read_text())
+    after = run["after"]
+    said = f"{run['steps']} steps of {run['batch_size']}, {run['train_seconds']:.0f} s of training " \
+           f"({60 * int(wall[1]) + float(wall[2]):.0f} s with start-up): greedy accuracy {after['greedy_acc']:.2f}, " \
+           f"sampled {after['sampled_acc']:.2f}, {after['mixed_groups']:.0%} of prompts with mixed draws " \
+           f"(vLLM agrees: {vllm['greedy']['acc']:.2f} / {vllm['sampled']['acc']:.2f})"
+    assert said in _flat(ROOT / "docs" / "tasks.md"), said
+    # the emulation: the H200 as its hardware option gives it, the trainer's memory outside torch's allocator
+    from grpo_lab.memory import calibration
+
+    real = yaml.safe_load((ROOT / "conf" / "hardware" / "h200x4_as_rtx4080x4.yaml").read_text())
+    real = real["lab"]["hardware"]["emulate"]["real_gpu_memory_gb"]
+    ctx = calibration.table()["trainer_context_gb"]
+    emulation = _flat(ROOT / "docs" / "emulation.md")
+    for quoted in (f"runs on four H200 ({real} GB)", f"0.4 x 32 / {real} = {0.4 * 32 / real:.4f}",
+                   f"i.e. {0.4 * 32:.1f} GiB", f"per_process_memory_fraction:{32 / real:.6f}",
+                   f"the trainer's measured {ctx['min']:.2f}-{ctx['max']:.2f} GB on the H200"):
+        assert quoted in emulation, quoted
+    # the schema cache: the recorded table of benchmarks/README.md
+    row = re.search(r"\| before \| ([\d.]+) s \|.*?\| after \| ([\d.]+) s \| ([\d.]+) s",
+                    (ROOT / "benchmarks" / "README.md").read_text(), re.S)
+    said = f"waits {float(row[3]):.1f} s for the child; a later `python run.py` with a mistake is refused as fast as " \
+           f"before ({row[2]} against {row[1]} s"
+    assert said in _flat(ROOT / "docs" / "verl_schema.md"), said
+
+
 MEMORY_PLAN = ROOT / "docs" / "memory_plan.md"
 
 
