@@ -112,6 +112,19 @@ def test_the_smoke_time_is_its_status_json():
     assert round(json.loads((ROOT / m.group(2)).read_text())["wall_s"]) == int(m.group(1))
 
 
+def test_the_side_by_side_sweeps_kv_caches_are_its_logs():
+    """README: one job of the recorded side-by-side sweep got a small KV cache while the others got the planned size."""
+    m = re.search(r"That sweep ran so on one H200 \(`(benchmarks/gpu/results/[^`]+)`\)\. There one job's vLLM measured "
+                  r"the card while its neighbours were loading and got a ([\d.]+) GiB KV cache instead of ~(\d+) "
+                  r"\(`(sweep/job\d)/train\.log`\)", _flat(README))
+    assert m, "the sweep's sentence"
+    sweep = ROOT / m.group(1)
+    kv = {j.name: float(re.search(r"Available KV cache memory: ([\d.]+) GiB", (j / "train.log").read_text())[1])
+          for j in sorted((sweep / "sweep").glob("job*"))}
+    small = kv.pop(m.group(4).split("/")[1])
+    assert (f"{small:.2f}", f"{min(kv.values()):.0f}") == m.group(2, 3) and len(kv) == 2
+
+
 def test_the_emulated_oom_names_its_phase_and_that_phases_verdict():
     para = next(p for _, p in paragraphs(GPU_README) if "The emulated 32 GB card stopped" in p)
     m = re.search(r"stopped the 1\.7B smoke in the (optimizer step) of (training), a phase the plan called `(\w+)`",
