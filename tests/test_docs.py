@@ -334,6 +334,31 @@ def _steady(job: Path, upto: int) -> float:
     return _steps(job).loc[2:upto].mean()
 
 
+def test_the_variants_smoke_figures_are_their_recorded_runs():
+    """docs/presets.md's smoke_smollm2: the variants' steps, DAPO's evicted groups and the generation times."""
+    text = _section(PRESETS, "## `conf/experiment/smoke_smollm2.yaml`")
+    m = re.search(r"\(`(benchmarks/gpu/results/[^`]+)`\): grpo, dr_grpo and gspo exit 0 in (\d) steps; dapo's first "
+                  r"step evicted (\d+) groups whose (\d) answers all scored the same .*?\(gen (\d+) s against "
+                  r"(\d+)-(\d+) s\)", text)
+    assert m, text
+    jobs = {}
+    for cfg in (ROOT / m.group(1)).glob("*/job*/verl_config.yaml"):
+        verl = yaml.safe_load(cfg.read_text())
+        actor = verl["actor_rollout_ref"]["actor"]
+        name = ("dapo" if verl["algorithm"]["filter_groups"]["enable"] else "gspo"
+                if actor["policy_loss"]["loss_mode"] == "gspo" else "dr_grpo"
+                if actor["loss_agg_mode"] == "seq-mean-token-sum-norm" else "grpo")  # each variant's own setting
+        jobs[name] = (cfg.parent, verl)
+    others = [jobs[k][0] for k in ("grpo", "dr_grpo", "gspo")]
+    assert all(json.loads((j / "status.json").read_text())["status"] == "ok" and len(_steps(j)) == int(m.group(2))
+               for j in others)
+    dapo, verl = jobs["dapo"]
+    gen = [t for j in others for t in _steps(j, "timing_s/gen")]
+    evicted, dapo_gen = (_steps(dapo, k).loc[1] for k in ("training/filter_groups/evicted_samples", "timing_s/gen"))
+    assert m.group(3, 4, 5, 6, 7) == (f"{evicted:.0f}", f"{verl['actor_rollout_ref']['rollout']['n']}",
+                                      f"{dapo_gen:.0f}", f"{min(gen):.0f}", f"{max(gen):.0f}")
+
+
 def test_the_speed_settings_figures_are_their_recorded_pairs():
     text = _section(PRESETS, "## `conf/speed/guide.yaml`")
     pairs = {"h200": ("2026-12-06-h200-speed/q17lora_guide", "2026-12-06-h200-speed/q17lora_fast"),
