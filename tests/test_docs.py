@@ -359,6 +359,23 @@ def test_the_variants_smoke_figures_are_their_recorded_runs():
                                       f"{dapo_gen:.0f}", f"{min(gen):.0f}", f"{max(gen):.0f}")
 
 
+def test_the_temperature_figures_are_their_files():
+    """docs/presets.md's smoke_smollm2: learn_smollm2 at temperature 1 on a GPU, and the CPU probe at 0.7."""
+    text = _section(PRESETS, "## `conf/experiment/smoke_smollm2.yaml`")
+    m = re.search(r"validation accuracy ([\d.]+) -> ([\d.]+) in (\d+) steps at lr (\S+), "
+                  r"`(benchmarks/gpu/results/[^`]+)`\).*?more mixed groups at ([\d.]+) \((\d+)% of prompts\)", text)
+    assert m, text
+    job = ROOT / m.group(5)
+    verl = yaml.safe_load((job / "verl_config.yaml").read_text())
+    val = _val(job)
+    assert m.group(1, 2, 3) == (f"{val.iloc[0]:.3f}", f"{val.iloc[-1]:.3f}", f"{val.index.max()}")
+    assert float(m.group(4)) == verl["actor_rollout_ref"]["actor"]["optim"]["lr"]
+    assert verl["actor_rollout_ref"]["rollout"]["temperature"] == 1.0
+    probe = json.loads((ROOT / "benchmarks" / "smollm2_probe.json").read_text())["results"]
+    row = next(r for r in probe if (r["task"], r["style"], r["temperature"]) == ("mixed", "oneshot", float(m.group(6))))
+    assert f"{row['mixed_score']:.0%}" == m.group(7) + "%"
+
+
 def test_the_speed_settings_figures_are_their_recorded_pairs():
     text = _section(PRESETS, "## `conf/speed/guide.yaml`")
     pairs = {"h200": ("2026-12-06-h200-speed/q17lora_guide", "2026-12-06-h200-speed/q17lora_fast"),
