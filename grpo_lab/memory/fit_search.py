@@ -1,8 +1,8 @@
 """The fit's search: how one setting is judged (`FitContext.eval`: every phase's peak and verdict from the memory plan,
 and by how much it misses its target; `FitContext.time`: the time plan); combinations of up to MAX_COMBO moves
 (grpo_lab/memory/fit_moves.py) plus a greedy path with the moves it did not need pruned, the cheapest fitting state
-first (`search`); LoRA as the start of a second search; and,
-when nothing fits these cards, what would (`way_out`: a bigger card, more GPUs, LoRA, a smaller model of conf/model/).
+first (`search`); LoRA as the start of a second search; and, when nothing fits these cards, what would (`way_out`: a
+bigger card, more GPUs, LoRA, a smaller model of conf/model/).
 """
 
 from __future__ import annotations
