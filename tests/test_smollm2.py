@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -146,6 +147,29 @@ def test_presets_pass_the_preflight_through_run_py(preset, converted, tmp_path):
         assert verl["trainer"]["total_training_steps"] == 20
         assert verl["actor_rollout_ref"]["actor"]["optim"]["lr"] == 3e-5  # the sweep's winner
         assert verl["data"]["train_batch_size"] * verl["actor_rollout_ref"]["rollout"]["n"] == 512
+
+
+@needs_package
+def test_the_presets_prompt_lengths_are_what_the_docs_say(converted, tmp_path):
+    """The prompt lengths docs/presets.md and conf/experiment/countdown_smollm2.yaml give, measured as the preflight's
+    rule prompts_too_long measures them: SmolLM2's chat template over every training prompt of the data commands."""
+    from grpo_lab import facts
+
+    docs = " ".join((ROOT / "docs" / "presets.md").read_text().split())
+    said = {"arith": re.search(r"`max_prompt_length` \(256, smoke_tiny's\): the one-shot prompt with SmolLM2's default "
+                               r"system line is (\d+-\d+) tokens", docs),
+            "countdown": re.search(r"countdown_smollm2.yaml`.*?`max_prompt_length`: the one-shot prompt with SmolLM2's "
+                                   r"default system line is (\d+-\d+) tokens", docs)}
+    for task, m in said.items():
+        assert m, task
+        out = tmp_path / task
+        made = subprocess.run([sys.executable, "-m", f"grpo_lab.tasks.{task}", "--out", str(out)], cwd=ROOT, text=True,
+                              capture_output=True, timeout=120)
+        assert made.returncode == 0, made.stderr
+        lengths = facts.prompt_lengths(str(converted[0]), (str(out / "train.parquet"),), "prompt", {})
+        assert m.group(1) == f"{min(lengths)}-{max(lengths)}", task
+    conf = (ROOT / "conf" / "experiment" / "countdown_smollm2.yaml").read_text()
+    assert f"system line is {said['countdown'].group(1)} tokens" in conf
 
 
 def test_missing_package_is_a_clear_error_and_writes_nothing(tmp_path, monkeypatch, capsys):
