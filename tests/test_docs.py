@@ -376,6 +376,28 @@ def test_the_temperature_figures_are_their_files():
     assert f"{row['mixed_score']:.0%}" == m.group(7) + "%"
 
 
+def test_the_presets_memory_arithmetic_is_the_plans():
+    """docs/presets.md's vLLM shares and weights are what the memory plan computes for those options (GB = 1e9 bytes;
+    a card of `gpu_memory_gb: 32` is 32 GiB, as CUDA reports it)."""
+    from conftest import compose_split
+
+    from grpo_lab.memory.run import Run
+
+    text = " ".join(PRESETS.read_text().split())
+    guide = Run.build(*compose_split())  # 4x RTX 4080 32 GB, rollout=tp1_mem04
+    small = Run.build(*compose_split("hardware=rtx4080_16gbx4"))
+    lora = Run.build(*compose_split("model=qwen3_8b_lora"))
+    card = small.settings.card_gb * 2**30 / 1e9  # the 16 GiB card in GB, as vLLM's budget takes it
+    assert small.memory["kv_cache"]["budget_gb"] == round(0.4 * card, 2)
+    for quoted in (f"0.4 x 32 GiB = {guide.memory['kv_cache']['budget_gb']:.2f} GB for vLLM's weights",
+                   f"the guide's util 0.4 leaves {card * 0.6:.2f} GB for training",
+                   f"8B in bf16 is {2 * lora.model.arch.params / 1e9:.1f} GB: more than one card's 0.4 x 32 GiB = "
+                   f"{guide.memory['kv_cache']['budget_gb']:.2f} GB for vLLM",
+                   f"8B weights split over 2 cards: {lora.memory['kv_cache']['vllm_weights_gb']:.1f} GB each"):
+        assert quoted in text, quoted
+    assert lora.settings.tp == 2 and guide.settings.tp == 1
+
+
 def test_the_speed_settings_figures_are_their_recorded_pairs():
     text = _section(PRESETS, "## `conf/speed/guide.yaml`")
     pairs = {"h200": ("2026-12-06-h200-speed/q17lora_guide", "2026-12-06-h200-speed/q17lora_fast"),
