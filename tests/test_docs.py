@@ -123,6 +123,9 @@ def test_the_side_by_side_sweeps_kv_caches_are_its_logs():
           for j in sorted((sweep / "sweep").glob("job*"))}
     small = kv.pop(m.group(4).split("/")[1])
     assert (f"{small:.2f}", f"{min(kv.values()):.0f}") == m.group(2, 3) and len(kv) == 2
+    # docs/after_run.md quotes the same run for make report's KV cache check
+    assert f"one got {small:.2f} GiB instead of ~{min(kv.values()):.0f} (`{m.group(1).rstrip('/')}/`)" \
+        in _flat(ROOT / "docs" / "after_run.md")
 
 
 def test_the_emulated_oom_names_its_phase_and_that_phases_verdict():
@@ -396,6 +399,23 @@ def test_the_presets_memory_arithmetic_is_the_plans():
                    f"8B weights split over 2 cards: {lora.memory['kv_cache']['vllm_weights_gb']:.1f} GB each"):
         assert quoted in text, quoted
     assert lora.settings.tp == 2 and guide.settings.tp == 1
+
+
+def test_the_engines_budgets_are_the_plans():
+    """docs/sglang.md's vLLM and SGLang budgets for Qwen3-1.7B on the course machine are what the plan computes."""
+    from conftest import compose_split
+
+    from grpo_lab.memory.run import Run
+
+    vllm, sglang = (Run.build(*compose_split("model=qwen3_1_7b", *extra)).memory["kv_cache"]
+                    for extra in ((), ("rollout=sglang_tp1_mem04",)))
+    rule = re.search(r"free at engine start \(([\d.]+) GB card - ([\d.]+) GB already held\)", sglang["budget_rule"])
+    card, held = (float(x) for x in rule.groups())
+    said = (f"vLLM 0.4 x {card:.2f} = {vllm['budget_gb']:.2f} GB with its activations inside; SGLang 0.4 x "
+            f"({card:.2f} - {held:.2f} GB held) = {sglang['budget_gb']:.1f} GB for weights and KV, plus "
+            f"~{sglang['vllm_activation_gb'] + sglang['cudagraph_gb']:.1f} GB of activations on top")
+    assert said in _flat(ROOT / "docs" / "sglang.md"), said
+    assert sglang["engine"] == "sglang" and vllm["engine"] == "vllm"
 
 
 def test_the_speed_settings_figures_are_their_recorded_pairs():
