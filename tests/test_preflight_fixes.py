@@ -468,3 +468,17 @@ def test_a_kv_cache_pin_too_big_gets_a_fix_of_that_pin(tmp_path):
     assert e["checked"].startswith("re-checked: the preflight passes") and f"fix: {e['fix']}" in bad.stdout
     good = run_py(*argv, e["fix"], f"hydra.run.dir={tmp_path / 'good'}")
     assert planned(good), good.stdout[-3000:] + good.stderr
+
+
+def test_the_plans_lora_remedy_appended_as_typed_passes_the_lora_rules(tmp_path):
+    """The memory plan's LoRA remedy (plan.json `remedies`, the doctor's memory advice) on an FSDP1 actor carries FSDP2:
+    appended to the command, no LoRA rule refuses it (without it, lora_fsdp1_adapter did, peft >= 0.21)."""
+    argv = ["model=qwen3_4b", "hardware=rtx4080_16gbx4", "preflight.only=true"]
+    bad = run_py(*argv, f"hydra.run.dir={tmp_path / 'bad'}")
+    assert "Traceback" not in bad.stdout + bad.stderr, bad.stderr[-3000:]
+    plan = json.loads((tmp_path / "bad" / "plan.json").read_text())
+    (lora,) = [r["override"] for r in plan["memory"]["remedies"]["training"] if "lora_rank=64" in r["override"]]
+    assert "actor_rollout_ref.actor.strategy=fsdp2" in lora
+    good = run_py(*argv, *shlex.split(lora), f"hydra.run.dir={tmp_path / 'good'}")
+    after = json.loads((tmp_path / "good" / "plan.json").read_text())
+    assert not [e["rule"] for e in after["errors"] if e["rule"].startswith("lora_")], good.stdout[-3000:]

@@ -16,15 +16,15 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.labconf import Lab
 from grpo_lab.memory import memplan, timeplan
+from grpo_lab.memory import memplan_remedies as remedies
 from grpo_lab.memory.fit_moves import BY_ID, GB, MARGIN, MOVES, PHASES, RANK, REQUIRED, SPEED_MOVES, Eval, Move, tp_ok
 from grpo_lab.memory.settings import settings_after, spelled
 from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.progress import progress
 from grpo_lab.verl_keys import A
 
-# LoRA as conf/model/qwen3_8b_lora.yaml sets it; FSDP2: with FSDP1 verl 0.9.1 sends vLLM an empty adapter (peft >= 0.21)
-LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors",
-        A + "actor.strategy": "fsdp2"}
+# LoRA as conf/model/qwen3_8b_lora.yaml sets it, on FSDP2 (memory/memplan_remedies.py: the remedies' LoRA)
+LORA = remedies.LORA | remedies.FSDP2
 MAX_COMBO = 3
 
 

@@ -17,14 +17,17 @@ from grpo_lab.memory.settings import settings_after
 from grpo_lab.verl_keys import A
 
 # verl's LoRA example (and conf/model/qwen3_8b_lora.yaml): rank 64 on all linear layers, safetensors loading for vLLM;
-# for models above 6B also the frozen base and the adapters' Adam state to RAM
+# for models above 6B also the frozen base and the adapters' Adam state to RAM; FSDP2 where the actor is FSDP1 (with
+# FSDP1 and peft >= 0.21 verl 0.9.1 sends vLLM an empty adapter: rule lora_fsdp1_adapter)
 LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors"}
 OFFLOAD = {A + "actor.fsdp_config.param_offload": True, A + "actor.fsdp_config.optimizer_offload": True}
+FSDP2 = {A + "actor.strategy": "fsdp2"}
 
 
-def lora_changes(arch: Arch) -> list[Change]:
-    """verl's LoRA example as changes, with offload for a model above 6B."""
-    return [Change(k, v) for k, v in (LORA | (OFFLOAD if arch.params > 6e9 else {})).items()]
+def lora_changes(arch: Arch, s: Settings) -> list[Change]:
+    """verl's LoRA example as changes, with offload for a model above 6B and FSDP2 for an FSDP1 actor."""
+    return [Change(k, v) for k, v in (LORA | (OFFLOAD if arch.params > 6e9 else {})
+                                      | (FSDP2 if s.strategy == "fsdp" else {})).items()]
 
 
 def phase_result(arch: Arch, s: Settings, phase: str) -> tuple[float, str]:
@@ -84,7 +87,7 @@ def candidates(arch: Arch, s: Settings) -> list[tuple[list[Change], Settings]]:
     if not s.optimizer_offload:
         out.append([Change(A + "actor.fsdp_config.optimizer_offload", True)])
     if s.lora_rank == 0:
-        out.append(lora_changes(arch))
+        out.append(lora_changes(arch, s))
     tp2 = s.tp * 2
     if s.n_gpus % tp2 == 0 and arch.num_attention_heads % tp2 == 0:
         out.append([Change("rollout_tp", tp2)])

@@ -229,7 +229,7 @@ def full_finetune_too_big(c: Ctx) -> Iterable[Problem]:
     state_full = plan["actor_state_full_gb_per_gpu"]
     if s.lora_rank == 0 and state_full > memplan.TIGHT_FRACTION * s.card_gb:
         big = arch.params > 6e9
-        pointer = text(memplan.lora_changes(arch))
+        pointer = text(memplan.lora_changes(arch, s))
         yield oom(f"full fine-tuning of a {arch.params / 1e9:.1f}B-parameter model needs 16 B per parameter for its "
                   f"weights, gradients and Adam state: {state_full:.1f} GB per GPU over {s.fsdp} GPUs, against "
                   f"{s.card_gb:g} GB cards, before any activation. verl loads all of it for the update even with "
