@@ -132,6 +132,7 @@ def settings_after(s: Settings, changes: Iterable[Change] | Mapping[str, Any],
                     todo.append(f)
     return replace(s, **new)
 
+
 def one_sequence(s: Settings) -> dict[str, int]:
     """The dynamic token budgets below one sequence of prompt + response (over Ulysses SP), raised to one: verl
     asserts it (rule token_budget). {verl key: value}; {} when all hold one."""
