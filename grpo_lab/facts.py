@@ -228,11 +228,14 @@ def _lab(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
 
 
 def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
-    """The lab.model of the conf/model option whose model_path or hub_id is `path` (as written: an interpolation is no
-    match): the option `chosen` when it is one, else the first in name order; None."""
+    """The lab.model of the conf/model option whose model_path or hub_id is `path` (as written, with
+    `${hydra:runtime.cwd}` put in; another interpolation is no match): the option `chosen` when it is one, else the
+    first in name order; None."""
     def plans(doc: Mapping[str, Any]) -> bool:
         model = _lab(doc, "model")
-        return bool(path and model.get("name") and path in (doc.get("model_path"), model.get("hub_id")))
+        # Hydra's launch folder is the working directory (conf/config.yaml: hydra.job.chdir false)
+        written = str(doc.get("model_path") or "").replace("${hydra:runtime.cwd}", os.getcwd())
+        return bool(path and model.get("name") and path in (written, model.get("hub_id")))
 
     def docs() -> Iterator[dict[str, Any]]:  # the others are composed only when the chosen one does not plan it
         if chosen:

@@ -62,10 +62,13 @@ def test_a_hardware_options_card_is_the_one_its_defaults_list_brings():
     assert facts.hardware_card_gb("no_such_hardware") is None
 
 
-def test_the_model_option_of_a_model_path():
+def test_the_model_option_of_a_model_path(monkeypatch):
     assert facts.model_group("Qwen/Qwen3-4B-Base")["name"] == "qwen3_4b_base"
     assert facts.model_group("Qwen/Qwen3-0.6B", "qwen3_1_7b")["name"] == "qwen3_0_6b"  # the chosen one does not match
-    assert facts.model_group(str(ROOT / "data" / "smollm2-135m-instruct")) is None  # written ${hydra:runtime.cwd}/...
+    # written ${hydra:runtime.cwd}/data/...: the folder run.py is launched from
+    monkeypatch.chdir(ROOT)
+    assert facts.model_group(str(ROOT / "data" / "smollm2-135m-instruct"))["name"] == "smollm2_135m"
+    assert facts.model_group("/elsewhere/data/smollm2-135m-instruct") is None
     assert facts.model_group("someone/Unknown-7B") is None
     assert facts.model_group_of_folder("smollm2-135m-instruct")["name"] == "smollm2_135m"
     assert facts.model_group_of_folder("Qwen3-8B")["name"] == "qwen3_8b_lora"

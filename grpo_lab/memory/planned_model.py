@@ -62,6 +62,8 @@ def _model_files(cfg: VerlView, lab: Lab, environ: Mapping[str, str]) -> Planned
     # the job's own model option names this model: its facts are the job's lab.model, composed from that option
     own = bool(path and group.get("name") and path == group.get("hub_id"))
     known = group if own else facts.model_group(path, group.get("name") or "")
+    if known and known.get("name") == group.get("name"):  # the job's own option, by its model_path: as the job has it
+        known = group
     info = dict(known) if known else group
     local = Path(os.path.expanduser(path)) if path else None
     notes: list[str] = []
