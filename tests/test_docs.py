@@ -18,10 +18,9 @@ from grpo_lab.after_run import metrics as M
 
 README = ROOT / "README.md"
 GPU_README = ROOT / "benchmarks" / "gpu" / "README.md"
-# the pages README's sections moved to, with measured figures (docs/time_plan.md's are also read from their files below:
+# every docs/ page, with measured figures (docs/time_plan.md's figures are also read from their files below:
 # test_the_time_plans_figures_are_its_calibration_tables; docs/presets.md's learn_smollm2 figures: test_learn_*)
-MOVED = [ROOT / "docs" / p for p in ("fit.md", "tasks.md", "launch.md", "emulation.md", "sglang.md", "verl_schema.md",
-                                     "presets.md", "time_plan.md", "memory_plan.md")]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 # a number with a unit of time, memory or share, or an accuracy going from one value to another
 FIGURE = re.compile(r"\d[\d,.]*\s?(?:ms|s|min|GB|GiB|MB|MiB|%|tokens/s)(?![\w/])|\d\.\d+\s?->\s?\d\.\d+")
@@ -50,7 +49,7 @@ def resolve(cited: str, doc: Path) -> Path:
     return (ROOT if cited.startswith("benchmarks/") else doc.parent) / cited
 
 
-@pytest.mark.parametrize("doc", [README, GPU_README, *MOVED], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("doc", [README, GPU_README, *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_measured_figure_names_its_recorded_file(doc):
     seen = 0
     for heading, para in paragraphs(doc):
@@ -73,7 +72,7 @@ def test_a_planted_unrecorded_measurement_is_found(tmp_path):
     assert flagged == ["Measured on the 2-core CPU machine: the tests took 8 min 16 s."]
 
 
-@pytest.mark.parametrize("doc", [README, GPU_README, *MOVED], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("doc", [README, GPU_README, *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_cited_file_exists(doc):
     cited = {c for _, para in paragraphs(doc) for c in CITED.findall(para)}
     missing = sorted(c for c in cited if not resolve(c, doc).exists())
