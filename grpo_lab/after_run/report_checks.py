@@ -28,6 +28,7 @@ PPO_KL_WARN, PPO_KL_BAD = 0.05, 0.20
 ENTROPY_FLOOR = 0.05  # nats: "fell to zero"
 ENTROPY_RATIO_WARN, ENTROPY_RATIO_BAD = 0.6, 0.3  # end / start
 MEM_WARN, MEM_BAD = 0.85, 0.95  # of the card
+MEM_ROOM = 0.5  # below this share of the card, the check points at make fit's moves for time
 PROBS_DIFF_MARGIN = 0.2  # warn this share above the largest steady value of the recorded runs (recorded_probs_diff)
 PROBS_DIFF_FAQ = 0.005  # verl's FAQ (rollout vs training precision): the threshold where no run is recorded
 RECORDED = facts.ROOT / "benchmarks" / "gpu" / "results"
@@ -434,7 +435,7 @@ def check_memory(run: RunInfo) -> Check:
                                          "Its verdicts may be off for this configuration: copy the job folder under "
                                          "benchmarks/gpu/results/ and run make calibrate.")
     tip, left = "", _speed_moves_left(run)
-    if frac < 0.5 and left:
+    if frac < MEM_ROOM and left:
         from grpo_lab.checks.plan_text import fit_command
 
         what = ", ".join(left[:-1]) + " and " * (len(left) > 1) + left[-1]

@@ -13,6 +13,7 @@ from grpo_lab.checks.rules.batch import num as _num
 from grpo_lab.memory import timeplan
 
 PHASES = ("generation", "training", "weight_sync")
+OK_LINES = 25  # an OK plan's console, at most (tests/test_plan_text.py)
 
 
 def console(r: Any, job_dir: Path, changed: int, verbose: bool, sweep: bool) -> str:

@@ -25,6 +25,7 @@ from grpo_lab.loglines import strip
 GRACE_S = 5.0        # after a fatal line, verl's own error may still end the job: wait this long before stopping it
 INTERVAL_S = 1.0     # how often the log is read
 KILL_WAIT_S = 10.0   # after the TaskRunner is killed, how long verl's driver may take to return before SIGINT
+ENDS_WITHIN_S = 30.0  # the job ends at most this long after a fatal line (the waits above, then Ray's shutdown)
 
 
 class EngineDied(RuntimeError):

@@ -20,6 +20,7 @@ FORMAT_VERSION = 1
 STAMP = "grpo_lab_countdown.json"
 DATA_SOURCE = "countdown"
 MAX_NUMBER = 99
+SIZES = (3, 4)  # how many numbers a problem has, drawn alike
 # every intermediate value of a generating expression stays in 1..MAX_VALUE (a 135M model does small arithmetic)
 MAX_VALUE = 999
 ONESHOT = ("Use the numbers to make the target with +, -, * and /; use each number at most once. "
@@ -55,7 +56,7 @@ def _combine(left: tuple, right: tuple, op: str) -> tuple | None:
 def problem(rng: random.Random) -> tuple[list[int], int, str]:
     """(numbers, target, expression) of one random problem: the expression uses every number once."""
     while True:
-        numbers = [rng.randint(1, MAX_NUMBER) for _ in range(rng.choice((3, 4)))]
+        numbers = [rng.randint(1, MAX_NUMBER) for _ in range(rng.choice(SIZES))]
         pool = [(str(n), n, 3) for n in numbers]
         while len(pool) > 1:
             i, j = rng.sample(range(len(pool)), 2)

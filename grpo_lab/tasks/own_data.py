@@ -51,6 +51,7 @@ so a bad input never leaves half-written or mixed outputs; existing outputs are 
 DEFAULT_SOURCE = "own_qa"
 DEFAULT_ABILITY = "qa"
 FORMATS = (".jsonl", ".csv", ".parquet")
+TEST_FRACTION = 0.1  # held out as test without --test-input
 # how many examples a warning lists
 _SHOW = 3
 
@@ -259,7 +260,7 @@ def _uniform_extra(rows: list[dict]) -> None:
 
 
 def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
-                test_input: str | os.PathLike | None = None, test_fraction: float = 0.1, seed: int = 0,
+                test_input: str | os.PathLike | None = None, test_fraction: float = TEST_FRACTION, seed: int = 0,
                 question_field: str = "question", answer_field: str = "answer", instruction: str | None = None,
                 data_source: str = DEFAULT_SOURCE, ability: str = DEFAULT_ABILITY, keep_duplicates: bool = False,
                 force: bool = False, encoding: str | None = None) -> Result:
@@ -300,7 +301,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--out", default="data/own_qa",
                    help="output folder (default: data/own_qa, what dataset=own_qa reads)")
     p.add_argument("--test-input", default=None, help="test pairs in their own file (else --test-fraction of --input)")
-    p.add_argument("--test-fraction", type=float, default=0.1, help="share held out as test (default 0.1)")
+    p.add_argument("--test-fraction", type=float, default=TEST_FRACTION,
+                   help=f"share held out as test (default {TEST_FRACTION:g})")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/test shuffle (default 0)")
     p.add_argument("--question-field", default="question", help="the question's field or column (default: question)")
     p.add_argument("--answer-field", default="answer", help="the answer's field or column (default: answer)")

@@ -40,6 +40,7 @@ PUBLISHED_B = {"0_6b": (0.6, 0.44), "1_7b": (1.7, 1.4), "4b": (4.0, 3.6), "8b": 
 
 VOCAB_SIZE = 151936
 REGULAR_TOKENS = 151643  # Qwen3's: <|endoftext|> is the first added token, at 151643
+SHARD_SIZE = "5GB"  # safetensors shards, as Qwen publishes them
 LETTERS = "etaoinshrdlcumwfgypbvkjxqz"  # by English frequency: the first merges are the likeliest
 
 
@@ -169,7 +170,7 @@ def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, dev
         mark = (f"{MARK}: seeded random init (seed {seed}) of Qwen3's {size.replace('_', '.')} architecture"
                 + (" (reduced)" if is_reduced else "") + " by grpo_lab.tasks.qwen3_random; rewards and validation "
                 "scores mean nothing")
-        info["params"] = tiny.build_model(arch, tok, seed, tmp, device=device, max_shard_size="5GB",
+        info["params"] = tiny.build_model(arch, tok, seed, tmp, device=device, max_shard_size=SHARD_SIZE,
                                           config_extra={MARK_KEY: mark})
         info["model_s"] = time.perf_counter() - t0
 

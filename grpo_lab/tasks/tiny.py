@@ -74,6 +74,7 @@ CHAT_TEMPLATE = (Path(__file__).parent / "qwen3_chat_template.jinja").read_text(
 
 NAMES = ["Tom", "Anna", "Ben", "Mia", "Sam", "Lena", "Omar", "Priya", "Jack", "Emma", "Luis", "Nora"]
 THINGS = ["apples", "books", "marbles", "stickers", "coins", "pencils", "cookies", "cards", "shells", "stamps"]
+BARE_SHARE = 0.6  # of the problems, bare expressions ("What is 23 + 48?"); the rest word problems
 
 
 def arith_problem(rng: random.Random) -> tuple[str, str, int]:
@@ -90,7 +91,7 @@ def arith_problem(rng: random.Random) -> tuple[str, str, int]:
         a, b = rng.randint(0, 99), rng.randint(0, 99)
         value = a + b
     expr = f"{a} {op} {b}"
-    if rng.random() < 0.6:
+    if rng.random() < BARE_SHARE:
         return f"What is {expr}?", expr, value
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
     question = {

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 METRICS_FILE = "grpo_lab_warmup.json"
+SYNTHETIC_ROWS = 20000  # --synthetic's default: fresh problems to train on
 
 
 def load_rows(data_dir: str | os.PathLike, split: str) -> list[dict]:
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--max-len", type=int, default=512, help="drop training examples longer than this")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--synthetic", type=int, default=20000, metavar="N",
+    parser.add_argument("--synthetic", type=int, default=SYNTHETIC_ROWS, metavar="N",
                         help="train on N fresh arithmetic problems from grpo_lab.tasks.tiny's generator, none of them "
                              "in --data (whose test split is still the one scored): the model has to generalise, and "
                              "GRPO's train prompts stay new to it (default 20000; 0: train on --data's train split, "
