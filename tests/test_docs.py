@@ -5,6 +5,7 @@ that is run.py's own output."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -703,3 +704,298 @@ def test_a_planted_wrong_time_plan_figure_is_found(name):
     assert now in " ".join(text.split()), name
     planted = " ".join(text.split()).replace(now, then, 1)
     assert list(time_plan_disagreements(planted, table)) == [name]
+
+
+# ---- design constants stated in docs/ prose (issue 44 item 11): each figure held to the constant (or the recorded
+# file) it states; docs/memory_plan.md's and docs/time_plan.md's are in their own checks above ----
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}"
+
+
+def _g(x: float) -> str:
+    return f"{x:g}"
+
+
+def _hardware(name: str) -> dict:
+    """conf/hardware/NAME.yaml as written (the course machine's option has no defaults list)."""
+    from grpo_lab.facts import load_yaml
+
+    return load_yaml(ROOT / "conf" / "hardware" / f"{name}.yaml")
+
+
+def _reward_kwargs(name: str) -> dict[str, float]:
+    """conf/reward_fn/NAME.yaml's reward amounts; the reward function's own defaults must be the same."""
+    import inspect
+
+    from grpo_lab.facts import load_yaml
+    from grpo_lab.tasks.rewards import countdown, strict_format
+
+    conf = load_yaml(ROOT / "conf" / "reward_fn" / f"{name}.yaml")["reward"]["custom_reward_function"]["reward_kwargs"]
+    fn = {"countdown": countdown, "strict_format": strict_format}[name].compute_score
+    defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items() if k in conf}
+    assert defaults == conf, (name, defaults, conf)
+    return conf
+
+
+@functools.cache
+def _recorded_fit_max() -> float:
+    """The latest recorded `fit_speed.py` maximum of benchmarks/README.md's table (its last column)."""
+    row = re.search(r"\| `python benchmarks/fit_speed\.py`, \d+ configs: median, max \|[^\n]*", (
+        ROOT / "benchmarks" / "README.md").read_text())
+    return float(re.findall(r"[\d.]+ s, ([\d.]+) s", row[0])[-1])
+
+
+@functools.cache
+def _killed_after() -> float:
+    """The LoRA job docs/launch.md names: seconds from its fatal line (the recorded log's last stamp) to the chain's
+    timeout that killed it."""
+    folder = RESULTS / "2026-12-03-smollm2-recheck"
+    timeout = float(re.search(r"no output until the (\d+) s timeout", _flat(folder / "README.md"))[1])
+    last = float((folder / "lora_safetensors.errors.txt").read_text().splitlines()[-1].split()[1])
+    return timeout - last
+
+
+@functools.cache
+def _smollm2_probs_diff() -> tuple[float, ...]:
+    """The largest steady (step 2 on) training/rollout_probs_diff_mean of each recorded SmolLM2 run."""
+    from grpo_lab.facts import load_yaml
+
+    out = []
+    for cfg in sorted(RESULTS.rglob("verl_config.yaml")):
+        if "smollm2" in load_yaml(cfg)["actor_rollout_ref"]["model"]["path"]:
+            steady = _steps(cfg.parent, "training/rollout_probs_diff_mean").loc[2:]
+            out += [float(steady.max())] if len(steady) else []
+    return tuple(out)
+
+
+@functools.cache
+def _countdown_share(size: int) -> float:
+    """The share of `make countdown`'s problems (its default sizes) with `size` numbers."""
+    from grpo_lab.tasks import countdown
+
+    made = [r for split in countdown.rows(2048, 128).values() for r in split]
+    return sum(len(r["reward_model"]["ground_truth"]["numbers"]) == size for r in made) / len(made)
+
+
+def design_disagreements(pages: dict[str, str]) -> dict[str, str]:
+    """{figure: what the page says against what its constant gives} for the design figures of docs/ pages
+    ({page name: its text}); a figure not found at its phrase counts as wrong."""
+    from dataclasses import asdict
+
+    from grpo_lab import facts, progress
+    from grpo_lab.after_run import report_checks as RC
+    from grpo_lab.checks import fit, fixes, plan_text, reward_probe
+    from grpo_lab.cli.overrides import NEAR_MISS
+    from grpo_lab.launch import fatal
+    from grpo_lab.memory import calibration, memplan, memplan_phases, timeplan
+    from grpo_lab.memory.memplan_arch import Arch
+    from grpo_lab.tasks import countdown, own_data, qwen3_random, tiny, warmup
+    from grpo_lab.tasks.rewards import countdown as countdown_reward
+    from grpo_lab.verl_schema.api import schema
+
+    flat = {name: " ".join(text.split()) for name, text in pages.items()}
+    wrong = {}
+
+    def check(name: str, page: str, pattern: str, *expected: str):
+        m = re.search(pattern, flat[page])
+        if not m or m.groups() != expected:
+            wrong[name] = f"{page}: {m.group(0) if m else pattern!r}: the code gives {expected}"
+
+    # docs/fit.md: the fit's choice, the verdicts' line and the calibration's margins
+    check("fit: within", "fit.md", r"the guide's order decides between those within (\d+)% of it", _pct(fit.FASTER))
+    check("fit: fits", "fit.md", r"\"Fits\" is the planner's verdict: every phase below (\d+)% of the card",
+          _pct(memplan.TIGHT_FRACTION))
+    check("fit: stated", "fit.md", r"the stated accuracy \((\d+)%\) is held to", _pct(calibration.STATED["training"]))
+    check("fit: unmeasured", "fit.md", r"refused only above the card by more than (\d+)%",
+          _pct(calibration.UNMEASURED_MARGIN))
+    m = re.search(r"The search takes at most ([\d.]+) s per config", flat["fit.md"])
+    if not m or float(m[1]) < _recorded_fit_max():
+        wrong["fit: search time"] = f"fit.md: {m and m[0]}: benchmarks/README.md records {_recorded_fit_max()} s"
+    # docs/launch.md: the dead-engine watcher, and SLURM's jobs
+    check("fatal: watcher", "launch.md", r"as it grows \(once a (\w+)\) and, on a fatal line, gives verl "
+          r"GRACE_S \((\d+)\) seconds", {1.0: "second"}.get(fatal.INTERVAL_S, "?"), _g(fatal.GRACE_S))
+    check("fatal: ends", "launch.md", r"exits non-zero, within (\d+) s of the line", _g(fatal.ENDS_WITHIN_S))
+    check("fatal: recorded", "launch.md", r"until the job was killed (\d+) s later",
+          f"{10 * round(_killed_after() / 10)}")
+    slurm_conf = facts.load_yaml(ROOT / "conf" / "config.yaml")["lab"]["slurm"]
+    launcher = facts.load_yaml(ROOT / "conf" / "hydra" / "launcher" / "slurm.yaml")
+    check("slurm: ray", "launch.md", r"The port is `lab\.slurm\.ray_port=(\d+)`; a node that has not joined after "
+          r"`lab\.slurm\.ray_wait_s=(\d+)` seconds", f"{slurm_conf['ray_port']}", f"{slurm_conf['ray_wait_s']}")
+    check("slurm: hours", "launch.md", r"`timeout_min`: (\d+) hours: .*?`lab\.hardware\.host_ram_gb` GB; (\d+) hours\.",
+          *[_g(launcher["timeout_min"] / 60)] * 2)
+    cluster = facts.conf_option("hardware", "ray_cluster")
+    cpus = cluster["ray_kwargs"]["ray_init"]["num_cpus"] or cluster["lab"]["hardware"]["cpu_cores"]
+    check("slurm: ray start", "launch.md", r"runs `ray start --head --port=(\d+) --num-cpus=(\d+) --num-gpus=(\d+)`",
+          f"{slurm_conf['ray_port']}", f"{cpus}", f"{cluster['ngpus_per_node']}")
+    # docs/cli.md: progress, the reward probe's time, near misses, the plan's console and Ray's CPUs
+    check("progress", "cli.md", r"What can take more than (\d+) s shows progress .*? a whole line at most every "
+          r"(\d+) s, .*?still running \(gives up at (\d+) s\)", _g(progress.DELAY_S), _g(progress.LINE_EVERY_S),
+          _g(reward_probe.TIMEOUT_S))
+    check("near miss", "cli.md", r"difflib ratio >= ([\d.]+)", _g(NEAR_MISS))
+    check("plan lines", "cli.md", r"A plan prints at most (\d+) lines when it is OK", f"{plan_text.OK_LINES}")
+    units = schema().defaults["transfer_queue"]["backend"]["SimpleStorage"]["num_data_storage_units"]
+    check("ray cpus", "cli.md", r"per GPU, for (\d+) CPUs in its worker placement groups .*?once per job (\d+) for the "
+          r"TaskRunner; the V1 trainer adds (\d+) TransferQueue controller and one CPU per SimpleStorage storage unit "
+          r"\(verl's default (\d+)\)", f"{facts.CPUS_PER_GPU}", f"{facts.TASK_RUNNER_CPUS}",
+          f"{facts.TQ_CONTROLLER_CPUS}", f"{units}")
+    # docs/presets.md and docs/emulation.md: the course machine's option
+    course = _hardware("rtx4080x4")
+    hw = course["lab"]["hardware"]
+    n_units = course["transfer_queue"]["backend"]["SimpleStorage"]["num_data_storage_units"]
+    need = facts.ray_cpus_needed(course["ngpus_per_node"], True, n_units)
+    check("presets: ray cpus", "presets.md", r"`num_cpus`: (\d+) x (\d+) GPUs \+ (\d+) TaskRunner \+ (\d+) "
+          r"TransferQueue controller \+ (\d+) storage units = (\d+)", f"{facts.CPUS_PER_GPU}",
+          f"{course['ngpus_per_node']}", f"{facts.TASK_RUNNER_CPUS}", f"{facts.TQ_CONTROLLER_CPUS}", f"{n_units}",
+          f"{need}" if course["ray_kwargs"]["ray_init"]["num_cpus"] == need else "?")
+    check("emulation: course machine", "emulation.md", r"`rtx4080x4`: the course machine's facts, Ray's (\d+) CPUs, .*?"
+          r"(\d+) storage units - `gpu_name`: .*?gpu_memory_gb \((\d+)\), p2p \((\w+)\), cpu_cores \((\d+)\) and "
+          r"host_ram_gb \((\d+)\) come from rtx4080x4", f"{course['ray_kwargs']['ray_init']['num_cpus']}",
+          f"{n_units}", f"{hw['gpu_memory_gb']}", f"{hw['p2p']}".lower(), f"{hw['cpu_cores']}", f"{hw['host_ram_gb']}")
+    check("presets: fused chunk", "presets.md", r"chunks of (\d+) tokens from the hidden states.*?the time plan "
+          r"assumes (\d+) ms a (\d+)-token chunk", f"{memplan_phases.FUSED_CHUNK}",
+          _g(1e3 * timeplan.UNMEASURED["fused_chunks_flash_attn"]), f"{memplan_phases.FUSED_CHUNK}")
+    # docs/preflight.md
+    speed = _benchmark("preflight_speed")
+    check("preflight: target", "preflight.md", r"must refuse within ~(\d+) s\)", _g(speed.TARGET_S))
+    check("fix rounds", "preflight.md", r"at most (\d+) rounds, each re-checked", f"{fixes.MAX_ROUNDS}")
+    check("prompt rows", "preflight.md", r"on the first ([\d,]+) rows, when both are local", f"{facts.PROMPT_ROWS:,}")
+    # docs/after_run.md: make report's lines
+    check("report: room", "after_run.md", r"Below (\w+) the card the check points at",
+          {0.5: "half"}.get(RC.MEM_ROOM, "?"))
+    check("report: step plan", "after_run.md", r"held to the time plan's stated (\d+)%", _pct(timeplan.STATED))
+    top, job = RC.recorded_probs_diff()
+    warn, bad, _ = RC.probs_diff_thresholds()
+    smol = _smollm2_probs_diff()
+    check("report: probs diff", "after_run.md", r"verl's FAQ puts the line at ([\d.]+), but every SmolLM2 run on the "
+          r"H100/H200 test cards measures ([\d.]+)-([\d.]+), so the check warns (\d+)% above the largest steady value "
+          r"\(step 2 on\) of the recorded runs' metrics\.jsonl \(`recorded_probs_diff`: ([\d.]+), `([^`]+)`, so "
+          r"([\d.]+); bad at (\w+) that; the FAQ's ([\d.]+) where", _g(RC.PROBS_DIFF_FAQ), f"{min(smol):.3f}",
+          f"{max(smol):.4f}", _pct(RC.PROBS_DIFF_MARGIN), f"{top:.4f}",
+          job.removeprefix(f"{RESULTS.relative_to(ROOT)}/"), _g(warn), "twice" if bad == 2 * warn else "?",
+          _g(RC.PROBS_DIFF_FAQ))
+    # docs/tasks.md: the data generators, the rewards, the reward probe's time
+    check("own data", "tasks.md", r"# (\d+)% held out as test", _pct(own_data.TEST_FRACTION))
+    check("tasks: probe", "tasks.md", r"in a child process bounded to (\d+) s", _g(reward_probe.TIMEOUT_S))
+    sizes = [f"{n}" for n in countdown.SIZES]
+    check("countdown", "tasks.md", r"countdown\.py` builds each problem from a random expression over (\d+) or (\d+) "
+          r"numbers.*?Each problem is made from a random expression over (\d+) or (\d+) numbers from 1\.\.(\d+) \(each "
+          r"step's value a whole number from 1 to (\d+)", *sizes, *sizes, f"{countdown.MAX_NUMBER}",
+          f"{countdown.MAX_VALUE}")
+    fewest = min(countdown.SIZES)
+    check("countdown share", "tasks.md", r"About (\d+)% of the problems have (\d+) numbers",
+          f"{10 * round(10 * _countdown_share(fewest))}", f"{fewest}")
+    check("mixed", "tasks.md", r"(\d+)% bare expressions and (\d+)% short word problems", _pct(tiny.BARE_SHARE),
+          _pct(1 - tiny.BARE_SHARE))
+    strict = _reward_kwargs("strict_format")
+    check("strict_format", "tasks.md", r"strict_format\.py`: ([\d.]+) for the right `#### n`, ([\d.]+) for a wrong "
+          r"number in the format, ([\d.-]+) without `####`", _g(strict["correct_score"]), _g(strict["format_score"]),
+          _g(-strict["missing_penalty"]))
+    check("strict_format table", "tasks.md", r"n equals the ground truth score = correct_score \(([\d.-]+)\) acc 1 "
+          r"\"#### n\" present, n wrong score = format_score \(([\d.-]+)\) acc 0 no \"#### n\" at all score = "
+          r"-missing_penalty \(([\d.-]+)\)", f"{strict['correct_score']:.1f}", f"{strict['format_score']:.1f}",
+          f"{-strict['missing_penalty']:.1f}")
+    cd = _reward_kwargs("countdown")
+    check("countdown reward", "tasks.md", r"in the answer's last (\d+) characters: E uses only given numbers, each at "
+          r"most once, and equals the target score = correct_score \(([\d.-]+)\) .*? score = format_score "
+          r"\(([\d.-]+)\) .*?longer than (\d+) characters score = invalid_score \(([\d.-]+)\) .*? score = "
+          r"-missing_penalty \(([\d.-]+)\)", f"{countdown_reward._TAIL_CHARS}", f"{cd['correct_score']:.1f}",
+          f"{cd['format_score']:.1f}", f"{countdown_reward._MAX_EXPR_CHARS}", f"{cd['invalid_score']:.1f}",
+          f"{-cd['missing_penalty']:.1f}")
+    check("warm-up rows", "tasks.md", r"by default, --synthetic (\d+) fresh problems", f"{warmup.SYNTHETIC_ROWS}")
+    q = qwen3_random
+    added = len(tiny.ADDED_TOKENS)
+    check("qwen3 tokenizer", "tasks.md", r"a byte-level BPE of ([\d,]+) tokens, .*? up to ([\d,]+) regular tokens; "
+          r"Qwen3's (\d+) added tokens at their real ids (\d+)-(\d+) .*?special tokens at (\d+)-(\d+)",
+          f"{q.VOCAB_SIZE:,}", f"{q.REGULAR_TOKENS:,}", f"{added}", f"{q.REGULAR_TOKENS}",
+          f"{q.REGULAR_TOKENS + added - 1}", f"{q.REGULAR_TOKENS + added}", f"{q.VOCAB_SIZE - 1}")
+    check("qwen3 rows", "tasks.md", r"as Qwen3's own do \((\d+) tokens, (\d+) rows\)", f"{q.REGULAR_TOKENS + added}",
+          f"{q.VOCAB_SIZE}")
+    check("qwen3 shards", "tasks.md", r"sharded at (\d+) GB like Qwen's", q.SHARD_SIZE.removesuffix("GB"))
+    small, learn = (tiny.VARIANTS[v][1] for v in ("tiny", "learn"))
+    params = {v: Arch.from_mapping(asdict(a)).params for v, a in (("tiny", small), ("learn", learn))}
+    check("tiny models", "tasks.md", r"tiny_qwen3\.yaml; ([\d.]+)M parameters, ([\d.]+) MB\), .*? the same with (\d+) "
+          r"layers of width (\d+) \(([\d.]+)M parameters\)", f"{params['tiny'] / 1e6:.2f}",
+          f"{2 * params['tiny'] / 1e6:.1f}", f"{learn.num_hidden_layers}", f"{learn.hidden_size}",
+          f"{params['learn'] / 1e6:.1f}")
+    check("tiny vocab", "tasks.md", r"below the model's vocab_size \((\d+)\)", f"{small.vocab_size}")
+    return wrong
+
+
+def _benchmark(name: str):
+    """benchmarks/NAME.py as a module (the scripts import their heavy parts inside their functions)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DESIGN_PAGES = ("fit.md", "launch.md", "cli.md", "presets.md", "emulation.md", "preflight.md", "after_run.md",
+                "tasks.md")
+
+
+def _design_pages() -> dict[str, str]:
+    return {p: (ROOT / "docs" / p).read_text() for p in DESIGN_PAGES}
+
+
+def test_the_design_figures_are_the_constants_they_state():
+    from grpo_lab.launch import fatal
+
+    assert design_disagreements(_design_pages()) == {}
+    # the bound holds the watcher's own waits, with room for Ray's shutdown
+    assert fatal.INTERVAL_S + fatal.GRACE_S + fatal.KILL_WAIT_S < fatal.ENDS_WITHIN_S
+
+
+DESIGN_STALE = {
+    "fit: within": ("fit.md", "within 10% of it", "within 5% of it"),
+    "fit: fits": ("fit.md", "every phase below 80% of the card and of host RAM (`grpo",
+                  "every phase below 85% of the card and of host RAM (`grpo"),
+    "fit: stated": ("fit.md", "the stated accuracy (15%)", "the stated accuracy (10%)"),
+    "fit: unmeasured": ("fit.md", "by more than 25%", "by more than 20%"),
+    "fit: search time": ("fit.md", "at most 0.4 s per config", "at most 0.2 s per config"),
+    "fatal: watcher": ("launch.md", "GRACE_S (5)", "GRACE_S (10)"),
+    "fatal: ends": ("launch.md", "within 30 s of the line", "within 10 s of the line"),
+    "fatal: recorded": ("launch.md", "killed 200 s later", "killed 400 s later"),
+    "slurm: ray": ("launch.md", "`lab.slurm.ray_wait_s=300`", "`lab.slurm.ray_wait_s=600`"),
+    "slurm: hours": ("launch.md", "GB; 4 hours.", "GB; 8 hours."),
+    "slurm: ray start": ("launch.md", "runs `ray start --head --port=6379 --num-cpus=16",
+                         "runs `ray start --head --port=6379 --num-cpus=32"),
+    "progress": ("cli.md", "at most every 15 s", "at most every 10 s"),
+    "near miss": ("cli.md", "difflib ratio >= 0.8", "difflib ratio >= 0.6"),
+    "plan lines": ("cli.md", "at most 25 lines", "at most 20 lines"),
+    "ray cpus": ("cli.md", "(verl's default 8)", "(verl's default 4)"),
+    "presets: ray cpus": ("presets.md", "2 storage units = 16", "2 storage units = 15"),
+    "emulation: course machine": ("emulation.md", "cpu_cores (16)", "cpu_cores (32)"),
+    "presets: fused chunk": ("presets.md", "assumes 2 ms a 512-token", "assumes 5 ms a 512-token"),
+    "preflight: target": ("preflight.md", "within ~2 s)", "within ~1 s)"),
+    "fix rounds": ("preflight.md", "at most 3 rounds", "at most 2 rounds"),
+    "prompt rows": ("preflight.md", "first 5,000 rows", "first 1,000 rows"),
+    "report: room": ("after_run.md", "Below half the card", "Below a third of the card"),
+    "report: step plan": ("after_run.md", "stated 25%", "stated 20%"),
+    "report: probs diff": ("after_run.md", "so 0.0102;", "so 0.0100;"),
+    "own data": ("tasks.md", "# 10% held out", "# 20% held out"),
+    "tasks: probe": ("tasks.md", "bounded to 60 s", "bounded to 30 s"),
+    "countdown": ("tasks.md", "whole number from 1 to 999", "whole number from 1 to 99"),
+    "countdown share": ("tasks.md", "About 70% of the problems", "About 50% of the problems"),
+    "mixed": ("tasks.md", "60% bare expressions and 40%", "50% bare expressions and 50%"),
+    "strict_format": ("tasks.md", "0.1 for a wrong number", "0.2 for a wrong number"),
+    "strict_format table": ("tasks.md", 'at all score = -missing_penalty (-0.1) acc 0 ```',
+                            'at all score = -missing_penalty (-0.2) acc 0 ```'),
+    "countdown reward": ("tasks.md", "longer than 200 characters", "longer than 100 characters"),
+    "warm-up rows": ("tasks.md", "--synthetic 20000 fresh", "--synthetic 10000 fresh"),
+    "qwen3 tokenizer": ("tasks.md", "Qwen3's 26 added tokens", "Qwen3's 22 added tokens"),
+    "qwen3 rows": ("tasks.md", "(151669 tokens, 151936 rows)", "(151665 tokens, 151936 rows)"),
+    "qwen3 shards": ("tasks.md", "sharded at 5 GB", "sharded at 4 GB"),
+    "tiny models": ("tasks.md", "(4.2M parameters)", "(4.0M parameters)"),
+    "tiny vocab": ("tasks.md", "vocab_size (4096)", "vocab_size (8192)"),
+}
+
+
+@pytest.mark.parametrize("name", DESIGN_STALE)
+def test_a_planted_wrong_design_figure_is_found(name):
+    page, now, then = DESIGN_STALE[name]
+    pages = {p: " ".join(t.split()) for p, t in _design_pages().items()}
+    assert now in pages[page], name
+    assert list(design_disagreements({**pages, page: pages[page].replace(now, then, 1)})) == [name]
