@@ -534,6 +534,44 @@ def memory_plan_disagreements(text: str) -> dict[str, str]:
         first.setdefault(bool(ref), []).append(_steps(cfg.parent, "actor/perf/max_memory_allocated_gb").loc[1])
     check("reference", r"with a reference is ([\d.]+) GiB \(its fp32 weights\) above the (\w+) without",
           f"{first[True][0] - max(first[False]):.2f}", WORDS[len(first[False])] if len(set(first[False])) == 1 else "?")
+    # reserved over allocated on the recorded runs: the range, Qwen3-1.7B's full fine-tuning, the emulated 0.6B smoke
+    ratio = {j["job"]: (j["training"]["reserved_gb"] / j["training"]["allocated_gb"], j) for j in table["jobs"]
+             if (j.get("training") or {}).get("allocated_gb")}
+    full17 = [r for r, j in ratio.values() if j["model"] == "qwen3_1_7b" and "LoRA" not in j["regime"]]
+    emulated = [r for k, (r, j) in ratio.items() if "/emu_" in k and j["model"] == "qwen3_0_6b"]
+    check("reserved range", r"reserved was ([\d.]+)-([\d.]+) x allocated \(([\d.]+): one step of Qwen3-1\.7B's full "
+          r"fine-tuning; ([\d.]+): the 0\.6B smoke under a 32 GB emulation\)",
+          *(f"{f(r for r, _ in ratio.values()):.2f}" for f in (min, max)), f"{max(full17):.2f}",
+          f"{emulated[0]:.2f}" if len(emulated) == 1 else "?")
+    check("trainer context", r"CUDA context and NCCL buffers \(([\d.]+) GB measured on the H200",
+          f"{table['trainer_context_gb']['max']:.2f}")
+    # the plan's own constants (grpo_lab/memory/memplan_phases.py, fit_search.py) and conf/config.yaml's bucket
+    from grpo_lab.facts import load_yaml
+    from grpo_lab.memory import fit_search
+    from grpo_lab.memory import memplan_phases as P
+
+    check("contexts", r"\(trainer process and vLLM worker process: ~([\d.]+) GB and ~([\d.]+) GB",
+          f"{P.TRAINER_CUDA_CONTEXT_GB:g}", f"{P.VLLM_CUDA_CONTEXT_GB:g}")
+    check("graph pool", r"CUDA graph pool \(~([\d.]+) GB unless", f"{P.VLLM_CUDAGRAPH_GB:g}")
+    check("logits", r"\(the guide's \"bf16 \+ fp32\"\), (\d+) B x T x V in the update\. Entropy in the update "
+          r"\(entropy_coeff != 0\) adds a fp32 softmax, (\d+) B x T x V, .*?keep the bf16 logits \((\d+) B x T x V\); "
+          r".*?eager it would add (\d+) B x T x V", *(f"{b:g}" for b in (
+              P.LOGITS_UPDATE_BYTES, P.ENTROPY_BYTES, P.LOGITS_FORWARD_BYTES, P.ENTROPY_EAGER_BYTES)))
+    check("fused", r"takes the LM head (\d+) tokens at a time .*?: (\d+) B x min\((\d+), T\) x V in a forward .*?, "
+          r"(\d+) B in the update's backward .*?\+ (\d+) B with the entropy in the loss",
+          *(f"{b:g}" for b in (P.FUSED_CHUNK, P.FUSED_FORWARD_BYTES, P.FUSED_CHUNK, P.FUSED_BACKWARD_BYTES,
+                               P.ENTROPY_EAGER_BYTES)))
+    check("host processes", r"\(~(\d+) GB per trainer worker and per vLLM worker, ~(\d+) GB for Ray",
+          f"{P.HOST_PER_GPU_WORKER_GB:g}" if P.HOST_PER_GPU_WORKER_GB == P.HOST_PER_VLLM_WORKER_GB else "?",
+          f"{P.HOST_BASE_GB:g}")
+    bucket = load_yaml(ROOT / "conf" / "config.yaml")["actor_rollout_ref"]["rollout"]["checkpoint_engine"][
+        "update_weights_bucket_megabytes"]
+    check("bucket", r"\(update_weights_bucket_megabytes, (\d+) GiB in conf/config\.yaml\)", f"{bucket / 1024:g}")
+    check("cuBLAS", r"and keep them \((\d+) MiB on the H200\)", f"{P.CUBLAS_WORKSPACE_GB * 1e9 / 2**20:g}")
+    spare = f"{100 * (1 - P.GB / P.CARD_UNIT_BYTES):.0f}"
+    check("card unit", r"leaves a ~(\d+)% margin on the safe side.*?leaves ~(\d+)% of the card spare", spare, spare)
+    check("fit", r"every phase below TIGHT_FRACTION \((\d+)%\) of the card.*?every combination of up to (\w+) "
+          r"\(applied", f"{memplan.TIGHT_FRACTION:.0%}"[:-1], WORDS.get(fit_search.MAX_COMBO, "?"))
     return wrong
 
 
@@ -543,7 +581,15 @@ def test_the_memory_plans_figures_are_its_files():
 
 MEMORY_STALE = {"margins": ("UNMEASURED_MARGIN, 25%", "UNMEASURED_MARGIN, 20%"), "reserved": ("up to 24%", "up to 18%"),
                 "unmeasured": ("(12% today", "(15% today"), "update peaks": ("0.987-1.027", "0.98-1.02"),
-                "reference": ("is 0.51 GiB", "is 0.55 GiB")}
+                "reference": ("is 0.51 GiB", "is 0.55 GiB"), "reserved range": ("1.00-1.24 x", "1.00-1.20 x"),
+                "trainer context": ("(1.24 GB measured", "(1.20 GB measured"),
+                "contexts": ("~1.25 GB and ~0.9 GB", "~1.2 GB and ~0.9 GB"),
+                "graph pool": ("(~0.4 GB unless", "(~0.5 GB unless"),
+                "logits": ("fp32 softmax, 4 B x T x V", "fp32 softmax, 8 B x T x V"),
+                "fused": ("20 B in the update's backward", "16 B in the update's backward"),
+                "host processes": ("~6 GB for Ray", "~4 GB for Ray"), "bucket": ("4 GiB in conf", "1 GiB in conf"),
+                "cuBLAS": ("(64 MiB on", "(32 MiB on"), "card unit": ("a ~7% margin", "a ~5% margin"),
+                "fit": ("up to three (applied", "up to two (applied")}
 
 
 @pytest.mark.parametrize("name", MEMORY_STALE)
@@ -676,6 +722,21 @@ def time_plan_disagreements(text: str, table: dict) -> dict[str, str]:
     check("packed share", r"~(\d+)% of a packed update's kernel time", f"{float(got[1]) / float(got[2]):.0%}"[:-1])
     validation = [j["validation_s"] for j in jobs.values() if "validation_s" in j]
     check("validation", r"look (\d+)-(\d+) s shorter than it was", f"{min(validation):.0f}", f"{max(validation):.0f}")
+    # the plan's and the fit's own constants
+    from grpo_lab.checks.fit import FASTER
+    from grpo_lab.memory import memplan, memplan_phases
+
+    chunk = f"{memplan_phases.FUSED_CHUNK}"
+    check("chunks", r"per (\d+)-token chunk of the fused log-prob.*?seconds per (\d+)-token chunk in each training "
+          r"pass", chunk, chunk)
+    check("flash-attn chunk", r"With flash-attn there is no loop to compare with: (\d+) ms per chunk is assumed",
+          f"{1e3 * timeplan.UNMEASURED['fused_chunks_flash_attn']:g}")
+    check("loading", r"the weights' loading three times \(actor, reference, vLLM\) at (\d+) GB/s",
+          f"{timeplan.DISK_GB_S:g}")
+    check("tenth", r"the planned step is a (\w+) or more shorter", {0.1: "tenth"}.get(FASTER, "?"))
+    check("goal", r"The goal is every run within (\d+)%", f"{timeplan.STATED:.0%}"[:-1])
+    check("fits", r"\*\*fits\*\* is the memory plan's verdict, every phase below (\d+)% of the card",
+          f"{memplan.TIGHT_FRACTION:.0%}"[:-1])
     return wrong
 
 
@@ -693,7 +754,12 @@ STALE = {"loop": ("~65-70 µs a token in each forward pass and ~145 µs",
          "H100 smokes": ("1.10-1.32x long", "1.1-1.35x long"), "full steps": ("(seven since", "(six since"),
          "sharing": ("0.303 today", "0.31 today"), "validation": ("2-8 s shorter", "2-9 s shorter"),
          "assumed": ("35% of its dense", "40% of its dense"), "rounds": ("~74 at once", "~75 at once"),
-         "loop first": ("took 75-105,", "took ~80-95,"), "packed share": ("~59% of a packed", "~65% of a packed")}
+         "loop first": ("took 75-105,", "took ~80-95,"), "packed share": ("~59% of a packed", "~65% of a packed"),
+         "chunks": ("seconds per 512-token chunk", "seconds per 256-token chunk"),
+         "flash-attn chunk": ("compare with: 2 ms per chunk", "compare with: 3 ms per chunk"),
+         "loading": ("vLLM) at 2 GB/s", "vLLM) at 3 GB/s"), "tenth": ("a tenth or more", "a fifth or more"),
+         "goal": ("every run within 25%", "every run within 20%"),
+         "fits": ("every phase below 80% of the card", "every phase below 90% of the card")}
 
 
 @pytest.mark.parametrize("name", STALE)
