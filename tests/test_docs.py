@@ -1065,3 +1065,87 @@ def test_a_planted_wrong_design_figure_is_found(name):
     pages = {p: " ".join(t.split()) for p, t in _design_pages().items()}
     assert now in pages[page], name
     assert list(design_disagreements({**pages, page: pages[page].replace(now, then, 1)})) == [name]
+
+
+# ---- micro-timings docs/ quotes (issue 44 item 11): each read from benchmarks/micro_timings.json, which
+# `python benchmarks/micro_timings.py --out` writes; no test measures them ----
+
+MICRO = ROOT / "benchmarks" / "micro_timings.json"
+MICRO_PAGES = ("verl_schema.md", "cli.md", "preflight.md", "memory_plan.md")
+
+
+def _about(said: str, value: float) -> bool:
+    """Whether `value` rounds to the figure as written, at its own precision ("45": 44.5-45.5, "120": 115-125,
+    "0.08": 0.075-0.085)."""
+    s = said.replace(",", "")
+    if "." in s:
+        return round(value, len(s.split(".")[1])) == float(s)
+    zeros = len(s) - len(s.rstrip("0")) if s.strip("0") else 0
+    return round(value, -zeros) == int(s)
+
+
+def micro_timing_disagreements(pages: dict[str, str], recorded: dict) -> dict[str, str]:
+    """{figure: what the page says against the recorded file} for the micro-timings of docs/ pages ({page name: its
+    text}); a figure matches when the recorded value rounds to it, a count when it is the same."""
+    flat = {name: " ".join(text.split()) for name, text in pages.items()}
+    r, cores = recorded["results"], f"{recorded['cpus']}"
+    wrong = {}
+
+    def check(name: str, page: str, pattern: str, *expected: float | str):
+        m = re.search(pattern, flat[page])
+        if not m or len(m.groups()) != len(expected) or not all(
+                _about(g, e) if isinstance(e, float) else g == e for g, e in zip(m.groups(), expected)):
+            wrong[name] = f"{page}: {m.group(0) if m else pattern!r}: {MICRO.name} gives {expected}"
+
+    where = r"measured on the (\d+)-core CPU machine"
+    file = r"`benchmarks/micro_timings\.json`"
+    check("verl's files", "verl_schema.md", r"composing ppo_trainer from its config folder \((\d+) YAML files\) "
+          rf"~([\d.]+) s \({where}, {file}\); .*? every later process reads one file \(~([\d.]+) ms\)",
+          f"{r['verl_config_files']}", r["verl_compose_s"]["median"], cores, r["schema_file_ms"]["median"])
+    check("tree copies", "verl_schema.md", rf"unpickling makes one in ~([\d.]+) ms \(deepcopy ~([\d.]+) ms, "
+          rf"OmegaConf\.create ~([\d.]+) ms; {where}, {file}\)", r["tree_unpickle_ms"]["median"],
+          r["tree_deepcopy_ms"]["median"], r["tree_create_ms"]["median"], cores)
+    check("conf option", "cli.md", rf"~([\d.]+) ms an option, once per process \(the first ~([\d.]+) ms, with Hydra's "
+          rf"set-up; {where}, {file}\)", r["conf_option_ms"]["median"], r["conf_first_option_ms"]["median"], cores)
+    probe = [v["median"] for v in r["reward_probe_s"].values()]
+    check("reward probe", "preflight.md", rf"reward_probe\.py: ([\d.]+)-([\d.]+) s {where}, .*?{file}; once per file "
+          r"version\)", min(probe), max(probe), cores)
+    fits = r["fit_evaluations"]
+    check("fit evaluations", "memory_plan.md", r"(\d+)-(\d+) evaluations of the plan for a config that already fits, "
+          rf"up to (\d+) for one that needs LoRA .*?, ~([\d.]+) ms each \(every model option on every hardware option, "
+          rf"{where}, {file}\)", *(f"{n}" for n in (*fits["fitting_as_composed"], fits["max"])),
+          r["fit_evaluation_ms"]["median"], cores)
+    return wrong
+
+
+def _micro_pages() -> dict[str, str]:
+    return {p: (ROOT / "docs" / p).read_text() for p in MICRO_PAGES}
+
+
+def test_the_micro_timings_are_the_recorded_files():
+    recorded = json.loads(MICRO.read_text())
+    assert recorded["cpus"] == 2 and re.fullmatch(r"\d{4}-\d\d-\d\d", recorded["date"]) and recorded["commit"]
+    assert micro_timing_disagreements(_micro_pages(), recorded) == {}
+    # the largest search is docs/fit.md's example, which needs LoRA
+    fits = recorded["results"]["fit_evaluations"]
+    top = max(fits["rows"], key=lambda row: row["evaluations"])
+    assert top["lora"] and f"({fits['max']} plans evaluated)" in (ROOT / "docs" / "fit.md").read_text()
+    # benchmarks/README.md's entry quotes the same file
+    readme = _flat(ROOT / "benchmarks" / "README.md")
+    assert f"python benchmarks/micro_timings.py --repeat {recorded['repeat']}" in readme
+
+
+MICRO_STALE = {"verl's files": ("verl_schema.md", "one file (~1.3 ms)", "one file (~5 ms)"),
+               "tree copies": ("verl_schema.md", "(deepcopy ~20 ms", "(deepcopy ~60 ms"),
+               "conf option": ("cli.md", "(the first ~120 ms", "(the first ~50 ms"),
+               "reward probe": ("preflight.md", "0.07-0.17 s", "0.1-0.4 s"),
+               "fit evaluations": ("memory_plan.md", "~0.08 ms each", "~0.2 ms each")}
+
+
+@pytest.mark.parametrize("name", MICRO_STALE)
+def test_a_planted_wrong_micro_timing_is_found(name):
+    recorded = json.loads(MICRO.read_text())
+    page, now, then = MICRO_STALE[name]
+    pages = {p: " ".join(t.split()) for p, t in _micro_pages().items()}
+    assert now in pages[page], name
+    assert list(micro_timing_disagreements({**pages, page: pages[page].replace(now, then, 1)}, recorded)) == [name]
