@@ -466,6 +466,32 @@ def test_the_speed_settings_figures_are_their_recorded_pairs():
     assert f"{start} -> 0.156 -> {default} at steps 0/5/10" in smol and f"{start} -> 0.156 -> {guide_}" in smol
 
 
+def test_the_fused_and_padded_figures_are_their_recorded_files():
+    """docs/presets.md's passes alone and per phase with the fused log-prob, the packed attention's share, and
+    docs/memory_plan.md's padding, each from the recorded run it names."""
+    text = _section(PRESETS, "## `conf/speed/guide.yaml`")
+    ratios = [p["ratio"] for f in (RESULTS / "2026-12-06-h100").glob("pass_bench_*.json")
+              for p in json.loads(f.read_text())["passes"].values()]
+    said = f"the three training passes alone, {min(ratios):.1f}-{max(ratios):.1f}x " \
+           "(`benchmarks/gpu/results/2026-12-06-h100/README.md`)"
+    assert len(ratios) == 9 and said in text, said
+    guide, fast = (RESULTS / "2026-12-06-h200-speed" / j for j in ("q17lora_guide", "q17lora_fast"))
+    upto = min(_steps(guide).index.max(), _steps(fast).index.max())
+    each = [_steps(guide, f"timing_s/{k}").loc[2:upto].mean() / _steps(fast, f"timing_s/{k}").loc[2:upto].mean()
+            for k in ("old_log_prob", "ref", "update_actor")]
+    said = "old log-prob {:.2f}x, reference {:.2f}x, update {:.2f}x;".format(*each)
+    assert said in text, said
+    padded = RESULTS / "2026-12-06-h100-padded"
+    bench = json.loads((padded / "budget_bench_1_7b_lora.json").read_text())
+    kernels = re.search(r"([\d.]+) s of the ([\d.]+) s that the top 25 kernels took",
+                        (padded / "README.md").read_text())
+    share = re.search(r"\(~(\d+)% of a packed update's kernel time at ([\d,]+) tokens\)", text)
+    assert share and _about(share[1], 100 * float(kernels[1]) / float(kernels[2])), share
+    assert share[2] == f"{bench['args']['profile']:,}"
+    more = max(r["padded_tokens"] / r["tokens"] - 1 for r in bench["rows"])
+    said = f"(the bench's evenly spread lengths: {more:.0%} more, `benchmarks/gpu/results/2026-12-06-h100-padded/`)"
+    assert said in _flat(MEMORY_PLAN), said
+
 def test_the_moved_pages_measured_figures_are_their_files():
     """The measured figures of docs/tasks.md, docs/emulation.md and docs/verl_schema.md, read from their files."""
     warmup = RESULTS / "2026-12-02" / "warmup"
