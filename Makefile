@@ -42,7 +42,10 @@ $(VENV)/.installed: requirements-test.txt
 # the tests run in pytest-xdist workers, one per core (TEST_JOBS=0: all in one process, one after another); the tests of
 # one module-scoped fixture share a worker (--dist loadgroup, tests/conftest.py)
 TEST_JOBS ?= auto
-PYTEST = $(TEST_PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
+# grpo_lab byte-compiled first, as an installed package is: the suite starts hundreds of run.py processes, each of which
+# would compile it anew where PYTHONDONTWRITEBYTECODE is set
+COMPILE = $(TEST_PY) -m compileall -q grpo_lab hydra_plugins >/dev/null
+PYTEST = $(COMPILE) && $(TEST_PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 lint: $(VENV)/.installed ## ruff on every Python file (its settings: pyproject.toml), as CI runs it
 	$(VENV)/bin/ruff check .
