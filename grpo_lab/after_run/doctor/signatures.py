@@ -3,6 +3,7 @@ with the overrides to try; how a matcher registers its ids, and the match order:
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Callable
@@ -70,6 +71,20 @@ def signature(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] =
 def known(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] = ()) -> str:
     """Register a diagnosis that no matcher gives (it comes from where the log stopped, a job's files); its id."""
     return SIGNATURES.add(Signature(sid, kind, phase, None, fatal)).id
+
+
+def on_first(pattern: re.Pattern[str]) -> Callable[[Callable[[Log, int, Run], Diagnosis]], Matcher]:
+    """A matcher of the log's first line that matches `pattern` (line index i): no diagnosis when none does."""
+
+    def deco(fn: Callable[[Log, int, Run], Diagnosis]) -> Matcher:
+        @functools.wraps(fn)
+        def matcher(log: Log, run: Run) -> list[Diagnosis]:
+            i = log.first(pattern)
+            return [] if i is None else [fn(log, i, run)]
+
+        return matcher
+
+    return deco
 
 
 def matchers() -> list[Matcher]:
@@ -283,11 +298,9 @@ def _kv_cache(log: Log, run: Run) -> list[Diagnosis]:
 
 
 @signature("vllm_no_flashinfer", kind="packages", phase="start-up")
-def _flashinfer(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_FLASHINFER)
-    if i is None:
-        return []
-    return [Diagnosis(
+@on_first(_FLASHINFER)
+def _flashinfer(log: Log, i: int, run: Run) -> Diagnosis:
+    return Diagnosis(
         id="vllm_no_flashinfer",
         title="vLLM's engine failed to start: No module named 'flashinfer' (its sampler imports it)",
         evidence=log.evidence(i), line=i + 1, phase="generation",
@@ -297,18 +310,16 @@ def _flashinfer(log: Log, run: Run) -> list[Diagnosis]:
                    "Without the flashinfer package, set VLLM_USE_FLASHINFER_SAMPLER=0 for the Ray workers (in the "
                    "shell before `python run.py`, or as the override below); or install flashinfer matching your "
                    "vLLM and CUDA.")),
-        overrides=[env_override("VLLM_USE_FLASHINFER_SAMPLER", "0")])]
+        overrides=[env_override("VLLM_USE_FLASHINFER_SAMPLER", "0")])
 
 
 _LORA_NO_SHARD = re.compile(r"offload_to_cpu=True and NO_SHARD is not supported yet")
 
 
 @signature("lora_fsdp_no_shard", kind="lora", phase="weight sync")
-def _lora_no_shard(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_LORA_NO_SHARD)
-    if i is None:
-        return []
-    return [Diagnosis(
+@on_first(_LORA_NO_SHARD)
+def _lora_no_shard(log: Log, i: int, run: Run) -> Diagnosis:
+    return Diagnosis(
         id="lora_fsdp_no_shard",
         title="LoRA weight sync failed: FSDP on one GPU (NO_SHARD) cannot summon with offload_to_cpu",
         evidence=log.evidence(i), line=i + 1, phase="training",
@@ -318,7 +329,7 @@ def _lora_no_shard(log: Log, run: Run) -> list[Diagnosis]:
                 "FSDP.summon_full_params(offload_to_cpu=True), which NO_SHARD does not support; it fails at the first "
                 "weight sync, after start-up. The preflight refuses this (rule lora_layered_summon_one_gpu). Use "
                 "FSDP2 (layered_summon=false alone is no way out with peft >= 0.21: rule lora_fsdp1_adapter)."),
-        overrides=["actor_rollout_ref.actor.strategy=fsdp2"])]
+        overrides=["actor_rollout_ref.actor.strategy=fsdp2"])
 
 
 # vLLM 0.24's LoRAModelManager._create_merged_loras_inplace: next(iter(lora_model.loras.values())) on an empty adapter
@@ -326,11 +337,9 @@ _LORA_EMPTY = re.compile(r"in _create_merged_loras_inplace|first_lora: LoRALayer
 
 
 @signature("lora_empty_adapter", kind="lora", phase="weight sync")
-def _lora_empty_adapter(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_LORA_EMPTY)
-    if i is None:
-        return []
-    return [Diagnosis(
+@on_first(_LORA_EMPTY)
+def _lora_empty_adapter(log: Log, i: int, run: Run) -> Diagnosis:
+    return Diagnosis(
         id="lora_empty_adapter",
         title="LoRA weight sync failed: vLLM's add_lora got an adapter with no LoRA weights (StopIteration)",
         evidence=log.evidence(i), line=i + 1, phase="training",
@@ -339,16 +348,14 @@ def _lora_empty_adapter(log: Log, run: Run) -> list[Diagnosis]:
                 "keep FSDP1's inner _fsdp_wrapped_module.), so vLLM's _create_merged_loras_inplace stops on an empty "
                 "adapter and the job then hangs. The preflight refuses this (rule lora_fsdp1_adapter). Use FSDP2, "
                 "or send merged weights (actor_rollout_ref.model.lora.merge=true)."),
-        overrides=["actor_rollout_ref.actor.strategy=fsdp2"])]
+        overrides=["actor_rollout_ref.actor.strategy=fsdp2"])
 
 
 @signature("ray_register_worker", kind="ray", phase="start-up")
-def _raylet(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_RAYLET)
-    if i is None:
-        return []
+@on_first(_RAYLET)
+def _raylet(log: Log, i: int, run: Run) -> Diagnosis:
     need = cpus_needed(run)
-    return [Diagnosis(
+    return Diagnosis(
         id="ray_register_worker",
         title='Ray: "Unable to register worker with raylet"',
         evidence=log.evidence(i), line=i + 1,
@@ -358,14 +365,12 @@ def _raylet(log: Log, run: Run) -> list[Diagnosis]:
                 + (f"this job needs at least {need}: " if need else "the job's GPUs and trainer are not in its "
                    "config; it needs ") + "3 per GPU + 1 TaskRunner, with the V1 trainer + 1 TransferQueue controller "
                 "+ 1 per storage unit). If the limit is open files, raise it (`ulimit -n 65535`)."),
-        overrides=[f"ray_kwargs.ray_init.num_cpus={need}"] if need else [])]
+        overrides=[f"ray_kwargs.ray_init.num_cpus={need}"] if need else [])
 
 
 @signature("illegal_memory_access", kind="kernels", phase="any")
-def _illegal_access(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_ILLEGAL)
-    if i is None:
-        return []
+@on_first(_ILLEGAL)
+def _illegal_access(log: Log, i: int, run: Run) -> Diagnosis:
     phase = _phase_at(log, i)
     if phase == "training":
         remedy = ("A CUDA kernel of the training side read out of bounds. Run with CUDA_LAUNCH_BLOCKING=1 to get the "
@@ -377,10 +382,10 @@ def _illegal_access(log: Log, run: Run) -> list[Diagnosis]:
                   "https://docs.vllm.ai/en/latest/usage/troubleshooting.html). First try without CUDA graphs "
                   "(actor_rollout_ref.rollout.enforce_eager=true); run with CUDA_LAUNCH_BLOCKING=1 to find the kernel.")
         overrides = ["actor_rollout_ref.rollout.enforce_eager=true", env_override("CUDA_LAUNCH_BLOCKING", "1")]
-    return [Diagnosis(id="illegal_memory_access",
-                      title="CUDA error: an illegal memory access" + (f" ({phase} phase)" if phase else ""),
-                      evidence=log.evidence(i), line=i + 1, phase=phase or "generation", remedy=remedy,
-                      overrides=overrides)]
+    return Diagnosis(id="illegal_memory_access",
+                     title="CUDA error: an illegal memory access" + (f" ({phase} phase)" if phase else ""),
+                     evidence=log.evidence(i), line=i + 1, phase=phase or "generation", remedy=remedy,
+                     overrides=overrides)
 
 
 def nccl_diagnosis(run: Run, evidence: str, line: int | None, how: str) -> Diagnosis:
@@ -399,18 +404,14 @@ def nccl_diagnosis(run: Run, evidence: str, line: int | None, how: str) -> Diagn
 
 
 @signature("nccl_hang", kind="nccl", phase="any")
-def _nccl(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_NCCL)
-    if i is None:
-        return []
-    return [nccl_diagnosis(run, log.evidence(i), i + 1, "(collective timed out or failed)")]
+@on_first(_NCCL)
+def _nccl(log: Log, i: int, run: Run) -> Diagnosis:
+    return nccl_diagnosis(run, log.evidence(i), i + 1, "(collective timed out or failed)")
 
 
 @signature("triton_compile", kind="kernels", phase="any")
-def _triton(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_TRITON)
-    if i is None:
-        return []
+@on_first(_TRITON)
+def _triton(log: Log, i: int, run: Run) -> Diagnosis:
     context = "\n".join(log.clean[i:i + 40])
     overrides = ["actor_rollout_ref.actor.use_torch_compile=false"]
     remedy = ("Triton could not build a kernel (compile_module_from_src): disable just-in-time compilation of the "
@@ -421,59 +422,53 @@ def _triton(log: Log, run: Run) -> list[Diagnosis]:
     if re.search(r"Failed to find C compiler|gcc|cc1|Python\.h|CalledProcessError", context):
         remedy += (" The build needs a C compiler and Python headers: install them (`apt install build-essential "
                    "python3-dev`) or point CC at one.")
-    return [Diagnosis(id="triton_compile", title="Triton compile error (compile_module_from_src)",
-                      evidence=log.evidence(i), line=i + 1, remedy=remedy, overrides=overrides)]
+    return Diagnosis(id="triton_compile", title="Triton compile error (compile_module_from_src)",
+                     evidence=log.evidence(i), line=i + 1, remedy=remedy, overrides=overrides)
 
 
 @signature("flash_attn_import", kind="packages", phase="start-up")
-def _flash_attn(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_FA2)
-    if i is None:
-        return []
-    return [Diagnosis(
+@on_first(_FA2)
+def _flash_attn(log: Log, i: int, run: Run) -> Diagnosis:
+    return Diagnosis(
         id="flash_attn_import",
         title="FlashAttention2 is not usable (flash_attn missing or built for another torch)",
         evidence=log.evidence(i), line=i + 1,
         remedy=("verl loads the model with attn_implementation=flash_attention_2 by default. Without a working "
                 "flash_attn use torch's sdpa (padding removal stays correct), or install flash-attn built for your "
                 "torch/CUDA."),
-        overrides=["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"])]
+        overrides=["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"])
 
 
 @signature("ray_env_var_type", kind="ray", phase="start-up")
-def _ray_env(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_RAY_ENV)
-    if i is None:
-        return []
+@on_first(_RAY_ENV)
+def _ray_env(log: Log, i: int, run: Run) -> Diagnosis:
     bad = {k: val for k, val in run.cfg.env_vars.items() if not isinstance(val, str)}
     if not bad:
         m = re.search(r"the value (\S+) is of type", log.clean[i])
         bad = {"<NAME>": m.group(1) if m else "<value>"}
     overrides = [env_override(k, str(val).lower() if isinstance(val, bool) else str(val)) for k, val in bad.items()]
-    return [Diagnosis(
+    return Diagnosis(
         id="ray_env_var_type",
         title="A Ray runtime_env env var is not a string",
         evidence=log.evidence(i), line=i + 1,
         remedy=("Ray accepts only strings in runtime_env.env_vars, but Hydra reads 1 / true as a number / bool. Quote "
                 "the value in the override (the whole override in single quotes for the shell): "
                 + ", ".join(f"{k} is {val!r}" for k, val in bad.items()) + "."),
-        overrides=overrides)]
+        overrides=overrides)
 
 
 @signature("hydra_new_key", kind="config", phase="compose")
-def _hydra_missing_key(log: Log, run: Run) -> list[Diagnosis]:
-    i = log.first(_HYDRA_APPEND)
-    if i is None:
-        return []
+@on_first(_HYDRA_APPEND)
+def _hydra_missing_key(log: Log, i: int, run: Run) -> Diagnosis:
     m = _HYDRA_APPEND.search(log.clean[i])
     assert m is not None
     key = m.group(1)
     prev = next((log.evidence(j) for j in range(i, max(-1, i - 5), -1) if "Could not override" in log.clean[j]),
                 log.evidence(i))
-    return [Diagnosis(id="hydra_new_key", title="Override of a key that is not in the config",
-                      evidence=prev, line=i + 1,
-                      remedy="The key is new to verl's config: prefix the override with + (Hydra's append).",
-                      overrides=[key])]
+    return Diagnosis(id="hydra_new_key", title="Override of a key that is not in the config",
+                     evidence=prev, line=i + 1,
+                     remedy="The key is new to verl's config: prefix the override with + (Hydra's append).",
+                     overrides=[key])
 
 
 # verl 0.9.1 loading reward.custom_reward_function.path in its reward-loop workers (verl/utils/import_utils.py:
