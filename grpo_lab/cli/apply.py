@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.cli.knobs import SHORT_KEYS, followers, short_key_targets
+from grpo_lab.cli.knobs import SHORT_KEYS, moved_with, short_key_targets
 from grpo_lab.labconf import Lab
 from grpo_lab.verl_keys import get, thaw
 
@@ -117,13 +117,8 @@ def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, tou
     touched.add(key)
     if delete or old is _MISSING:
         return
-    todo, seen = [key], {key}
-    while todo:
-        for f in followers().get(todo.pop(), ()):
-            if f not in seen and f not in touched and get(verl, f, _MISSING) == old:
-                seen.add(f)
-                _set(verl, f, value)
-                todo.append(f)
+    for f in moved_with(key, old, lambda k: get(verl, k, _MISSING), touched):
+        _set(verl, f, value)
 
 
 def already_has(verl: Mapping[str, Any], override: str) -> bool:

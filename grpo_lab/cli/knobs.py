@@ -6,7 +6,7 @@ import difflib
 import functools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,19 @@ def followers() -> dict[str, tuple[str, ...]]:
     out: dict[str, list[str]] = {k: list(v) for k, v in our_followers().items()}
     _walk(schema().tree, "", out)
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
+
+
+def moved_with(key: str, old: Any, value_of: Callable[[str], Any], skip: Container[str]) -> list[str]:
+    """The keys that move with `key` when it moves from `old`: those that follow it (`${key}`), directly or through one
+    another, and still hold `old` (value_of: a key's value now); none in `skip` (set on their own, or moved already)."""
+    out: list[str] = []
+    todo = [key]
+    while todo:
+        for f in followers().get(todo.pop(), ()):
+            if f != key and f not in out and f not in skip and value_of(f) == old:
+                out.append(f)
+                todo.append(f)
+    return out
 
 
 def short_key_targets(key: str) -> tuple[str, ...]:

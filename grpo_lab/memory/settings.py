@@ -14,7 +14,7 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.cli.apply import Change
-from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS, followers, short_key_targets
+from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS, followers, moved_with, short_key_targets
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.memplan_arch import Settings
 from grpo_lab.memory.verl_view import VerlView, view_of
@@ -107,6 +107,9 @@ FIELD_OF_KEY = {A + k: f for k, f in {
 }.items()}
 
 
+_UNPLANNED = object()  # the value of a key no Settings field holds
+
+
 def settings_after(s: Settings, changes: Iterable[Change] | Mapping[str, Any],
                    apart: Mapping[str, Iterable[str]] | None = None) -> Settings:
     """The settings after the changes, for the plans, as apply_overrides changes the config: each key's field (a short
@@ -117,19 +120,14 @@ def settings_after(s: Settings, changes: Iterable[Change] | Mapping[str, Any],
     set_apart = {k for keys in (apart or {}).values() for k in keys}
     touched, follow = set(set_apart), _followers()
     pairs = changes.items() if isinstance(changes, Mapping) else ((c.key, c.value) for c in changes)
+    planned = lambda k: getattr(s, FIELD_OF_KEY[k]) if k in FIELD_OF_KEY else _UNPLANNED  # noqa: E731
     for key, value in pairs:
-        todo = [k for k in follow.get(key, ()) if k not in set_apart] if key in SHORT_KEYS else [key]
-        touched.update(todo)
-        old = {k: getattr(s, FIELD_OF_KEY[k]) for k in todo if k in FIELD_OF_KEY}
-        while todo:
-            k = todo.pop()
-            if k in FIELD_OF_KEY:
-                new[FIELD_OF_KEY[k]] = _as_field(getattr(s, FIELD_OF_KEY[k]), value)
-            for f in follow.get(k, ()):
-                if f not in touched and f in FIELD_OF_KEY and getattr(s, FIELD_OF_KEY[f]) == old.get(k):
-                    touched.add(f)
-                    old[f] = old[k]
-                    todo.append(f)
+        targets = [k for k in follow.get(key, ()) if k not in set_apart] if key in SHORT_KEYS else [key]
+        touched.update(targets)
+        for t in (t for t in targets if t in FIELD_OF_KEY):
+            moved = [t, *moved_with(t, planned(t), planned, touched)]
+            touched.update(moved)
+            new.update((FIELD_OF_KEY[k], _as_field(planned(k), value)) for k in moved)
     return replace(s, **new)
 
 
