@@ -882,7 +882,7 @@ def design_disagreements(pages: dict[str, str]) -> dict[str, str]:
     from grpo_lab.launch import fatal
     from grpo_lab.memory import calibration, memplan, memplan_phases, timeplan
     from grpo_lab.memory.memplan_arch import Arch
-    from grpo_lab.tasks import countdown, own_data, qwen3_random, tiny, warmup
+    from grpo_lab.tasks import arith, countdown, own_data, qwen3_random, tiny, warmup
     from grpo_lab.tasks.rewards import countdown as countdown_reward
     from grpo_lab.verl_schema.api import schema
 
@@ -1011,6 +1011,11 @@ def design_disagreements(pages: dict[str, str]) -> dict[str, str]:
           f"{2 * params['tiny'] / 1e6:.1f}", f"{learn.num_hidden_layers}", f"{learn.hidden_size}",
           f"{params['learn'] / 1e6:.1f}")
     check("tiny vocab", "tasks.md", r"below the model's vocab_size \((\d+)\)", f"{small.vocab_size}")
+    check("qwen3 bytes", "tasks.md", r"so every id a random model samples decodes: (\d+) byte tokens",
+          f"{len(q.bytes_to_unicode())}")
+    check("random init", "tasks.md", r"seeded random init \(transformers' own: normal\(0, ([\d.]+)\)",
+          _g(tiny.INIT_STD))
+    check("sums", "tasks.md", r"sums a \+ b, a and b in (\d+)\.\.(\d+)", *map(str, arith.SUMS))
     return wrong
 
 
@@ -1082,6 +1087,9 @@ DESIGN_STALE = {
     "qwen3 shards": ("tasks.md", "sharded at 5 GB", "sharded at 4 GB"),
     "tiny models": ("tasks.md", "(4.2M parameters)", "(4.0M parameters)"),
     "tiny vocab": ("tasks.md", "vocab_size (4096)", "vocab_size (8192)"),
+    "qwen3 bytes": ("tasks.md", "decodes: 256 byte tokens", "decodes: 128 byte tokens"),
+    "random init": ("tasks.md", "normal(0, 0.02)", "normal(0, 0.01)"),
+    "sums": ("tasks.md", "a and b in 0..99", "a and b in 1..99"),
 }
 
 

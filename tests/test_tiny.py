@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -68,6 +69,9 @@ def test_model_and_tokenizer_load_and_agree(made):
     special_ids = tok.convert_tokens_to_ids(specials)
     assert all(isinstance(i, int) and i < model.config.vocab_size for i in special_ids)
     assert len(tok) <= model.config.vocab_size
+    assert f"tokenizer {len(tok)} tokens" in made[2]
+    documented = re.search(r"the tokenizer has only (\d+) tokens", (ROOT / "docs" / "tasks.md").read_text())
+    assert documented and int(documented.group(1)) == len(tok)  # docs/tasks.md's count is make tiny's
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.bos_token is None
     assert model.config.eos_token_id == tok.eos_token_id
     # <think> stays in decoded text (special=False, as in Qwen3); <|im_end|> does not

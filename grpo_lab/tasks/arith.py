@@ -19,6 +19,7 @@ from grpo_lab.tasks.tiny import arith_problem
 FORMAT_VERSION = 1
 STAMP = "grpo_lab_arith.json"
 TASKS = ("sums", "mixed", "chain")
+SUMS = (0, 99)  # the operands of a sums problem, both ends included
 STYLES = ("gsm8k", "oneshot")
 ONESHOT = 'Solve the problem and write the final answer after "####". Example:\nWhat is 12 + 7?\n12 + 7 = 19\n#### 19'
 
@@ -26,7 +27,7 @@ ONESHOT = 'Solve the problem and write the final answer after "####". Example:\n
 def problem(task: str, rng: random.Random) -> tuple[str, str, int]:
     """(question, expression, value) of one random problem of the task."""
     if task == "sums":
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        a, b = rng.randint(*SUMS), rng.randint(*SUMS)
         return f"What is {a} + {b}?", f"{a} + {b}", a + b
     if task == "mixed":
         return arith_problem(rng)

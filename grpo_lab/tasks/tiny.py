@@ -41,6 +41,8 @@ class Qwen3Arch:
 
 
 # "tiny" must match conf/model/tiny_qwen3.yaml (lab.model.*); a test checks it.
+INIT_STD = 0.02  # the weights' normal(0, std): transformers' Qwen3Config default initializer_range
+
 VARIANTS: dict[str, tuple[str, Qwen3Arch]] = {
     "tiny": ("tiny-qwen3", Qwen3Arch(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                      head_dim=16, intermediate_size=128)),
@@ -212,7 +214,7 @@ def build_model(arch: Qwen3Arch, tokenizer, seed: int, path: Path, *, device: st
     config = Qwen3Config(
         **asdict(arch), hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1_000_000.0, attention_bias=False,
         attention_dropout=0.0, use_sliding_window=False, sliding_window=None, max_window_layers=arch.num_hidden_layers,
-        initializer_range=0.02, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, use_cache=True,
+        initializer_range=INIT_STD, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, use_cache=True,
         **(config_extra or {}),
     )
     config.architectures = ["Qwen3ForCausalLM"]
