@@ -466,6 +466,32 @@ def test_the_speed_settings_figures_are_their_recorded_pairs():
     assert f"{start} -> 0.156 -> {default} at steps 0/5/10" in smol and f"{start} -> 0.156 -> {guide_}" in smol
 
 
+def _planned_step_s(tmp_path: Path, *args: str) -> float:
+    """The steady step the time plan gives `python run.py ARGS preflight.only=true` (its plan.json)."""
+    p = run_py(*args, "preflight.only=true", cwd=tmp_path)
+    assert planned(p), p.stdout + p.stderr
+    plan = Path(re.search(r"plan written to (\S+/plan\.json)", p.stdout).group(1))
+    return json.loads(plan.read_text())["time"]["step_s"]
+
+
+def test_the_speed_defaults_planned_steps_are_the_time_plans(tmp_path):
+    """docs/presets.md's planned steps of the default against the guide's settings with larger budgets (flash-attn
+    assumed, as verl's default attention is), as the time plan gives them through run.py."""
+    text = " ".join(_section(PRESETS, "## `conf/speed/guide.yaml`").split())
+    budgets = ("ppo_max_token_len_per_gpu={0}", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={0}",
+               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={0}")
+    guide = lambda n: ["speed=guide", *(b.format(n) for b in budgets)]  # noqa: E731
+    small, preset = ("model=qwen3_0_6b", "hardware=h100x1"), ("experiment=qwen3_1_7b_gsm8k", "hardware=rtx4080x4")
+    fast_s, guide_s = _planned_step_s(tmp_path, *small), _planned_step_s(tmp_path, *small, *guide(16384))
+    m = re.search(r"those budgets ~(\d+)% shorter \(`model=qwen3_0_6b hardware=h100x1`: (\d+) against (\d+) s a step\)",
+                  text)
+    assert m and m.groups() == (f"{5 * round(20 * (1 - guide_s / fast_s))}", f"{guide_s:.0f}", f"{fast_s:.0f}"), m
+    fast_s, guide_s = _planned_step_s(tmp_path, *preset), _planned_step_s(tmp_path, *preset, *guide(8192))
+    m = re.search(r"`experiment=qwen3_1_7b_gsm8k hardware=rtx4080x4`: (\d+) s a step against (\d+) s for the guide's "
+                  r"settings with the largest budget that fits, ([\d,]+)\)", text)
+    assert m and m.groups() == (f"{fast_s:.0f}", f"{guide_s:.0f}", "8,192"), m
+
+
 def test_the_fused_and_padded_figures_are_their_recorded_files():
     """docs/presets.md's passes alone and per phase with the fused log-prob, the packed attention's share, and
     docs/memory_plan.md's padding, each from the recorded run it names."""
