@@ -379,6 +379,37 @@ def test_the_temperature_figures_are_their_files():
     assert f"{row['mixed_score']:.0%}" == m.group(7) + "%"
 
 
+def smoke_start_up_disagreements(text: str) -> dict[str, str]:
+    """{figure: what docs/presets.md's smoke_tiny start-up note says against its recorded files}."""
+    m = re.search(r"run\.py's smoke_tiny on the H200, with these settings: \"ready to fit\" at (\d+) s of (\d+) s, "
+                  r"`(benchmarks/gpu/results/[^`]+\.log)`\).*?Before/after, on a warm machine: (\d+) s with these "
+                  r"settings against (\d+) s with verl's defaults, no measurable gain "
+                  r"\(`(benchmarks/gpu/results/[^`]+)/README\.md`", " ".join(text.split()))
+    if not m:
+        return {"start-up": "the smoke_tiny start-up sentence"}
+    log, folder = ROOT / m[3], ROOT / m[6]
+    ready = [float(line.split()[0]) for line in log.read_text(errors="replace").splitlines() if "ready to fit" in line]
+    smoke = json.loads((log.with_suffix("") / "status.json").read_text())["wall_s"]
+    warm = json.loads((folder / "make_smoke_tiny" / "status.json").read_text())["wall_s"]
+    raw = float(re.search(r"wall_s=([\d.]+)", (folder / "raw_before_times.txt").read_text())[1])
+    wrong = {}
+    if len(ready) != 1 or m.group(1, 2) != (f"{ready[0]:.0f}", f"{smoke:.0f}"):
+        wrong["start-up"] = f"{m.group(1, 2)}: {log.name} and its status.json give {ready}, {smoke}"
+    if m.group(4, 5) != (f"{warm:.0f}", f"{raw:.0f}") or abs(warm - raw) > 0.05 * raw:
+        wrong["before/after"] = f"{m.group(4, 5)}: {folder.name} gives {warm} and {raw}"
+    return wrong
+
+
+def test_the_smoke_start_up_figures_are_their_files():
+    assert smoke_start_up_disagreements(PRESETS.read_text()) == {}
+    # the figure the page quoted before, with no recorded run behind it, and wrong values planted: each is found
+    text = " ".join(PRESETS.read_text().split())
+    assert smoke_start_up_disagreements(text.replace('"ready to fit" at 162 s of 218 s',
+                                                     "about 3.5 of 5.3 minutes")) != {}
+    assert list(smoke_start_up_disagreements(text.replace("at 162 s of 218 s", "at 162 s of 318 s"))) == ["start-up"]
+    assert list(smoke_start_up_disagreements(text.replace("machine: 130 s", "machine: 110 s"))) == ["before/after"]
+
+
 def test_the_presets_memory_arithmetic_is_the_plans():
     """docs/presets.md's vLLM shares and weights are what the memory plan computes for those options (GB = 1e9 bytes;
     a card of `gpu_memory_gb: 32` is 32 GiB, as CUDA reports it)."""
