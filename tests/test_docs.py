@@ -410,6 +410,39 @@ def test_the_smoke_start_up_figures_are_their_files():
     assert list(smoke_start_up_disagreements(text.replace("machine: 130 s", "machine: 110 s"))) == ["before/after"]
 
 
+def guide_run_disagreements(readme: str, presets: str) -> dict[str, str]:
+    """{figure: what README.md's "3. The real run" and docs/presets.md's qwen3_1_7b_gsm8k say against the composed
+    `experiment=qwen3_1_7b_gsm8k` (its batch, group, mini-batch, epochs, GPUs and the dataset option's train_rows)}."""
+    from conftest import compose_split
+
+    verl, lab = compose_split("experiment=qwen3_1_7b_gsm8k")
+    tb, n = verl["data"]["train_batch_size"], verl["actor_rollout_ref"]["rollout"]["n"]
+    mb, gpus = verl["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"], verl["trainer"]["n_gpus_per_node"]
+    wrong = {}
+
+    def check(name: str, text: str, pattern: str, *expected: int):
+        m = re.search(pattern, " ".join(text.split()))
+        if not m or m.groups() != tuple(f"{e}" for e in expected):
+            wrong[name] = f"{m.group(0) if m else pattern!r}: the composed config gives {expected}"
+
+    check("README: real run", readme, r"3\. The real run, Qwen3-1\.7B, (\d+) epochs \((\d+) prompts x (\d+) answers = "
+          r"(\d+) trajectories a step, (\d+) actor updates, ~(\d+) steps an epoch\)", verl["trainer"]["total_epochs"],
+          tb, n, tb * n, tb // mb, lab.dataset.train_rows // tb)
+    check("presets: guide's numbers", presets, r"guide's 1\.7B numbers: (\d+) x (\d+) = (\d+) trajectories a step, "
+          r"(\d+) actor updates of (\d+), (\d+) per card per mini-batch", tb, n, tb * n, tb // mb, mb * n,
+          mb * n // gpus)
+    return wrong
+
+
+def test_the_guide_runs_batch_arithmetic_is_its_config():
+    readme, presets = _flat(README), _flat(PRESETS)
+    assert guide_run_disagreements(readme, presets) == {}
+    # wrong values planted: each is found
+    assert list(guide_run_disagreements(readme.replace("~58 steps", "~60 steps"), presets)) == ["README: real run"]
+    assert list(guide_run_disagreements(readme, presets.replace("80 per card", "160 per card"))) == [
+        "presets: guide's numbers"]
+
+
 def test_the_presets_memory_arithmetic_is_the_plans():
     """docs/presets.md's vLLM shares and weights are what the memory plan computes for those options (GB = 1e9 bytes;
     a card of `gpu_memory_gb: 32` is 32 GiB, as CUDA reports it)."""
