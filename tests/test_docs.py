@@ -443,6 +443,80 @@ def test_the_guide_runs_batch_arithmetic_is_its_config():
         "presets: guide's numbers"]
 
 
+@functools.cache
+def _budgets(*overrides: str) -> tuple[int, int, int]:
+    """The update's, the old log-prob's and the reference's token budgets of the composed config."""
+    from conftest import compose_split
+
+    arr = compose_split(*overrides)[0]["actor_rollout_ref"]
+    return (arr["actor"]["ppo_max_token_len_per_gpu"], arr["rollout"]["log_prob_max_token_len_per_gpu"],
+            arr["ref"]["log_prob_max_token_len_per_gpu"])
+
+
+def options_disagreements(readme: str, presets: str) -> dict[str, str]:
+    """{figure: what README.md's config-group table and first lines, and docs/presets.md's hardware and rollout
+    sections, say against the option files they describe (conf/hardware/, conf/rollout/, conf/speed/)}."""
+    from grpo_lab.facts import load_yaml
+
+    course, small = _hardware("rtx4080x4"), _hardware("rtx4080_16gbx4")
+    hw = course["lab"]["hardware"]
+    gpus, card, ram = course["ngpus_per_node"], hw["gpu_memory_gb"], hw["host_ram_gb"]
+    pcie = hw["interconnect"] == "pcie4" and not hw["nvlink"]  # "PCIe (4.0), no NVLink"
+    rollout = {o: load_yaml(ROOT / "conf" / "rollout" / f"{o}.yaml") for o in ("tp1_mem04", "tp2_mem06", "tp2_mem04")}
+    tp_util = [f"{x}" for o in rollout.values() for x in (o["rollout_tp"], o["rollout_gpu_mem_util"])]
+    wrong = {}
+
+    def check(name: str, text: str, pattern: str, *expected):
+        m = re.search(pattern, " ".join(text.split()))
+        if not m or m.groups() != tuple(f"{e}" for e in expected):
+            wrong[name] = f"{m.group(0) if m else pattern!r}: the option files give {expected}"
+
+    check("README: reference", readme, r"the reference: (\d+)x RTX 4080 with (\d+) GB each, (PCIe, no NVLink), "
+          r"(\d+) GB RAM", gpus, card, "PCIe, no NVLink" if pcie else "?", ram)
+    check("README: hardware", readme, r"`rtx4080x4` \((\d+)x (\d+) GB, PCIe, NCCL P2P (\w+)\), `rtx4080_16gbx4` "
+          r"\(stock (\d+) GB cards\)", gpus, card, "on" if hw["p2p"] else "off",
+          small["lab"]["hardware"]["gpu_memory_gb"])
+    check("README: rollout", readme, r"`tp1_mem04` \(the guide: TP (\d+), util ([\d.]+)\), `tp2_mem06` \(the official "
+          r"script: TP (\d+), util ([\d.]+)\), `tp2_mem04` \(TP (\d+) at ([\d.]+):", *tp_util)
+    check("README: speed", readme, r"`fast` \(verl's fused log-prob, token budgets of ([\d,]+), .*?`guide` \(the "
+          r"script's exact settings: per-token log-prob loop without flash-attn, budgets ([\d,]+) / ([\d,]+) / "
+          r"([\d,]+)\)", *(f"{b:,}" for b in set(_budgets())), *(f"{b:,}" for b in _budgets("speed=guide")))
+    check("presets: defaults", presets, r"GRPO on GSM8K, Qwen3-1\.7B, (\d+)x RTX 4080 (\d+) GB, vLLM rollout with "
+          r"TP (\d+) and gpu_memory_utilization ([\d.]+)\.", gpus, card, *tp_util[:2])
+    check("presets: course machine", presets, r"The guide's course machine: (\d+)x RTX 4080 with (\d+) GB each, (PCIe "
+          r"4\.0 between the cards, no NVLink), (\d+) GB RAM\. CPU cores are not stated by the guide; (\d+) is a "
+          r"typical desktop", gpus, card, "PCIe 4.0 between the cards, no NVLink" if pcie else "?", ram,
+          hw["cpu_cores"])
+    s = small["lab"]["hardware"]
+    check("presets: 16 GB cards", presets, r"(\w+) stock RTX 4080 cards \((\d+) GB each; the guide's machine has (\d+) "
+          r"GB variants\), PCIe 4\.0, no NVLink, (\d+) GB RAM", WORDS[gpus].capitalize(), s["gpu_memory_gb"], card,
+          s.get("host_ram_gb", ram))
+    check("presets: tp1_mem04", presets, r"vLLM rollout with tensor parallel (\d+) and gpu_memory_utilization "
+          r"([\d.]+): the guide's choice for (\d+) GB PCIe cards", *tp_util[:2], card)
+    return wrong
+
+
+def test_the_options_figures_are_their_files():
+    readme, presets = _flat(README), _flat(PRESETS)
+    assert options_disagreements(readme, presets) == {}
+    # wrong values planted: each is found
+    for page, now, then, name in (
+            ("README", "32 GB each, PCIe, no NVLink, 128 GB RAM", "32 GB each, PCIe, no NVLink, 64 GB RAM",
+             "README: reference"),
+            ("README", "NCCL P2P off", "NCCL P2P on", "README: hardware"),
+            ("README", "official script: TP 2, util 0.6", "official script: TP 2, util 0.7", "README: rollout"),
+            ("README", "budgets 3,000 / 4,096 / 8,192", "budgets 3,072 / 4,096 / 8,192", "README: speed"),
+            ("presets", "TP 1 and gpu_memory_utilization 0.4.", "TP 2 and gpu_memory_utilization 0.4.",
+             "presets: defaults"),
+            ("presets", "16 is a typical desktop", "32 is a typical desktop", "presets: course machine"),
+            ("presets", "(16 GB each; the guide's", "(12 GB each; the guide's", "presets: 16 GB cards"),
+            ("presets", "choice for 32 GB PCIe", "choice for 24 GB PCIe", "presets: tp1_mem04")):
+        texts = {"README": readme, "presets": presets}
+        assert now in texts[page], now
+        texts[page] = texts[page].replace(now, then, 1)
+        assert list(options_disagreements(texts["README"], texts["presets"])) == [name], name
+
+
 def test_the_presets_memory_arithmetic_is_the_plans():
     """docs/presets.md's vLLM shares and weights are what the memory plan computes for those options (GB = 1e9 bytes;
     a card of `gpu_memory_gb: 32` is 32 GiB, as CUDA reports it)."""
