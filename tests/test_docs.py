@@ -1093,6 +1093,9 @@ def design_disagreements(pages: dict[str, str]) -> dict[str, str]:
     cpus = cluster["ray_kwargs"]["ray_init"]["num_cpus"] or cluster["lab"]["hardware"]["cpu_cores"]
     check("slurm: ray start", "launch.md", r"runs `ray start --head --port=(\d+) --num-cpus=(\d+) --num-gpus=(\d+)`",
           f"{slurm_conf['ray_port']}", f"{cpus}", f"{cluster['ngpus_per_node']}")
+    check("slurm: ray join", "launch.md", r"the task on each other node waits for that port and runs `ray start "
+          r"--address=<first node>:(\d+) --num-cpus=(\d+) --num-gpus=(\d+) --block`", f"{slurm_conf['ray_port']}",
+          f"{cpus}", f"{cluster['ngpus_per_node']}")
     # docs/cli.md: progress, the reward probe's time, near misses, the plan's console and Ray's CPUs
     check("progress", "cli.md", r"What can take more than (\d+) s shows progress .*? a whole line at most every "
           r"(\d+) s, .*?still running \(gives up at (\d+) s\)", _g(progress.DELAY_S), _g(progress.LINE_EVERY_S),
@@ -1234,6 +1237,7 @@ DESIGN_STALE = {
     "slurm: hours": ("launch.md", "GB; 4 hours.", "GB; 8 hours."),
     "slurm: ray start": ("launch.md", "runs `ray start --head --port=6379 --num-cpus=16",
                          "runs `ray start --head --port=6379 --num-cpus=32"),
+    "slurm: ray join": ("launch.md", "--num-cpus=16 --num-gpus=4 --block", "--num-cpus=32 --num-gpus=4 --block"),
     "progress": ("cli.md", "at most every 15 s", "at most every 10 s"),
     "near miss": ("cli.md", "difflib ratio >= 0.8", "difflib ratio >= 0.6"),
     "plan lines": ("cli.md", "at most 25 lines", "at most 20 lines"),
