@@ -517,6 +517,91 @@ def test_the_options_figures_are_their_files():
         assert list(options_disagreements(texts["README"], texts["presets"])) == [name], name
 
 
+@functools.cache
+def _verl_of(*overrides: str) -> dict:
+    """The verl config of the composed overrides (read only)."""
+    from conftest import compose_split
+
+    return compose_split(*overrides)[0]
+
+
+def smollm2_presets_disagreements(presets: str) -> dict[str, str]:
+    """{figure: what docs/presets.md says of the SmolLM2 presets, their datasets, rewards and DAPO's ramp against the
+    composed presets, the generators' default sizes (what `make` writes) and conf/reward_fn/}."""
+    from grpo_lab.tasks import arith, countdown
+
+    text = " ".join(presets.split())
+    learn, cd = (_verl_of(f"experiment={e}") for e in ("learn_smollm2", "countdown_smollm2"))
+    ramp = {k: _verl_of("variant=dapo", *e)
+            for k, e in (("guide", ()), ("smoke", ("experiment=smoke_smollm2",)))}
+    cd_reward, strict = _reward_kwargs("countdown"), _reward_kwargs("strict_format")
+    wrong = {}
+
+    def check(name: str, pattern: str, *expected):
+        m = re.search(pattern, text)
+        if not m or m.groups() != tuple(f"{e}" for e in expected):
+            wrong[name] = f"{m.group(0) if m else pattern!r}: the config and code give {expected}"
+
+    def steps(verl: dict) -> tuple:
+        t = verl["trainer"]
+        return t["total_training_steps"], t["test_freq"] if t["val_before_train"] else "?"
+
+    check("learn_smollm2", r"better at the one-shot arithmetic: (\d+) steps, validation \(greedy, (\d+) test prompts\) "
+          r"before training and every (\d+) steps", steps(learn)[0], arith.TEST_ROWS, steps(learn)[1])
+    check("learn_smollm2 batch", r"- `train_batch_size`: (\d+) prompts x (\d+) answers: at the default speed",
+          learn["data"]["train_batch_size"], learn["actor_rollout_ref"]["rollout"]["n"])
+    check("countdown_smollm2", r"learn_smollm2's settings \((\d+) steps, validation before training and every (\d+) "
+          r"steps\)", *steps(cd))
+    check("countdown_smollm2 length", r"; (\d+) leaves room for a little working and halves the rollout of "
+          r"learn_smollm2's (\d+)", cd["data"]["max_response_length"], learn["data"]["max_response_length"])
+    check("arith_oneshot rows", r"answer format in each prompt; (\d+) train rows, (\d+) test rows, data_source "
+          r"arith_mixed_oneshot", arith.TRAIN_ROWS, arith.TEST_ROWS)
+    check("countdown rows", r"reach the target with (\d+) or (\d+) given numbers from 1\.\.(\d+) and .*?; (\d+) train "
+          r"rows, (\d+) test rows, data_source countdown", *countdown.SIZES, countdown.MAX_NUMBER, countdown.TRAIN_ROWS,
+          countdown.TEST_ROWS)
+    one = {k: f"{v:.1f}" for k, v in cd_reward.items()}
+    check("countdown reward", r"keys: ([\d.]+) for an expression in <answer></answer> that reaches the target .*?, "
+          r"([\d.]+) for a valid expression with another value, ([\d.]+) for one that breaks the rules .*?, "
+          r"([\d.-]+) when the tag is missing", one["correct_score"], one["format_score"], one["invalid_score"],
+          f"{-cd_reward['missing_penalty']:.1f}")
+    check("countdown steps", r"the reward's ([\d.-]+)/([\d.-]+)/([\d.-]+) steps give GRPO the format",
+          f"{-cd_reward['missing_penalty']:.1f}", one["invalid_score"], one["format_score"])
+    check("strict_format", r"custom reward function keys: ([\d.]+) for the right number after \"####\", ([\d.]+) for a "
+          r"wrong one in the format, ([\d.-]+) when \"####\" is missing", f"{strict['correct_score']:.1f}",
+          f"{strict['format_score']:.1f}", f"{-strict['missing_penalty']:.1f}")
+    buf = {k: (v["reward"]["reward_kwargs"]["overlong_buffer_cfg"]["len"], v["data"]["max_response_length"])
+           for k, v in ramp.items()}
+    check("dapo ramp", r"\(DAPO used 4k of 20k\): (\d+) of the guide's (\d+), (\d+) of smoke_smollm2's (\d+)",
+          *buf["guide"], *buf["smoke"])
+    return wrong
+
+
+SMOLLM2_STALE = {"learn_smollm2": ("arithmetic: 20 steps, validation", "arithmetic: 30 steps, validation"),
+                 "learn_smollm2 batch": ("64 prompts x 8 answers: at", "64 prompts x 5 answers: at"),
+                 "countdown_smollm2": ("settings (20 steps, validation", "settings (60 steps, validation"),
+                 "countdown_smollm2 length": ("; 128 leaves room", "; 192 leaves room"),
+                 "arith_oneshot rows": ("2048 train rows, 128 test rows, data_source arith",
+                                        "2048 train rows, 256 test rows, data_source arith"),
+                 "countdown rows": ("with 3 or 4 given numbers", "with 3 or 5 given numbers"),
+                 "countdown reward": ("0.1 for a valid expression", "0.2 for a valid expression"),
+                 "countdown steps": ("reward's -0.1/0.0/0.1 steps", "reward's -0.2/0.0/0.1 steps"),
+                 "strict_format": ("keys: 1.0 for the right", "keys: 2.0 for the right"),
+                 "dapo ramp": ("64 of smoke_smollm2's 256", "32 of smoke_smollm2's 256")}
+
+
+def test_the_smollm2_presets_figures_are_their_config():
+    text = _flat(PRESETS)
+    assert smollm2_presets_disagreements(text) == {}
+
+
+@pytest.mark.parametrize("name", SMOLLM2_STALE)
+def test_a_planted_wrong_smollm2_preset_figure_is_found(name):
+    now, then = SMOLLM2_STALE[name]
+    text = _flat(PRESETS)
+    assert now in text, name
+    assert list(smollm2_presets_disagreements(text.replace(now, then, 1))) == [name]
+
+
 def test_the_presets_memory_arithmetic_is_the_plans():
     """docs/presets.md's vLLM shares and weights are what the memory plan computes for those options (GB = 1e9 bytes;
     a card of `gpu_memory_gb: 32` is 32 GiB, as CUDA reports it)."""
