@@ -20,6 +20,7 @@ FORMAT_VERSION = 1
 STAMP = "grpo_lab_arith.json"
 TASKS = ("sums", "mixed", "chain")
 SUMS = (0, 99)  # the operands of a sums problem, both ends included
+TRAIN_ROWS, TEST_ROWS = 2048, 128  # what `make` writes by default (docs/presets.md)
 STYLES = ("gsm8k", "oneshot")
 ONESHOT = 'Solve the problem and write the final answer after "####". Example:\nWhat is 12 + 7?\n12 + 7 = 19\n#### 19'
 
@@ -98,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="data/arith_oneshot")
     parser.add_argument("--task", choices=TASKS, default="mixed")
     parser.add_argument("--style", choices=STYLES, default="oneshot")
-    parser.add_argument("--train-size", type=int, default=2048)
-    parser.add_argument("--test-size", type=int, default=128)
+    parser.add_argument("--train-size", type=int, default=TRAIN_ROWS)
+    parser.add_argument("--test-size", type=int, default=TEST_ROWS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even when the files are up to date")
     args = parser.parse_args(argv)

@@ -21,6 +21,7 @@ STAMP = "grpo_lab_countdown.json"
 DATA_SOURCE = "countdown"
 MAX_NUMBER = 99
 SIZES = (3, 4)  # how many numbers a problem has, drawn alike
+TRAIN_ROWS, TEST_ROWS = 2048, 128  # what `make` writes by default (docs/presets.md)
 # every intermediate value of a generating expression stays in 1..MAX_VALUE (a 135M model does small arithmetic)
 MAX_VALUE = 999
 ONESHOT = ("Use the numbers to make the target with +, -, * and /; use each number at most once. "
@@ -125,8 +126,8 @@ def make(out: str | Path, n_train: int, n_test: int, seed: int, force: bool = Fa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_lab.tasks.countdown", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="data/countdown")
-    parser.add_argument("--train", "--train-size", dest="train_size", type=int, default=2048)
-    parser.add_argument("--test", "--test-size", dest="test_size", type=int, default=128)
+    parser.add_argument("--train", "--train-size", dest="train_size", type=int, default=TRAIN_ROWS)
+    parser.add_argument("--test", "--test-size", dest="test_size", type=int, default=TEST_ROWS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even when the files are up to date")
     args = parser.parse_args(argv)
