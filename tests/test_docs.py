@@ -1207,6 +1207,11 @@ def design_disagreements(pages: dict[str, str]) -> dict[str, str]:
           r"TransferQueue controller \+ (\d+) storage units = (\d+)", f"{facts.CPUS_PER_GPU}",
           f"{course['ngpus_per_node']}", f"{facts.TASK_RUNNER_CPUS}", f"{facts.TQ_CONTROLLER_CPUS}", f"{n_units}",
           f"{need}" if course["ray_kwargs"]["ray_init"]["num_cpus"] == need else "?")
+    check("cli: units", "cli.md", r"as CUDA and `free -g` report them \(an H200 is ([\d.]+)\)",
+          _g(_hardware("h200x1")["lab"]["hardware"]["gpu_memory_gb"]))
+    check("emulation: outside the cap", "emulation.md", r"the plan counts ([\d.]+) GB for an FSDP worker's and "
+          r"([\d.]+) GB for vLLM's", *map(_g, (memplan_phases.TRAINER_CUDA_CONTEXT_GB,
+                                                memplan_phases.VLLM_CUDA_CONTEXT_GB)))
     check("emulation: course machine", "emulation.md", r"`rtx4080x4`: the course machine's facts, Ray's (\d+) CPUs, .*?"
           r"(\d+) storage units - `gpu_name`: .*?gpu_memory_gb \((\d+)\), p2p \((\w+)\), cpu_cores \((\d+)\) and "
           r"host_ram_gb \((\d+)\) come from rtx4080x4", f"{course['ray_kwargs']['ray_init']['num_cpus']}",
@@ -1335,6 +1340,8 @@ DESIGN_STALE = {
     "ray cpus": ("cli.md", "(verl's default 8)", "(verl's default 4)"),
     "ray cpus seen": ("cli.md", "8 units hung silently, 16 ran", "8 units hung silently, 12 ran"),
     "presets: ray cpus": ("presets.md", "2 storage units = 16", "2 storage units = 15"),
+    "cli: units": ("cli.md", "(an H200 is 139.8)", "(an H200 is 141)"),
+    "emulation: outside the cap": ("emulation.md", "counts 1.25 GB for an FSDP", "counts 1.5 GB for an FSDP"),
     "emulation: course machine": ("emulation.md", "cpu_cores (16)", "cpu_cores (32)"),
     "presets: fused chunk": ("presets.md", "assumes 2 ms a 512-token", "assumes 5 ms a 512-token"),
     "preflight: target": ("preflight.md", "within ~2 s)", "within ~1 s)"),
