@@ -379,6 +379,15 @@ def test_the_temperature_figures_are_their_files():
     assert f"{row['mixed_score']:.0%}" == m.group(7) + "%"
 
 
+def _says_otherwise(text: str, pattern: str, expected: tuple) -> str | None:
+    """None where `text` gives the figures `expected` (compared as strings) at `pattern`; else what it says there (the
+    pattern itself where it is not found)."""
+    m = re.search(pattern, text)
+    if m and m.groups() == tuple(f"{e}" for e in expected):
+        return None
+    return m.group(0) if m else repr(pattern)
+
+
 def smoke_start_up_disagreements(text: str) -> dict[str, str]:
     """{figure: what docs/presets.md's smoke_tiny start-up note says against its recorded files}."""
     m = re.search(r"run\.py's smoke_tiny on the H200, with these settings: \"ready to fit\" at (\d+) s of (\d+) s, "
@@ -421,9 +430,8 @@ def guide_run_disagreements(readme: str, presets: str) -> dict[str, str]:
     wrong = {}
 
     def check(name: str, text: str, pattern: str, *expected: int):
-        m = re.search(pattern, " ".join(text.split()))
-        if not m or m.groups() != tuple(f"{e}" for e in expected):
-            wrong[name] = f"{m.group(0) if m else pattern!r}: the composed config gives {expected}"
+        if (said := _says_otherwise(" ".join(text.split()), pattern, expected)) is not None:
+            wrong[name] = f"{said}: the composed config gives {expected}"
 
     check("README: real run", readme, r"3\. The real run, Qwen3-1\.7B, (\d+) epochs \((\d+) prompts x (\d+) answers = "
           r"(\d+) trajectories a step, (\d+) actor updates, ~(\d+) steps an epoch\)", verl["trainer"]["total_epochs"],
@@ -446,9 +454,7 @@ def test_the_guide_runs_batch_arithmetic_is_its_config():
 @functools.cache
 def _budgets(*overrides: str) -> tuple[int, int, int]:
     """The update's, the old log-prob's and the reference's token budgets of the composed config."""
-    from conftest import compose_split
-
-    arr = compose_split(*overrides)[0]["actor_rollout_ref"]
+    arr = _verl_of(*overrides)["actor_rollout_ref"]
     return (arr["actor"]["ppo_max_token_len_per_gpu"], arr["rollout"]["log_prob_max_token_len_per_gpu"],
             arr["ref"]["log_prob_max_token_len_per_gpu"])
 
@@ -467,9 +473,8 @@ def options_disagreements(readme: str, presets: str) -> dict[str, str]:
     wrong = {}
 
     def check(name: str, text: str, pattern: str, *expected):
-        m = re.search(pattern, " ".join(text.split()))
-        if not m or m.groups() != tuple(f"{e}" for e in expected):
-            wrong[name] = f"{m.group(0) if m else pattern!r}: the option files give {expected}"
+        if (said := _says_otherwise(" ".join(text.split()), pattern, expected)) is not None:
+            wrong[name] = f"{said}: the option files give {expected}"
 
     check("README: reference", readme, r"the reference: (\d+)x RTX 4080 with (\d+) GB each, (PCIe, no NVLink), "
           r"(\d+) GB RAM", gpus, card, "PCIe, no NVLink" if pcie else "?", ram)
@@ -538,9 +543,8 @@ def smollm2_presets_disagreements(presets: str) -> dict[str, str]:
     wrong = {}
 
     def check(name: str, pattern: str, *expected):
-        m = re.search(pattern, text)
-        if not m or m.groups() != tuple(f"{e}" for e in expected):
-            wrong[name] = f"{m.group(0) if m else pattern!r}: the config and code give {expected}"
+        if (said := _says_otherwise(text, pattern, expected)) is not None:
+            wrong[name] = f"{said}: the config and code give {expected}"
 
     def steps(verl: dict) -> tuple:
         t = verl["trainer"]
@@ -783,9 +787,8 @@ def memory_plan_disagreements(text: str) -> dict[str, str]:
     wrong = {}
 
     def check(name: str, pattern: str, *expected: str):
-        m = re.search(pattern, text)
-        if not m or m.groups() != expected:
-            wrong[name] = f"{m.group(0) if m else pattern!r}: the file gives {expected}"
+        if (said := _says_otherwise(text, pattern, expected)) is not None:
+            wrong[name] = f"{said}: the file gives {expected}"
 
     check("margins", r"UNMEASURED_MARGIN, (\d+)%, where no run measured it; .*?`tight` above (\d+)% of the card",
           f"{calibration.UNMEASURED_MARGIN:.0%}"[:-1], f"{memplan.TIGHT_FRACTION:.0%}"[:-1])
@@ -898,9 +901,8 @@ def time_plan_disagreements(text: str, table: dict) -> dict[str, str]:
     wrong = {}
 
     def check(name: str, pattern: str, *expected: str):
-        m = re.search(pattern, text)
-        if not m or m.groups() != expected:
-            wrong[name] = f"{m.group(0) if m else pattern!r}: the file gives {expected}"
+        if (said := _says_otherwise(text, pattern, expected)) is not None:
+            wrong[name] = f"{said}: the file gives {expected}"
 
     from grpo_lab.memory import timeplan  # the assumed shares: the time plan's own constants
 
@@ -1139,9 +1141,8 @@ def design_disagreements(pages: dict[str, str]) -> dict[str, str]:
     wrong = {}
 
     def check(name: str, page: str, pattern: str, *expected: str):
-        m = re.search(pattern, flat[page])
-        if not m or m.groups() != expected:
-            wrong[name] = f"{page}: {m.group(0) if m else pattern!r}: the code gives {expected}"
+        if (said := _says_otherwise(flat[page], pattern, expected)) is not None:
+            wrong[name] = f"{page}: {said}: the code gives {expected}"
 
     # docs/fit.md: the fit's choice, the verdicts' line and the calibration's margins
     check("fit: within", "fit.md", r"the guide's order decides between those within (\d+)% of it", _pct(fit.FASTER))
