@@ -37,7 +37,8 @@ def test_every_recorded_job_is_within_the_stated_accuracy(replayed):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     trained = [j for j in res["jobs"] if "training" in j]
     # smoke_smollm2 (4 variants; 2026-12-04: DAPO and LoRA), learn_smollm2 (two sweeps, the README re-run, 2026-12-04's
-    # solo runs with and without activation checkpointing, 2026-12-06's and 2026-12-07's at the default speed), smoke_tiny
+    # solo runs with and without activation checkpointing, 2026-12-06's and 2026-12-07's at the default speed),
+    # smoke_tiny
     assert sum(j["model"] == "smollm2_135m" for j in trained) == 15 and any(j["model"] == "tiny_qwen3" for j in trained)
     for j in trained:
         # plan / verl's allocated peak (an out-of-memory error depends on it: the caching allocator frees its cache

@@ -333,8 +333,9 @@ def test_the_same_hold_pair_is_its_recorded_files():
     """Issue 44 item 11: learn_smollm2 with the default and with speed=guide in one hold, each alone on the card."""
     text = _section(PRESETS, "## `conf/experiment/learn_smollm2.yaml`")
     m = re.search(r"The pair in one hold, one job after the other, each alone on one (\w+) \(`(benchmarks/gpu/results/"
-                  r"[^`]+)`\): the default ([\d. >-]+?) at steps ([\d/]+), `speed=guide` ([\d. >-]+?) at steps ([\d/]+) "
-                  r"\(the hold ended after its step (\d+)\); ([\d.]+) against ([\d.]+) s a step over steps 2-(\d+)\.", text)
+                  r"[^`]+)`\): the default ([\d. >-]+?) at steps ([\d/]+), `speed=guide` ([\d. >-]+?) at steps "
+                  r"([\d/]+) \(the hold ended after its step (\d+)\); ([\d.]+) against ([\d.]+) s a step over steps "
+                  r"2-(\d+)\.", text)
     assert m, text
     folder = ROOT / m.group(2)
     default, guide = folder / "smol_default", folder / "smol_guide"
