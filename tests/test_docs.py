@@ -1065,7 +1065,7 @@ STALE = {"loop": ("~60-65 µs a token in each forward pass and ~145 µs",
          "loading": ("vLLM) at 2 GB/s", "vLLM) at 3 GB/s"), "tenth": ("a tenth or more", "a fifth or more"),
          "goal": ("every run within 25%", "every run within 20%"),
          "fits": ("every phase below 80% of the card", "every phase below 90% of the card"),
-         "outside": ("`2026-12-06-h100-padded/q17lora_fast` (1.26), `", "`2026-12-06-h100-padded/q17lora_fast` (1.24), `")}
+         "outside": ("h100-padded/q17lora_fast` (1.26), `", "h100-padded/q17lora_fast` (1.24), `")}
 
 
 @pytest.mark.parametrize("name", STALE)
