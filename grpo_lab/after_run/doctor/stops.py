@@ -161,16 +161,11 @@ def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diag
     killed = kill_i is not None
     if not killed and idle_s is not None and idle_s < stale_s:
         return []  # still moving
-    cut = len(log.clean)
-    if kill_i is not None:
-        cut = kill_i
-        if log.clean[kill_i].startswith(("KeyboardInterrupt", "SystemExit")):  # its traceback is not the job's
-            for j in range(kill_i, max(-1, kill_i - 80), -1):
-                if "Traceback (most recent call last)" in log.clean[j]:
-                    cut = j
-                    break
-    meaningful = [i for i, s in enumerate(log.clean[:cut]) if not NOISE.search(s)]
-    last = meaningful[-1] if meaningful else None
+    cut = len(log.clean) if kill_i is None else kill_i
+    if kill_i is not None and log.clean[kill_i].startswith(("KeyboardInterrupt", "SystemExit")):
+        cut = next((j for j in range(kill_i, max(-1, kill_i - 80), -1)  # its traceback is not the job's
+                    if "Traceback (most recent call last)" in log.clean[j]), kill_i)
+    last = next((i for i in range(cut - 1, -1, -1) if not NOISE.search(log.clean[i])), None)  # the last meaningful
     ev = log.evidence(last) if last is not None else "(empty log)"
     line = last + 1 if last is not None else None
     gone = ("then nothing until it was killed" if killed else
@@ -231,14 +226,10 @@ def root_cause(clean: list[str], i: int) -> tuple[str, str]:
     for r in order:
         s = clean[r].strip()
         if EXCEPTION_LINE.match(s) and not _WRAPPERS.search(s):
-            frame = ""
-            for j in range(r - 1, max(-1, r - 40), -1):
-                fm = FRAME.match(clean[j])
-                if fm:
-                    path = fm.group(1)
-                    short = path[path.find("/vllm/") + 1:] if "/vllm/" in path else path
-                    frame = f"{short}:{fm.group(2)} in {fm.group(3)}"
-                    break
+            fm = next((m for j in range(r - 1, max(-1, r - 40), -1) if (m := FRAME.match(clean[j]))), None)
+            path = fm.group(1) if fm else ""
+            short = path[path.find("/vllm/") + 1:] if "/vllm/" in path else path
+            frame = f"{short}:{fm.group(2)} in {fm.group(3)}" if fm else ""
             return (s if len(s) <= 200 else s[:197] + "..."), frame
     return "", ""
 
