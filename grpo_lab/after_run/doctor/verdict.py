@@ -70,11 +70,7 @@ def failure_class(diagnoses: Iterable[Diagnosis]) -> str:
             return "refused: " + d.title[d.title.find("(") + 1:d.title.find(")")]
     for d in ds:  # the first memory error decides
         if SIGNATURES.kind_of(d.id) == "gpu memory":
-            if d.phase == "training":
-                return "OOM in training"
-            if d.phase == "generation":
-                return "OOM in generation"
-            return "OOM (phase unknown)"
+            return f"OOM in {d.phase}" if d.phase in ("training", "generation") else "OOM (phase unknown)"
     return "other failure"
 
 
