@@ -128,11 +128,11 @@ _GEN_PROC = re.compile(r"vLLM|EngineCore|LLMServer|SGLang|AgentLoop")
 _TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
 
 
-def _phase_at(log: Log, i: int, window: int = 200) -> str | None:
+def _phase_at(log: Log, i: int) -> str | None:
     """Which phase the error at line i happened in: the innermost recognisable traceback frame decides."""
     if _GEN_PROC.search(log.procs[i]):
         return "generation"
-    for j in range(i - 1, max(-1, i - window), -1):
+    for j in range(i - 1, max(-1, i - 200), -1):
         s = log.clean[j]
         if s.lstrip().startswith("File ") or "ray::" in s:
             if _GEN_FRAME.search(s) or _GEN_HEADER.search(s):
@@ -190,8 +190,8 @@ def memory_advice(run: Run, phase: str) -> tuple[str, list[str]]:
         why = "; ".join(run.notes[-1:]) or ("no model or card: actor_rollout_ref.model.path, lab.hardware."
                                               "gpu_memory_gb (the job folder's verl_config.yaml, .hydra/config.yaml)")
         return f"No memory plan for this job ({why}), so no override is known to lower this phase's peak.", []
-    card = run.planned.card_gb
-    out = [f"The memory plan puts the {phase} phase at {before[0]:.2f} GB per GPU of {card:g} GB ({before[1]})"
+    out = [f"The memory plan puts the {phase} phase at {before[0]:.2f} GB per GPU of {run.planned.card_gb:g} GB "
+           f"({before[1]})"
            + (", and it ran out anyway: the plan is short for this job." if before[1] == "fits" else ".")]
     if not remedies:
         return out[0] + " No override the plan knows lowers it.", []

@@ -245,12 +245,11 @@ def engine_died(log: Log) -> list[Diagnosis]:
         clean = [strip(x)[0] for x in log.raw]
         root, frame = root_cause(clean, i)
         cause = f"{root} at {frame}" if root and frame else root
-        lora = "/lora/" in frame
         remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
                   f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
                   f"(status.json failed). The cause is the first error above it in the log"
                   + (f": {cause}" if cause else "") + ".")
-        if lora:
+        if "/lora/" in frame:
             remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
                        "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
                        "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
