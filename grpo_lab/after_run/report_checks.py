@@ -67,10 +67,6 @@ class Trend:
     last: float  # mean of the last third
 
     @property
-    def change(self) -> float:
-        return self.last - self.first
-
-    @property
     def direction(self) -> str:
         crit = t_critical(self.n - 2)
         if self.slope > 0 and self.t >= crit and self.last > self.first:
