@@ -327,8 +327,8 @@ def check_timing(run: RunInfo) -> Check:
     if gen >= upd:
         return Check(metric, OK, msg + ": generation takes longer than training.")
     fsdp = run.cfg.actor.fsdp_config
-    offload = bool(fsdp.optimizer_offload or fsdp.param_offload)
-    why = "; optimizer/param offload is on (each update moves state over PCIe)" if offload else ""
+    why = ("; optimizer/param offload is on (each update moves state over PCIe)"
+           if fsdp.optimizer_offload or fsdp.param_offload else "")
     # most recorded runs train longer than they generate (benchmarks/gpu/results/): no verdict on the split
     return Check(metric, OK, msg + ": training takes longer than generation, as in most recorded runs" + why + ".")
 

@@ -89,14 +89,9 @@ def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
     refused = doctor.refusal(job_dir)
     if refused is not None:  # the preflight refused it: its rules, not a traceback
         return doctor.failure_class([refused]), refused.title, [refused]
-    log_path = job_dir / "train.log"
-    diags: list[doctor.Diagnosis] = []
-    if log_path.exists():
-        _, diags = doctor.diagnose_path(job_dir)
+    diags = doctor.diagnose_path(job_dir)[1] if (job_dir / "train.log").exists() else []
     if st == "failed":
-        word = doctor.failure_class(diags)
-        text = "; ".join(d.title for d in diags) or str(status.get("error") or "")
-        return word, text, diags
+        return doctor.failure_class(diags), "; ".join(d.title for d in diags) or str(status.get("error") or ""), diags
     # no status.json, or "running" with its process gone: a job killed hard, or one that never started
     errors = [d for d in diags if d.id not in ("stopped_without_error",)]
     if errors:

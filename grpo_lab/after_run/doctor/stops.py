@@ -189,26 +189,22 @@ def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diag
     if kill_i is not None and _USER_STOP.search(log.clean[kill_i]):
         return [_user_stop(log, kill_i, steps)]
     if steps:
-        return [Diagnosis(
-            id="stopped_without_error",
-            title=f"Stopped after step {max(steps)} with no error",
-            evidence=ev, line=line,
-            remedy=(f"The log shows step {max(steps)}, {gone}. If it was killed on purpose (time limit, Ctrl+C) "
-                    "resume it (trainer.resume_mode=auto resumes from the last checkpoint). If it stopped moving "
-                    "first: on GeForce cards a hang in NCCL (weight sync, collectives) is the usual cause: "
-                    "NCCL_P2P_DISABLE=1; a very long generation looks the same: watch nvtop."),
-            overrides=[env_override("NCCL_P2P_DISABLE", "1")])]
-    return [Diagnosis(
-        id="stopped_without_error",
-        title="Stopped before the first step with no error",
-        evidence=ev, line=line,
-        remedy=(f"The last line is above, {gone}. Hang causes at start: too few Ray CPUs (3 per GPU + 2 + the "
-                "TransferQueue storage units: ray_kwargs.ray_init.num_cpus), NCCL init on GeForce cards "
-                "(NCCL_P2P_DISABLE=1). vLLM's start alone takes minutes: 88 s from its server process to serving, "
-                "107 s after the actor was ready, for a tiny model on an H200 (benchmarks/gpu/results/2026-12-02-b/"
-                "phases.txt)."),
-        overrides=[f"ray_kwargs.ray_init.num_cpus={need}" for need in [cpus_needed(run)] if need]
-        + [env_override("NCCL_P2P_DISABLE", "1")])]
+        title = f"Stopped after step {max(steps)} with no error"
+        remedy = (f"The log shows step {max(steps)}, {gone}. If it was killed on purpose (time limit, Ctrl+C) "
+                  "resume it (trainer.resume_mode=auto resumes from the last checkpoint). If it stopped moving "
+                  "first: on GeForce cards a hang in NCCL (weight sync, collectives) is the usual cause: "
+                  "NCCL_P2P_DISABLE=1; a very long generation looks the same: watch nvtop.")
+    else:
+        title = "Stopped before the first step with no error"
+        remedy = (f"The last line is above, {gone}. Hang causes at start: too few Ray CPUs (3 per GPU + 2 + the "
+                  "TransferQueue storage units: ray_kwargs.ray_init.num_cpus), NCCL init on GeForce cards "
+                  "(NCCL_P2P_DISABLE=1). vLLM's start alone takes minutes: 88 s from its server process to serving, "
+                  "107 s after the actor was ready, for a tiny model on an H200 (benchmarks/gpu/results/2026-12-02-b/"
+                  "phases.txt).")
+    need = None if steps else cpus_needed(run)  # before the first step, Ray's CPUs are a suspect too
+    overrides = ([f"ray_kwargs.ray_init.num_cpus={need}"] if need else []) + [env_override("NCCL_P2P_DISABLE", "1")]
+    return [Diagnosis(id="stopped_without_error", title=title, evidence=ev, line=line, remedy=remedy,
+                      overrides=overrides)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
