@@ -391,8 +391,7 @@ def check_memory(run: RunInfo) -> Check:
     reserved = M.train_series(df, "actor/perf/max_memory_reserved_gb")
     if alloc.empty and reserved.empty:
         return Check("actor/perf/max_memory_*", WARN, "no training-memory metrics logged yet.")
-    kind = "allocated" if not alloc.empty else "reserved"  # verl 0.9.1 logs both
-    held = alloc if not alloc.empty else reserved
+    kind, held = ("allocated", alloc) if not alloc.empty else ("reserved", reserved)  # verl 0.9.1 logs both
     metric = f"actor/perf/max_memory_{kind}_gb"
     peak = float(held.max())
     peak_res = float(reserved.max()) if kind == "allocated" and not reserved.empty else None
