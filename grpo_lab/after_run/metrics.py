@@ -139,8 +139,7 @@ def training_steps(df: pd.DataFrame) -> pd.Index:
     keys = [c for c in (column(df, "critic/score/mean"), column(df, "timing_s/step")) if c]
     if not keys:
         return df.index[df.index > 0]
-    mask = df[keys].notna().any(axis=1)
-    return df.index[mask]
+    return df.index[df[keys].notna().any(axis=1)]
 
 
 def train_series(df: pd.DataFrame, name: str) -> pd.Series:
