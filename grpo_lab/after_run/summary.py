@@ -235,9 +235,7 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
             if diags is None:
                 _, _, diags = job_status(Path(sweep_dir) / str(row["job"]))
             out.append(f"- {row['job']} ({row['status']}): {row['diagnosis'] or 'no known signature'}")
-            for dg in diags:
-                if dg.overrides:
-                    out.append(f"  - try: `{' '.join(dg.overrides)}`")
+            out += [f"  - try: `{' '.join(dg.overrides)}`" for dg in diags if dg.overrides]
         out.append("")
     return "\n".join(out)
 
