@@ -46,10 +46,8 @@ _MARK = {OK: "ok  ", WARN: "WARN", BAD: "BAD "}
 
 def format_report(report: dict[str, Any]) -> str:
     out = [f"grpo-lab report: {report['run_dir']} (status {report['status']}, step {report['steps']})"]
-    for c in report["checks"]:
-        out.append(f"  [{_MARK.get(c['status'], c['status'])}] {c['metric']}: {c['message']}")
-    for d in report.get("diagnoses", []):
-        out.append(doctor.Diagnosis(**d).format())
+    out += [f"  [{_MARK.get(c['status'], c['status'])}] {c['metric']}: {c['message']}" for c in report["checks"]]
+    out += [doctor.Diagnosis(**d).format() for d in report.get("diagnoses", [])]
     if report.get("plots"):
         out.append("  plots: " + ", ".join(str(Path(report["run_dir"]) / p) for p in report["plots"]))
     counts = {s: sum(c["status"] == s for c in report["checks"]) for s in (OK, WARN, BAD)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,44 +14,32 @@ if TYPE_CHECKING:  # pandas is imported where used: the Hydra callback loads thi
 METRICS_FILE = "metrics.jsonl"
 
 # the name verl 0.9.1 writes first, then older spellings (a metric not listed has one name: column())
-ALIASES: dict[str, tuple[str, ...]] = {
-    "timing_s/gen": ("timing_s/gen", "timing/gen"),
-    "timing_s/update_actor": ("timing_s/update_actor", "timing/update_actor"),
-    "timing_s/step": ("timing_s/step", "timing/step", "perf/time_per_step"),
-    "timing_s/old_log_prob": ("timing_s/old_log_prob", "timing/old_log_prob"),
-    "timing_s/ref": ("timing_s/ref", "timing/ref"),
-    "timing_s/update_weights": ("timing_s/update_weights", "timing/update_weights"),
-}
+ALIASES: dict[str, tuple[str, ...]] = {f"timing_s/{t}": (f"timing_s/{t}", f"timing/{t}") for t in
+                                       ("gen", "update_actor", "step", "old_log_prob", "ref", "update_weights")}
+ALIASES["timing_s/step"] += ("perf/time_per_step",)
 
 
+@dataclass
 class MetricsReadResult:
     """How reading went: lines read, lines skipped (bad JSON), and whether the last line was partial."""
 
-    def __init__(self) -> None:
-        self.lines = 0
-        self.skipped = 0
-        self.partial_last_line = False
-
-
-def metrics_path(run: str | Path) -> Path:
-    """metrics.jsonl of a job dir, or the file itself."""
-    p = Path(run)
-    return p / METRICS_FILE if p.is_dir() else p
+    lines: int = 0
+    skipped: int = 0
+    partial_last_line: bool = False
 
 
 def read_metrics(run: str | Path, info: MetricsReadResult | None = None) -> pd.DataFrame:
-    """The job's metrics, one row per step (index `step`, sorted), one column per metric; empty when absent."""
+    """The job's metrics, one row per step (index `step`, sorted), one column per metric; empty when absent. `run`: a
+    job dir (its metrics.jsonl) or the file itself."""
     import pandas as pd
 
-    path = metrics_path(run)
+    path = Path(run) / METRICS_FILE if Path(run).is_dir() else Path(run)
     info = info if info is not None else MetricsReadResult()
     rows: dict[int, dict[str, float]] = {}
     try:
-        raw = path.read_bytes()
+        lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
     except OSError:
-        return _empty()
-    text = raw.decode("utf-8", errors="replace")
-    lines = text.split("\n")
+        lines = []
     # a file that does not end in a newline was cut mid-write (running job) unless the last line parses
     for i, line in enumerate(lines):
         line = line.strip()
@@ -74,19 +63,9 @@ def read_metrics(run: str | Path, info: MetricsReadResult | None = None) -> pd.D
             num = _number(v)
             if num is not None:
                 row[k] = num
-    if not rows:
-        return _empty()
-    df = pd.DataFrame.from_dict(rows, orient="index")
+    df = pd.DataFrame.from_dict(rows, orient="index")  # no rows: an empty frame
     df.index.name = "step"
     return df.sort_index()
-
-
-def _empty() -> pd.DataFrame:
-    import pandas as pd
-
-    df = pd.DataFrame()
-    df.index.name = "step"
-    return df
 
 
 def _step_and_data(obj: object) -> tuple[int | None, dict]:
@@ -133,20 +112,12 @@ def series(df: pd.DataFrame, name: str) -> pd.Series:
     return df[col].dropna()
 
 
-def with_prefix(df: pd.DataFrame, *prefixes: str) -> list[str]:
-    """Columns whose name starts with any of the prefixes, in column order."""
-    return [c for c in df.columns if any(str(c).startswith(p) for p in prefixes)]
-
-
-def val_core_columns(df: pd.DataFrame) -> list[str]:
-    """Validation metrics: `val-core/...` (current verl) or `val/test_score/...` (older)."""
-    cols = with_prefix(df, "val-core/")
-    return cols if cols else with_prefix(df, "val/test_score/")
-
-
 def primary_val_column(df: pd.DataFrame) -> str | None:
-    """The validation metric to follow: accuracy mean@N, else reward mean@N, else the first val-core column."""
-    cols = [c for c in val_core_columns(df) if df[c].notna().any()]
+    """The validation metric to follow: accuracy mean@N, else reward mean@N, else the first validation column
+    (`val-core/...` of current verl, else `val/test_score/...` of older ones)."""
+    cols = next(([c for c in df.columns if str(c).startswith(p)] for p in ("val-core/", "val/test_score/")
+                 if any(str(c).startswith(p) for c in df.columns)), [])
+    cols = [c for c in cols if df[c].notna().any()]
     if not cols:
         return None
     for needle in ("/acc/mean@", "/reward/mean@", "/mean@"):
@@ -168,8 +139,7 @@ def training_steps(df: pd.DataFrame) -> pd.Index:
     keys = [c for c in (column(df, "critic/score/mean"), column(df, "timing_s/step")) if c]
     if not keys:
         return df.index[df.index > 0]
-    mask = df[keys].notna().any(axis=1)
-    return df.index[mask]
+    return df.index[df[keys].notna().any(axis=1)]
 
 
 def train_series(df: pd.DataFrame, name: str) -> pd.Series:

@@ -39,9 +39,7 @@ def writes_allowed(path: str | Path) -> bool:
     project's outputs/ or outside the repository; a recorded run committed under benchmarks/ is only printed."""
     p = Path(path).resolve()
     root = facts.ROOT.resolve()
-    if not p.is_relative_to(root):
-        return True
-    return p.is_relative_to(root / "outputs")
+    return not p.is_relative_to(root) or p.is_relative_to(root / "outputs")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,10 +41,7 @@ _T_CRIT = ((1, 31.8), (2, 6.96), (3, 4.54), (4, 3.75), (5, 3.36), (6, 3.14), (7,
 
 
 def t_critical(dof: int) -> float:
-    for d, t in reversed(_T_CRIT):
-        if dof >= d:
-            return t
-    return math.inf
+    return next((t for d, t in reversed(_T_CRIT) if dof >= d), math.inf)
 
 
 @dataclass
@@ -68,10 +65,6 @@ class Trend:
     t: float  # slope / its standard error
     first: float  # mean of the first third
     last: float  # mean of the last third
-
-    @property
-    def change(self) -> float:
-        return self.last - self.first
 
     @property
     def direction(self) -> str:
@@ -99,13 +92,9 @@ def trend(s: pd.Series) -> Trend | None:
         return Trend(n, 0.0, 0.0, first, last)
     slope = float((xc * (y - y.mean())).sum() / sxx)
     resid = y - (y.mean() + slope * xc)
-    dof = n - 2
-    s2 = float((resid ** 2).sum() / dof) if dof > 0 else 0.0
+    s2 = float((resid ** 2).sum() / (n - 2))  # n >= 3
     se = math.sqrt(s2 / sxx) if s2 > 0 else 0.0
-    if se == 0:
-        t = math.inf if slope > 0 else -math.inf if slope < 0 else 0.0
-    else:
-        t = slope / se
+    t = slope / se if se else math.copysign(math.inf, slope) if slope else 0.0
     return Trend(n, slope, t, first, last)
 
 
@@ -232,10 +221,8 @@ def check_clip_ratio(run: RunInfo) -> Check:
     if _random_weights(run):
         return Check(metric, OK, f"random weights: {msg}; noise runs to the limit (the worst case for time and "
                                  "memory), not a prompt or length problem.")
-    if recent >= CLIP_BAD:
-        return Check(metric, BAD, msg + "." + _thinking_advice(run))
     if recent >= CLIP_WARN:
-        return Check(metric, WARN, msg + "." + _thinking_advice(run))
+        return Check(metric, BAD if recent >= CLIP_BAD else WARN, msg + "." + _thinking_advice(run))
     return Check(metric, OK, msg + ": few truncated.")
 
 
@@ -340,8 +327,8 @@ def check_timing(run: RunInfo) -> Check:
     if gen >= upd:
         return Check(metric, OK, msg + ": generation takes longer than training.")
     fsdp = run.cfg.actor.fsdp_config
-    offload = bool(fsdp.optimizer_offload or fsdp.param_offload)
-    why = "; optimizer/param offload is on (each update moves state over PCIe)" if offload else ""
+    why = ("; optimizer/param offload is on (each update moves state over PCIe)"
+           if fsdp.optimizer_offload or fsdp.param_offload else "")
     # most recorded runs train longer than they generate (benchmarks/gpu/results/): no verdict on the split
     return Check(metric, OK, msg + ": training takes longer than generation, as in most recorded runs" + why + ".")
 
@@ -404,8 +391,7 @@ def check_memory(run: RunInfo) -> Check:
     reserved = M.train_series(df, "actor/perf/max_memory_reserved_gb")
     if alloc.empty and reserved.empty:
         return Check("actor/perf/max_memory_*", WARN, "no training-memory metrics logged yet.")
-    kind = "allocated" if not alloc.empty else "reserved"  # verl 0.9.1 logs both
-    held = alloc if not alloc.empty else reserved
+    kind, held = ("allocated", alloc) if not alloc.empty else ("reserved", reserved)  # verl 0.9.1 logs both
     metric = f"actor/perf/max_memory_{kind}_gb"
     peak = float(held.max())
     peak_res = float(reserved.max()) if kind == "allocated" and not reserved.empty else None
@@ -512,10 +498,8 @@ def check_rollout_precision(run: RunInfo) -> Check | None:
     cause = (f"a precision mismatch on a non-Hopper card ({card}; verl's FAQ)" if card and not hopper else
              "on a Hopper card, long outputs or bf16 vs fp32 logits between vLLM and training (verl's FAQ)")
     fix = f" The likely cause: {cause}: try +actor_rollout_ref.rollout.engine_kwargs.vllm.disable_cascade_attn=true."
-    if v > bad:
-        return Check(metric, BAD, msg + f": above {_fmt(bad)}." + fix)
     if v > warn:
-        return Check(metric, WARN, msg + f": above {_fmt(warn)}." + fix)
+        return Check(metric, BAD if v > bad else WARN, msg + f": above {_fmt(bad if v > bad else warn)}." + fix)
     return Check(metric, OK, msg + f": below {_fmt(warn)}.")
 
 
@@ -600,8 +584,7 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     gone = doctor.gone_running(run.status)
     if gone:
         _, diags = doctor.diagnose_path(run.run_dir)
-        found = [d for d in diags if d.id != "stopped_without_error"]
-        what = ("; ".join(f"{d.title} -> try {' '.join(d.overrides)}" if d.overrides else d.title for d in found)
+        what = (_tried([d for d in diags if d.id != "stopped_without_error"])
                 or "nothing in train.log: look at `dmesg` or the system log for the kernel's OOM killer")
         return Check("run", BAD, f"killed at step {done}{of}: status.json still says running, but {gone} "
                                  f"(SIGKILL: the kernel's OOM killer, kill -9, a machine that went down). "
@@ -616,8 +599,7 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
         return Check("run", BAD, f"{refused.title}; the rules and their fixes are below (plan.json)."), diags
     if st == "failed":
         err = run.status.get("error") or "no error recorded"
-        what = ("; ".join(f"{d.title} -> try {' '.join(d.overrides)}" if d.overrides else d.title for d in diags)
-                or "no known signature in train.log")
+        what = _tried(diags) or "no known signature in train.log"
         return Check("run", BAD, f"failed after {done} step(s): {err}. Doctor: {what}."), diags
     if diags:
         what = "; ".join(d.title for d in diags)
@@ -625,21 +607,20 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     return Check("run", WARN, "no status.json and no metrics: the job has not started (or wrote nothing)."), diags
 
 
+def _tried(diags: list[doctor.Diagnosis]) -> str:
+    """The doctor's findings in a line, each with the overrides it would try."""
+    return "; ".join(f"{d.title} -> try {' '.join(d.overrides)}" if d.overrides else d.title for d in diags)
+
+
 def run_checks(run: RunInfo) -> tuple[list[Check], list[doctor.Diagnosis]]:
+    """Every check that has something to say (those that return None have not)."""
     status, diags = check_status(run)
-    checks = [status]
-    random_weights = check_random_weights(run)
-    if random_weights:
-        checks.append(random_weights)
+    checks: list[Check | None] = [status, check_random_weights(run)]
     reward_trend = trend(M.train_series(run.df, "critic/score/mean"))
     if not run.df.empty:
         checks += [check_reward(run), check_validation(run, reward_trend), check_clip_ratio(run),
                    check_response_max(run), check_entropy(run), check_pg_clipfrac(run), check_ppo_kl(run),
-                   check_timing(run), check_step_plan(run), check_throughput(run), check_memory(run)]
-        precision = check_rollout_precision(run)
-        if precision:
-            checks.append(precision)
-    kv = check_kv_cache(run)  # from the log: also for a job that never reached a step
-    if kv:
-        checks.append(kv)
-    return checks, diags
+                   check_timing(run), check_step_plan(run), check_throughput(run), check_memory(run),
+                   check_rollout_precision(run)]
+    checks.append(check_kv_cache(run))  # from the log: also for a job that never reached a step
+    return [c for c in checks if c], diags

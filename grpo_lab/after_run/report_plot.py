@@ -20,67 +20,51 @@ def plot_run(run: RunInfo, path: Path) -> Path | None:
     fig = Figure(figsize=(13, 13), dpi=80)
     axes = fig.subplots(4, 2).ravel()
 
-    def line(ax: Any, name: str, label: str | None = None, **kw: Any) -> bool:
+    def line(ax: Any, name: str) -> bool:
         s = M.series(df, name)
         if s.empty:
             return False
-        ax.plot(s.index, s.values, marker="o", markersize=3, label=label or M.column(df, name), **kw)
+        ax.plot(s.index, s.values, marker="o", markersize=3, label=M.column(df, name))
         return True
 
-    ax = axes[0]
-    line(ax, "critic/score/mean")
+    panels = {"reward (critic/score/mean) and validation": ["critic/score/mean"],
+              "response length (tokens)": ["response_length/mean", "response_length/max"],
+              "actor/entropy": ["actor/entropy"],
+              "actor/pg_clipfrac, actor/ppo_kl": ["actor/pg_clipfrac", "actor/ppo_kl"],
+              "phase times (s)": ["timing_s/gen", "timing_s/update_actor", "timing_s/step", "timing_s/old_log_prob",
+                                  "timing_s/ref"],
+              "perf/throughput (tokens/s per GPU)": ["perf/throughput"],
+              "training-phase GPU memory (GB)": ["actor/perf/max_memory_allocated_gb",
+                                                 "actor/perf/max_memory_reserved_gb"],
+              "rollout vs training precision / grad norm": []}
+    for ax, (title, names) in zip(axes, panels.items()):
+        for name in names:
+            line(ax, name)
+        ax.set_title(title)
+
     lo, hi = M.series(df, "critic/score/min"), M.series(df, "critic/score/max")
     if not lo.empty and not hi.empty:
-        ax.fill_between(lo.index, lo.values, hi.reindex(lo.index).values, alpha=0.15, label="min..max")
+        axes[0].fill_between(lo.index, lo.values, hi.reindex(lo.index).values, alpha=0.15, label="min..max")
     val = M.primary_val_column(df)
     if val:
         s = df[val].dropna()
-        ax.plot(s.index, s.values, marker="s", linestyle="--", label=val)
-    ax.set_title("reward (critic/score/mean) and validation")
+        axes[0].plot(s.index, s.values, marker="s", linestyle="--", label=val)
 
-    ax = axes[1]
-    line(ax, "response_length/mean")
-    line(ax, "response_length/max")
     if run.max_response_length:
-        ax.axhline(run.max_response_length, color="red", linestyle=":", label=f"limit {run.max_response_length}")
-    ax.set_title("response length (tokens)")
-    ax2 = ax.twinx()
+        axes[1].axhline(run.max_response_length, color="red", linestyle=":",
+                        label=f"limit {run.max_response_length}")
+    ax2 = axes[1].twinx()
     s = M.series(df, "response_length/clip_ratio")
     if not s.empty:
         ax2.plot(s.index, s.values, color="gray", linestyle="--", label="clip_ratio")
         ax2.set_ylim(0, 1.05)
         ax2.set_ylabel("clip_ratio")
 
-    ax = axes[2]
-    line(ax, "actor/entropy")
-    ax.set_title("actor/entropy")
-
-    ax = axes[3]
-    line(ax, "actor/pg_clipfrac")
-    line(ax, "actor/ppo_kl")
-    ax.axhline(PG_CLIPFRAC_WARN, color="orange", linestyle=":", label="a few percent")
-    ax.set_title("actor/pg_clipfrac, actor/ppo_kl")
-
-    ax = axes[4]
-    for name in ("timing_s/gen", "timing_s/update_actor", "timing_s/step", "timing_s/old_log_prob", "timing_s/ref"):
-        line(ax, name)
-    ax.set_title("phase times (s)")
-
-    ax = axes[5]
-    line(ax, "perf/throughput")
-    ax.set_title("perf/throughput (tokens/s per GPU)")
-
-    ax = axes[6]
-    line(ax, "actor/perf/max_memory_allocated_gb")
-    line(ax, "actor/perf/max_memory_reserved_gb")
+    axes[3].axhline(PG_CLIPFRAC_WARN, color="orange", linestyle=":", label="a few percent")
     if run.gpu_memory_gb:
-        ax.axhline(run.gpu_memory_gb, color="red", linestyle=":", label=f"card {run.gpu_memory_gb:g} GB")
-    ax.set_title("training-phase GPU memory (GB)")
-
-    ax = axes[7]
-    if not line(ax, "training/rollout_probs_diff_mean"):
-        line(ax, "actor/grad_norm")
-    ax.set_title("rollout vs training precision / grad norm")
+        axes[6].axhline(run.gpu_memory_gb, color="red", linestyle=":", label=f"card {run.gpu_memory_gb:g} GB")
+    if not line(axes[7], "training/rollout_probs_diff_mean"):
+        line(axes[7], "actor/grad_norm")
 
     from matplotlib.ticker import MaxNLocator
 

@@ -62,11 +62,6 @@ class RunInfo:
         return int_or_none(self.hydra.get("max_response_length") if v is None else v)
 
     @property
-    def max_prompt_length(self) -> int | None:
-        v = self.cfg.data.max_prompt_length
-        return int_or_none(self.hydra.get("max_prompt_length") if v is None else v)
-
-    @property
     def gpu_memory_gb(self) -> float | None:
         v = M.finite_float(self.lab.hardware.gpu_memory_gb) or M.finite_float(
             _get(self.plan, "memory.card_gb"))  # the plan's card where the job folder kept no .hydra/
@@ -78,21 +73,15 @@ class RunInfo:
 
     @property
     def model_name(self) -> str | None:
-        name = self.lab.model.name
-        if name:
-            return str(name)
-        path = self.cfg.model.path
-        return str(path) if path else None
+        name = self.lab.model.name or self.cfg.model.path
+        return str(name) if name else None
 
     @property
     def thinking(self) -> bool | None:
         v = self.lab.model.thinking
         if isinstance(v, bool):
             return v
-        name = (self.model_name or "").lower()
-        if "base" in name:
-            return False
-        return None
+        return False if "base" in (self.model_name or "").lower() else None
 
 
 def int_or_none(v: Any) -> int | None:

@@ -89,14 +89,9 @@ def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
     refused = doctor.refusal(job_dir)
     if refused is not None:  # the preflight refused it: its rules, not a traceback
         return doctor.failure_class([refused]), refused.title, [refused]
-    log_path = job_dir / "train.log"
-    diags: list[doctor.Diagnosis] = []
-    if log_path.exists():
-        _, diags = doctor.diagnose_path(job_dir)
+    diags = doctor.diagnose_path(job_dir)[1] if (job_dir / "train.log").exists() else []
     if st == "failed":
-        word = doctor.failure_class(diags)
-        text = "; ".join(d.title for d in diags) or str(status.get("error") or "")
-        return word, text, diags
+        return doctor.failure_class(diags), "; ".join(d.title for d in diags) or str(status.get("error") or ""), diags
     # no status.json, or "running" with its process gone: a job killed hard, or one that never started
     errors = [d for d in diags if d.id not in ("stopped_without_error",)]
     if errors:
@@ -152,10 +147,6 @@ def plan_cells(job_dir: Path) -> dict[str, Any]:
             "planned_run": run_s and duration(run_s), "verdict": (mem.get("verdict") or {}).get("overall")}
 
 
-def _is_plan(status: str) -> bool:
-    return status == PLANNED or status.startswith("refused")
-
-
 def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagnosis]] | None = None
                   ) -> tuple[pd.DataFrame, list[str]]:
     """One row per job (swept keys as their own columns, after `job`), and the swept keys; `diagnoses` is filled
@@ -165,14 +156,15 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
     if diagnoses is not None:
         diagnoses.update({d.name: st[2] for d, st in zip(dirs, statuses)})
     rows = [summarize_job(d, st) for d, st in zip(dirs, statuses)]
-    keys = swept_keys([read_overrides(d) for d in dirs])
-    for row, d in zip(rows, dirs):
-        ov = dict(kv for kv in (_split_override(o) for o in read_overrides(d)) if kv)
-        for k in keys:
-            row[k] = ov.get(k)
+    overrides = [read_overrides(d) for d in dirs]
+    keys = swept_keys(overrides)
+    for row, ovs in zip(rows, overrides):
+        ov = dict(kv for kv in (_split_override(o) for o in ovs) if kv)
+        row.update({k: ov.get(k) for k in keys})
     import pandas as pd
 
-    plan_only = all(_is_plan(r["status"]) for r in rows)  # nothing trained: no training columns
+    # nothing trained (planned or refused): no training columns
+    plan_only = all(r["status"] == PLANNED or r["status"].startswith("refused") for r in rows)
     what_if = plan_only or any(r["status"] == PLANNED for r in rows)
     cols = ["status", *([] if plan_only else TRAINED), *(PLANNED_COLUMNS if what_if else []), "diagnosis", "overrides"]
     table = pd.DataFrame(rows, columns=["job", *keys, *cols])
@@ -217,16 +209,11 @@ def _cell(v: Any) -> str:
 def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
                 diagnoses: dict[str, list[doctor.Diagnosis]] | None = None) -> str:
     cols = list(table.columns)
-    out = [f"# Sweep summary: {sweep_dir.name}", ""]
-    out.append(f"Swept: {', '.join(f'`{k}`' for k in keys) if keys else '(no override differs across the jobs)'}; "
-               f"{len(table)} job(s): " + ", ".join(f"{n} {s}" for s, n in table["status"].value_counts().items())
-               + ".")
-    out.append("")
-    out.append("| " + " | ".join(cols) + " |")
-    out.append("|" + "|".join("---" for _ in cols) + "|")
-    for _, row in table.iterrows():
-        out.append("| " + " | ".join(_cell(row[c]) for c in cols) + " |")
-    out.append("")
+    out = [f"# Sweep summary: {sweep_dir.name}", "",
+           f"Swept: {', '.join(f'`{k}`' for k in keys) if keys else '(no override differs across the jobs)'}; "
+           f"{len(table)} job(s): " + ", ".join(f"{n} {s}" for s, n in table["status"].value_counts().items()) + ".",
+           "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|",
+           *("| " + " | ".join(_cell(row[c]) for c in cols) + " |" for _, row in table.iterrows()), ""]
     if "steps" in cols:
         out += ["step_time_s, gen_time_s, throughput_tok_s_gpu: means of timing_s/step, timing_s/gen and "
                 "perf/throughput (tokens/s per GPU) without step 1 (warm-up) when a job has 2 steps or more; "
@@ -248,9 +235,7 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
             if diags is None:
                 _, _, diags = job_status(Path(sweep_dir) / str(row["job"]))
             out.append(f"- {row['job']} ({row['status']}): {row['diagnosis'] or 'no known signature'}")
-            for dg in diags:
-                if dg.overrides:
-                    out.append(f"  - try: `{' '.join(dg.overrides)}`")
+            out += [f"  - try: `{' '.join(dg.overrides)}`" for dg in diags if dg.overrides]
         out.append("")
     return "\n".join(out)
 
@@ -260,12 +245,8 @@ def plot_summary(table: pd.DataFrame, keys: list[str], path: Path) -> Path | Non
         return None
     from matplotlib.figure import Figure
 
-    if keys:
-        labels = [", ".join(str(r[k]) for k in keys) for _, r in table.iterrows()]
-        xlabel = ", ".join(keys)
-    else:
-        labels = list(table["job"])
-        xlabel = "job"
+    labels = [", ".join(str(r[k]) for k in keys) for _, r in table.iterrows()] if keys else list(table["job"])
+    xlabel = ", ".join(keys) if keys else "job"
     numeric = len(keys) == 1 and all(M.finite_float(v) is not None for v in table[keys[0]])
     xs = [M.finite_float(v) for v in table[keys[0]]] if numeric else list(range(len(labels)))
     plan = "steps" not in table.columns  # a what-if sweep: the plan's peaks, KV cache and time
@@ -278,22 +259,20 @@ def plot_summary(table: pd.DataFrame, keys: list[str], path: Path) -> Path | Non
     fig = Figure(figsize=(5.5 * len(panels), 4.5), dpi=80)
     for ax, (title, cols) in zip(fig.subplots(1, len(panels)), panels):
         for col in cols:
-            ok_x, ok_y = [], []
+            points = []
             for x, (_, row) in zip(xs, table.iterrows()):
                 y = M.finite_float(row[col])
                 good = row["status"] in (OK, PLANNED) or (y is not None and (row["status"] == UNFINISHED or plan))
                 if good and y is not None:
-                    ok_x.append(x)
-                    ok_y.append(y)
+                    points.append((x, y))
                 if col == cols[0] and (not good or row["status"] not in (OK, PLANNED, UNFINISHED)):
                     at = (x, y if good and y is not None else 0)
                     ax.scatter(*at, marker="x", color="red", s=80, zorder=3, clip_on=False)
                     ax.annotate(str(row["status"]), at, textcoords="offset points", xytext=(0, 8), ha="center",
                                 fontsize=8, color="red")
-            if ok_x:
-                order = sorted(range(len(ok_x)), key=lambda i: ok_x[i])
+            if points:
                 style = {"linestyle": "--", "color": "gray"} if col == "card_gb" else {"marker": "o"}
-                ax.plot([ok_x[i] for i in order], [ok_y[i] for i in order], label=col, **style)
+                ax.plot(*zip(*sorted(points, key=lambda p: p[0])), label=col, **style)
         if len(cols) > 1:
             ax.legend(fontsize=8)
         ax.set_title(title)
@@ -341,13 +320,6 @@ def format_summary(sweep_dir: str | Path, table: pd.DataFrame, written: bool = T
 # Hydra callback
 
 
-def _sweep_dir_of(job_dir: Path) -> Path | None:
-    for d in (job_dir.parent, job_dir.parent.parent):
-        if (d / "multirun.yaml").exists():
-            return d
-    return None
-
-
 class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
     """Hydra callback: a failed job's diagnosis.json, each job's report.json, and the sweep summary (registered in
     conf/config.yaml as hydra.callbacks.sweep_summary)."""
@@ -380,7 +352,8 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
 
             make_report(job_dir, plots=self.plots)
         if str(hydra_cfg.mode) in ("RunMode.MULTIRUN", "MULTIRUN"):
-            sweep = _sweep_dir_of(job_dir) or Path(str(hydra_cfg.sweep.dir))
+            sweep = next((d for d in (job_dir.parent, job_dir.parent.parent) if (d / "multirun.yaml").exists()),
+                         Path(str(hydra_cfg.sweep.dir)))
             if sweep not in self._sweep_dirs:
                 self._sweep_dirs.append(sweep)
             # a plan takes seconds and the sweep's end makes the summary: after each plan it was made again at once
@@ -391,10 +364,7 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         try:
-            dirs = list(self._sweep_dirs)
-            if not dirs:
-                dirs = [Path(str(config.hydra.sweep.dir))]
-            for sweep in dirs:
+            for sweep in self._sweep_dirs or [Path(str(config.hydra.sweep.dir))]:
                 if sweep.is_dir():
                     summarize_sweep(sweep, plots=self.plots)
                     log.info("grpo-lab: sweep summary in %s", sweep / "summary.md")

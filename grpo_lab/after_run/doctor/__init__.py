@@ -3,11 +3,7 @@ grpo_lab.after_run.doctor LOGFILE_OR_JOB_DIR). What it matches, the watchdog and
 
 from grpo_lab.after_run.doctor.command import main
 from grpo_lab.after_run.doctor.logread import Diagnosis, Log, printed_config, read_json, read_log
-from grpo_lab.after_run.doctor.signatures import (
-                                               SIGNATURES,
-                                               fatal_line,
-                                               phase_remedies,
-)
+from grpo_lab.after_run.doctor.signatures import SIGNATURES, fatal_line, phase_remedies
 from grpo_lab.after_run.doctor.stops import gone_running
 from grpo_lab.after_run.doctor.verdict import (
                                                NOT_A_LOG,

@@ -62,12 +62,8 @@ class Log:
         clean, procs = [], []
         for line in raw:
             m = loglines.RAY_PREFIX.match(line)
-            proc = m.group(0) if m else ""
-            rest = line[len(proc):]
-            rest = loglines.VLLM_PREFIX.sub("", rest)
-            rest = loglines.RANK_PREFIX.sub("", rest)
-            clean.append(rest)
-            procs.append(proc)
+            procs.append(m.group(0) if m else "")
+            clean.append(loglines.RANK_PREFIX.sub("", loglines.VLLM_PREFIX.sub("", line[len(procs[-1]):])))
         return cls(raw, clean, procs)
 
     def find(self, pattern: re.Pattern[str], start: int = 0) -> list[int]:
@@ -109,17 +105,6 @@ def printed_config(log: Log) -> dict[str, Any]:
     return {}
 
 
-def ray_init_kwargs(log: Log) -> dict[str, Any]:
-    i = log.first(re.compile(r"^ray init kwargs: \{"))
-    if i is None:
-        return {}
-    try:
-        d = ast.literal_eval(log.clean[i][len("ray init kwargs: "):].strip())
-        return d if isinstance(d, dict) else {}
-    except (ValueError, SyntaxError):
-        return {}
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # the job's values: its Run (grpo_lab/memory/run.py), read, never defaulted here
 
@@ -128,8 +113,14 @@ UNITS = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
 
 def with_ray_init(verl: dict[str, Any] | None, log: Log) -> dict[str, Any]:
     """The job's verl config with what verl passed to ray.init (its `ray init kwargs` line) merged in."""
-    line = ray_init_kwargs(log)
-    return _merged(verl or {}, {"ray_kwargs": {"ray_init": line}}) if line else dict(verl or {})
+    i = log.first(re.compile(r"^ray init kwargs: \{"))
+    try:
+        line = ast.literal_eval(log.clean[i][len("ray init kwargs: "):].strip()) if i is not None else None
+    except (ValueError, SyntaxError):
+        line = None
+    if not line or not isinstance(line, dict):
+        return dict(verl or {})
+    return _merged(verl or {}, {"ray_kwargs": {"ray_init": line}})
 
 
 def _merged(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

@@ -128,11 +128,11 @@ _GEN_PROC = re.compile(r"vLLM|EngineCore|LLMServer|SGLang|AgentLoop")
 _TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
 
 
-def _phase_at(log: Log, i: int, window: int = 200) -> str | None:
+def _phase_at(log: Log, i: int) -> str | None:
     """Which phase the error at line i happened in: the innermost recognisable traceback frame decides."""
     if _GEN_PROC.search(log.procs[i]):
         return "generation"
-    for j in range(i - 1, max(-1, i - window), -1):
+    for j in range(i - 1, max(-1, i - 200), -1):
         s = log.clean[j]
         if s.lstrip().startswith("File ") or "ray::" in s:
             if _GEN_FRAME.search(s) or _GEN_HEADER.search(s):
@@ -190,8 +190,8 @@ def memory_advice(run: Run, phase: str) -> tuple[str, list[str]]:
         why = "; ".join(run.notes[-1:]) or ("no model or card: actor_rollout_ref.model.path, lab.hardware."
                                               "gpu_memory_gb (the job folder's verl_config.yaml, .hydra/config.yaml)")
         return f"No memory plan for this job ({why}), so no override is known to lower this phase's peak.", []
-    card = run.planned.card_gb
-    out = [f"The memory plan puts the {phase} phase at {before[0]:.2f} GB per GPU of {card:g} GB ({before[1]})"
+    out = [f"The memory plan puts the {phase} phase at {before[0]:.2f} GB per GPU of {run.planned.card_gb:g} GB "
+           f"({before[1]})"
            + (", and it ran out anyway: the plan is short for this job." if before[1] == "fits" else ".")]
     if not remedies:
         return out[0] + " No override the plan knows lowers it.", []
@@ -202,32 +202,16 @@ def memory_advice(run: Run, phase: str) -> tuple[str, list[str]]:
     return "\n".join(out), new_overrides(run, first["override"])
 
 
-def _training_oom(log: Log, i: int, run: Run) -> Diagnosis:
-    context = " ".join(log.clean[max(0, i - 60):i])
-    extra = ""
-    if re.search(r"compute_log_prob|compute_ref_log_prob|entropy_from_logits|infer_batch", context):
-        extra = ("\nIt ran out in a log-prob pass (forward only, the ~152k-token vocabulary's logits): also lower "
-                 "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu / ref.log_prob_max_token_len_per_gpu, "
-                 "or compute the entropy in chunks (actor_rollout_ref.ref.entropy_from_logits_with_chunking=true, "
-                 "actor_rollout_ref.actor.entropy_checkpointing=true).")
-    advice, overrides = memory_advice(run, "training")
-    return Diagnosis(
-        id="oom_training",
-        title="CUDA out of memory in the training phase (FSDP actor update / log-prob pass)",
-        evidence=log.evidence(i), line=i + 1, phase="training",
-        remedy="The actor's update ran out of GPU memory (weights + grads + Adam state + activations). " + advice
-        + extra,
-        overrides=overrides)
-
-
-def _generation_oom(log: Log, i: int, run: Run) -> Diagnosis:
-    advice, overrides = memory_advice(run, "generation")
-    return Diagnosis(
-        id="oom_generation",
-        title="CUDA out of memory in the generation phase (vLLM rollout)",
-        evidence=log.evidence(i), line=i + 1, phase="generation",
-        remedy="vLLM ran out of memory while generating (KV cache, sampler logits over the vocabulary). " + advice,
-        overrides=overrides)
+# an out-of-memory in a phase: the title's end, the remedy's start (what ran out)
+_OOM_IN = {"training": ("in the training phase (FSDP actor update / log-prob pass)",
+                        "The actor's update ran out of GPU memory (weights + grads + Adam state + activations). "),
+           "generation": ("in the generation phase (vLLM rollout)",
+                          "vLLM ran out of memory while generating (KV cache, sampler logits over the vocabulary). ")}
+_LOG_PROB_PASS = re.compile(r"compute_log_prob|compute_ref_log_prob|entropy_from_logits|infer_batch")
+_IN_LOG_PROB_PASS = ("\nIt ran out in a log-prob pass (forward only, the ~152k-token vocabulary's logits): also lower "
+                     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu / ref.log_prob_max_token_len_per_gpu, "
+                     "or compute the entropy in chunks (actor_rollout_ref.ref.entropy_from_logits_with_chunking=true, "
+                     "actor_rollout_ref.actor.entropy_checkpointing=true).")
 
 
 @signature("oom_training", kind="gpu memory", phase="update")
@@ -246,10 +230,14 @@ def _cuda_oom(log: Log, run: Run) -> list[Diagnosis]:
             by_phase[phase] = i  # the line with the sizes says more
     out = []
     for phase, i in sorted(by_phase.items(), key=lambda kv: kv[1]):
-        if phase == "training":
-            out.append(_training_oom(log, i, run))
-        elif phase == "generation":
-            out.append(_generation_oom(log, i, run))
+        if phase is None:
+            continue
+        what, why = _OOM_IN[phase]
+        advice, overrides = memory_advice(run, phase)
+        log_prob = phase == "training" and _LOG_PROB_PASS.search(" ".join(log.clean[max(0, i - 60):i]))
+        out.append(Diagnosis(id="oom_training" if phase == "training" else "oom_generation",
+                             title=f"CUDA out of memory {what}", evidence=log.evidence(i), line=i + 1, phase=phase,
+                             remedy=why + advice + (_IN_LOG_PROB_PASS if log_prob else ""), overrides=overrides))
     if not out:  # no frame told the phase: what lowers both phases' peaks
         i = by_phase[None]
         gen = {r["override"] for r in phase_remedies(run, "generation")[1]}

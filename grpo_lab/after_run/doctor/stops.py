@@ -161,16 +161,11 @@ def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diag
     killed = kill_i is not None
     if not killed and idle_s is not None and idle_s < stale_s:
         return []  # still moving
-    cut = len(log.clean)
-    if kill_i is not None:
-        cut = kill_i
-        if log.clean[kill_i].startswith(("KeyboardInterrupt", "SystemExit")):  # its traceback is not the job's
-            for j in range(kill_i, max(-1, kill_i - 80), -1):
-                if "Traceback (most recent call last)" in log.clean[j]:
-                    cut = j
-                    break
-    meaningful = [i for i, s in enumerate(log.clean[:cut]) if not NOISE.search(s)]
-    last = meaningful[-1] if meaningful else None
+    cut = len(log.clean) if kill_i is None else kill_i
+    if kill_i is not None and log.clean[kill_i].startswith(("KeyboardInterrupt", "SystemExit")):
+        cut = next((j for j in range(kill_i, max(-1, kill_i - 80), -1)  # its traceback is not the job's
+                    if "Traceback (most recent call last)" in log.clean[j]), kill_i)
+    last = next((i for i in range(cut - 1, -1, -1) if not NOISE.search(log.clean[i])), None)  # the last meaningful
     ev = log.evidence(last) if last is not None else "(empty log)"
     line = last + 1 if last is not None else None
     gone = ("then nothing until it was killed" if killed else
@@ -194,26 +189,22 @@ def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diag
     if kill_i is not None and _USER_STOP.search(log.clean[kill_i]):
         return [_user_stop(log, kill_i, steps)]
     if steps:
-        return [Diagnosis(
-            id="stopped_without_error",
-            title=f"Stopped after step {max(steps)} with no error",
-            evidence=ev, line=line,
-            remedy=(f"The log shows step {max(steps)}, {gone}. If it was killed on purpose (time limit, Ctrl+C) "
-                    "resume it (trainer.resume_mode=auto resumes from the last checkpoint). If it stopped moving "
-                    "first: on GeForce cards a hang in NCCL (weight sync, collectives) is the usual cause: "
-                    "NCCL_P2P_DISABLE=1; a very long generation looks the same: watch nvtop."),
-            overrides=[env_override("NCCL_P2P_DISABLE", "1")])]
-    return [Diagnosis(
-        id="stopped_without_error",
-        title="Stopped before the first step with no error",
-        evidence=ev, line=line,
-        remedy=(f"The last line is above, {gone}. Hang causes at start: too few Ray CPUs (3 per GPU + 2 + the "
-                "TransferQueue storage units: ray_kwargs.ray_init.num_cpus), NCCL init on GeForce cards "
-                "(NCCL_P2P_DISABLE=1). vLLM's start alone takes minutes: 88 s from its server process to serving, "
-                "107 s after the actor was ready, for a tiny model on an H200 (benchmarks/gpu/results/2026-12-02-b/"
-                "phases.txt)."),
-        overrides=[f"ray_kwargs.ray_init.num_cpus={need}" for need in [cpus_needed(run)] if need]
-        + [env_override("NCCL_P2P_DISABLE", "1")])]
+        title = f"Stopped after step {max(steps)} with no error"
+        remedy = (f"The log shows step {max(steps)}, {gone}. If it was killed on purpose (time limit, Ctrl+C) "
+                  "resume it (trainer.resume_mode=auto resumes from the last checkpoint). If it stopped moving "
+                  "first: on GeForce cards a hang in NCCL (weight sync, collectives) is the usual cause: "
+                  "NCCL_P2P_DISABLE=1; a very long generation looks the same: watch nvtop.")
+    else:
+        title = "Stopped before the first step with no error"
+        remedy = (f"The last line is above, {gone}. Hang causes at start: too few Ray CPUs (3 per GPU + 2 + the "
+                  "TransferQueue storage units: ray_kwargs.ray_init.num_cpus), NCCL init on GeForce cards "
+                  "(NCCL_P2P_DISABLE=1). vLLM's start alone takes minutes: 88 s from its server process to serving, "
+                  "107 s after the actor was ready, for a tiny model on an H200 (benchmarks/gpu/results/2026-12-02-b/"
+                  "phases.txt).")
+    need = None if steps else cpus_needed(run)  # before the first step, Ray's CPUs are a suspect too
+    overrides = ([f"ray_kwargs.ray_init.num_cpus={need}"] if need else []) + [env_override("NCCL_P2P_DISABLE", "1")]
+    return [Diagnosis(id="stopped_without_error", title=title, evidence=ev, line=line, remedy=remedy,
+                      overrides=overrides)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -231,14 +222,10 @@ def root_cause(clean: list[str], i: int) -> tuple[str, str]:
     for r in order:
         s = clean[r].strip()
         if EXCEPTION_LINE.match(s) and not _WRAPPERS.search(s):
-            frame = ""
-            for j in range(r - 1, max(-1, r - 40), -1):
-                fm = FRAME.match(clean[j])
-                if fm:
-                    path = fm.group(1)
-                    short = path[path.find("/vllm/") + 1:] if "/vllm/" in path else path
-                    frame = f"{short}:{fm.group(2)} in {fm.group(3)}"
-                    break
+            fm = next((m for j in range(r - 1, max(-1, r - 40), -1) if (m := FRAME.match(clean[j]))), None)
+            path = fm.group(1) if fm else ""
+            short = path[path.find("/vllm/") + 1:] if "/vllm/" in path else path
+            frame = f"{short}:{fm.group(2)} in {fm.group(3)}" if fm else ""
             return (s if len(s) <= 200 else s[:197] + "..."), frame
     return "", ""
 
@@ -254,12 +241,11 @@ def engine_died(log: Log) -> list[Diagnosis]:
         clean = [strip(x)[0] for x in log.raw]
         root, frame = root_cause(clean, i)
         cause = f"{root} at {frame}" if root and frame else root
-        lora = "/lora/" in frame
         remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
                   f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
                   f"(status.json failed). The cause is the first error above it in the log"
                   + (f": {cause}" if cause else "") + ".")
-        if lora:
+        if "/lora/" in frame:
             remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
                        "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
                        "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")

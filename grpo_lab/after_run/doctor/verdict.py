@@ -36,9 +36,7 @@ def diagnose(text: str, config: dict[str, Any] | None = None, *, lab: Lab | None
     kill); stalls=False: error signatures only (a job known to have finished). No override the job has is suggested."""
     log = Log.of(text)
     run = job_run(with_ray_init(config or printed_config(log), log), lab, plan or {})
-    found: list[Diagnosis] = []
-    for fn in matchers():
-        found.extend(fn(log, run))
+    found = [d for fn in matchers() for d in fn(log, run)]
     if not found:  # an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/launch/fatal.py)
         found = engine_died(log)
     if found or not stalls:
@@ -70,11 +68,7 @@ def failure_class(diagnoses: Iterable[Diagnosis]) -> str:
             return "refused: " + d.title[d.title.find("(") + 1:d.title.find(")")]
     for d in ds:  # the first memory error decides
         if SIGNATURES.kind_of(d.id) == "gpu memory":
-            if d.phase == "training":
-                return "OOM in training"
-            if d.phase == "generation":
-                return "OOM in generation"
-            return "OOM (phase unknown)"
+            return f"OOM in {d.phase}" if d.phase in ("training", "generation") else "OOM (phase unknown)"
     return "other failure"
 
 

@@ -17,11 +17,6 @@ from grpo_lab.launch.logtail import LogTail
 from grpo_lab.loglines import without_prefixes
 
 
-def _last_step_line(text: str) -> int | None:
-    steps = Log.of(text[-200_000:]).steps()
-    return max(steps) if steps else None
-
-
 def watch_progress(log_path: str | Path, stale_minutes: float = 10.0, *, now: float | None = None) -> str | None:
     """One look at a running job's log: a warning when it has not changed for stale_minutes, else None."""
     p = Path(log_path)
@@ -35,8 +30,8 @@ def watch_progress(log_path: str | Path, stale_minutes: float = 10.0, *, now: fl
 
 
 def _stall_message(text: str, idle_s: float) -> str:
-    step = _last_step_line(text)
-    where = f"last step: {step}" if step is not None else "no step finished yet"
+    steps = Log.of(text[-200_000:]).steps()
+    where = f"last step: {max(steps)}" if steps else "no step finished yet"
     msg = [f"grpo-lab watchdog: no progress for {idle_s / 60:.0f} minutes ({where})."]
     # an error a worker printed before the driver hung, or where the log stopped (CPU budget, NCCL init)
     ds = [d for d in diagnose(text, idle_s=idle_s, stale_minutes=0) if d.id != "stopped_without_error"]
@@ -97,9 +92,8 @@ class ProgressWatchdog:
         idle = now - self._last_progress
         if self.warned or idle < self.stale_s:
             return None
-        text = read_log(self.log_path)
         self.warned = True
-        self.message = _stall_message(text, idle)
+        self.message = _stall_message(read_log(self.log_path), idle)
         try:
             self.out(self.message)
         except Exception:
