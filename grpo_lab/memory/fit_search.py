@@ -7,6 +7,7 @@ bigger card, more GPUs, LoRA, a smaller model of conf/model/).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Iterable
@@ -51,10 +52,9 @@ class FitContext:
         self._steps: dict[str, float] = {}
 
     def eval(self, s: memplan.Settings) -> Eval:
-        try:
+        hit = None
+        with contextlib.suppress(TypeError):  # unhashable field (a list of LoRA targets): no cache
             hit = self._cache.get(s)
-        except TypeError:  # unhashable field (a list of LoRA targets): no cache
-            hit = None
         if hit is not None:
             return hit
         self.evaluations += 1
@@ -70,10 +70,8 @@ class FitContext:
         if not kv["fits_max_model_len"]:
             over += (kv["max_model_len"] - max(0, kv["tokens"])) * kv["bytes_per_token"] / GB + 0.01
         e = Eval(peaks, verdicts, over, kv)
-        try:
+        with contextlib.suppress(TypeError):
             self._cache[s] = e
-        except TypeError:
-            pass
         return e
 
     def plan(self, s: memplan.Settings) -> dict[str, Any]:
@@ -231,7 +229,7 @@ def choose(ctx: FitContext, budgets: dict[str, int], by: float) -> Found:
     best, states = search(ctx, start)
     lora_best = None
     if best is None and ctx.base.lora_rank == 0:
-        lora_best, states = search(ctx, lora_start(ctx, start))
+        lora_best, states = search(ctx, _then(ctx, start, "lora", *ctx.choice(start.s, dict(LORA)), lora=True))
     out = Found(start, states, best, lora_best)
     fitting = [f for f in states if f.lora == (best is None)]  # the fastest of the same kind (LoRA only when needed)
     if len(fitting) > 1:
@@ -270,10 +268,6 @@ def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = 
             why.append(f"{title}: a step {ctx.step_s(st.s):.0f} -> {ctx.step_s(s2):.0f} s by the time plan, less than "
                        f"{by:.0%} shorter")
     return st, why
-
-
-def lora_start(ctx: FitContext, st: State) -> State:
-    return _then(ctx, st, "lora", *ctx.choice(st.s, dict(LORA)), lora=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
