@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,10 +114,10 @@ def parse_alloc_conf(text: str) -> list[tuple[str, str]]:
 def merge_alloc_conf(user: str | None, fraction: float) -> tuple[str, bool]:
     """(the user's allocator string with the fraction added, whether the user's own fraction was kept)."""
     pairs = parse_alloc_conf(user or "")
-    if any(k == FRACTION_KEY for k, _ in pairs):
-        return ",".join(f"{k}:{v}" for k, v in pairs), True
-    pairs.append((FRACTION_KEY, f"{fraction:.6g}"))
-    return ",".join(f"{k}:{v}" for k, v in pairs), False
+    kept = any(k == FRACTION_KEY for k, _ in pairs)
+    if not kept:
+        pairs.append((FRACTION_KEY, f"{fraction:.6g}"))
+    return ",".join(f"{k}:{v}" for k, v in pairs), kept
 
 
 def _user_alloc(env: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -163,14 +162,6 @@ def utilizations(d: Any, path: str = "") -> Iterator[tuple[str, float]]:
                 yield from utilizations(v, p)
 
 
-def check_engine(cfg: VerlView) -> None:
-    engine = str(cfg.rollout.name).lower()
-    if engine != "vllm":
-        raise EmulationError(f"emulation scales vLLM's gpu_memory_utilization (a fraction of the card's total); "
-                             f"{engine} reads it as a fraction of the memory free at start, which emulation cannot "
-                             f"scale. Use actor_rollout_ref.rollout.name=vllm, or run {engine} without emulation")
-
-
 @dataclass(frozen=True)
 class Emulated:
     """What `emulate` makes of a config. Without emulation `planned` and `verl` are the input itself."""
@@ -198,7 +189,11 @@ def emulate(config: dict[str, Any], lab: Lab, environ: Mapping[str, str]) -> Emu
     cfg = VerlView.of(config)
     env = dict(cfg.env_vars)
     env.update(worker_env(emu, env, environ, cfg))
-    check_engine(cfg)
+    engine = str(cfg.rollout.name).lower()
+    if engine != "vllm":
+        raise EmulationError(f"emulation scales vLLM's gpu_memory_utilization (a fraction of the card's total); "
+                             f"{engine} reads it as a fraction of the memory free at start, which emulation cannot "
+                             f"scale. Use actor_rollout_ref.rollout.name=vllm, or run {engine} without emulation")
     scaled = {path: {"planned": util, "handed_to_engine": emu.scale(util),
                      # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
                      "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
@@ -259,5 +254,5 @@ def torch_knows_fraction_key() -> bool | None:
                 data = lib.read_bytes()
             except OSError:
                 continue
-            return re.search(rb"per_process_memory_fraction", data) is not None
+            return b"per_process_memory_fraction" in data
     return None
