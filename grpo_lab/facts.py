@@ -407,9 +407,8 @@ def parquet_num_rows(path: str | os.PathLike) -> int:
 
 
 def _proc_gpus() -> int | None:
-    path = "/proc/driver/nvidia/gpus"
     try:
-        return len([e for e in os.listdir(path) if not e.startswith(".")])
+        return len([e for e in os.listdir("/proc/driver/nvidia/gpus") if not e.startswith(".")])
     except OSError:
         return None
 
@@ -419,9 +418,7 @@ def _smi_gpus() -> int | None:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else None
 
 
 def visible_gpus(environ: Mapping[str, str]) -> tuple[int, str]:
@@ -481,9 +478,7 @@ def hf_cached_config(repo_id: str, environ: Mapping[str, str]) -> Path | None:
     try:
         ref = (base / "refs" / "main").read_text().strip()
         cfg = base / "snapshots" / ref / "config.json"
-        if cfg.is_file():
-            return cfg
-        return next(iter(sorted(base.glob("snapshots/*/config.json"))), None)
+        return cfg if cfg.is_file() else min(base.glob("snapshots/*/config.json"), default=None)
     except OSError:
         return None
 

@@ -1,15 +1,9 @@
 """Rehearse a smaller card on a bigger one: plan for the small card, cap each torch process, shrink vLLM's budget.
 
-A hardware option turns it on with `lab.hardware.emulate.real_gpu_memory_gb` (the card the job really runs on) next
-to `lab.hardware.gpu_memory_gb` (the card it stands in for; the preflight, the planner and `make fit` plan for it):
-
-    python run.py hardware=h200x4_as_rtx4080x4                               # the course machine on 4 H200
-    python run.py hardware=a100_80gbx8 lab.hardware.gpu_memory_gb=32 lab.hardware.emulate.real_gpu_memory_gb=80
-
 Pure on plain dicts (the input is left as it is); raises EmulationError with the fix for bad input (the launcher
-turns it into its refusal).
-
-What the transform changes and what the per-process cap does and does not see: docs/emulation.md.
+turns it into its refusal). How a hardware option turns it on (lab.hardware.emulate.real_gpu_memory_gb beside
+lab.hardware.gpu_memory_gb), what the transform changes and what the per-process cap does and does not see:
+docs/emulation.md.
 """
 
 from __future__ import annotations

@@ -350,9 +350,7 @@ NUMBERS: tuple[tuple[str, type, float | None, Any, str], ...] = (
 
 
 def is_kind(value: Any, kind: type) -> bool:
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    return not isinstance(value, bool) and isinstance(value, int if kind is int else (int, float))
 
 
 def wrong_types(cfg: VerlView) -> Iterator[tuple[str, Any, Any, str, Any, str]]:
