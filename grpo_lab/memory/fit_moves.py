@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from grpo_lab import facts
 from grpo_lab.memory import memplan, timeplan
-from grpo_lab.memory.memplan_remedies import budget_changes
+from grpo_lab.memory.memplan_remedies import budget_changes, halvings
 from grpo_lab.memory.settings import FIELD_OF_KEY
 from grpo_lab.verl_keys import A
 
@@ -101,10 +101,8 @@ def _m_max_model_len(ctx: Judge, s: memplan.Settings) -> Choice | str:
 
 
 def _m_bucket(ctx: Judge, s: memplan.Settings) -> Choice | str:
-    opts, b = [], s.bucket_mb
-    while b > 512:
-        b = max(512, b // 2)
-        opts.append(ctx.choice(s, {A + "rollout.checkpoint_engine.update_weights_bucket_megabytes": b}))
+    key = A + "rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    opts = [ctx.choice(s, {key: b}) for b in halvings(s.bucket_mb, 512)]
     return _pick(ctx, s, opts) if opts else f"already {s.bucket_mb} MiB (512 is the floor here)"
 
 
@@ -120,11 +118,9 @@ def _switch_on(key: str, why_not: Callable[[memplan.Settings], str] = lambda s: 
 def _m_budget(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if not s.use_dynamic_bsz:
         return "dynamic batch size is off (micro-batch sizes instead)"
-    seq, t = s.seq_len, s.ppo_max_token_len_per_gpu
-    opts = []
-    while t > seq:
-        t = max(seq, t // 2)
-        opts.append(_budgets(ctx, s, t, *(c.value for c in budget_changes(s, t)[1:])))
+    seq = s.seq_len
+    opts = [_budgets(ctx, s, t, *(c.value for c in budget_changes(s, t)[1:]))
+            for t in halvings(s.ppo_max_token_len_per_gpu, seq)]
     return _pick(ctx, s, opts) if opts else f"already one sequence ({seq} tokens): it cannot go lower"
 
 
