@@ -45,10 +45,8 @@ def ray_cpus_needed(gpus_per_node: int, use_v1: bool, storage_units: int) -> int
 
 
 def ray_cpus_formula(gpus_per_node: int, use_v1: bool, storage_units: int) -> str:
-    if use_v1:
-        return (f"{CPUS_PER_GPU} per GPU x {gpus_per_node} + 1 TaskRunner + 1 TransferQueue controller + "
-                f"{storage_units} storage units")
-    return f"{CPUS_PER_GPU} per GPU x {gpus_per_node} + 1 TaskRunner"
+    queue = f" + 1 TransferQueue controller + {storage_units} storage units" if use_v1 else ""
+    return f"{CPUS_PER_GPU} per GPU x {gpus_per_node} + 1 TaskRunner{queue}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -334,14 +334,11 @@ def way_out(ctx: FitContext, s: memplan.Settings, cfg: VerlView, *, lora_fits: S
                      f"step (mini-batch {mini_traj}) must split over them too: change the batch sizes")
     else:
         lines.append(f"more GPUs: not even {s.n_gpus * 16} GPUs of {s.card_gb:g} GB fit {what}")
-    if s.lora_rank == 0:
-        if lora_fits is not None and lora_chosen:
-            pass  # the command above is that LoRA setup
-        elif lora_fits is not None:
-            lines.append("LoRA (trains adapters, not the whole model): "
-                         + " ".join(c.override for c in spelled(lora_fits.values, None)))
-        else:
-            lines.append("LoRA: does not fit either on these cards")
+    if s.lora_rank == 0 and lora_fits is None:
+        lines.append("LoRA: does not fit either on these cards")
+    elif s.lora_rank == 0 and not lora_chosen:  # when chosen, the command above is that LoRA setup
+        lines.append("LoRA (trains adapters, not the whole model): "
+                     + " ".join(c.override for c in spelled(lora_fits.values, None)))
     cur = ctx.arch.params
     smaller = []
     for name, m in facts.conf_options("model").items():

@@ -97,8 +97,7 @@ def plan_memory(cfg: VerlView, lab: Lab, m: PlannedModel, notes: list[str],
                      f"gradients, optimizer and vLLM, {a.active_params / 1e9:.1f}B active for activations")
     plan = memplan.memory_plan(m.arch, s, remedies=not quick)
     for phase, opts in list(plan.get("remedies", {}).items()):  # once some remedy ends the OOM, drop those that do not
-        if any(o["verdict"] != "oom" for o in opts):
-            plan["remedies"][phase] = [o for o in opts if o["verdict"] != "oom"]
+        plan["remedies"][phase] = [o for o in opts if o["verdict"] != "oom"] or opts
     return read, s, plan
 
 
