@@ -114,23 +114,14 @@ def merge_alloc_conf(user: str | None, fraction: float) -> tuple[str, bool]:
     return ",".join(f"{k}:{v}" for k, v in pairs), kept
 
 
-def _user_alloc(env: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """(the user's allocator string, where it came from): the job's env_vars first (they override the shell's in
-    Ray's workers), then the shell; PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF, the order torch reads them."""
-    for var in ALLOC_VARS:
-        for where, src in ((ENV_VARS, env), ("the environment", environ)):
-            v = src.get(var)
-            if v not in (None, ""):
-                return str(v), f"{var} from {where}"
-    return None, None
-
-
 def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str],
                cfg: VerlView) -> dict[str, str]:
     """The variables emulation adds to verl's Ray workers; `env` is what the job already hands them.
     PYTORCH_CUDA_ALLOC_CONF always (torch 2.11 reads it first); PYTORCH_ALLOC_CONF too when the user set it, with the
     same value, so that whichever name a torch reads first carries the cap."""
-    user, _ = _user_alloc(env, environ)
+    # the user's allocator string: the job's env_vars first (they override the shell's in Ray's workers), then the
+    # shell; PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF, the order torch reads them
+    user = next((str(src[var]) for var in ALLOC_VARS for src in (env, environ) if src.get(var) not in (None, "")), None)
     merged, _ = merge_alloc_conf(user, emu.fraction)
     expandable = any(k == "expandable_segments" and v == "True" for k, v in parse_alloc_conf(merged))
     if cfg.rollout.enable_sleep_mode and expandable:
