@@ -46,15 +46,11 @@ def regime_of(arch: Any, s: Any) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str) -> dict[str, Any]:
+def table(path: Path | None = None) -> dict[str, Any]:
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path or TABLE).read_text())
     except (OSError, ValueError):
         return {}
-
-
-def table(path: Path | None = None) -> dict[str, Any]:
-    return _load(str(path or TABLE))
 
 
 def entry(regime: str, quantity: str, path: Path | None = None) -> dict[str, Any] | None:
