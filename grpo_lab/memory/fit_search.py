@@ -287,10 +287,7 @@ def _smallest_card(ctx: FitContext, s: memplan.Settings) -> float | None:
         return None
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits_with(ctx, replace(s, card_gb=float(mid))) is not None:
-            hi = mid
-        else:
-            lo = mid
+        lo, hi = (lo, mid) if fits_with(ctx, replace(s, card_gb=float(mid))) is not None else (mid, hi)
     return float(hi)
 
 
