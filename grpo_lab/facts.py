@@ -45,10 +45,8 @@ def ray_cpus_needed(gpus_per_node: int, use_v1: bool, storage_units: int) -> int
 
 
 def ray_cpus_formula(gpus_per_node: int, use_v1: bool, storage_units: int) -> str:
-    if use_v1:
-        return (f"{CPUS_PER_GPU} per GPU x {gpus_per_node} + 1 TaskRunner + 1 TransferQueue controller + "
-                f"{storage_units} storage units")
-    return f"{CPUS_PER_GPU} per GPU x {gpus_per_node} + 1 TaskRunner"
+    queue = f" + 1 TransferQueue controller + {storage_units} storage units" if use_v1 else ""
+    return f"{CPUS_PER_GPU} per GPU x {gpus_per_node} + 1 TaskRunner{queue}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -68,35 +66,27 @@ def hf_model_cache_dir(repo_id: str, environ: Mapping[str, str]) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 # atomic writes
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write a file whole or not at all (a unique temp file beside it, then rename); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    mask = os.umask(0)
+    os.umask(mask)
     try:
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode a plain open() would give
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; the file gets the mode a plain open() would give
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
         raise
     return path
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
     """`data` as indented JSON (anything else as its str), written whole or not at all (atomic_write)."""
-    import json
-
     return atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
@@ -271,8 +261,6 @@ def random_weights_mark(config: Mapping[str, Any] | str | os.PathLike | None) ->
         path = Path(os.path.expanduser(str(config)))
         path = path / "config.json" if path.is_dir() else path
         try:
-            import json
-
             config = json.loads(path.read_text()) if path.name == "config.json" else {}
         except (OSError, ValueError):
             config = {}
@@ -292,12 +280,9 @@ def preset_learning_rates() -> tuple[tuple[float, str], ...]:
     for name, doc in docs:
         optim = ((doc.get("actor_rollout_ref") or {}).get("actor") or {}).get("optim") or {}
         for v in (doc.get("actor_lr"), optim.get("lr") if isinstance(optim, dict) else None):
-            try:
-                lr = float(v) if v is not None and not isinstance(v, bool) else None
-            except (TypeError, ValueError):  # an interpolation (${actor_lr})
-                lr = None
-            if lr is not None:
-                out.append((lr, name))
+            if v is not None and not isinstance(v, bool):
+                with contextlib.suppress(TypeError, ValueError):  # an interpolation (${actor_lr})
+                    out.append((float(v), name))
     return tuple(sorted(out))
 
 
@@ -319,16 +304,16 @@ def _zigzag(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
 
 
+# thrift-compact types of a fixed size: bool inside a struct (its value is in the type nibble), byte, double
+_FIXED = {1: 0, 2: 0, 3: 1, 7: 8}
+
+
 def _skip(buf: bytes, pos: int, ttype: int) -> int:
     """Skip one thrift-compact value of type `ttype`."""
-    if ttype in (1, 2):          # bool inside a struct: value is in the type nibble
-        return pos
-    if ttype == 3:               # byte
-        return pos + 1
+    if ttype in _FIXED:
+        return pos + _FIXED[ttype]
     if ttype in (4, 5, 6):       # i16, i32, i64: varints
         return _varint(buf, pos)[1]
-    if ttype == 7:               # double
-        return pos + 8
     if ttype == 8:               # binary/string
         n, pos = _varint(buf, pos)
         return pos + n
@@ -420,9 +405,8 @@ def parquet_num_rows(path: str | os.PathLike) -> int:
 
 
 def _proc_gpus() -> int | None:
-    path = "/proc/driver/nvidia/gpus"
     try:
-        return len([e for e in os.listdir(path) if not e.startswith(".")])
+        return len([e for e in os.listdir("/proc/driver/nvidia/gpus") if not e.startswith(".")])
     except OSError:
         return None
 
@@ -432,9 +416,7 @@ def _smi_gpus() -> int | None:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else None
 
 
 def visible_gpus(environ: Mapping[str, str]) -> tuple[int, str]:
@@ -458,12 +440,10 @@ def machine_cpus() -> int:
         n = len(os.sched_getaffinity(0))
     except AttributeError:
         n = os.cpu_count() or 1
-    try:
+    with contextlib.suppress(OSError, ValueError):
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         if quota != "max":
             n = min(n, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
     return n
 
 
@@ -475,13 +455,8 @@ def installed_version(dist: str) -> tuple[int, ...] | None:
         v = version(dist)
     except PackageNotFoundError:
         return None
-    nums = []
-    for part in v.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        nums.append(int(digits))
-    return tuple(nums)
+    digits = ("".join(filter(str.isdigit, part)) for part in v.split(".")[:3])
+    return tuple(int(d) for d in itertools.takewhile(bool, digits))
 
 
 def module_available(name: str) -> bool:
@@ -501,9 +476,7 @@ def hf_cached_config(repo_id: str, environ: Mapping[str, str]) -> Path | None:
     try:
         ref = (base / "refs" / "main").read_text().strip()
         cfg = base / "snapshots" / ref / "config.json"
-        if cfg.is_file():
-            return cfg
-        return next(iter(sorted(base.glob("snapshots/*/config.json"))), None)
+        return cfg if cfg.is_file() else min(base.glob("snapshots/*/config.json"), default=None)
     except OSError:
         return None
 

@@ -35,33 +35,22 @@ WHAT = {"training": "verl's actor/perf/max_memory_reserved_gb (the trainer's tor
         "kv_cache": "vLLM's KV cache (its start-up log)"}
 
 
-def size_class(params: float) -> str:
-    return next(name for limit, name in SIZE_CLASSES if params < limit)
-
-
 def regime_of(arch: Any, s: Any) -> str:
     """The regime of a plan: one GPU or several, size class, engine, then what sets it apart (LoRA, MoE, FSDP2)."""
-    parts = ["one GPU" if s.n_gpus == 1 else "several GPUs", size_class(arch.params),
+    size = next(name for limit, name in SIZE_CLASSES if arch.params < limit)
+    parts = ["one GPU" if s.n_gpus == 1 else "several GPUs", size,
              "SGLang" if str(s.rollout_engine).lower() == "sglang" else "vLLM"]
-    if s.lora_rank > 0:
-        parts.append("LoRA")
-    if getattr(arch, "is_moe", False):
-        parts.append("mixture of experts")
-    if str(getattr(s, "strategy", "fsdp")) == "fsdp2":
-        parts.append("FSDP2")
-    return ", ".join(parts)
+    apart = {"LoRA": s.lora_rank > 0, "mixture of experts": getattr(arch, "is_moe", False),
+             "FSDP2": str(getattr(s, "strategy", "fsdp")) == "fsdp2"}
+    return ", ".join(parts + [name for name, on in apart.items() if on])
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str) -> dict[str, Any]:
+def table(path: Path | None = None) -> dict[str, Any]:
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path or TABLE).read_text())
     except (OSError, ValueError):
         return {}
-
-
-def table(path: Path | None = None) -> dict[str, Any]:
-    return _load(str(path or TABLE))
 
 
 def entry(regime: str, quantity: str, path: Path | None = None) -> dict[str, Any] | None:
@@ -113,22 +102,16 @@ def describe(cal: dict[str, Any]) -> str:
 
 def accuracy_lines(regime: str, path: Path | None = None) -> list[str]:
     """What `make plan` and `make fit` print about the plan's accuracy in this regime."""
-    out = []
-    for quantity in ("training", "kv_cache"):
-        row = entry(regime, quantity, path)
-        if quantity == "training":
-            if row is None:
-                out.append(f"training peak: not measured in this regime ({regime}); refused only above the card by "
-                           f"more than {UNMEASURED_MARGIN:.0%}")
-            else:
-                alloc = (f" ({row['allocated_ratio_min']:.2f}-{row['allocated_ratio_max']:.2f} of its allocated peak)"
-                         if "allocated_ratio_max" in row else "")
-                out.append(f"training peak: plan {row['ratio_min']:.2f}-{row['ratio_max']:.2f} of verl's reserved "
-                           f"peak{alloc} on {row['runs']} recorded run(s) of this regime ({regime}; {TABLE_MD}); "
-                           f"refused only above the card by more than {margin_of(row):.0%}")
-        elif row is None:
-            out.append(f"vLLM KV cache: not measured in this regime ({regime})")
-        else:
-            out.append(f"vLLM KV cache: plan {row['ratio_min']:.2f}-{row['ratio_max']:.2f} of what vLLM reported on "
-                       f"{row['runs']} recorded run(s) of this regime")
-    return out
+    row, kv = entry(regime, "training", path), entry(regime, "kv_cache", path)
+    if row is None:
+        training = (f"training peak: not measured in this regime ({regime}); refused only above the card by more "
+                    f"than {UNMEASURED_MARGIN:.0%}")
+    else:
+        alloc = (f" ({row['allocated_ratio_min']:.2f}-{row['allocated_ratio_max']:.2f} of its allocated peak)"
+                 if "allocated_ratio_max" in row else "")
+        training = (f"training peak: plan {row['ratio_min']:.2f}-{row['ratio_max']:.2f} of verl's reserved "
+                    f"peak{alloc} on {row['runs']} recorded run(s) of this regime ({regime}; {TABLE_MD}); "
+                    f"refused only above the card by more than {margin_of(row):.0%}")
+    return [training, f"vLLM KV cache: not measured in this regime ({regime})" if kv is None else
+            f"vLLM KV cache: plan {kv['ratio_min']:.2f}-{kv['ratio_max']:.2f} of what vLLM reported on "
+            f"{kv['runs']} recorded run(s) of this regime"]

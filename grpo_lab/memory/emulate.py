@@ -1,22 +1,15 @@
 """Rehearse a smaller card on a bigger one: plan for the small card, cap each torch process, shrink vLLM's budget.
 
-A hardware option turns it on with `lab.hardware.emulate.real_gpu_memory_gb` (the card the job really runs on) next
-to `lab.hardware.gpu_memory_gb` (the card it stands in for; the preflight, the planner and `make fit` plan for it):
-
-    python run.py hardware=h200x4_as_rtx4080x4                               # the course machine on 4 H200
-    python run.py hardware=a100_80gbx8 lab.hardware.gpu_memory_gb=32 lab.hardware.emulate.real_gpu_memory_gb=80
-
 Pure on plain dicts (the input is left as it is); raises EmulationError with the fix for bad input (the launcher
-turns it into its refusal).
-
-What the transform changes and what the per-process cap does and does not see: docs/emulation.md.
+turns it into its refusal). How a hardware option turns it on (lab.hardware.emulate.real_gpu_memory_gb beside
+lab.hardware.gpu_memory_gb), what the transform changes and what the per-process cap does and does not see:
+docs/emulation.md.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,21 +108,10 @@ def parse_alloc_conf(text: str) -> list[tuple[str, str]]:
 def merge_alloc_conf(user: str | None, fraction: float) -> tuple[str, bool]:
     """(the user's allocator string with the fraction added, whether the user's own fraction was kept)."""
     pairs = parse_alloc_conf(user or "")
-    if any(k == FRACTION_KEY for k, _ in pairs):
-        return ",".join(f"{k}:{v}" for k, v in pairs), True
-    pairs.append((FRACTION_KEY, f"{fraction:.6g}"))
-    return ",".join(f"{k}:{v}" for k, v in pairs), False
-
-
-def _user_alloc(env: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """(the user's allocator string, where it came from): the job's env_vars first (they override the shell's in
-    Ray's workers), then the shell; PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF, the order torch reads them."""
-    for var in ALLOC_VARS:
-        for where, src in ((ENV_VARS, env), ("the environment", environ)):
-            v = src.get(var)
-            if v not in (None, ""):
-                return str(v), f"{var} from {where}"
-    return None, None
+    kept = any(k == FRACTION_KEY for k, _ in pairs)
+    if not kept:
+        pairs.append((FRACTION_KEY, f"{fraction:.6g}"))
+    return ",".join(f"{k}:{v}" for k, v in pairs), kept
 
 
 def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str],
@@ -137,7 +119,9 @@ def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str
     """The variables emulation adds to verl's Ray workers; `env` is what the job already hands them.
     PYTORCH_CUDA_ALLOC_CONF always (torch 2.11 reads it first); PYTORCH_ALLOC_CONF too when the user set it, with the
     same value, so that whichever name a torch reads first carries the cap."""
-    user, _ = _user_alloc(env, environ)
+    # the user's allocator string: the job's env_vars first (they override the shell's in Ray's workers), then the
+    # shell; PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF, the order torch reads them
+    user = next((str(src[var]) for var in ALLOC_VARS for src in (env, environ) if src.get(var) not in (None, "")), None)
     merged, _ = merge_alloc_conf(user, emu.fraction)
     expandable = any(k == "expandable_segments" and v == "True" for k, v in parse_alloc_conf(merged))
     if cfg.rollout.enable_sleep_mode and expandable:
@@ -161,14 +145,6 @@ def utilizations(d: Any, path: str = "") -> Iterator[tuple[str, float]]:
                 yield p, float(v)
             else:
                 yield from utilizations(v, p)
-
-
-def check_engine(cfg: VerlView) -> None:
-    engine = str(cfg.rollout.name).lower()
-    if engine != "vllm":
-        raise EmulationError(f"emulation scales vLLM's gpu_memory_utilization (a fraction of the card's total); "
-                             f"{engine} reads it as a fraction of the memory free at start, which emulation cannot "
-                             f"scale. Use actor_rollout_ref.rollout.name=vllm, or run {engine} without emulation")
 
 
 @dataclass(frozen=True)
@@ -198,7 +174,11 @@ def emulate(config: dict[str, Any], lab: Lab, environ: Mapping[str, str]) -> Emu
     cfg = VerlView.of(config)
     env = dict(cfg.env_vars)
     env.update(worker_env(emu, env, environ, cfg))
-    check_engine(cfg)
+    engine = str(cfg.rollout.name).lower()
+    if engine != "vllm":
+        raise EmulationError(f"emulation scales vLLM's gpu_memory_utilization (a fraction of the card's total); "
+                             f"{engine} reads it as a fraction of the memory free at start, which emulation cannot "
+                             f"scale. Use actor_rollout_ref.rollout.name=vllm, or run {engine} without emulation")
     scaled = {path: {"planned": util, "handed_to_engine": emu.scale(util),
                      # of the card's real bytes (its number is GiB, as CUDA reports it), as the memory plan's
                      "budget_gb": round(util * emu.card_gb * 2**30 / 1e9, 2)}
@@ -259,5 +239,5 @@ def torch_knows_fraction_key() -> bool | None:
                 data = lib.read_bytes()
             except OSError:
                 continue
-            return re.search(rb"per_process_memory_fraction", data) is not None
+            return b"per_process_memory_fraction" in data
     return None

@@ -20,10 +20,7 @@ def _check(engine: str) -> str:
 def static_budget_gb(engine: str, util: float, card_gb: float, resident_gb: float) -> float:
     """GB per GPU the engine takes for its static memory at start-up: vllm util x card_gb (against the total),
     sglang util x (card_gb - resident_gb), resident_gb being what is on the card when the engine starts."""
-    e = _check(engine)
-    if e == "vllm":
-        return util * card_gb
-    return util * max(0.0, card_gb - resident_gb)
+    return util * (card_gb if _check(engine) == "vllm" else max(0.0, card_gb - resident_gb))
 
 
 def budget_holds_activations(engine: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from grpo_lab import facts
 from grpo_lab.memory import memplan, timeplan
-from grpo_lab.memory.memplan_remedies import budget_changes
+from grpo_lab.memory.memplan_remedies import budget_changes, halvings
 from grpo_lab.memory.settings import FIELD_OF_KEY
 from grpo_lab.verl_keys import A
 
@@ -101,30 +101,26 @@ def _m_max_model_len(ctx: Judge, s: memplan.Settings) -> Choice | str:
 
 
 def _m_bucket(ctx: Judge, s: memplan.Settings) -> Choice | str:
-    opts, b = [], s.bucket_mb
-    while b > 512:
-        b = max(512, b // 2)
-        opts.append(ctx.choice(s, {A + "rollout.checkpoint_engine.update_weights_bucket_megabytes": b}))
+    key = A + "rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    opts = [ctx.choice(s, {key: b}) for b in halvings(s.bucket_mb, 512)]
     return _pick(ctx, s, opts) if opts else f"already {s.bucket_mb} MiB (512 is the floor here)"
 
 
-def _switch_on(key: str) -> Callable[[Judge, memplan.Settings], Choice | str]:
-    """A move that turns one boolean setting on."""
+def _switch_on(key: str, why_not: Callable[[memplan.Settings], str] = lambda s: ""
+               ) -> Callable[[Judge, memplan.Settings], Choice | str]:
+    """A move that turns one boolean setting on, where `why_not` says nothing against it."""
     def move(ctx: Judge, s: memplan.Settings) -> Choice | str:
-        if getattr(s, FIELD_OF_KEY[key]):
-            return "already on"
-        return ctx.choice(s, {key: True})
+        why = why_not(s) or ("already on" if getattr(s, FIELD_OF_KEY[key]) else "")
+        return why or ctx.choice(s, {key: True})
     return move
 
 
 def _m_budget(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if not s.use_dynamic_bsz:
         return "dynamic batch size is off (micro-batch sizes instead)"
-    seq, t = s.seq_len, s.ppo_max_token_len_per_gpu
-    opts = []
-    while t > seq:
-        t = max(seq, t // 2)
-        opts.append(_budgets(ctx, s, t, *(c.value for c in budget_changes(s, t)[1:])))
+    seq = s.seq_len
+    opts = [_budgets(ctx, s, t, *(c.value for c in budget_changes(s, t)[1:]))
+            for t in halvings(s.ppo_max_token_len_per_gpu, seq)]
     return _pick(ctx, s, opts) if opts else f"already one sequence ({seq} tokens): it cannot go lower"
 
 
@@ -207,28 +203,18 @@ def _m_micro(ctx: Judge, s: memplan.Settings) -> Choice | str:
     return _pick(ctx, s, opts) if opts else "micro-batches are already 1"
 
 
-def _m_entropy_ckpt(ctx: Judge, s: memplan.Settings) -> Choice | str:
-    if not s.entropy_in_update:
-        return "no entropy in the loss (entropy_coeff 0)"
-    if s.entropy_checkpointing:
-        return "already on"
-    return ctx.choice(s, {A + "actor.entropy_checkpointing": True})
+def _no_entropy(s: memplan.Settings) -> str:
+    return "" if s.entropy_in_update else "no entropy in the loss (entropy_coeff 0)"
 
 
-def _m_entropy_chunk(ctx: Judge, s: memplan.Settings) -> Choice | str:
+def _entropy_compiled(s: memplan.Settings) -> str:
     if not s.entropy_in_update and s.use_torch_compile:
         return "the log-prob pass's entropy is torch.compile'd (fused, no vocabulary-sized copy)"
-    if s.actor_entropy_chunking:
-        return "already on"
-    return ctx.choice(s, {A + "actor.entropy_from_logits_with_chunking": True})
+    return ""
 
 
-def _m_layered(ctx: Judge, s: memplan.Settings) -> Choice | str:
-    if s.lora_rank <= 0:
-        return "only with LoRA"
-    if s.layered_summon:
-        return "already on"
-    return ctx.choice(s, {A + "rollout.layered_summon": True})
+def _no_lora(s: memplan.Settings) -> str:
+    return "" if s.lora_rank > 0 else "only with LoRA"
 
 
 MOVES: tuple[Move, ...] = (
@@ -243,9 +229,11 @@ MOVES: tuple[Move, ...] = (
     Move("tp", "rollout tensor parallel", 8, _m_tp),
     Move("ref_offload", "reference offload", 9, _m_ref_offload),
     Move("micro", "smaller micro-batches", 10, _m_micro),
-    Move("entropy_ckpt", "entropy checkpointing", 11, _m_entropy_ckpt),
-    Move("entropy_chunk", "entropy in chunks", 12, _m_entropy_chunk),
-    Move("layered_summon", "LoRA weight sync layer by layer", 13, _m_layered, full_ft=False),
+    Move("entropy_ckpt", "entropy checkpointing", 11, _switch_on(A + "actor.entropy_checkpointing", _no_entropy)),
+    Move("entropy_chunk", "entropy in chunks", 12,
+         _switch_on(A + "actor.entropy_from_logits_with_chunking", _entropy_compiled)),
+    Move("layered_summon", "LoRA weight sync layer by layer", 13, _switch_on(A + "rollout.layered_summon", _no_lora),
+         full_ft=False),
 )
 LORA_RANK = 100
 

@@ -7,6 +7,7 @@ bigger card, more GPUs, LoRA, a smaller model of conf/model/).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Iterable
@@ -51,10 +52,9 @@ class FitContext:
         self._steps: dict[str, float] = {}
 
     def eval(self, s: memplan.Settings) -> Eval:
-        try:
+        hit = None
+        with contextlib.suppress(TypeError):  # unhashable field (a list of LoRA targets): no cache
             hit = self._cache.get(s)
-        except TypeError:  # unhashable field (a list of LoRA targets): no cache
-            hit = None
         if hit is not None:
             return hit
         self.evaluations += 1
@@ -70,10 +70,8 @@ class FitContext:
         if not kv["fits_max_model_len"]:
             over += (kv["max_model_len"] - max(0, kv["tokens"])) * kv["bytes_per_token"] / GB + 0.01
         e = Eval(peaks, verdicts, over, kv)
-        try:
+        with contextlib.suppress(TypeError):
             self._cache[s] = e
-        except TypeError:
-            pass
         return e
 
     def plan(self, s: memplan.Settings) -> dict[str, Any]:
@@ -231,7 +229,7 @@ def choose(ctx: FitContext, budgets: dict[str, int], by: float) -> Found:
     best, states = search(ctx, start)
     lora_best = None
     if best is None and ctx.base.lora_rank == 0:
-        lora_best, states = search(ctx, lora_start(ctx, start))
+        lora_best, states = search(ctx, _then(ctx, start, "lora", *ctx.choice(start.s, dict(LORA)), lora=True))
     out = Found(start, states, best, lora_best)
     fitting = [f for f in states if f.lora == (best is None)]  # the fastest of the same kind (LoRA only when needed)
     if len(fitting) > 1:
@@ -272,10 +270,6 @@ def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = 
     return st, why
 
 
-def lora_start(ctx: FitContext, st: State) -> State:
-    return _then(ctx, st, "lora", *ctx.choice(st.s, dict(LORA)), lora=True)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # when nothing fits: what would
 # ---------------------------------------------------------------------------------------------------------------
@@ -293,10 +287,7 @@ def _smallest_card(ctx: FitContext, s: memplan.Settings) -> float | None:
         return None
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits_with(ctx, replace(s, card_gb=float(mid))) is not None:
-            hi = mid
-        else:
-            lo = mid
+        lo, hi = (lo, mid) if fits_with(ctx, replace(s, card_gb=float(mid))) is not None else (mid, hi)
     return float(hi)
 
 
@@ -340,14 +331,11 @@ def way_out(ctx: FitContext, s: memplan.Settings, cfg: VerlView, *, lora_fits: S
                      f"step (mini-batch {mini_traj}) must split over them too: change the batch sizes")
     else:
         lines.append(f"more GPUs: not even {s.n_gpus * 16} GPUs of {s.card_gb:g} GB fit {what}")
-    if s.lora_rank == 0:
-        if lora_fits is not None and lora_chosen:
-            pass  # the command above is that LoRA setup
-        elif lora_fits is not None:
-            lines.append("LoRA (trains adapters, not the whole model): "
-                         + " ".join(c.override for c in spelled(lora_fits.values, None)))
-        else:
-            lines.append("LoRA: does not fit either on these cards")
+    if s.lora_rank == 0 and lora_fits is None:
+        lines.append("LoRA: does not fit either on these cards")
+    elif s.lora_rank == 0 and not lora_chosen:  # when chosen, the command above is that LoRA setup
+        lines.append("LoRA (trains adapters, not the whole model): "
+                     + " ".join(c.override for c in spelled(lora_fits.values, None)))
     cur = ctx.arch.params
     smaller = []
     for name, m in facts.conf_options("model").items():

@@ -67,7 +67,6 @@ def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, 
     for name in ("generation", "training", "weight_sync"):
         getattr(ph, name)["verdict"] = verdict[name]
     ph.host["verdict"] = verdict["host_ram"]
-    n_lora = arch.lora_params(s.lora_rank, s.lora_targets)
     plan: dict[str, Any] = {
         "card_gb": s.card_gb,
         "n_gpus": s.n_gpus,
@@ -78,7 +77,7 @@ def memory_plan(arch: Arch, s: Settings, *, remedies: bool = True) -> dict[str, 
         "moe": ({"num_experts": arch.num_experts, "num_experts_per_tok": arch.num_experts_per_tok,
                  "sparse_layers": arch.sparse_layers, "active_params_b": round(arch.active_params / 1e9, 3)}
                 if arch.is_moe else None),
-        "trainable_params": n_lora if s.lora_rank > 0 else arch.params,
+        "trainable_params": actor_state(arch, s).trainable,
         "architecture_source": arch.source,
         "actor_state_gb_per_gpu": round(ph.actor_state_gb, 2),
         "actor_state_full_gb_per_gpu": ph.actor_state_full_gb,

@@ -107,23 +107,21 @@ class Arch:
         emb = self.vocab_size * self.hidden_size
         return emb * (1 if self.tie_word_embeddings else 2) + self.hidden_size
 
+    def _model_params(self, experts: int) -> int:
+        """Parameters of the whole model with `experts` experts in each sparse layer."""
+        sparse = self.sparse_layers if self.is_moe else 0
+        return ((self.num_hidden_layers - sparse) * self._dense_layer_params()
+                + sparse * self._sparse_layer_params(experts) + self.root_params)
+
     @cached_property
     def params(self) -> int:
         """All parameters (every expert of an MoE): what weights, gradients, optimizer and vLLM hold."""
-        if self.is_moe:
-            dense = self.num_hidden_layers - self.sparse_layers
-            return (dense * self._dense_layer_params() + self.sparse_layers * self._sparse_layer_params(
-                self.num_experts) + self.root_params)
-        return self.num_hidden_layers * self.layer_params + self.root_params
+        return self._model_params(self.num_experts)
 
     @cached_property
     def active_params(self) -> int:
         """Parameters one token passes through (num_experts_per_tok experts of each sparse layer)."""
-        if not self.is_moe:
-            return self.params
-        dense = self.num_hidden_layers - self.sparse_layers
-        return (dense * self._dense_layer_params() + self.sparse_layers * self._sparse_layer_params(
-            self.num_experts_per_tok) + self.root_params)
+        return self._model_params(self.num_experts_per_tok)
 
     @property
     def active_intermediate(self) -> int:

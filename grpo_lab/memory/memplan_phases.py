@@ -56,9 +56,14 @@ class ActorState:
         return self.params + self.grads + self.optimizer
 
 
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per parameter of an FSDP model_dtype: 4 for fp32, 2 for bf16/fp16."""
+    return 4.0 if str(dtype).lower() in ("fp32", "float32", "float") else 2.0
+
+
 def param_bytes(s: Settings) -> float:
     """Bytes per actor parameter as FSDP keeps it: fp32 by default (fsdp_config.model_dtype), 2 for bf16/fp16."""
-    return 4.0 if str(s.model_dtype).lower() in ("fp32", "float32", "float") else 2.0
+    return dtype_bytes(s.model_dtype)
 
 
 def actor_state(arch: Arch, s: Settings) -> ActorState:
@@ -75,12 +80,8 @@ def actor_state(arch: Arch, s: Settings) -> ActorState:
 def actor_state_gb_per_gpu(arch: Arch, s: Settings) -> float:
     """The guide's accounting: 16 B per trainable parameter (4 B per frozen one) / FSDP size, minus offloaded parts."""
     st = actor_state(arch, s)
-    total = st.total
-    if s.param_offload:
-        total -= st.params + st.grads
-    if s.optimizer_offload:
-        total -= st.optimizer
-    return total / GB
+    return (st.total - (st.params + st.grads if s.param_offload else 0.0)
+            - (st.optimizer if s.optimizer_offload else 0.0)) / GB
 
 
 def resident_between_phases(arch: Arch, s: Settings) -> float:
@@ -172,16 +173,18 @@ def vllm_weights(arch: Arch, s: Settings) -> float:
 
 
 def vllm_max_model_len(arch: Arch, s: Settings) -> int:
-    if s.max_model_len:
-        return int(s.max_model_len)
-    return int(arch.max_position_embeddings or s.seq_len)
+    return int(s.max_model_len or arch.max_position_embeddings or s.seq_len)
 
 
 def vllm_batched_tokens(arch: Arch, s: Settings) -> int:
-    mml = vllm_max_model_len(arch, s)
-    if not s.enable_chunked_prefill:
-        return max(s.max_num_batched_tokens, mml)
-    return s.max_num_batched_tokens
+    if s.enable_chunked_prefill:
+        return s.max_num_batched_tokens
+    return max(s.max_num_batched_tokens, vllm_max_model_len(arch, s))
+
+
+def cudagraphs(s: Settings) -> float:
+    """vLLM's CUDA graph pool (bytes): none under enforce_eager."""
+    return 0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB
 
 
 def vllm_activation(arch: Arch, s: Settings) -> float:
@@ -205,8 +208,7 @@ def engine_budget(arch: Arch, s: Settings) -> tuple[float, float, str]:
     """(static budget bytes, bytes the engine adds on top of it while generating, one-sentence rule) per GPU."""
     if s.vllm_kv_cache_bytes and s.rollout_engine == "vllm":
         # a pinned cache: vLLM's own memory is its weights, activations and CUDA graphs plus exactly this
-        graphs = 0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB
-        rest = vllm_weights(arch, s) + vllm_activation(arch, s) + graphs
+        rest = vllm_weights(arch, s) + vllm_activation(arch, s) + cudagraphs(s)
         budget = rest + s.vllm_kv_cache_bytes
         return budget, 0.0, (f"vLLM: engine_kwargs.vllm.kv_cache_memory_bytes pins its KV cache at "
                              f"{s.vllm_kv_cache_bytes / GB:.2f} GB (gpu_memory_utilization does not size it): with its "
@@ -218,7 +220,7 @@ def engine_budget(arch: Arch, s: Settings) -> tuple[float, float, str]:
     static, rule = engines.static_budget_gb(e, u, card, at_start), engines.explain(e, u, card, at_start)
     extra = 0.0 if engines.budget_holds_activations(e) else (
         vllm_activation(arch, replace(s, enable_chunked_prefill=True))  # SGLang chunks its prefill by default
-        + (0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB))
+        + cudagraphs(s))
     return static * GB, extra, rule
 
 
@@ -237,7 +239,7 @@ def answer_rounds(answers: int, cache_tokens: float, sequence_tokens: float, max
 
 def kv_cache(arch: Arch, s: Settings, budget: tuple[float, float, str] | None = None) -> dict[str, Any]:
     budget, on_top, rule = budget or engine_budget(arch, s)  # engine hook
-    graphs = 0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB * GB
+    graphs = cudagraphs(s)
     weights = vllm_weights(arch, s)
     act = vllm_activation(arch, s)
     kv_bytes_gpu = budget - weights - (0.0 if on_top else act + graphs)  # engine hook: SGLang's are outside
@@ -281,17 +283,6 @@ def resident_at_generation(arch: Arch, s: Settings) -> float:
     return max(resident_between_phases(arch, s), start)
 
 
-def generation_phase(arch: Arch, s: Settings, budget: tuple[float, float, str] | None = None) -> dict[str, Any]:
-    resident = resident_at_generation(arch, s)
-    vllm, on_top, _ = budget or engine_budget(arch, s)  # engine hook
-    ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
-    peak = resident + vllm + on_top + ctx
-    engine = ({"vllm_budget": round_gb(vllm)} if not on_top
-              else {"sglang_static": round_gb(vllm), "sglang_activations": round_gb(on_top)})
-    return {"peak_gb_per_gpu": round_gb(peak),
-            "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(ctx)}}
-
-
 def sync_copies(arch: Arch, s: Settings) -> float:
     """Bytes of the weights the trainer materialises to send them to the rollout (beside the bucket): with FSDP1 on
     one GPU a FULL_STATE_DICT, else one full tensor at a time; docs/memory_plan.md, "The trainer's torch allocator"."""
@@ -307,8 +298,7 @@ def reference_on_card_at_start(arch: Arch, s: Settings) -> float:
     """The reference's weights still on the card before its first forward (FSDP1 on one GPU: docs/memory_plan.md)."""
     if not s.ref_used or s.lora_rank > 0 or s.strategy != "fsdp" or s.fsdp != 1:
         return 0.0
-    dtype = 4.0 if s.ref_model_dtype.lower() in ("fp32", "float32", "float") else 2.0
-    return dtype * arch.params
+    return dtype_bytes(s.ref_model_dtype) * arch.params
 
 
 def sync_trainer_side(arch: Arch, s: Settings, *, first: bool = False) -> dict[str, float]:
@@ -323,16 +313,6 @@ def sync_trainer_side(arch: Arch, s: Settings, *, first: bool = False) -> dict[s
     else:
         out["cublas_workspaces"] = CUBLAS_WORKSPACE_GB * GB
     return out
-
-
-def weight_sync_phase(arch: Arch, s: Settings) -> dict[str, Any]:
-    trainer = sync_trainer_side(arch, s)
-    weights = vllm_weights(arch, s)
-    ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
-    peak = sum(trainer.values()) + weights + ctx
-    return {"peak_gb_per_gpu": round_gb(peak),
-            "components_gb": {**{k: round_gb(v) for k, v in trainer.items()}, "vllm_weights": round_gb(weights),
-                              "cuda_contexts": round_gb(ctx)}}
 
 
 def update_breakdown(arch: Arch, s: Settings) -> dict[str, float]:
@@ -402,7 +382,7 @@ def training_phase(arch: Arch, s: Settings, budget: tuple[float, float, str] | N
     names = {"update": f"update ({update_peak_at(arch, s).replace('_', ' ')})", "optimizer_step": "optimizer step",
              "old_log_prob": "old-log-prob forward", "ref_log_prob": "reference forward"}
     worst_name = max(totals, key=totals.get)
-    asleep = (VLLM_CUDA_CONTEXT_GB + (0.0 if s.enforce_eager else VLLM_CUDAGRAPH_GB)) * GB
+    asleep = VLLM_CUDA_CONTEXT_GB * GB + cudagraphs(s)
     awake = sum((budget or engine_budget(arch, s))[:2]) + VLLM_CUDA_CONTEXT_GB * GB  # engine hook
     vllm = asleep if s.free_cache_engine else awake
     ctx = TRAINER_CUDA_CONTEXT_GB * GB
@@ -419,9 +399,8 @@ def training_phase(arch: Arch, s: Settings, budget: tuple[float, float, str] | N
 def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
     """Host RAM of one node: its share of the offloaded state, of the CPU-resident reference and of vLLM's level-1
     sleep, its processes, and (on the first node) rank 0 loading the full model at start-up."""
-    n = arch.params
+    n, trainable = arch.params, actor_state(arch, s).trainable
     n_lora = arch.lora_params(s.lora_rank, s.lora_targets)
-    trainable = n_lora if s.lora_rank > 0 else n
     groups = max(1, s.n_gpus // s.fsdp)  # replicas of the actor state across FSDP groups (HSDP)
     nodes = max(1, s.nnodes)
     gpus_here = max(1, s.n_gpus // nodes)
@@ -461,7 +440,14 @@ class Phases:
 
     @cached_property
     def generation(self) -> dict[str, Any]:
-        return generation_phase(self.arch, self.s, self.budget)
+        resident = resident_at_generation(self.arch, self.s)
+        vllm, on_top, _ = self.budget  # engine hook
+        ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
+        peak = resident + vllm + on_top + ctx
+        engine = ({"vllm_budget": round_gb(vllm)} if not on_top
+                  else {"sglang_static": round_gb(vllm), "sglang_activations": round_gb(on_top)})
+        return {"peak_gb_per_gpu": round_gb(peak),
+                "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(ctx)}}
 
     @cached_property
     def subphases(self) -> dict[str, dict[str, float]]:
@@ -473,7 +459,13 @@ class Phases:
 
     @cached_property
     def weight_sync(self) -> dict[str, Any]:
-        return weight_sync_phase(self.arch, self.s)
+        trainer = sync_trainer_side(self.arch, self.s)
+        weights = vllm_weights(self.arch, self.s)
+        ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
+        peak = sum(trainer.values()) + weights + ctx
+        return {"peak_gb_per_gpu": round_gb(peak),
+                "components_gb": {**{k: round_gb(v) for k, v in trainer.items()}, "vllm_weights": round_gb(weights),
+                                  "cuda_contexts": round_gb(ctx)}}
 
     @cached_property
     def host(self) -> dict[str, Any]:

@@ -45,19 +45,24 @@ def _best_util(arch: Arch, s: Settings) -> float | None:
         u = round(k * 0.05, 2)
         v = phase_result(arch, replace(s, gpu_memory_utilization=u), "generation")[1]
         (fits if v == "fits" else tight if v == "tight" else []).append(u)
-    if fits:
-        return max(fits)
-    return min(tight) if tight else None
+    return max(fits) if fits else min(tight, default=None)
+
+
+def halvings(value: int, floor: int) -> list[int]:
+    """`value` halved again and again, never below `floor`, until it reaches it (none when it is there already)."""
+    out = []
+    while value > floor:
+        value = max(floor, value // 2)
+        out.append(value)
+    return out
 
 
 def _best_token_budget(arch: Arch, s: Settings) -> int | None:
-    """The largest actor token budget (halving from the current, not below one sequence) whose training phase fits."""
-    t = s.ppo_max_token_len_per_gpu
-    while t > s.seq_len:
-        t = max(s.seq_len, t // 2)
-        if phase_result(arch, settings_after(s, budget_changes(s, t)), "training")[1] == "fits":
-            return t
-    return max(s.seq_len, t) if t != s.ppo_max_token_len_per_gpu else None
+    """The largest actor token budget (halving from the current, not below one sequence) whose training phase fits;
+    else one sequence."""
+    budgets = halvings(s.ppo_max_token_len_per_gpu, s.seq_len)
+    fits = (t for t in budgets if phase_result(arch, settings_after(s, budget_changes(s, t)), "training")[1] == "fits")
+    return next(fits, budgets[-1] if budgets else None)
 
 
 def budget_changes(s: Settings, t: int) -> list[Change]:

@@ -4,6 +4,7 @@ whatever the model group), else the model group's own facts (lab.model)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -79,18 +80,14 @@ def _model_files(cfg: VerlView, lab: Lab, environ: Mapping[str, str]) -> Planned
                                            f"place)"])
     cached = facts.hf_cached_config(path, environ) if path and not (local and local.exists()) else None
     if cached is not None:
-        try:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             return PlannedModel(_from_config_json(cached, str(cached)), info, notes=notes)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
     if known and all(known.get(k) is not None for k in Arch.FIELDS):
         return PlannedModel(Arch.from_mapping(known, source=f"conf/model ({known.get('name')}: {path})"),
                           info, notes=notes)
     if all(group.get(k) is not None for k in Arch.FIELDS):
         hub = group.get("hub_id")
-        mismatch = ""
-        if path and hub and path != hub and not (local and local.exists()):
-            mismatch = path
+        mismatch = path if path and hub and path != hub and not (local and local.exists()) else ""
         return PlannedModel(Arch.from_mapping(group, source=f"lab.model ({group.get('name')})"), group,
                           mismatch, notes)
     return PlannedModel(None, info, notes=notes + [

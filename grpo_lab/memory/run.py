@@ -4,6 +4,7 @@ batch arithmetic, the model planned, and the memory and time plans, each compute
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -96,8 +97,7 @@ def plan_memory(cfg: VerlView, lab: Lab, m: PlannedModel, notes: list[str],
                      f"gradients, optimizer and vLLM, {a.active_params / 1e9:.1f}B active for activations")
     plan = memplan.memory_plan(m.arch, s, remedies=not quick)
     for phase, opts in list(plan.get("remedies", {}).items()):  # once some remedy ends the OOM, drop those that do not
-        if any(o["verdict"] != "oom" for o in opts):
-            plan["remedies"][phase] = [o for o in opts if o["verdict"] != "oom"]
+        plan["remedies"][phase] = [o for o in opts if o["verdict"] != "oom"] or opts
     return read, s, plan
 
 
@@ -108,10 +108,9 @@ def run_shape(cfg: VerlView, lab: Lab, batch: Mapping[str, Any], s: Settings) ->
     if steps is None and ds.train_rows:  # the train file is not here yet: the dataset option's published size
         steps = ds.train_rows // max(1, s.train_batch_size) * timeplan.int_or(batch.get("total_epochs"), 1)
     val_rows, vf = ds.test_rows, cfg.data.val_files
-    try:  # the validation file when it is here (verl validates all of it)
+    # the validation file when it is here (verl validates all of it)
+    with contextlib.suppress(OSError, ValueError, TypeError):
         val_rows = facts.parquet_num_rows(vf[0] if isinstance(vf, (list, tuple)) and vf else vf)
-    except (OSError, ValueError, TypeError):
-        pass
     if ds.prompt_tokens:
         prompt, source = float(ds.prompt_tokens), f"lab.dataset.prompt_tokens of {ds.name}"
     else:

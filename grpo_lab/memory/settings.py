@@ -5,6 +5,7 @@ What each value means: docs/memory_plan.md (Settings) and docs/preflight.md (the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -26,7 +27,6 @@ def settings_from_verl(verl: Mapping[str, Any] | VerlView, lab: Lab) -> Settings
     cfg = view_of(verl)
     actor, ref, rollout, model, data = cfg.actor, cfg.ref, cfg.rollout, cfg.model, cfg.data
     n_gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
-    max_model_len = rollout.max_model_len
     return Settings(
         n_gpus=max(1, n_gpus),
         card_gb=float(lab.hardware.gpu_memory_gb or 0),
@@ -75,7 +75,7 @@ def settings_from_verl(verl: Mapping[str, Any] | VerlView, lab: Lab) -> Settings
         max_num_seqs=int(rollout.max_num_seqs),
         max_num_batched_tokens=int(rollout.max_num_batched_tokens),
         enable_chunked_prefill=bool(rollout.enable_chunked_prefill),
-        max_model_len=int(max_model_len) if max_model_len else None,
+        max_model_len=int(rollout.max_model_len) if rollout.max_model_len else None,
         layered_summon=bool(rollout.layered_summon),
         vllm_kv_cache_bytes=_positive_int(kv_cache_memory_bytes(cfg)),
         bucket_mb=int(rollout.checkpoint_engine.update_weights_bucket_megabytes),
@@ -202,17 +202,11 @@ def _positive_int(v: Any) -> int | None:
 
 def as_int(x: Any, default: int = 0) -> int:
     """An integer config value; `default` when it is not one (values.* rules name the bad ones)."""
-    if isinstance(x, bool):
-        return default
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float) and x.is_integer():
+    if isinstance(x, int) and not isinstance(x, bool) or isinstance(x, float) and x.is_integer():
         return int(x)
-    if isinstance(x, str):
-        try:
+    with contextlib.suppress(ValueError):
+        if isinstance(x, str):
             return int(x.strip())
-        except ValueError:
-            return default
     return default
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -72,20 +73,18 @@ class Card:
         link, ar = (NVLINK_GB_S if hw.nvlink else pcie), ALLREDUCE_S[bool(hw.nvlink)]
         flops, bw = hw.bf16_tflops, hw.memory_gb_s
         if not flops or not bw:
-            on_it = "H200" in name
-            return cls(name, MEASURED["bf16_tflops"], MEASURED["memory_gb_s"], pcie, link, ar,
-                       "" if on_it else "card speed unknown (lab.hardware.bf16_tflops, memory_gb_s): planned as an "
-                                        "H200")
-        if abs(flops - MEASURED["bf16_tflops"]) < 1 and abs(bw - MEASURED["memory_gb_s"]) < 1:
-            return cls(name, float(flops), float(bw), pcie, link, ar, "")
-        runs = sum(n for card, n in recorded_cards().items() if card in name)
-        if runs:
-            return cls(name, float(flops), float(bw), pcie, link, ar,
-                       f"the {name}'s published bf16 FLOP/s ({flops:g}) and memory bandwidth ({bw:g} GB/s), fixed "
-                       f"costs fitted with {runs} recorded solo run(s) on it ({TABLE_MD})")
-        return cls(name, float(flops), float(bw), pcie, link, ar,
-                   f"scaled from the H200 by published bf16 FLOP/s ({flops:g} vs 989 TFLOP/s) and memory bandwidth "
-                   f"({bw:g} vs 4800 GB/s): not measured")
+            flops, bw = MEASURED["bf16_tflops"], MEASURED["memory_gb_s"]
+            scaled = ("" if "H200" in name else
+                      "card speed unknown (lab.hardware.bf16_tflops, memory_gb_s): planned as an H200")
+        elif abs(flops - MEASURED["bf16_tflops"]) < 1 and abs(bw - MEASURED["memory_gb_s"]) < 1:
+            scaled = ""
+        elif runs := sum(n for card, n in recorded_cards().items() if card in name):
+            scaled = (f"the {name}'s published bf16 FLOP/s ({flops:g}) and memory bandwidth ({bw:g} GB/s), fixed "
+                      f"costs fitted with {runs} recorded solo run(s) on it ({TABLE_MD})")
+        else:
+            scaled = (f"scaled from the H200 by published bf16 FLOP/s ({flops:g} vs 989 TFLOP/s) and memory bandwidth "
+                      f"({bw:g} vs 4800 GB/s): not measured")
+        return cls(name, float(flops), float(bw), pcie, link, ar, scaled)
 
 
 @dataclass(frozen=True)
@@ -191,11 +190,7 @@ def phase_seconds(feats: dict[str, dict[str, Any]], coef: dict[str, dict[str, fl
 
 def recorded_cards() -> dict[str, int]:
     """The cards the calibration table's fitted solo runs ran on, and how many runs each."""
-    out: dict[str, int] = {}
-    for j in table().get("jobs", []):
-        if "ratio" in j and j.get("card"):
-            out[j["card"]] = out.get(j["card"], 0) + 1
-    return out
+    return dict(Counter(j["card"] for j in table().get("jobs", []) if "ratio" in j and j.get("card")))
 
 
 def table() -> dict[str, Any]:

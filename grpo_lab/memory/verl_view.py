@@ -280,11 +280,7 @@ def view_of(verl: Mapping[str, Any] | VerlView) -> VerlView:
     return verl if isinstance(verl, VerlView) else VerlView.of(verl)
 
 
-_VIEWS = {c.__name__: c for c in (FSDPConfigView, OptimView, ActorView, RefView, AgentLoopView, SamplingView,
-                                  CheckpointEngineView, RolloutView, ModelView, DataView, TrainerView,
-                                  FilterGroupsView, AlgorithmView, CriticView, RewardManagerView, RewardModelView,
-                                  RewardView, RayInitView, SimpleStorageView, TransferQueueBackendView,
-                                  TransferQueueView, VerlView)}
+_VIEWS = {name: c for name, c in globals().items() if name.endswith("View") and dataclasses.is_dataclass(c)}
 
 
 @functools.cache
@@ -354,9 +350,7 @@ NUMBERS: tuple[tuple[str, type, float | None, Any, str], ...] = (
 
 
 def is_kind(value: Any, kind: type) -> bool:
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    return not isinstance(value, bool) and isinstance(value, int if kind is int else (int, float))
 
 
 def wrong_types(cfg: VerlView) -> Iterator[tuple[str, Any, Any, str, Any, str]]:
