@@ -12,12 +12,8 @@ MISSING = object()  # what lookup finds where a key is not
 
 def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
     """d['a']['b'] for 'a.b', or default when any part is missing or the value is None."""
-    cur: Any = d
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return default
-        cur = cur[part]
-    return default if cur is None else cur
+    cur = lookup(d, dotted)
+    return default if cur is None or cur is MISSING else cur
 
 
 def put(d: dict[str, Any], dotted: str, value: Any) -> None:
