@@ -68,21 +68,17 @@ def hf_model_cache_dir(repo_id: str, environ: Mapping[str, str]) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 # atomic writes
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write a file whole or not at all (a unique temp file beside it, then rename); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode a plain open() would give
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file gets the mode a plain open() would give
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -95,8 +91,6 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
     """`data` as indented JSON (anything else as its str), written whole or not at all (atomic_write)."""
-    import json
-
     return atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
@@ -107,7 +101,7 @@ def load_yaml(path: str | os.PathLike) -> Any:
     """A YAML file's data (libyaml's safe loader where there is one)."""
     import yaml
 
-    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_yaml_or(path: str | os.PathLike, default: Any) -> Any:
@@ -271,8 +265,6 @@ def random_weights_mark(config: Mapping[str, Any] | str | os.PathLike | None) ->
         path = Path(os.path.expanduser(str(config)))
         path = path / "config.json" if path.is_dir() else path
         try:
-            import json
-
             config = json.loads(path.read_text()) if path.name == "config.json" else {}
         except (OSError, ValueError):
             config = {}
@@ -319,16 +311,16 @@ def _zigzag(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
 
 
+# thrift-compact types of a fixed width: bool inside a struct (its value is in the type nibble), byte, double
+_FIXED = {1: 0, 2: 0, 3: 1, 7: 8}
+
+
 def _skip(buf: bytes, pos: int, ttype: int) -> int:
     """Skip one thrift-compact value of type `ttype`."""
-    if ttype in (1, 2):          # bool inside a struct: value is in the type nibble
-        return pos
-    if ttype == 3:               # byte
-        return pos + 1
+    if ttype in _FIXED:
+        return pos + _FIXED[ttype]
     if ttype in (4, 5, 6):       # i16, i32, i64: varints
         return _varint(buf, pos)[1]
-    if ttype == 7:               # double
-        return pos + 8
     if ttype == 8:               # binary/string
         n, pos = _varint(buf, pos)
         return pos + n
@@ -561,8 +553,5 @@ def prompt_lengths(tokenizer_dir: str, files: tuple[str, ...], key: str, kwargs:
 
 
 def _digest(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
