@@ -13,18 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.facts import load_yaml
+
 CONFIG_NAME = "ppo_trainer"
 MODEL_FILE = ("model", "hf_model.yaml")
 
 
-def _yaml_load(path: Path) -> Any:
-    import yaml
-
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-def _yaml_files(config_dir: str) -> list[Path]:
-    return sorted(p for p in Path(config_dir).rglob("*.yaml") if "__pycache__" not in p.parts)
+def yaml_files(config_dir: str) -> list[str]:
+    """verl's config files, folder by folder in name order (the schema cache's key stamps each)."""
+    out = []
+    for root, dirs, files in os.walk(config_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".yaml")]
+    return out
 
 
 def _json_exact(data: Any) -> bool:
@@ -41,8 +42,8 @@ def compose_tree(config_dir: str, version_base: str) -> dict[str, Any]:
     from grpo_lab.verl_schema import hydra_internals
 
     out: dict[str, Any] = {"tree": None, "serves_hydra": False, "defaults": None, "problems": {}}
-    sets_hydra = [str(p) for p in _yaml_files(config_dir)
-                  if re.search(r"^hydra\s*:", p.read_text(encoding="utf-8"), re.M)]
+    sets_hydra = [p for p in yaml_files(config_dir)
+                  if re.search(r"^hydra\s*:", Path(p).read_text(encoding="utf-8"), re.M)]
     with hydra_internals.version_base_as(version_base):
         cfg = hydra_internals.compose_folder(config_dir, CONFIG_NAME)
     with open_dict(cfg):
@@ -78,9 +79,9 @@ def targets(config_dir: str, tree: Any) -> list[str]:
                 walk(v)
 
     walk(tree)
-    for path in _yaml_files(config_dir):
+    for path in yaml_files(config_dir):
         try:
-            walk(_yaml_load(path))
+            walk(load_yaml(path))
         except Exception:
             continue
     return sorted(found)
@@ -119,7 +120,7 @@ def model_keys(config_dir: str, seen_files: set[str]) -> dict[str, Any]:
     fields."""
     import verl
 
-    node = _yaml_load(Path(config_dir).joinpath(*MODEL_FILE)) or {}
+    node = load_yaml(Path(config_dir).joinpath(*MODEL_FILE)) or {}
     target = node.get("_target_")
     cls = _locate(target) if isinstance(target, str) else None
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):

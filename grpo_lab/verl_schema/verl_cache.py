@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 
 from grpo_lab.facts import CACHE_DIR_ENV as DIR_ENV  # noqa: F401 (the tests set it)
 from grpo_lab.facts import ROOT, atomic_write, cache_dir
+from grpo_lab.verl_schema.build import build, yaml_files
 
 ENV = "GRPO_LAB_VERL_CACHE"
 # bump when what is stored changes
 FORMAT = 2
-CONFIG_NAME = "ppo_trainer"
 BUILD_TIMEOUT_S = 300
 # the parts a document must have, and their JSON types (None allowed where a part could not be read)
 PARTS = {"tree": dict, "serves_hydra": bool, "defaults": dict, "fields": dict, "model_keys": dict,
@@ -51,14 +51,6 @@ def off() -> Iterator[None]:
             os.environ[ENV] = old
 
 
-def _yaml_files(config_dir: str) -> list[str]:
-    out = []
-    for root, dirs, files in os.walk(config_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".yaml")]
-    return out
-
-
 def verl_version(config_dir: str) -> str:
     """verl's version from verl/version/version (the file verl's own __init__ reads), without importing verl."""
     try:
@@ -76,7 +68,7 @@ def cache_key(config_dir: str) -> str:
     parts = [f"format={FORMAT}", f"verl={verl_version(config_dir)}", f"hydra={hydra.__version__}",
              f"omegaconf={omegaconf.__version__}", f"version_base={own_version_base()}",
              f"dir={os.path.realpath(config_dir)}"]
-    for path in _yaml_files(config_dir):
+    for path in yaml_files(config_dir):
         st = os.stat(path)
         parts.append(f"{os.path.relpath(path, config_dir)}:{st.st_mtime_ns}:{st.st_size}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
@@ -181,8 +173,6 @@ def load(config_dir: str) -> Loaded:
     doc = build_in_child(config_dir, base)
     origin = "built"
     if doc is None:
-        from grpo_lab.verl_schema.build import build
-
         doc, origin = build(config_dir, base, objects=False), "fallback"
     doc.update(format=FORMAT, key=key, verl=verl_version(config_dir), version_base=base)
     if origin == "built" and valid(doc, key) and not any(doc[part] is None for part in OBJECT_PARTS):
