@@ -18,7 +18,7 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS
 
-CONF_DIR = facts.ROOT / "conf"
+CONF_DIR = facts.CONF
 # names that are close enough to a real one to be a typo, when adding a key is otherwise legal
 NEAR_MISS = 0.8
 
@@ -81,20 +81,13 @@ def parse_overrides(overrides: Sequence[str]) -> list[Any]:
         raise OverrideError(f"{e} (quote a value with spaces or commas: key='a b,c')") from None
 
 
-def split_flags(args: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Hydra's own argument parser (the one @hydra.main uses): (its flags, the override strings)."""
-    from grpo_lab.verl_schema.hydra_internals import args_parser
-
-    ns = args_parser().parse_args(list(args))
-    return ns, list(ns.overrides or [])
-
-
 def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flags: bool = True) -> CommandLine:
     """The command line (flags and overrides) plus the environment's knobs. environ=None: no knobs from it."""
-    if flags:
-        ns, texts = split_flags(args)
-    else:
-        ns, texts = argparse.Namespace(), list(args)
+    from grpo_lab.verl_schema.hydra_internals import args_parser
+
+    # Hydra's own argument parser (the one @hydra.main uses) splits its flags from the override strings
+    ns = args_parser().parse_args(list(args)) if flags else argparse.Namespace()
+    texts = list(ns.overrides or []) if flags else list(args)
     cli = CommandLine(args=list(args), flags=ns, overrides=parse_overrides(texts))
     if environ is not None:
         for knob in KNOBS:
@@ -107,12 +100,12 @@ def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flag
                 cli.warnings.append(f"{knob.env}={value} in the environment is ignored: the command line sets the "
                                     f"same value, and its {wins.input_line} wins")
                 continue
-            if _reads_as(value)[0] == "sweep":
-                if not getattr(ns, "multirun", False):
-                    raise OverrideError(_env_sweep_without_m(knob, value, cli.args))
-                text = f"{knob.key}={value}"  # -m: the sweep, as the short key would sweep
-            else:
-                text = f"{knob.key}={env_value(value)}"
+            # read as the official script's `key=$VAR` reads it (0.5 a number, [a,b] a list; with -m a sweep, as the
+            # short key would sweep), except that a syntax error is one quoted string
+            kind = _reads_as(value)[0]
+            if kind == "sweep" and not getattr(ns, "multirun", False):
+                raise OverrideError(_env_sweep_without_m(knob, value, cli.args))
+            text = f"{knob.key}={quote(value) if kind == 'error' else value}"
             cli.env.append(text)
             cli.env_names[text] = knob.env
     cli.warnings += given_twice(cli.overrides)
@@ -205,13 +198,6 @@ def quote(value: Any) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def env_value(text: str) -> str:
-    """An environment variable's text as an override value: read as the official script's `key=$VAR` reads it
-    (0.5 a number, [a,b] a list), except that it is never a sweep or a syntax error (then it is one quoted string)."""
-    kind, _ = _reads_as(text)
-    return text if kind in ("element", "other") else quote(text)
-
-
 def _reads_as(text: str) -> tuple[str, Any]:
     """('element', value) for one plain value, ('other', value) for a list/dict/null, ('sweep'|'error', None)."""
     try:
@@ -294,23 +280,12 @@ def verl_tree() -> dict:
     return schema().tree
 
 
-def dataclass_fields(target: str) -> frozenset[str] | None:
-    """Field names of verl's dataclass `target` (a `_target_` value) and its bases', or None when verl has none."""
-    from grpo_lab.verl_schema import schema
-
-    return schema().fields(target)
-
-
 @functools.cache
 def known_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     tree: dict = {}
     _merge(tree, verl_tree())
     _merge(tree, our_tree(conf_dir))
     return tree
-
-
-def top_level_names(conf_dir: str | os.PathLike = CONF_DIR) -> set[str]:
-    return set(known_tree(str(conf_dir))) | set(SHORT_KEYS) | set(our_groups(conf_dir)) | set(verl_groups())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -395,10 +370,12 @@ def _check_our_group(o: Any, conf_dir: str | os.PathLike) -> None:
 
 
 def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
+    from grpo_lab.verl_schema import schema
+
     key = o.key_or_group
     parts = key.split(".")
     adding = o.is_add() or o.is_force_add()
-    top = top_level_names(conf_dir)
+    top = set(known_tree(str(conf_dir))) | set(SHORT_KEYS) | set(our_groups(conf_dir)) | set(verl_groups())
     if parts[0] == "hydra":
         return  # Hydra checks its own node
     if parts[0] not in top:
@@ -424,7 +401,8 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
         parent = ".".join(parts[:i])
         target = node.get("_target_")
         names = set(node) - {"_target_"}
-        fields = dataclass_fields(target) if isinstance(target, str) else None
+        # the field names of verl's dataclass `target` and its bases' (None: verl has no such dataclass)
+        fields = schema().fields(target) if isinstance(target, str) else None
         if fields is not None:
             names |= fields - {"_target_"}
             if part in names:  # a dataclass field verl's YAML leaves out
@@ -433,10 +411,9 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
                 raise OverrideError(f"'{parent}.{part}' is a field of verl's {target.rpartition('.')[2]} that verl's "
                                     f"config does not list: add it with a plus, +{key}={_value_text(o)}")
         near = _closest(part, names, NEAR_MISS)
-        best = _closest(part, names)
-        hint = f"; did you mean '{parent}.{best}'?" if best else ""
+        hint = _did_you_mean(part, names, f"{parent}.")
         if not adding:
-            extra = ("" if target or best else
+            extra = ("" if target or hint else
                      f" To add a key to '{parent}' (its keys are free-form), write +{key}={_value_text(o)}.")
             raise OverrideError(f"'{key}' is not a config key: '{parent}' has no '{part}'{hint}{extra}")
         if isinstance(target, str):
