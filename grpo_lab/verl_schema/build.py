@@ -87,12 +87,17 @@ def targets(config_dir: str, tree: Any) -> list[str]:
     return sorted(found)
 
 
-def _locate(target: str) -> Any:
+def _dataclass(target: str, seen_files: set[str]) -> Any:
+    """verl's dataclass a `_target_` names (its files and its bases' noted in seen_files), or None."""
     module, _, name = target.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name)
     except Exception:  # not importable here (an optional dependency, a recipe outside verl): not known
         return None
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return None
+    seen_files.update(_files_of(cls))
+    return cls
 
 
 def _files_of(cls: type) -> Iterator[str]:
@@ -104,15 +109,8 @@ def _files_of(cls: type) -> Iterator[str]:
 
 
 def dataclass_fields(names: list[str], seen_files: set[str]) -> dict[str, list[str] | None]:
-    out: dict[str, list[str] | None] = {}
-    for target in names:
-        cls = _locate(target)
-        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
-            out[target] = sorted(f.name for f in dataclasses.fields(cls))
-            seen_files.update(_files_of(cls))
-        else:
-            out[target] = None
-    return out
+    classes = {target: _dataclass(target, seen_files) for target in names}
+    return {t: sorted(f.name for f in dataclasses.fields(c)) if c else None for t, c in classes.items()}
 
 
 def model_keys(config_dir: str, seen_files: set[str]) -> dict[str, Any]:
@@ -122,10 +120,9 @@ def model_keys(config_dir: str, seen_files: set[str]) -> dict[str, Any]:
 
     node = load_yaml(Path(config_dir).joinpath(*MODEL_FILE)) or {}
     target = node.get("_target_")
-    cls = _locate(target) if isinstance(target, str) else None
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+    cls = _dataclass(target, seen_files) if isinstance(target, str) else None
+    if cls is None:
         raise LookupError(f"{'/'.join(MODEL_FILE)} names no dataclass verl has ({target!r})")
-    seen_files.update(_files_of(cls))
     where = os.path.relpath(sys.modules[cls.__module__].__file__, os.path.dirname(os.path.dirname(verl.__file__)))
     keys = set(node) | {f.name for f in dataclasses.fields(cls)}
     return {"keys": sorted(k for k in keys if not str(k).startswith("__")),
