@@ -41,9 +41,6 @@ class CommandLine:
         """What Hydra gets: the command line, then the environment's knobs."""
         return self.args + self.env
 
-    def keys(self) -> set[str]:
-        return {o.key_or_group for o in self.overrides}
-
     def sweep_points(self) -> int | None:
         """How many jobs Hydra's basic sweeper makes of these overrides (None: a sweep it cannot count here)."""
         from grpo_lab.verl_schema.hydra_internals import sweep_jobs

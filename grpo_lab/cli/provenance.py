@@ -11,16 +11,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from grpo_lab.cli.overrides import CONF_DIR
-from grpo_lab.facts import load_yaml
+from grpo_lab.facts import RAY_ENV_VARS, load_yaml
 from grpo_lab.verl_keys import MISSING, lookup, put
 
 _RESOLVER_ARG_REF = re.compile(r"\$\{(?:[\w.]+:)?([\w.]+)")
 
 # set per job by grpo_lab/launch/job.py, not by a config layer
-LAUNCH_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH",
-               "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR",
-               "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE",
-               "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_FLASHINFER_SAMPLER")
+LAUNCH_KEYS = tuple(f"{RAY_ENV_VARS}.{name}" for name in ("VERL_FILE_LOGGER_PATH", "WANDB_DIR", "WANDB_MODE",
+                                                          "VLLM_USE_FLASHINFER_SAMPLER"))
 
 
 def verl_defaults() -> dict[str, Any]:
