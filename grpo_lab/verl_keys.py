@@ -28,6 +28,18 @@ def put(d: dict[str, Any], dotted: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
+def merge(into: dict[str, Any], new: Mapping[str, Any], keep_dicts: bool = False) -> None:
+    """`new` merged into `into` in place, key by key, the dicts on the way new; keep_dicts: a value that is not a
+    mapping leaves a dict already there as it is."""
+    for k, v in new.items():
+        if isinstance(v, Mapping):
+            if not isinstance(into.get(k), dict):
+                into[k] = {}
+            merge(into[k], v, keep_dicts)
+        elif not (keep_dicts and isinstance(into.get(k), dict)):
+            into[k] = v
+
+
 def with_value(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     """A copy of d with d['a']['b'] = value for 'a.b': the dicts on the way are new (read-only mappings too),
     everything else is shared."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS
+from grpo_lab.verl_keys import merge
 
 CONF_DIR = facts.CONF
 # names that are close enough to a real one to be a typo, when adding a key is otherwise legal
@@ -213,19 +214,12 @@ def _reads_as(text: str) -> tuple[str, Any]:
 
 def _group_dirs(root: str | os.PathLike | None) -> dict[str, set[str]]:
     """{group: its options} for the folders of a config folder that hold YAML files."""
-    out: dict[str, set[str]] = {}
-    if not root:
-        return out
     try:
-        entries = list(os.scandir(root))
+        folders = [e for e in os.scandir(root) if e.is_dir()] if root else []
     except OSError:
-        return out
-    for e in entries:
-        if e.is_dir():
-            opts = {f[:-5] for f in os.listdir(e.path) if f.endswith(".yaml")}
-            if opts:
-                out[e.name] = opts
-    return out
+        folders = []
+    groups = {e.name: {f[:-5] for f in os.listdir(e.path) if f.endswith(".yaml")} for e in folders}
+    return {group: options for group, options in groups.items() if options}
 
 
 def our_groups(conf_dir: str | os.PathLike = CONF_DIR) -> dict[str, set[str]]:
@@ -239,17 +233,6 @@ def verl_groups() -> dict[str, set[str]]:
     return _group_dirs(verl_config_dir())
 
 
-def _merge(into: dict, new: Mapping) -> None:
-    for k, v in new.items():
-        if isinstance(v, Mapping) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        elif isinstance(v, Mapping):
-            into[k] = {}
-            _merge(into[k], v)
-        elif k not in into or not isinstance(into[k], dict):
-            into[k] = v
-
-
 @functools.cache
 def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     """Every key that conf/config.yaml and any group option file sets (all `@package _global_`), merged."""
@@ -261,12 +244,13 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
         except Exception:
             continue
         if isinstance(data, dict):
-            _merge(tree, {k: v for k, v in data.items() if k not in ("defaults", "hydra")})
+            merge(tree, {k: v for k, v in data.items() if k not in ("defaults", "hydra")}, keep_dicts=True)
     from dataclasses import asdict
 
     from grpo_lab.labconf import LabConf, Preflight
 
-    _merge(tree, {"lab": asdict(LabConf()), "preflight": asdict(Preflight())})  # every typed key (grpo_lab/labconf.py)
+    # every typed key (grpo_lab/labconf.py)
+    merge(tree, {"lab": asdict(LabConf()), "preflight": asdict(Preflight())}, keep_dicts=True)
     return tree
 
 
@@ -280,8 +264,8 @@ def verl_tree() -> dict:
 @functools.cache
 def known_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     tree: dict = {}
-    _merge(tree, verl_tree())
-    _merge(tree, our_tree(conf_dir))
+    merge(tree, verl_tree(), keep_dicts=True)
+    merge(tree, our_tree(conf_dir), keep_dicts=True)
     return tree
 
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from grpo_lab.cli.overrides import CONF_DIR
 from grpo_lab.facts import RAY_ENV_VARS, load_yaml
-from grpo_lab.verl_keys import MISSING, lookup, put
+from grpo_lab.verl_keys import MISSING, lookup, merge, put
 
 _RESOLVER_ARG_REF = re.compile(r"\$\{(?:[\w.]+:)?([\w.]+)")
 
@@ -119,23 +119,13 @@ def option_data(path: Path, conf_dir: Path, depth: int = 0) -> Any:
     out: dict = {}
     for name in names if "_self_" in names else [*names, "_self_"]:
         if name == "_self_":
-            _merge(out, {k: v for k, v in data.items() if k != "defaults"})
+            merge(out, {k: v for k, v in data.items() if k != "defaults"})
             continue
         sub = (conf_dir / name.lstrip("/") if name.startswith("/") else path.parent / name).with_name(
             f"{Path(name).name}.yaml")
         if sub.is_file():
-            _merge(out, option_data(sub, conf_dir, depth + 1))
+            merge(out, option_data(sub, conf_dir, depth + 1))
     return out
-
-
-def _merge(into: dict, data: Mapping) -> None:
-    for k, v in data.items():
-        if isinstance(v, Mapping):
-            if not isinstance(into.get(k), dict):
-                into[k] = {}
-            _merge(into[k], v)
-        else:
-            into[k] = v
 
 
 def job_layers(env_names: Mapping[str, str] | None = None) -> Layers:
