@@ -9,15 +9,21 @@ import difflib
 import fnmatch
 import functools
 import os
+import shlex
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS
+from grpo_lab.cli.config import unsafe_name
+from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS, misspelt_env
+from grpo_lab.labconf import LabConf, Preflight
 from grpo_lab.verl_keys import merge
+from grpo_lab.verl_schema import schema, verl_cache
+from grpo_lab.verl_schema.hydra_internals import args_parser, sweep_jobs
+from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
 CONF_DIR = facts.CONF
 # names that are close enough to a real one to be a typo, when adding a key is otherwise legal
@@ -44,8 +50,6 @@ class CommandLine:
 
     def sweep_points(self) -> int | None:
         """How many jobs Hydra's basic sweeper makes of these overrides (None: a sweep it cannot count here)."""
-        from grpo_lab.verl_schema.hydra_internals import sweep_jobs
-
         try:
             return sweep_jobs([*self.overrides, *parse_overrides(self.env)])
         except Exception:  # noqa: BLE001 - Hydra refuses it itself, with its own message
@@ -54,9 +58,7 @@ class CommandLine:
     @property
     def only_prints(self) -> bool:
         """Hydra only prints (--cfg, --info, --help, --hydra-help): no job runs, so no run folder is made."""
-        f = self.flags
-        return bool(getattr(f, "cfg", None) or getattr(f, "info", None) or getattr(f, "help", False)
-                    or getattr(f, "hydra_help", False))
+        return any(getattr(self.flags, flag, None) for flag in ("cfg", "info", "help", "hydra_help"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -81,8 +83,6 @@ def parse_overrides(overrides: Sequence[str]) -> list[Any]:
 
 def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flags: bool = True) -> CommandLine:
     """The command line (flags and overrides) plus the environment's knobs. environ=None: no knobs from it."""
-    from grpo_lab.verl_schema.hydra_internals import args_parser
-
     # Hydra's own argument parser (the one @hydra.main uses) splits its flags from the override strings
     ns = args_parser().parse_args(list(args)) if flags else argparse.Namespace()
     texts = list(ns.overrides or []) if flags else list(args)
@@ -111,8 +111,6 @@ def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flag
 
 
 def _env_sweep_without_m(knob: Any, value: str, args: Sequence[str]) -> str:
-    import shlex
-
     (o,) = parse_overrides([f"{knob.key}={value}"])
     return (f"{knob.env}={value} is a list of values, which only a sweep takes (Hydra's -m): "
             f"{knob.env}={shlex.quote(value)} {_with_m(args)} (the same as: {_with_m(args, f'{knob.key}={value}')})"
@@ -120,8 +118,6 @@ def _env_sweep_without_m(knob: Any, value: str, args: Sequence[str]) -> str:
 
 
 def _with_m(args: Sequence[str], *extra: str) -> str:
-    import shlex
-
     return " ".join(["python run.py -m", *(shlex.quote(a) for a in args), *extra])
 
 
@@ -138,8 +134,6 @@ def _not_a_sweep(o: Any, name: str, env: bool) -> str:
 
 def _check_dict_value(o: Any) -> None:
     """key={a: 1} merges into verl's node key by key, and Hydra refuses a key the node does not hold."""
-    import shlex
-
     if o.is_add() or o.is_force_add() or o.is_delete() or o.is_sweep_override() or not isinstance(o.value(), dict):
         return
     node: Any = verl_tree()
@@ -228,8 +222,6 @@ def our_groups(conf_dir: str | os.PathLike = CONF_DIR) -> dict[str, set[str]]:
 
 @functools.cache
 def verl_groups() -> dict[str, set[str]]:
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
     return _group_dirs(verl_config_dir())
 
 
@@ -245,10 +237,6 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
             continue
         if isinstance(data, dict):
             merge(tree, {k: v for k, v in data.items() if k not in ("defaults", "hydra")}, keep_dicts=True)
-    from dataclasses import asdict
-
-    from grpo_lab.labconf import LabConf, Preflight
-
     # every typed key (grpo_lab/labconf.py)
     merge(tree, {"lab": asdict(LabConf()), "preflight": asdict(Preflight())}, keep_dicts=True)
     return tree
@@ -256,8 +244,6 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
 
 def verl_tree() -> dict:
     """verl's composed ppo_trainer as plain data (not resolved; read-only): grpo_lab.verl_schema's schema()."""
-    from grpo_lab.verl_schema import schema
-
     return schema().tree
 
 
@@ -290,9 +276,7 @@ def _sweep_values(o: Any) -> list[Any] | None:
     if not o.is_sweep_override():
         return [o.value()]
     v = o.value()
-    if isinstance(v, ChoiceSweep):
-        return list(v.list)
-    return None
+    return list(v.list) if isinstance(v, ChoiceSweep) else None
 
 
 def picks_verl_group(o: Any, conf_dir: str | os.PathLike = CONF_DIR) -> bool:
@@ -351,8 +335,6 @@ def _check_our_group(o: Any, conf_dir: str | os.PathLike) -> None:
 
 
 def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
-    from grpo_lab.verl_schema import schema
-
     key = o.key_or_group
     parts = key.split(".")
     adding = o.is_add() or o.is_force_add()
@@ -409,8 +391,6 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
 def _check_run_name(o: Any, env: str | None) -> None:
     """experiment_name names the run's folders: each value typed (or swept) must be a safe folder name; a value
     that interpolates is the preflight's (rule experiment_name_folder)."""
-    from grpo_lab.cli.config import unsafe_name
-
     if o.key_or_group not in ("experiment_name", "trainer.experiment_name") or o.is_delete():
         return
     for v in _sweep_values(o) or []:
@@ -460,8 +440,6 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
 def tree_needed(args: Sequence[str] | CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> str | None:
     """The first command-line argument (of args, or the CommandLine run.py parsed) that needs verl's own defaults
     tree; None when the composed cache serves. conf_dir's groups share names with verl's: `model=...` is ours."""
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
     if verl_config_dir() is None:
         return None
     cli = args if isinstance(args, CommandLine) else parse(list(args))
@@ -494,8 +472,6 @@ def tree_if_needed(args: Sequence[str] | CommandLine,
                    conf_dir: str | os.PathLike = CONF_DIR) -> Iterator[str | None]:
     """Within: the schema cache off for Hydra (GRPO_LAB_VERL_CACHE=0) if tree_needed(args) says so; yields that
     argument."""
-    from grpo_lab.verl_schema import verl_cache
-
     arg = tree_needed(args, conf_dir) if verl_cache.enabled() else None
     with verl_cache.off() if arg else contextlib.nullcontext():
         yield arg
@@ -505,8 +481,6 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=s
             conf_dir: str | os.PathLike = CONF_DIR) -> CommandLine:
     """run.py's front door: argv (with the program name) parsed and checked, the environment's knobs added.
     A mistake: its message on `err` and SystemExit(2)."""
-    from grpo_lab.cli.knobs import misspelt_env
-
     environ = os.environ if environ is None else environ
     for wrong, right in misspelt_env(environ).items():
         print(f"grpo-lab: warning: environment variable {wrong} is not a grpo-lab knob and is ignored; "
