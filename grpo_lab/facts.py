@@ -22,6 +22,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+from omegaconf import OmegaConf
+
 ROOT = Path(__file__).resolve().parent.parent
 # the verl key of the environment verl hands its Ray workers (the rules, the emulation and the launcher read and set it)
 RAY_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -99,15 +102,11 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 def load_yaml(path: str | os.PathLike) -> Any:
     """A YAML file's data (libyaml's safe loader where there is one)."""
-    import yaml
-
     return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_yaml_or(path: str | os.PathLike, default: Any) -> Any:
     """load_yaml, or `default` when the file is unreadable, not YAML, or empty."""
-    import yaml
-
     try:
         return load_yaml(path) or default
     except (OSError, yaml.YAMLError):
@@ -137,7 +136,6 @@ def _conf_hydra() -> Iterator[Any]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
     from hydra.core.utils import JobRuntime
-    from omegaconf import OmegaConf
 
     from grpo_lab.verl_schema.hydra_internals import own_version_base, version_base_as
 
@@ -174,7 +172,6 @@ def _compose(config_name: str, overrides: list[str]) -> dict[str, Any] | None:
     """Hydra's composition (inside _conf_hydra), without its `hydra` node, as plain data; None: it does not compose."""
     from hydra import compose
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from grpo_lab.cli.overrides import CONF_DIR
+from grpo_lab.cli.overrides import CONF_DIR, our_groups, parse_overrides, verl_tree
 from grpo_lab.facts import RAY_ENV_VARS, load_yaml
 from grpo_lab.verl_keys import MISSING, lookup, merge, put
 
@@ -33,8 +33,6 @@ class Layers:
 
     def __init__(self, choices: Mapping[str, Any], task_overrides: Sequence[str],
                  env_overrides: Mapping[str, str] | None = None, conf_dir: Path = CONF_DIR) -> None:
-        from grpo_lab.cli.overrides import our_groups, parse_overrides
-
         self.layers: list[tuple[str, dict]] = []
         conf_dir = Path(conf_dir)
         self._add("conf/config.yaml", load_yaml(conf_dir / "config.yaml"))
@@ -99,8 +97,6 @@ class Layers:
                 raw = lookup(data, ".".join(parts[:n]))
                 if isinstance(raw, tuple):
                     return raw[0]
-        from grpo_lab.cli.overrides import verl_tree
-
         raw = lookup(verl_tree(), key)
         refs = _RESOLVER_ARG_REF.findall(raw) if isinstance(raw, str) else []
         return f"verl: follows {', '.join(refs)}" if refs else "verl (follows a value set above)"

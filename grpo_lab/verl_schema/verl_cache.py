@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from grpo_lab.facts import CACHE_DIR_ENV as DIR_ENV  # noqa: F401 (the tests set it)
 from grpo_lab.facts import ROOT, atomic_write, cache_dir
 from grpo_lab.verl_schema.build import build, yaml_files
+from grpo_lab.verl_schema.hydra_internals import own_version_base
 
 ENV = "GRPO_LAB_VERL_CACHE"
 # bump when what is stored changes
@@ -62,8 +63,6 @@ def verl_version(config_dir: str) -> str:
 def cache_key(config_dir: str) -> str:
     import hydra
     import omegaconf
-
-    from grpo_lab.verl_schema.hydra_internals import own_version_base
 
     parts = [f"format={FORMAT}", f"verl={verl_version(config_dir)}", f"hydra={hydra.__version__}",
              f"omegaconf={omegaconf.__version__}", f"version_base={own_version_base()}",
@@ -159,8 +158,6 @@ class Loaded(NamedTuple):
 
 def load(config_dir: str) -> Loaded:
     """verl's schema document for `config_dir`: from the cache file, else built by the child and kept."""
-    from grpo_lab.verl_schema.hydra_internals import own_version_base
-
     key = cache_key(config_dir)
     path = cache_file(config_dir, key)
     doc = read(path, key)
