@@ -239,10 +239,8 @@ def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
 def model_group_of_folder(folder: str) -> dict[str, Any] | None:
     """The lab.model of the conf/model option whose model_path ends in this folder name (a recorded job's model
     folder, e.g. /tmp/w/data/smollm2-135m-instruct), else None."""
-    for doc in conf_options("model").values():
-        if str(doc.get("model_path") or "").rstrip("/").rsplit("/", 1)[-1] == folder:
-            return _lab(doc, "model") or None
-    return None
+    return next((_lab(doc, "model") or None for doc in conf_options("model").values()
+                 if str(doc.get("model_path") or "").rstrip("/").rsplit("/", 1)[-1] == folder), None)
 
 
 def hardware_card_gb(name: str) -> float | None:
@@ -490,9 +488,7 @@ def hf_cached_config(repo_id: str, environ: Mapping[str, str]) -> Path | None:
     try:
         ref = (base / "refs" / "main").read_text().strip()
         cfg = base / "snapshots" / ref / "config.json"
-        if cfg.is_file():
-            return cfg
-        return next(iter(sorted(base.glob("snapshots/*/config.json"))), None)
+        return cfg if cfg.is_file() else min(base.glob("snapshots/*/config.json"), default=None)
     except OSError:
         return None
 
