@@ -67,7 +67,7 @@ def schema_costs(repeat: int, processes: int) -> dict:
     """verl's schema: the cache file read, the tree's copies for Hydra, and what building the cache composes."""
     from omegaconf import OmegaConf
 
-    from grpo_lab.verl_schema import api, verl_cache
+    from grpo_lab.verl_schema import api, build, verl_cache
     from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
     root = verl_config_dir()
@@ -87,7 +87,7 @@ def schema_costs(repeat: int, processes: int) -> dict:
         "tree_unpickle_ms": summary(timed(lambda: pickle.loads(pickled), repeat), 1e3, 1),
         "tree_deepcopy_ms": summary(timed(lambda: copy.deepcopy(cfg), repeat), 1e3, 1),
         "verl_compose_s": summary(in_child(compose, processes), 1, 3),
-        "verl_config_files": len(verl_cache._yaml_files(root)),
+        "verl_config_files": len(build.yaml_files(root)),
     }
 
 

@@ -22,6 +22,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+from omegaconf import OmegaConf
+
 ROOT = Path(__file__).resolve().parent.parent
 # the verl key of the environment verl hands its Ray workers (the rules, the emulation and the launcher read and set it)
 RAY_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -95,15 +98,11 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 def load_yaml(path: str | os.PathLike) -> Any:
     """A YAML file's data (libyaml's safe loader where there is one)."""
-    import yaml
-
-    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_yaml_or(path: str | os.PathLike, default: Any) -> Any:
     """load_yaml, or `default` when the file is unreadable, not YAML, or empty."""
-    import yaml
-
     try:
         return load_yaml(path) or default
     except (OSError, yaml.YAMLError):
@@ -133,7 +132,6 @@ def _conf_hydra() -> Iterator[Any]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
     from hydra.core.utils import JobRuntime
-    from omegaconf import OmegaConf
 
     from grpo_lab.verl_schema.hydra_internals import own_version_base, version_base_as
 
@@ -170,7 +168,6 @@ def _compose(config_name: str, overrides: list[str]) -> dict[str, Any] | None:
     """Hydra's composition (inside _conf_hydra), without its `hydra` node, as plain data; None: it does not compose."""
     from hydra import compose
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:
@@ -238,10 +235,8 @@ def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
 def model_group_of_folder(folder: str) -> dict[str, Any] | None:
     """The lab.model of the conf/model option whose model_path ends in this folder name (a recorded job's model
     folder, e.g. /tmp/w/data/smollm2-135m-instruct), else None."""
-    for doc in conf_options("model").values():
-        if str(doc.get("model_path") or "").rstrip("/").rsplit("/", 1)[-1] == folder:
-            return _lab(doc, "model") or None
-    return None
+    return next((_lab(doc, "model") or None for doc in conf_options("model").values()
+                 if str(doc.get("model_path") or "").rstrip("/").rsplit("/", 1)[-1] == folder), None)
 
 
 def hardware_card_gb(name: str) -> float | None:
@@ -534,8 +529,5 @@ def prompt_lengths(tokenizer_dir: str, files: tuple[str, ...], key: str, kwargs:
 
 
 def _digest(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -12,12 +12,8 @@ MISSING = object()  # what lookup finds where a key is not
 
 def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
     """d['a']['b'] for 'a.b', or default when any part is missing or the value is None."""
-    cur: Any = d
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return default
-        cur = cur[part]
-    return default if cur is None else cur
+    cur = lookup(d, dotted)
+    return default if cur is None or cur is MISSING else cur
 
 
 def put(d: dict[str, Any], dotted: str, value: Any) -> None:
@@ -30,6 +26,18 @@ def put(d: dict[str, Any], dotted: str, value: Any) -> None:
             nxt = cur[part] = {}
         cur = nxt
     cur[parts[-1]] = value
+
+
+def merge(into: dict[str, Any], new: Mapping[str, Any], keep_dicts: bool = False) -> None:
+    """`new` merged into `into` in place, key by key, the dicts on the way new; keep_dicts: a value that is not a
+    mapping leaves a dict already there as it is."""
+    for k, v in new.items():
+        if isinstance(v, Mapping):
+            if not isinstance(into.get(k), dict):
+                into[k] = {}
+            merge(into[k], v, keep_dicts)
+        elif not (keep_dicts and isinstance(into.get(k), dict)):
+            into[k] = v
 
 
 def with_value(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:

@@ -15,9 +15,8 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.cli.knobs import SHORT_KEYS, moved_with, short_key_targets
 from grpo_lab.labconf import Lab
-from grpo_lab.verl_keys import get, thaw
+from grpo_lab.verl_keys import get, lookup, put, thaw
 
-CONF = facts.ROOT / "conf"
 MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
 LENGTHS = ("data.max_prompt_length", "data.max_response_length")
 _MISSING = object()
@@ -58,7 +57,7 @@ def text(changes: Iterable[Change]) -> str:
 
 @functools.cache
 def groups() -> frozenset[str]:
-    return frozenset(p.name for p in CONF.iterdir() if p.is_dir()) if CONF.is_dir() else frozenset()
+    return frozenset(p.name for p in facts.CONF.iterdir() if p.is_dir()) if facts.CONF.is_dir() else frozenset()
 
 
 def parse(text: str | Iterable[str]) -> list[Change] | None:
@@ -96,18 +95,12 @@ def _as_changes(overrides: Iterable[str] | Iterable[Change] | Mapping[str, Any])
 
 
 def _set(d: dict[str, Any], dotted: str, value: Any, delete: bool = False) -> None:
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        nxt = d.get(p)
-        if not isinstance(nxt, dict):
-            if delete:
-                return
-            nxt = d[p] = {}
-        d = nxt
-    if delete:
-        d.pop(parts[-1], None)
-    else:
-        d[parts[-1]] = copy.deepcopy(value)
+    if not delete:
+        return put(d, dotted, copy.deepcopy(value))
+    head, _, leaf = dotted.rpartition(".")
+    parent = lookup(d, head) if head else d
+    if isinstance(parent, dict):
+        parent.pop(leaf, None)
 
 
 def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, touched: set[str]) -> None:

@@ -4,6 +4,8 @@ be. (Resolving the composed config and splitting off grpo-lab's own keys: grpo_l
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import re
 from pathlib import Path
@@ -40,22 +42,16 @@ def use_run_dirs(create: bool = True) -> None:
 
 def unique_dir(path: str, create: bool = True) -> str:
     """`path`, created now; `path_2`, `path_3`, ... when it exists (create=False: the name, nothing made)."""
-    candidate, n = path, 1
-    if not create:
-        while os.path.exists(candidate):
-            n += 1
-            candidate = f"{path}_{n}"
-        return candidate
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    while True:
-        try:
-            os.mkdir(candidate)
+    if create and os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    for n in itertools.count(1):
+        candidate = f"{path}_{n}" if n > 1 else path
+        if not create and not os.path.exists(candidate):
             return candidate
-        except FileExistsError:
-            n += 1
-            candidate = f"{path}_{n}"
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(candidate)
+                return candidate
 
 
 def unwritable_run_dir(cli: Any) -> str:

@@ -12,12 +12,11 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.cli.knobs import KNOBS
 
-CONF = facts.ROOT / "conf"
 THIS_PAGE = "hydra/help"  # the group of this page itself: not an option to pick
 WIDTH = 118
 
 
-def our_groups(conf: Path = CONF) -> dict[str, list[str]]:
+def our_groups(conf: Path = facts.CONF) -> dict[str, list[str]]:
     """{group: options} for every folder under conf/ that holds option files (`hydra/launcher` for the nested)."""
     out = {}
     for folder in sorted(p for p in conf.rglob("*") if p.is_dir()):
@@ -48,8 +47,7 @@ def _short_keys() -> str:
 
 def section(part: str, choices: Any = None) -> str:
     """One generated part of the help page."""
-    if part == "groups":
-        return _groups(choices)
-    if part == "short_keys":
-        return _short_keys()
-    raise ValueError(f"lab_help: no part {part!r} (groups, short_keys)")
+    parts = {"groups": lambda: _groups(choices), "short_keys": _short_keys}
+    if part not in parts:
+        raise ValueError(f"lab_help: no part {part!r} (groups, short_keys)")
+    return parts[part]()

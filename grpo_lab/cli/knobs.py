@@ -56,15 +56,11 @@ SHORT_KEYS: frozenset[str] = frozenset(k.key for k in KNOBS)
 ENV_NAMES: frozenset[str] = frozenset(k.env for k in KNOBS)
 
 
-def near_misses(names: list[str], known: frozenset[str], cutoff: float = 0.85) -> dict[str, str]:
-    """Names that are not known but close to a known one: {misspelt: meant}."""
-    return {name: match[0] for name in names if name not in known
-            and (match := difflib.get_close_matches(name, known, n=1, cutoff=cutoff))}
-
-
 def misspelt_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Upper-case names that are no knob's but close to one: {misspelt: meant}."""
     environ = os.environ if environ is None else environ
-    return near_misses([n for n in environ if n.isupper()], ENV_NAMES)
+    return {name: match[0] for name in environ if name.isupper() and name not in ENV_NAMES
+            and (match := difflib.get_close_matches(name, ENV_NAMES, n=1, cutoff=0.85))}
 
 
 # ---- the follower table: which keys a short key feeds, in conf/config.yaml and in verl's composed config ----

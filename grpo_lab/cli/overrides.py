@@ -9,16 +9,23 @@ import difflib
 import fnmatch
 import functools
 import os
+import shlex
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts
-from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS
+from grpo_lab.cli.config import unsafe_name
+from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS, misspelt_env
+from grpo_lab.labconf import LabConf, Preflight
+from grpo_lab.verl_keys import merge
+from grpo_lab.verl_schema import schema, verl_cache
+from grpo_lab.verl_schema.hydra_internals import args_parser, sweep_jobs
+from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
-CONF_DIR = facts.ROOT / "conf"
+CONF_DIR = facts.CONF
 # names that are close enough to a real one to be a typo, when adding a key is otherwise legal
 NEAR_MISS = 0.8
 
@@ -41,13 +48,8 @@ class CommandLine:
         """What Hydra gets: the command line, then the environment's knobs."""
         return self.args + self.env
 
-    def keys(self) -> set[str]:
-        return {o.key_or_group for o in self.overrides}
-
     def sweep_points(self) -> int | None:
         """How many jobs Hydra's basic sweeper makes of these overrides (None: a sweep it cannot count here)."""
-        from grpo_lab.verl_schema.hydra_internals import sweep_jobs
-
         try:
             return sweep_jobs([*self.overrides, *parse_overrides(self.env)])
         except Exception:  # noqa: BLE001 - Hydra refuses it itself, with its own message
@@ -56,9 +58,7 @@ class CommandLine:
     @property
     def only_prints(self) -> bool:
         """Hydra only prints (--cfg, --info, --help, --hydra-help): no job runs, so no run folder is made."""
-        f = self.flags
-        return bool(getattr(f, "cfg", None) or getattr(f, "info", None) or getattr(f, "help", False)
-                    or getattr(f, "hydra_help", False))
+        return any(getattr(self.flags, flag, None) for flag in ("cfg", "info", "help", "hydra_help"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -81,20 +81,11 @@ def parse_overrides(overrides: Sequence[str]) -> list[Any]:
         raise OverrideError(f"{e} (quote a value with spaces or commas: key='a b,c')") from None
 
 
-def split_flags(args: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Hydra's own argument parser (the one @hydra.main uses): (its flags, the override strings)."""
-    from grpo_lab.verl_schema.hydra_internals import args_parser
-
-    ns = args_parser().parse_args(list(args))
-    return ns, list(ns.overrides or [])
-
-
 def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flags: bool = True) -> CommandLine:
     """The command line (flags and overrides) plus the environment's knobs. environ=None: no knobs from it."""
-    if flags:
-        ns, texts = split_flags(args)
-    else:
-        ns, texts = argparse.Namespace(), list(args)
+    # Hydra's own argument parser (the one @hydra.main uses) splits its flags from the override strings
+    ns = args_parser().parse_args(list(args)) if flags else argparse.Namespace()
+    texts = list(ns.overrides or []) if flags else list(args)
     cli = CommandLine(args=list(args), flags=ns, overrides=parse_overrides(texts))
     if environ is not None:
         for knob in KNOBS:
@@ -107,12 +98,12 @@ def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flag
                 cli.warnings.append(f"{knob.env}={value} in the environment is ignored: the command line sets the "
                                     f"same value, and its {wins.input_line} wins")
                 continue
-            if _reads_as(value)[0] == "sweep":
-                if not getattr(ns, "multirun", False):
-                    raise OverrideError(_env_sweep_without_m(knob, value, cli.args))
-                text = f"{knob.key}={value}"  # -m: the sweep, as the short key would sweep
-            else:
-                text = f"{knob.key}={env_value(value)}"
+            # read as the official script's `key=$VAR` reads it (0.5 a number, [a,b] a list; with -m a sweep, as the
+            # short key would sweep), except that a syntax error is one quoted string
+            kind = _reads_as(value)[0]
+            if kind == "sweep" and not getattr(ns, "multirun", False):
+                raise OverrideError(_env_sweep_without_m(knob, value, cli.args))
+            text = f"{knob.key}={quote(value) if kind == 'error' else value}"
             cli.env.append(text)
             cli.env_names[text] = knob.env
     cli.warnings += given_twice(cli.overrides)
@@ -120,8 +111,6 @@ def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flag
 
 
 def _env_sweep_without_m(knob: Any, value: str, args: Sequence[str]) -> str:
-    import shlex
-
     (o,) = parse_overrides([f"{knob.key}={value}"])
     return (f"{knob.env}={value} is a list of values, which only a sweep takes (Hydra's -m): "
             f"{knob.env}={shlex.quote(value)} {_with_m(args)} (the same as: {_with_m(args, f'{knob.key}={value}')})"
@@ -129,8 +118,6 @@ def _env_sweep_without_m(knob: Any, value: str, args: Sequence[str]) -> str:
 
 
 def _with_m(args: Sequence[str], *extra: str) -> str:
-    import shlex
-
     return " ".join(["python run.py -m", *(shlex.quote(a) for a in args), *extra])
 
 
@@ -147,8 +134,6 @@ def _not_a_sweep(o: Any, name: str, env: bool) -> str:
 
 def _check_dict_value(o: Any) -> None:
     """key={a: 1} merges into verl's node key by key, and Hydra refuses a key the node does not hold."""
-    import shlex
-
     if o.is_add() or o.is_force_add() or o.is_delete() or o.is_sweep_override() or not isinstance(o.value(), dict):
         return
     node: Any = verl_tree()
@@ -205,13 +190,6 @@ def quote(value: Any) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def env_value(text: str) -> str:
-    """An environment variable's text as an override value: read as the official script's `key=$VAR` reads it
-    (0.5 a number, [a,b] a list), except that it is never a sweep or a syntax error (then it is one quoted string)."""
-    kind, _ = _reads_as(text)
-    return text if kind in ("element", "other") else quote(text)
-
-
 def _reads_as(text: str) -> tuple[str, Any]:
     """('element', value) for one plain value, ('other', value) for a list/dict/null, ('sweep'|'error', None)."""
     try:
@@ -230,19 +208,12 @@ def _reads_as(text: str) -> tuple[str, Any]:
 
 def _group_dirs(root: str | os.PathLike | None) -> dict[str, set[str]]:
     """{group: its options} for the folders of a config folder that hold YAML files."""
-    out: dict[str, set[str]] = {}
-    if not root:
-        return out
     try:
-        entries = list(os.scandir(root))
+        folders = [e for e in os.scandir(root) if e.is_dir()] if root else []
     except OSError:
-        return out
-    for e in entries:
-        if e.is_dir():
-            opts = {f[:-5] for f in os.listdir(e.path) if f.endswith(".yaml")}
-            if opts:
-                out[e.name] = opts
-    return out
+        folders = []
+    groups = {e.name: {f[:-5] for f in os.listdir(e.path) if f.endswith(".yaml")} for e in folders}
+    return {group: options for group, options in groups.items() if options}
 
 
 def our_groups(conf_dir: str | os.PathLike = CONF_DIR) -> dict[str, set[str]]:
@@ -251,20 +222,7 @@ def our_groups(conf_dir: str | os.PathLike = CONF_DIR) -> dict[str, set[str]]:
 
 @functools.cache
 def verl_groups() -> dict[str, set[str]]:
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
     return _group_dirs(verl_config_dir())
-
-
-def _merge(into: dict, new: Mapping) -> None:
-    for k, v in new.items():
-        if isinstance(v, Mapping) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        elif isinstance(v, Mapping):
-            into[k] = {}
-            _merge(into[k], v)
-        elif k not in into or not isinstance(into[k], dict):
-            into[k] = v
 
 
 @functools.cache
@@ -278,39 +236,23 @@ def our_tree(conf_dir: str = str(CONF_DIR)) -> dict:
         except Exception:
             continue
         if isinstance(data, dict):
-            _merge(tree, {k: v for k, v in data.items() if k not in ("defaults", "hydra")})
-    from dataclasses import asdict
-
-    from grpo_lab.labconf import LabConf, Preflight
-
-    _merge(tree, {"lab": asdict(LabConf()), "preflight": asdict(Preflight())})  # every typed key (grpo_lab/labconf.py)
+            merge(tree, {k: v for k, v in data.items() if k not in ("defaults", "hydra")}, keep_dicts=True)
+    # every typed key (grpo_lab/labconf.py)
+    merge(tree, {"lab": asdict(LabConf()), "preflight": asdict(Preflight())}, keep_dicts=True)
     return tree
 
 
 def verl_tree() -> dict:
     """verl's composed ppo_trainer as plain data (not resolved; read-only): grpo_lab.verl_schema's schema()."""
-    from grpo_lab.verl_schema import schema
-
     return schema().tree
-
-
-def dataclass_fields(target: str) -> frozenset[str] | None:
-    """Field names of verl's dataclass `target` (a `_target_` value) and its bases', or None when verl has none."""
-    from grpo_lab.verl_schema import schema
-
-    return schema().fields(target)
 
 
 @functools.cache
 def known_tree(conf_dir: str = str(CONF_DIR)) -> dict:
     tree: dict = {}
-    _merge(tree, verl_tree())
-    _merge(tree, our_tree(conf_dir))
+    merge(tree, verl_tree(), keep_dicts=True)
+    merge(tree, our_tree(conf_dir), keep_dicts=True)
     return tree
-
-
-def top_level_names(conf_dir: str | os.PathLike = CONF_DIR) -> set[str]:
-    return set(known_tree(str(conf_dir))) | set(SHORT_KEYS) | set(our_groups(conf_dir)) | set(verl_groups())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -334,9 +276,7 @@ def _sweep_values(o: Any) -> list[Any] | None:
     if not o.is_sweep_override():
         return [o.value()]
     v = o.value()
-    if isinstance(v, ChoiceSweep):
-        return list(v.list)
-    return None
+    return list(v.list) if isinstance(v, ChoiceSweep) else None
 
 
 def picks_verl_group(o: Any, conf_dir: str | os.PathLike = CONF_DIR) -> bool:
@@ -398,7 +338,7 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
     key = o.key_or_group
     parts = key.split(".")
     adding = o.is_add() or o.is_force_add()
-    top = top_level_names(conf_dir)
+    top = set(known_tree(str(conf_dir))) | set(SHORT_KEYS) | set(our_groups(conf_dir)) | set(verl_groups())
     if parts[0] == "hydra":
         return  # Hydra checks its own node
     if parts[0] not in top:
@@ -424,7 +364,8 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
         parent = ".".join(parts[:i])
         target = node.get("_target_")
         names = set(node) - {"_target_"}
-        fields = dataclass_fields(target) if isinstance(target, str) else None
+        # the field names of verl's dataclass `target` and its bases' (None: verl has no such dataclass)
+        fields = schema().fields(target) if isinstance(target, str) else None
         if fields is not None:
             names |= fields - {"_target_"}
             if part in names:  # a dataclass field verl's YAML leaves out
@@ -433,10 +374,9 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
                 raise OverrideError(f"'{parent}.{part}' is a field of verl's {target.rpartition('.')[2]} that verl's "
                                     f"config does not list: add it with a plus, +{key}={_value_text(o)}")
         near = _closest(part, names, NEAR_MISS)
-        best = _closest(part, names)
-        hint = f"; did you mean '{parent}.{best}'?" if best else ""
+        hint = _did_you_mean(part, names, f"{parent}.")
         if not adding:
-            extra = ("" if target or best else
+            extra = ("" if target or hint else
                      f" To add a key to '{parent}' (its keys are free-form), write +{key}={_value_text(o)}.")
             raise OverrideError(f"'{key}' is not a config key: '{parent}' has no '{part}'{hint}{extra}")
         if isinstance(target, str):
@@ -451,8 +391,6 @@ def _check_key(o: Any, conf_dir: str | os.PathLike, tree_ok: bool) -> None:
 def _check_run_name(o: Any, env: str | None) -> None:
     """experiment_name names the run's folders: each value typed (or swept) must be a safe folder name; a value
     that interpolates is the preflight's (rule experiment_name_folder)."""
-    from grpo_lab.cli.config import unsafe_name
-
     if o.key_or_group not in ("experiment_name", "trainer.experiment_name") or o.is_delete():
         return
     for v in _sweep_values(o) or []:
@@ -502,8 +440,6 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
 def tree_needed(args: Sequence[str] | CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> str | None:
     """The first command-line argument (of args, or the CommandLine run.py parsed) that needs verl's own defaults
     tree; None when the composed cache serves. conf_dir's groups share names with verl's: `model=...` is ours."""
-    from grpo_lab.verl_schema.verl_paths import verl_config_dir
-
     if verl_config_dir() is None:
         return None
     cli = args if isinstance(args, CommandLine) else parse(list(args))
@@ -536,8 +472,6 @@ def tree_if_needed(args: Sequence[str] | CommandLine,
                    conf_dir: str | os.PathLike = CONF_DIR) -> Iterator[str | None]:
     """Within: the schema cache off for Hydra (GRPO_LAB_VERL_CACHE=0) if tree_needed(args) says so; yields that
     argument."""
-    from grpo_lab.verl_schema import verl_cache
-
     arg = tree_needed(args, conf_dir) if verl_cache.enabled() else None
     with verl_cache.off() if arg else contextlib.nullcontext():
         yield arg
@@ -547,8 +481,6 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=s
             conf_dir: str | os.PathLike = CONF_DIR) -> CommandLine:
     """run.py's front door: argv (with the program name) parsed and checked, the environment's knobs added.
     A mistake: its message on `err` and SystemExit(2)."""
-    from grpo_lab.cli.knobs import misspelt_env
-
     environ = os.environ if environ is None else environ
     for wrong, right in misspelt_env(environ).items():
         print(f"grpo-lab: warning: environment variable {wrong} is not a grpo-lab knob and is ignored; "

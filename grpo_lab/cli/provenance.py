@@ -10,17 +10,15 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from grpo_lab.cli.overrides import CONF_DIR
-from grpo_lab.facts import load_yaml
-from grpo_lab.verl_keys import MISSING, lookup, put
+from grpo_lab.cli.overrides import CONF_DIR, our_groups, parse_overrides, verl_tree
+from grpo_lab.facts import RAY_ENV_VARS, load_yaml
+from grpo_lab.verl_keys import MISSING, lookup, merge, put
 
 _RESOLVER_ARG_REF = re.compile(r"\$\{(?:[\w.]+:)?([\w.]+)")
 
 # set per job by grpo_lab/launch/job.py, not by a config layer
-LAUNCH_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH",
-               "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR",
-               "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE",
-               "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_FLASHINFER_SAMPLER")
+LAUNCH_KEYS = tuple(f"{RAY_ENV_VARS}.{name}" for name in ("VERL_FILE_LOGGER_PATH", "WANDB_DIR", "WANDB_MODE",
+                                                          "VLLM_USE_FLASHINFER_SAMPLER"))
 
 
 def verl_defaults() -> dict[str, Any]:
@@ -35,8 +33,6 @@ class Layers:
 
     def __init__(self, choices: Mapping[str, Any], task_overrides: Sequence[str],
                  env_overrides: Mapping[str, str] | None = None, conf_dir: Path = CONF_DIR) -> None:
-        from grpo_lab.cli.overrides import our_groups, parse_overrides
-
         self.layers: list[tuple[str, dict]] = []
         conf_dir = Path(conf_dir)
         self._add("conf/config.yaml", load_yaml(conf_dir / "config.yaml"))
@@ -101,8 +97,6 @@ class Layers:
                 raw = lookup(data, ".".join(parts[:n]))
                 if isinstance(raw, tuple):
                     return raw[0]
-        from grpo_lab.cli.overrides import verl_tree
-
         raw = lookup(verl_tree(), key)
         refs = _RESOLVER_ARG_REF.findall(raw) if isinstance(raw, str) else []
         return f"verl: follows {', '.join(refs)}" if refs else "verl (follows a value set above)"
@@ -121,23 +115,13 @@ def option_data(path: Path, conf_dir: Path, depth: int = 0) -> Any:
     out: dict = {}
     for name in names if "_self_" in names else [*names, "_self_"]:
         if name == "_self_":
-            _merge(out, {k: v for k, v in data.items() if k != "defaults"})
+            merge(out, {k: v for k, v in data.items() if k != "defaults"})
             continue
         sub = (conf_dir / name.lstrip("/") if name.startswith("/") else path.parent / name).with_name(
             f"{Path(name).name}.yaml")
         if sub.is_file():
-            _merge(out, option_data(sub, conf_dir, depth + 1))
+            merge(out, option_data(sub, conf_dir, depth + 1))
     return out
-
-
-def _merge(into: dict, data: Mapping) -> None:
-    for k, v in data.items():
-        if isinstance(v, Mapping):
-            if not isinstance(into.get(k), dict):
-                into[k] = {}
-            _merge(into[k], v)
-        else:
-            into[k] = v
 
 
 def job_layers(env_names: Mapping[str, str] | None = None) -> Layers:

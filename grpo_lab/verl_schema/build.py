@@ -13,18 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.facts import load_yaml
+
 CONFIG_NAME = "ppo_trainer"
 MODEL_FILE = ("model", "hf_model.yaml")
 
 
-def _yaml_load(path: Path) -> Any:
-    import yaml
-
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-def _yaml_files(config_dir: str) -> list[Path]:
-    return sorted(p for p in Path(config_dir).rglob("*.yaml") if "__pycache__" not in p.parts)
+def yaml_files(config_dir: str) -> list[str]:
+    """verl's config files, folder by folder in name order (the schema cache's key stamps each)."""
+    out = []
+    for root, dirs, files in os.walk(config_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".yaml")]
+    return out
 
 
 def _json_exact(data: Any) -> bool:
@@ -41,8 +42,8 @@ def compose_tree(config_dir: str, version_base: str) -> dict[str, Any]:
     from grpo_lab.verl_schema import hydra_internals
 
     out: dict[str, Any] = {"tree": None, "serves_hydra": False, "defaults": None, "problems": {}}
-    sets_hydra = [str(p) for p in _yaml_files(config_dir)
-                  if re.search(r"^hydra\s*:", p.read_text(encoding="utf-8"), re.M)]
+    sets_hydra = [p for p in yaml_files(config_dir)
+                  if re.search(r"^hydra\s*:", Path(p).read_text(encoding="utf-8"), re.M)]
     with hydra_internals.version_base_as(version_base):
         cfg = hydra_internals.compose_folder(config_dir, CONFIG_NAME)
     with open_dict(cfg):
@@ -78,20 +79,25 @@ def targets(config_dir: str, tree: Any) -> list[str]:
                 walk(v)
 
     walk(tree)
-    for path in _yaml_files(config_dir):
+    for path in yaml_files(config_dir):
         try:
-            walk(_yaml_load(path))
+            walk(load_yaml(path))
         except Exception:
             continue
     return sorted(found)
 
 
-def _locate(target: str) -> Any:
+def _dataclass(target: str, seen_files: set[str]) -> Any:
+    """verl's dataclass a `_target_` names (its files and its bases' noted in seen_files), or None."""
     module, _, name = target.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name)
     except Exception:  # not importable here (an optional dependency, a recipe outside verl): not known
         return None
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return None
+    seen_files.update(_files_of(cls))
+    return cls
 
 
 def _files_of(cls: type) -> Iterator[str]:
@@ -103,15 +109,8 @@ def _files_of(cls: type) -> Iterator[str]:
 
 
 def dataclass_fields(names: list[str], seen_files: set[str]) -> dict[str, list[str] | None]:
-    out: dict[str, list[str] | None] = {}
-    for target in names:
-        cls = _locate(target)
-        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
-            out[target] = sorted(f.name for f in dataclasses.fields(cls))
-            seen_files.update(_files_of(cls))
-        else:
-            out[target] = None
-    return out
+    classes = {target: _dataclass(target, seen_files) for target in names}
+    return {t: sorted(f.name for f in dataclasses.fields(c)) if c else None for t, c in classes.items()}
 
 
 def model_keys(config_dir: str, seen_files: set[str]) -> dict[str, Any]:
@@ -119,12 +118,11 @@ def model_keys(config_dir: str, seen_files: set[str]) -> dict[str, Any]:
     fields."""
     import verl
 
-    node = _yaml_load(Path(config_dir).joinpath(*MODEL_FILE)) or {}
+    node = load_yaml(Path(config_dir).joinpath(*MODEL_FILE)) or {}
     target = node.get("_target_")
-    cls = _locate(target) if isinstance(target, str) else None
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+    cls = _dataclass(target, seen_files) if isinstance(target, str) else None
+    if cls is None:
         raise LookupError(f"{'/'.join(MODEL_FILE)} names no dataclass verl has ({target!r})")
-    seen_files.update(_files_of(cls))
     where = os.path.relpath(sys.modules[cls.__module__].__file__, os.path.dirname(os.path.dirname(verl.__file__)))
     keys = set(node) | {f.name for f in dataclasses.fields(cls)}
     return {"keys": sorted(k for k in keys if not str(k).startswith("__")),

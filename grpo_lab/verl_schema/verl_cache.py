@@ -17,11 +17,12 @@ from typing import Any, NamedTuple
 
 from grpo_lab.facts import CACHE_DIR_ENV as DIR_ENV  # noqa: F401 (the tests set it)
 from grpo_lab.facts import ROOT, atomic_write, cache_dir
+from grpo_lab.verl_schema.build import build, yaml_files
+from grpo_lab.verl_schema.hydra_internals import own_version_base
 
 ENV = "GRPO_LAB_VERL_CACHE"
 # bump when what is stored changes
 FORMAT = 2
-CONFIG_NAME = "ppo_trainer"
 BUILD_TIMEOUT_S = 300
 # the parts a document must have, and their JSON types (None allowed where a part could not be read)
 PARTS = {"tree": dict, "serves_hydra": bool, "defaults": dict, "fields": dict, "model_keys": dict,
@@ -51,14 +52,6 @@ def off() -> Iterator[None]:
             os.environ[ENV] = old
 
 
-def _yaml_files(config_dir: str) -> list[str]:
-    out = []
-    for root, dirs, files in os.walk(config_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".yaml")]
-    return out
-
-
 def verl_version(config_dir: str) -> str:
     """verl's version from verl/version/version (the file verl's own __init__ reads), without importing verl."""
     try:
@@ -71,12 +64,10 @@ def cache_key(config_dir: str) -> str:
     import hydra
     import omegaconf
 
-    from grpo_lab.verl_schema.hydra_internals import own_version_base
-
     parts = [f"format={FORMAT}", f"verl={verl_version(config_dir)}", f"hydra={hydra.__version__}",
              f"omegaconf={omegaconf.__version__}", f"version_base={own_version_base()}",
              f"dir={os.path.realpath(config_dir)}"]
-    for path in _yaml_files(config_dir):
+    for path in yaml_files(config_dir):
         st = os.stat(path)
         parts.append(f"{os.path.relpath(path, config_dir)}:{st.st_mtime_ns}:{st.st_size}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
@@ -167,8 +158,6 @@ class Loaded(NamedTuple):
 
 def load(config_dir: str) -> Loaded:
     """verl's schema document for `config_dir`: from the cache file, else built by the child and kept."""
-    from grpo_lab.verl_schema.hydra_internals import own_version_base
-
     key = cache_key(config_dir)
     path = cache_file(config_dir, key)
     doc = read(path, key)
@@ -181,8 +170,6 @@ def load(config_dir: str) -> Loaded:
     doc = build_in_child(config_dir, base)
     origin = "built"
     if doc is None:
-        from grpo_lab.verl_schema.build import build
-
         doc, origin = build(config_dir, base, objects=False), "fallback"
     doc.update(format=FORMAT, key=key, verl=verl_version(config_dir), version_base=base)
     if origin == "built" and valid(doc, key) and not any(doc[part] is None for part in OBJECT_PARTS):

@@ -44,14 +44,14 @@ class VerlConfigSource(ConfigSource):
         return "grpolab-verl"
 
     def load_config(self, config_path: str) -> ConfigResult:
-        from grpo_lab.verl_schema import schema, verl_cache
+        from grpo_lab.verl_schema import build, schema
         from grpo_lab.verl_schema.hydra_internals import config_header
 
-        if self._normalize_file_name(config_path) == f"{verl_cache.CONFIG_NAME}.yaml":
+        if self._normalize_file_name(config_path) == f"{build.CONFIG_NAME}.yaml":
             cfg = schema(self.path).composed()
             if cfg is not None:
                 try:
-                    with open(f"{self.path}/{verl_cache.CONFIG_NAME}.yaml", encoding="utf-8") as f:
+                    with open(f"{self.path}/{build.CONFIG_NAME}.yaml", encoding="utf-8") as f:
                         header = config_header(f.read(512))
                 except OSError as e:
                     raise ConfigLoadError(f"Config not found : {e}") from e
