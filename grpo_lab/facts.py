@@ -529,5 +529,8 @@ def prompt_lengths(tokenizer_dir: str, files: tuple[str, ...], key: str, kwargs:
 
 
 def _digest(path: str) -> str:
+    h = hashlib.sha256()  # hashlib.file_digest is Python 3.11+; pyproject.toml allows 3.10
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
