@@ -203,12 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = list(SIZES) if args.size == "all" else [args.size]
     if args.out and len(sizes) > 1:
         parser.error("--out names one folder: give one --size with it")
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+    tiny.quiet_hf(offline=True)
     red = {k: getattr(args, k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
                                          "num_attention_heads", "num_key_value_heads")}
     t0 = time.perf_counter()

@@ -277,6 +277,19 @@ def build_dir(final: Path, settings: dict, force: bool, fill, stamp: str = STAMP
     return True
 
 
+def quiet_hf(offline: bool = False, **more: str) -> None:
+    """Before transformers loads or saves: no tokenizer threads, no progress bars ("Loading weights" / "Writing model
+    shards"), offline when asked; more: other variables (each only where the environment sets none)."""
+    quiet = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    if offline:
+        quiet.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    for key, value in {**quiet, **more}.items():
+        os.environ.setdefault(key, value)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def make_tiny(out: str | os.PathLike, variants: list[str], n_train: int = 512, n_test: int = 64, seed: int = 0,
               force: bool = False, log=print) -> dict[str, Path]:
     """Build the synthetic data and the requested model variants under out; returns {name: path}."""
@@ -332,11 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     variants = args.variant or ["tiny"]
     variants = sorted(VARIANTS) if "all" in variants else list(dict.fromkeys(variants))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
+    quiet_hf()
     make_tiny(args.out, variants, args.train_size, args.test_size, args.seed, args.force)
     print("next: python run.py experiment=smoke_tiny hardware=h200x1 preflight.only=true   (then without "
           "preflight.only on a GPU: make smoke-tiny)")

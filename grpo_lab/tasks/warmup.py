@@ -279,11 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
+    from grpo_lab.tasks.tiny import quiet_hf
 
-    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
+    quiet_hf()
     warmup(args.model, args.data, args.out, args.steps, device, args.batch_size, args.lr, args.enable_thinking,
            args.eval_n, args.samples, args.max_new_tokens, args.max_len, args.seed, args.synthetic)
     return 0
