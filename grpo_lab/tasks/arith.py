@@ -13,7 +13,7 @@ import random
 import sys
 from pathlib import Path
 
-from grpo_lab.tasks.data import INSTRUCTION, build_once, cli_build, gsm8k_row
+from grpo_lab.tasks.data import INSTRUCTION, QUESTION, build_once, cli_build, distinct, gsm8k_record, gsm8k_row
 from grpo_lab.tasks.tiny import arith_problem
 
 FORMAT_VERSION = 1
@@ -53,18 +53,8 @@ def prompt_text(question: str, style: str) -> str:
 
 def records(task: str, n: int, seed: int, exclude: frozenset[str] | set[str] = frozenset()) -> list[dict]:
     """n distinct problems {question, answer ("expr = value\\n#### value")}, none of whose questions is in exclude."""
-    rng = random.Random(f"{task}-{seed}")
-    seen, out = set(exclude), []
-    for _ in range(100 * n):
-        if len(out) == n:
-            break
-        question, expr, value = problem(task, rng)
-        if question not in seen:
-            seen.add(question)
-            out.append({"question": question, "answer": f"{expr} = {value}\n#### {value}"})
-    if len(out) < n:
-        raise ValueError(f"task {task!r} has fewer than {n} distinct problems; ask for fewer")
-    return out
+    return distinct(lambda rng: gsm8k_record(*problem(task, rng)), n, random.Random(f"{task}-{seed}"), QUESTION,
+                    exclude, f"task {task!r} has fewer than {n} distinct problems; ask for fewer")
 
 
 def rows(task: str, style: str, n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:

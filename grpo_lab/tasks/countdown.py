@@ -14,7 +14,7 @@ import random
 import sys
 from pathlib import Path
 
-from grpo_lab.tasks.data import build_once, cli_build, gsm8k_row
+from grpo_lab.tasks.data import build_once, cli_build, distinct, gsm8k_row
 
 FORMAT_VERSION = 1
 STAMP = "grpo_lab_countdown.json"
@@ -81,19 +81,16 @@ def prompt_text(numbers: list[int], target: int) -> str:
 
 def records(n: int, seed: int, exclude: frozenset | set = frozenset()) -> list[dict]:
     """n distinct problems {numbers, target, expression}; none whose (sorted numbers, target) is in exclude."""
-    rng = random.Random(f"countdown-{seed}")
-    seen, out = set(exclude), []
-    for _ in range(100 * n):
-        if len(out) == n:
-            break
+    def draw(rng: random.Random) -> dict:
         numbers, target, expr = problem(rng)
-        key = (tuple(sorted(numbers)), target)
-        if key not in seen:
-            seen.add(key)
-            out.append({"numbers": numbers, "target": target, "expression": expr})
-    if len(out) < n:
-        raise ValueError(f"found fewer than {n} distinct countdown problems; ask for fewer")
-    return out
+        return {"numbers": numbers, "target": target, "expression": expr}
+
+    return distinct(draw, n, random.Random(f"countdown-{seed}"), _key, exclude,
+                    f"found fewer than {n} distinct countdown problems; ask for fewer")
+
+
+def _key(rec: dict) -> tuple:
+    return tuple(sorted(rec["numbers"])), rec["target"]
 
 
 def row(rec: dict, split: str, index: int) -> dict:
@@ -110,7 +107,7 @@ def row(rec: dict, split: str, index: int) -> dict:
 def rows(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
     """{"train": verl rows, "test": verl rows} with no problem in both."""
     test = records(n_test, seed + 1)
-    train = records(n_train, seed, exclude={(tuple(sorted(r["numbers"])), r["target"]) for r in test})
+    train = records(n_train, seed, exclude={_key(r) for r in test})
     return {split: [row(r, split, i) for i, r in enumerate(recs)] for split, recs in (("train", train), ("test", test))}
 
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import operator
 import os
+import random
 import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from grpo_lab.tasks.splits import DataError, write_splits
+from grpo_lab.tasks.splits import DataError, stamp_holds, write_splits
 
 DATA_SOURCE = "openai/gsm8k"
 HUB_ID = "openai/gsm8k"
@@ -66,6 +68,30 @@ def to_rows(records: Iterable[Mapping], split: str) -> list[dict]:
     return rows
 
 
+QUESTION = operator.itemgetter("question")  # what makes a generated GSM8K-format record distinct
+
+
+def gsm8k_record(question: str, expr: str, value: int) -> dict:
+    """A generated problem as a GSM8K record: {question, answer "23 + 48 = 71\\n#### 71"}."""
+    return {"question": question, "answer": f"{expr} = {value}\n#### {value}"}
+
+
+def distinct(draw, n: int, rng: random.Random, key, exclude=frozenset(), too_few: str = "") -> list[dict]:
+    """n records draw(rng) makes whose key(record) differ and are not in exclude; ValueError(too_few) when 100 x n
+    draws do not find them."""
+    seen, out = set(exclude), []
+    for _ in range(100 * n):
+        if len(out) == n:
+            break
+        record = draw(rng)
+        if key(record) not in seen:
+            seen.add(key(record))
+            out.append(record)
+    if len(out) < n:
+        raise ValueError(too_few)
+    return out
+
+
 def cli_build(build, next_hint: str) -> int:
     """A generator's command line (grpo_lab.tasks.arith, grpo_lab.tasks.countdown) after its arguments: build(); a bad
     request (ValueError) is one line on stderr and exit 2, else the next command to type and 0."""
@@ -84,12 +110,9 @@ def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, fo
     force), else build() -> {split: rows} (before anything is written: a bad request leaves no files), the splits,
     then the stamp. Returns (out_dir, whether it was written)."""
     out_dir = Path(out_dir)
-    try:
-        if not force and json.loads((out_dir / stamp).read_text()) == settings:
-            log(f"kept  {out_dir}/ (same settings; --force rebuilds)")
-            return out_dir, False
-    except (OSError, ValueError):
-        pass
+    if not force and stamp_holds(out_dir, stamp, settings):
+        log(f"kept  {out_dir}/ (same settings; --force rebuilds)")
+        return out_dir, False
     write_splits(build(), out_dir)
     (out_dir / stamp).write_text(json.dumps(settings, indent=2) + "\n")
     return out_dir, True

@@ -20,7 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from grpo_lab.tasks.data import DATA_SOURCE, INSTRUCTION, gsm8k_row, write_splits
+from grpo_lab.tasks.data import DATA_SOURCE, INSTRUCTION, QUESTION, distinct, gsm8k_record, gsm8k_row, write_splits
+from grpo_lab.tasks.splits import stamp_holds
 
 FORMAT_VERSION = 2  # bump when what this module writes changes, so old outputs are rebuilt
 STAMP = "grpo_lab_tiny.json"
@@ -84,14 +85,12 @@ def arith_problem(rng: random.Random) -> tuple[str, str, int]:
     op = rng.choices(["+", "-", "*"], weights=[4, 3, 2])[0]
     if op == "*":
         a, b = rng.randint(2, 12), rng.randint(2, 12)
-        value = a * b
     elif op == "-":
         a = rng.randint(1, 99)
         b = rng.randint(0, a)
-        value = a - b
     else:
         a, b = rng.randint(0, 99), rng.randint(0, 99)
-        value = a + b
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
     expr = f"{a} {op} {b}"
     if rng.random() < BARE_SHARE:
         return f"What is {expr}?", expr, value
@@ -106,16 +105,8 @@ def arith_problem(rng: random.Random) -> tuple[str, str, int]:
 
 def arith_records(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
     """n distinct GSM8K-format records {question, answer}; answers read "23 + 48 = 71\\n#### 71"."""
-    rng = random.Random(seed)
-    seen = set(exclude)
-    records = []
-    while len(records) < n:
-        question, expr, value = arith_problem(rng)
-        if question in seen:
-            continue
-        seen.add(question)
-        records.append({"question": question, "answer": f"{expr} = {value}\n#### {value}"})
-    return records
+    return distinct(lambda rng: gsm8k_record(*arith_problem(rng)), n, random.Random(seed), QUESTION, exclude,
+                    f"found fewer than {n} distinct arithmetic problems; ask for fewer")
 
 
 def arith_splits(n_train: int, n_test: int, seed: int) -> dict[str, list[dict]]:
@@ -232,45 +223,28 @@ def build_model(arch: Qwen3Arch, tokenizer, seed: int, path: Path, *, device: st
     return sum(p.numel() for p in model.parameters())
 
 
-def _stamp_ok(path: Path, settings: dict, stamp: str) -> bool:
-    try:
-        return json.loads((path / stamp).read_text()) == settings
-    except (OSError, ValueError):
-        return False
-
-
-def chmod_default(folder: Path) -> None:
-    """mkdtemp/mkstemp make private files; give the folder and its files the usual umask-based modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(folder, 0o777 & ~umask)
-    for path in folder.iterdir():
-        os.chmod(path, 0o666 & ~umask)
-
-
-def publish(tmp: Path, final: Path) -> None:
-    """Move a finished temporary folder into place, replacing an old one."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def build_dir(final: Path, settings: dict, force: bool, fill, stamp: str = STAMP) -> bool:
     """Run fill(tmp_dir) and publish it as final unless final already holds these settings (its stamp file);
     True when built."""
-    if not force and _stamp_ok(final, settings, stamp):
+    if not force and stamp_holds(final, stamp, settings):
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         fill(tmp)
-        chmod_default(tmp)
+        # mkdtemp/mkstemp make private files: the folder and its files get the usual umask-based modes
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        for path in tmp.iterdir():
+            os.chmod(path, 0o666 & ~umask)
         (tmp / stamp).write_text(json.dumps(settings, indent=2) + "\n")
-        publish(tmp, final)
+        # into place, replacing an old one
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
