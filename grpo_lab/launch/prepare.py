@@ -121,7 +121,10 @@ class Prepared:
         """plan.json's changed_defaults: what verl gets that is not verl's default, and what set it (the launcher's
         KV pin, emulation's scaling); worked out when first read (the check stage: make fit's jobs write no plan)."""
         changed = changed_defaults(self.verl, self.run.layers, self.multirun)
-        mark_changed(changed, self.kv_pin)
+        if self.kv_pin and self.kv_pin["by"] == "launcher":  # the launcher's pin says what set it
+            for item in changed:
+                if item["key"] == KEY:
+                    item["set_by"] = SET_BY
         if self.emulation:
             mark_scaled(changed, self.emulation)
         return changed
@@ -267,7 +270,6 @@ def settle(verl: dict[str, Any], layers: Layers) -> dict[str, Any]:
 # ---- side by side: vLLM's KV cache pinned to the plan's ----
 
 KEY = KV_PIN
-OVERRIDE = "+" + KEY
 SET_BY = "hydra/launcher=side_by_side: the memory plan's KV cache (grpo_lab/launch/prepare.py)"
 
 
@@ -286,14 +288,6 @@ def pin_side_by_side(run: Run, verl: dict[str, Any]) -> tuple[dict[str, Any], di
     verl = copy.deepcopy(verl)
     put(verl, KEY, n)
     return verl, {"bytes": n, "by": "launcher"}
-
-
-def mark_changed(changed: list[dict[str, Any]], pin: dict[str, Any] | None) -> None:
-    """plan.json's changed_defaults: the launcher's pin says what set it."""
-    if pin and pin["by"] == "launcher":
-        for item in changed:
-            if item["key"] == KEY:
-                item["set_by"] = SET_BY
 
 
 def changed_defaults(verl: Mapping[str, Any], layers: Layers, multirun: bool = False,
