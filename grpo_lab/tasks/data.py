@@ -243,9 +243,7 @@ def _main_own(args: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     for split, n in result.counts.items():
         print(f"{split}: {n} rows -> {result.paths[split]}")
-    note = own_data.scorer_note(args.data_source)
-    if note:
-        print(f"note: {note}")
+    print(f"note: {own_data.scorer_note(args.data_source)}")
     return 0
 
 
