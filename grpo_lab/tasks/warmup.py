@@ -61,13 +61,6 @@ def synthetic_rows(n: int, seed: int, exclude: list[dict]) -> list[dict]:
     return rows
 
 
-def _ids(tokenized) -> list[int]:
-    """apply_chat_template(tokenize=True) returns a list in transformers 4 and a BatchEncoding in 5."""
-    if hasattr(tokenized, "keys") and "input_ids" in tokenized:
-        tokenized = tokenized["input_ids"]
-    return list(tokenized)
-
-
 class Encoder:
     def __init__(self, tokenizer, enable_thinking: bool):
         self.tok = tokenizer
@@ -76,8 +69,9 @@ class Encoder:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
 
     def prompt(self, messages: list[dict]) -> list[int]:
-        return _ids(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 **self.chat_kwargs))
+        # return_dict=False: the ids as a list (transformers 5 returns a BatchEncoding by default)
+        return self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                            **self.chat_kwargs)
 
     def examples(self, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
         """(input ids, labels) per row: labels -100 on the prompt. The same ids as prompt() + encode(answer)."""
