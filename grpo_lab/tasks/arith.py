@@ -61,15 +61,9 @@ def rows(task: str, style: str, n_train: int, n_test: int, seed: int = 0) -> dic
     """{"train": verl rows, "test": verl rows} with disjoint questions."""
     test = records(task, n_test, seed + 1)
     train = records(task, n_train, seed, exclude={r["question"] for r in test})
-    source = f"arith_{task}_{style}"
-    out = {}
-    for split, recs in (("train", train), ("test", test)):
-        out[split] = []
-        for i, r in enumerate(recs):
-            row = gsm8k_row(r["question"], r["answer"], split, i, data_source=source)
-            row["prompt"] = [{"role": "user", "content": prompt_text(r["question"], style)}]
-            out[split].append(row)
-    return out
+    return {split: [gsm8k_row(r["question"], r["answer"], split, i, f"arith_{task}_{style}",
+                              prompt_text(r["question"], style)) for i, r in enumerate(recs)]
+            for split, recs in (("train", train), ("test", test))}
 
 
 def make(out: str | Path, task: str, style: str, n_train: int, n_test: int, seed: int, force: bool = False,

@@ -10,6 +10,7 @@ How problems are made, the prompt and the rows: docs/tasks.md.
 from __future__ import annotations
 
 import argparse
+import operator
 import random
 import sys
 from pathlib import Path
@@ -29,21 +30,15 @@ ONESHOT = ("Use the numbers to make the target with +, -, * and /; use each numb
            "Numbers: 2, 7, 5. Target: 19.\n<answer>2 * 7 + 5</answer>")
 # precedence of each operator, for writing an expression with only the parentheses it needs
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
 
 
 def _combine(left: tuple, right: tuple, op: str) -> tuple | None:
     """(text, value, precedence) of `left op right`, or None when the value leaves 1..MAX_VALUE or is not whole."""
     (lt, lv, lp), (rt, rv, rp) = left, right
-    if op == "+":
-        value = lv + rv
-    elif op == "-":
-        value = lv - rv
-    elif op == "*":
-        value = lv * rv
-    else:
-        if rv in (0, 1) or lv % rv:  # exact divisions only, and not by 1 (a no-op)
-            return None
-        value = lv // rv
+    if op == "/" and (rv in (0, 1) or lv % rv):  # exact divisions only, and not by 1 (a no-op)
+        return None
+    value = _OPS[op](lv, rv)
     if not 1 <= value <= MAX_VALUE:
         return None
     prec = _PREC[op]
@@ -96,9 +91,8 @@ def _key(rec: dict) -> tuple:
 def row(rec: dict, split: str, index: int) -> dict:
     """One verl row: gsm8k_row's layout with the countdown prompt, ground truth and reference answer."""
     numbers, target, expr = rec["numbers"], rec["target"], rec["expression"]
-    out = gsm8k_row(question(numbers, target), f"{expr} = {target}\n#### {target}", split, index,
-                    data_source=DATA_SOURCE)
-    out["prompt"] = [{"role": "user", "content": prompt_text(numbers, target)}]
+    out = gsm8k_row(question(numbers, target), f"{expr} = {target}\n#### {target}", split, index, DATA_SOURCE,
+                    prompt_text(numbers, target))
     out["reward_model"]["ground_truth"] = {"target": target, "numbers": numbers}
     out["extra_info"]["answer"] = f"<answer>{expr}</answer>"
     return out

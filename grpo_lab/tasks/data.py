@@ -42,11 +42,13 @@ def extract_solution(answer: str) -> str:
     return match.group(1).replace(",", "")
 
 
-def gsm8k_row(question: str, answer: str, split: str, index: int, data_source: str = DATA_SOURCE) -> dict:
-    """One verl row for a GSM8K-format record (question, reference answer ending in "#### n")."""
+def gsm8k_row(question: str, answer: str, split: str, index: int, data_source: str = DATA_SOURCE,
+              prompt: str | None = None) -> dict:
+    """One verl row for a GSM8K-format record (question, reference answer ending in "#### n"); prompt: the user's
+    message, when not the question and GSM8K's instruction."""
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+        "prompt": [{"role": "user", "content": prompt or question + " " + INSTRUCTION}],
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": extract_solution(answer)},
         "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
