@@ -111,7 +111,9 @@ def check(prepared: Prepared, job: Job) -> Checked:
     """The preflight on the job's Run; verl_config.yaml (what verl gets) and plan.json (what was checked, and the
     values that differ from verl's defaults) on record, the report printed. Refused: GrpoLabError."""
     run, verl = prepared.run, prepared.verl
-    _write_yaml(job.dir / "verl_config.yaml", verl)
+    # libyaml's emitter when PyYAML has it: the pure-Python one takes ~0.1 s for verl's config
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    atomic_write(job.dir / "verl_config.yaml", yaml.dump(verl, Dumper=dumper, sort_keys=False))
     from grpo_lab.checks.plan_text import console
     from grpo_lab.checks.preflight import not_ready_here, run_preflight
 
@@ -274,12 +276,6 @@ class JobStatus:
             **extra,
         }
         write_json(self.path, data)
-
-
-def _write_yaml(path: Path, data: Any) -> None:
-    # libyaml's emitter when PyYAML has it: the pure-Python one takes ~0.1 s for verl's config
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    atomic_write(path, yaml.dump(data, Dumper=dumper, sort_keys=False))
 
 
 @contextlib.contextmanager

@@ -270,12 +270,6 @@ class RayNodes:
         return [self.ray, "start", f"--address={self.address}", f"--num-cpus={self.num_cpus}",
                 f"--num-gpus={self.num_gpus}", "--block"]
 
-    def stop_command(self) -> list[str]:
-        return [self.ray, "stop"]
-
-    def nodes_command(self) -> list[str]:
-        return [sys.executable, "-c", _NODES_PY, self.address]
-
     # ---- the head (the first node's task) ----
 
     def start_head(self) -> None:
@@ -291,7 +285,7 @@ class RayNodes:
 
     def alive_nodes(self) -> tuple[list[dict[str, Any]], str]:
         """The cluster's alive nodes (host, ip, gpus), and the query's own output when it failed."""
-        rc, out = self.run(self.nodes_command(), capture=True)
+        rc, out = self.run([sys.executable, "-c", _NODES_PY, self.address], capture=True)
         if rc == 0:
             for line in reversed(out.strip().splitlines()):
                 if line.startswith("["):
@@ -333,8 +327,8 @@ class RayNodes:
         return text + (f"\nthe last query of the cluster said:\n{err}" if err else "")
 
     def stop(self) -> None:
-        print(f"grpo-lab: stopping Ray on {self.alloc.head}: {' '.join(self.stop_command())}", flush=True)
-        self.run(self.stop_command())
+        print(f"grpo-lab: stopping Ray on {self.alloc.head}: {self.ray} stop", flush=True)
+        self.run([self.ray, "stop"])
 
     @contextlib.contextmanager
     def running(self) -> Iterator[list[dict[str, Any]]]:
