@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import sys
@@ -76,38 +77,30 @@ def full_vocab_bpe(n_regular: int = REGULAR_TOKENS):
 
     b2u = bytes_to_unicode()
     trained = tiny.bpe_trained(tiny.tokenizer_corpus(tiny.arith_splits(512, 64, 0)["train"]), 2048)
-    vocab: dict[str, int] = {}
-    for b in range(256):
-        vocab[b2u[b]] = len(vocab)
+    vocab = {b2u[b]: b for b in range(256)}
     merges: list[tuple[str, str]] = []
 
-    def add(a: str, b: str) -> bool:
-        if a + b in vocab or a not in vocab or b not in vocab or len(vocab) >= n_regular:
-            return False
-        vocab[a + b] = len(vocab)
-        merges.append((a, b))
-        return True
+    def add(a: str, b: str) -> None:
+        if a + b not in vocab and a in vocab and b in vocab and len(vocab) < n_regular:
+            vocab[a + b] = len(vocab)
+            merges.append((a, b))
 
     # the trained merges in their order (tokenizer.json holds them; the model object does not list them)
     for pair in json.loads(trained.to_str())["model"]["merges"]:
         a, b = pair if isinstance(pair, list) else pair.split(" ", 1)
         add(a, b)
     space, newline = b2u[ord(" ")], b2u[ord("\n")]
-    for n in range(2, 17):
-        add(space * (n - 1), space)
-    for n in range(2, 5):
-        add(newline * (n - 1), newline)
+    for ch, longest in ((space, 16), (newline, 4)):  # runs of up to 16 spaces, 4 newlines
+        for n in range(1, longest):
+            add(ch * n, ch)
     letters = list(LETTERS) + list(LETTERS.upper())
     level = [space] + letters
     while len(vocab) < n_regular:
         nxt = []
-        for token in level:
-            for c in letters:
-                add(token, c)
-                if token + c in vocab:  # new, or made earlier (trained): extended on the next level either way
-                    nxt.append(token + c)
-                if len(vocab) >= n_regular:
-                    break
+        for token, c in itertools.product(level, letters):
+            add(token, c)
+            if token + c in vocab:  # new, or made earlier (trained): extended on the next level either way
+                nxt.append(token + c)
             if len(vocab) >= n_regular:
                 break
         level = nxt

@@ -57,16 +57,12 @@ VARIANTS: dict[str, tuple[str, Qwen3Arch]] = {
 PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                      r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 # Qwen3's added tokens in Qwen3's order (ids 151643.. there); special=True ones are dropped by skip_special_tokens
-ADDED_TOKENS: list[tuple[str, bool]] = [
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
-    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
-    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False),
-    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
-]
+ADDED_TOKENS: list[tuple[str, bool]] = [(content, True) for content in (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>")] + [(content, False) for content in (
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+    "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>")]
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
 
 # Qwen3's chat template (tools, reasoning_content of the last turn, enable_thinking): with enable_thinking=False
@@ -147,11 +143,8 @@ def finish_tokenizer(tok, vocab_size: int, reserved: list[str] = ()):
 
     added = list(ADDED_TOKENS) + [(content, True) for content in reserved]
     for content, special in added:  # one by one, so the ids follow the list's order
-        token = AddedToken(content, special=special, normalized=False)
-        if special:
-            tok.add_special_tokens([token])
-        else:
-            tok.add_tokens([token])
+        add = tok.add_special_tokens if special else tok.add_tokens
+        add([AddedToken(content, special=special, normalized=False)])
     if tok.get_vocab_size() > vocab_size:
         raise AssertionError(f"tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {vocab_size}")
     hf = PreTrainedTokenizerFast(
