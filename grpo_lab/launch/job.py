@@ -287,8 +287,8 @@ def tee_output(log_path: Path) -> Iterator[None]:
     saved_out, saved_err = os.dup(1), os.dup(2)
     tee = subprocess.Popen(["tee", "-a", str(log_path)], stdin=subprocess.PIPE, stdout=saved_out)
     assert tee.stdin is not None
-    os.dup2(tee.stdin.fileno(), 1)
-    os.dup2(tee.stdin.fileno(), 2)
+    for fd in (1, 2):
+        os.dup2(tee.stdin.fileno(), fd)
     os.environ["GRPO_LAB_LOG"] = str(log_path)
     # each line reaches the log when it is printed (Ray forwards the workers' lines without flushing): the watchers
     # read the log while the job runs (grpo_lab/launch/fatal.py, doctor.ProgressWatchdog)
@@ -302,10 +302,9 @@ def tee_output(log_path: Path) -> Iterator[None]:
             f.reconfigure(line_buffering=was)
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved_out, 1)
-        os.dup2(saved_err, 2)
-        os.close(saved_out)
-        os.close(saved_err)
+        for fd, saved in ((1, saved_out), (2, saved_err)):
+            os.dup2(saved, fd)
+            os.close(saved)
         tee.stdin.close()
         os.environ.pop("GRPO_LAB_LOG", None)
         try:

@@ -148,10 +148,7 @@ def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
         lo, sep, hi = part.partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
             raise ClusterError(f"SLURM_JOB_NODELIST={nodelist!r}: cannot read the range [{ranges}]")
-        if not sep:
-            out.append(lo)
-            continue
-        out.extend(str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1))  # node[08-10]: 08 09 10
+        out.extend(str(i).zfill(len(lo)) for i in range(int(lo), int(hi if sep else lo) + 1))  # node[08-10]: 08 09 10
     return out
 
 
