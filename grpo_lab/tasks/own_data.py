@@ -107,31 +107,29 @@ def _records(path: Path, encoding: str | None = None) -> list[tuple[int, dict[st
         except Exception as exc:
             raise DataError(f"{path}: not a parquet file pyarrow can read ({type(exc).__name__}: {exc})") from None
     elif suffix == ".jsonl":
-        with io.StringIO(_decoded(path, encoding)) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}, column {exc.colno})") from None
-                if not isinstance(rec, dict):
-                    raise DataError(f"{path}:{lineno}: a JSON {type(rec).__name__}, not an object with question and "
-                                    f"answer fields")
-                out.append((lineno, rec))
-    else:
-        with io.StringIO(_decoded(path, encoding), newline="") as f:
-            reader = csv.DictReader(f)
+        for lineno, line in enumerate(io.StringIO(_decoded(path, encoding)), 1):
+            if not line.strip():
+                continue
             try:
-                for rec in reader:
-                    if not any((v or "").strip() for k, v in rec.items() if k is not None):
-                        continue  # a blank line
-                    if None in rec:
-                        raise DataError(f"{path}:{reader.line_num}: more values than the header has columns "
-                                        f"({len(reader.fieldnames or [])}); quote values that hold commas")
-                    out.append((reader.line_num, rec))
-            except csv.Error as exc:
-                raise DataError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}:{lineno}: a JSON {type(rec).__name__}, not an object with question and "
+                                f"answer fields")
+            out.append((lineno, rec))
+    else:
+        reader = csv.DictReader(io.StringIO(_decoded(path, encoding), newline=""))
+        try:
+            for rec in reader:
+                if not any((v or "").strip() for k, v in rec.items() if k is not None):
+                    continue  # a blank line
+                if None in rec:
+                    raise DataError(f"{path}:{reader.line_num}: more values than the header has columns "
+                                    f"({len(reader.fieldnames or [])}); quote values that hold commas")
+                out.append((reader.line_num, rec))
+        except csv.Error as exc:
+            raise DataError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
     if not out:
         raise DataError(f"{path} holds no records (the file is empty"
                         f"{' or has only a header row' if suffix == '.csv' else ''})")
