@@ -121,12 +121,6 @@ def full_vocab_tokenizer():
 
 # ------------------------------------------------------------------------------------------------------ the folder
 
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, device: str | None = None,
           force: bool = False, log=print, **reduced: int | None) -> Path:
     """Build (or keep, when up to date) the random-weight Qwen3 of this size; returns its folder."""
@@ -137,7 +131,7 @@ def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, dev
                                                    else folder)
     settings = {"version": FORMAT_VERSION, "size": size, "conf_model": group, "arch": asdict(arch), "seed": seed,
                 "dtype": "bfloat16", "reduced": is_reduced}
-    device = device or default_device()
+    device = device or tiny.default_device()
     info: dict = {}
 
     def fill(tmp: Path) -> None:

@@ -244,6 +244,12 @@ def build_dir(final: Path, settings: dict, force: bool, fill, stamp: str = STAMP
     return True
 
 
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def quiet_hf(offline: bool = False, **more: str) -> None:
     """Before transformers loads or saves: no tokenizer threads, no progress bars ("Loading weights" / "Writing model
     shards"), offline when asked; more: other variables (each only where the environment sets none)."""

@@ -268,16 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         print("error: --steps must be at least 1", file=sys.stderr)
         return 2
-    device = args.device
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    from grpo_lab.tasks.tiny import quiet_hf
+    from grpo_lab.tasks.tiny import default_device, quiet_hf
 
     quiet_hf()
-    warmup(args.model, args.data, args.out, args.steps, device, args.batch_size, args.lr, args.enable_thinking,
-           args.eval_n, args.samples, args.max_new_tokens, args.max_len, args.seed, args.synthetic)
+    warmup(args.model, args.data, args.out, args.steps, args.device or default_device(), args.batch_size, args.lr,
+           args.enable_thinking, args.eval_n, args.samples, args.max_new_tokens, args.max_len, args.seed,
+           args.synthetic)
     return 0
 
 
