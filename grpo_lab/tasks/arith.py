@@ -70,12 +70,8 @@ def make(out: str | Path, task: str, style: str, n_train: int, n_test: int, seed
          log=print) -> Path:
     settings = {"version": FORMAT_VERSION, "task": task, "style": style, "train": n_train, "test": n_test,
                 "seed": seed}
-    out, written = build_once(out, STAMP, settings, lambda: rows(task, style, n_train, n_test, seed), force, log)
-    if not written:
-        return out
-    log(f"wrote {out}/: train {n_train} rows, test {n_test} rows (task {task}, style {style}, "
-        f"data_source arith_{task}_{style})")
-    return out
+    return build_once(out, STAMP, settings, lambda: rows(task, style, n_train, n_test, seed), force, log,
+                      f"task {task}, style {style}, data_source arith_{task}_{style}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,11 +107,8 @@ def rows(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
 
 def make(out: str | Path, n_train: int, n_test: int, seed: int, force: bool = False, log=print) -> Path:
     settings = {"version": FORMAT_VERSION, "train": n_train, "test": n_test, "seed": seed}
-    out, written = build_once(out, STAMP, settings, lambda: rows(n_train, n_test, seed), force, log)
-    if not written:
-        return out
-    log(f"wrote {out}/: train {n_train} rows, test {n_test} rows (data_source {DATA_SOURCE}, seed {seed})")
-    return out
+    return build_once(out, STAMP, settings, lambda: rows(n_train, n_test, seed), force, log,
+                      f"data_source {DATA_SOURCE}, seed {seed}")
 
 
 def main(argv: list[str] | None = None) -> int:

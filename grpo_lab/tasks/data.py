@@ -106,18 +106,19 @@ def cli_build(build, next_hint: str) -> int:
     return 0
 
 
-def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool = False,
-               log=print) -> tuple[Path, bool]:
+def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool, log, what: str) -> Path:
     """A generated dataset (tasks.arith, tasks.countdown): kept when OUT/stamp records the same settings (and not
     force), else build() -> {split: rows} (before anything is written: a bad request leaves no files), the splits,
-    then the stamp. Returns (out_dir, whether it was written)."""
+    then the stamp; `what` ends the line that says so. Returns out_dir."""
     out_dir = Path(out_dir)
     if not force and stamp_holds(out_dir, stamp, settings):
         log(f"kept  {out_dir}/ (same settings; --force rebuilds)")
-        return out_dir, False
-    write_splits(build(), out_dir)
+        return out_dir
+    rows = build()
+    write_splits(rows, out_dir)
     (out_dir / stamp).write_text(json.dumps(settings, indent=2) + "\n")
-    return out_dir, True
+    log(f"wrote {out_dir}/: train {len(rows['train'])} rows, test {len(rows['test'])} rows ({what})")
+    return out_dir
 
 
 # ---------------------------------------------------------------------------------------------------- reading GSM8K
