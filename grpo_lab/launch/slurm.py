@@ -76,11 +76,7 @@ def refusal(params: dict[str, Any], job_overrides: Sequence[Sequence[str]] = (),
 
 def sbatch_parameters(params: dict[str, Any], n_jobs: int = 1) -> dict[str, Any]:
     """The keyword arguments submitit's sbatch writer gets for these launcher parameters (as launch() passes them)."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        if key in _NOT_SBATCH or key == "_target_":
-            continue
-        out[_GENERIC.get(key, key)] = value
+    out = {_GENERIC.get(key, key): value for key, value in params.items() if key not in _NOT_SBATCH | {"_target_"}}
     if out.get("mem") is not None:
         from submitit.slurm.slurm import _convert_mem
 

@@ -224,6 +224,7 @@ def warmup(model_dir: str, data_dir: str, out_dir: str, steps: int, device: str 
                "train_seconds": round(train_s, 2), "total_seconds": round(time.perf_counter() - t0, 2),
                "loss_first": losses[0], "loss_last": losses[-1], "losses": [round(x, 5) for x in losses[::every]],
                "before": before, "after": after}
+
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
