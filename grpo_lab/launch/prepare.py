@@ -63,11 +63,9 @@ def set_apart(cfg: Any) -> dict[str, list[str]]:
         if not isinstance(node, DictConfig):
             return False
         try:  # an interpolation first: `leaf in node` would resolve it (OmegaConf parses it anew each time)
-            if OmegaConf.is_interpolation(node, leaf):
-                return False
+            return not OmegaConf.is_interpolation(node, leaf) and leaf in node
         except (KeyError, AttributeError):  # not there, in a struct config
             return False
-        return leaf in node
 
     # verl's too: the log-prob passes' budgets read the update's, and speed=fast sets all three
     leaders = [(key, knob_keys(key)) for key in sorted(SHORT_KEYS)]
