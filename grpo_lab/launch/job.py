@@ -220,25 +220,21 @@ def run_verl(verl: dict[str, Any], doctor: Any = None) -> None:
     from grpo_lab.launch.fatal import EngineDied, FatalWatch, TrackedRunner
 
     log = Path(os.environ["GRPO_LAB_LOG"]) if os.environ.get("GRPO_LAB_LOG") else None
-    watchdog = doctor.ProgressWatchdog(log) if log and doctor else None
     # a fatal engine / actor line in the log: verl would wait for ever; kill its TaskRunner (grpo_lab/launch/fatal.py)
     tracked = TrackedRunner(runner)
     fatal = FatalWatch(log, stop=tracked.kill, doctor=doctor) if log and doctor else None
+    watchers = [doctor.ProgressWatchdog(log), fatal] if fatal else []  # started in this order, stopped in reverse
     try:
-        if watchdog:
-            watchdog.start()
-        if fatal:
-            fatal.start()
+        for watcher in watchers:
+            watcher.start()
         run_ppo(config, task_runner_class=tracked)
     except BaseException:
         if fatal and fatal.fired and fatal.fired.message:  # stopped by the watcher: say why, not "killed by ray.kill"
             raise EngineDied(fatal.fired.message) from None
         raise
     finally:
-        if fatal:
-            fatal.stop()
-        if watchdog:
-            watchdog.stop()
+        for watcher in reversed(watchers):
+            watcher.stop()
         if ray.is_initialized():
             ray.shutdown()
 
