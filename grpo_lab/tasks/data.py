@@ -217,7 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     own_data.add_arguments(o)
     args = parser.parse_args(argv)
     if args.dataset == "own":
-        return _main_own(args)
+        try:
+            result = own_data.run(args)
+        except own_data.DataError as exc:  # grpo_lab.tasks.data's class, also when this file runs as __main__
+            print(f"error: {exc}", file=sys.stderr)
+            print("nothing was written", file=sys.stderr)
+            return 2
+        for w in result.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        for split, n in result.counts.items():
+            print(f"{split}: {n} rows -> {result.paths[split]}")
+        print(f"note: {own_data.scorer_note(args.data_source)}")
+        return 0
 
     try:
         counts = convert_gsm8k(args.out, args.local_dir, args.force)
@@ -230,23 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     source = args.local_dir or f"hub {HUB_ID}"
     for split, n in counts.items():
         print(f"{split}: {n} rows -> {Path(args.out) / f'{split}.parquet'}  (from {source})")
-    return 0
-
-
-def _main_own(args: argparse.Namespace) -> int:
-    from grpo_lab.tasks import own_data
-
-    try:
-        result = own_data.run(args)
-    except own_data.DataError as exc:  # grpo_lab.tasks.data's class, also when this file runs as __main__
-        print(f"error: {exc}", file=sys.stderr)
-        print("nothing was written", file=sys.stderr)
-        return 2
-    for w in result.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    for split, n in result.counts.items():
-        print(f"{split}: {n} rows -> {result.paths[split]}")
-    print(f"note: {own_data.scorer_note(args.data_source)}")
     return 0
 
 
