@@ -36,12 +36,10 @@ def write_splits(rows_by_split: Mapping[str, list[dict]], out_dir: str | os.Path
             os.close(fd)
             staged[split] = tmp
             pq.write_table(pa.Table.from_pylist(rows), tmp)
-        paths = {}
+        paths = {split: out_dir / f"{split}.parquet" for split in staged}
         for split, tmp in staged.items():
-            paths[split] = out_dir / f"{split}.parquet"
             os.replace(tmp, paths[split])
         return paths
     finally:
         for tmp in staged.values():
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            Path(tmp).unlink(missing_ok=True)
