@@ -208,9 +208,7 @@ def worker_env(cfg: VerlView, lab: Lab, job_dir: Path) -> dict[str, Any]:
     if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
         # vLLM's sampler imports flashinfer unless told not to: "No module named 'flashinfer'" at engine start
         ours["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
-    for k, v in ours.items():
-        env.setdefault(k, v)
-    return env
+    return env | {k: v for k, v in ours.items() if k not in env}
 
 
 def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
