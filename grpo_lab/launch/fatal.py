@@ -137,12 +137,10 @@ class FatalWatch:
             self.out(f"grpo-lab: stopping the job: {fired.message}")
             try:
                 self.stop_job()
-                killed = True
+                self._done.wait(self.kill_wait_s)  # killed: verl's driver returns, or is interrupted below
             except Exception as e:  # noqa: BLE001 (no TaskRunner yet, or Ray already gone)
                 self.out(f"grpo-lab: could not kill verl's TaskRunner ({type(e).__name__}: {e}); interrupting it")
-                killed = False
-            if (not killed or not self._done.wait(self.kill_wait_s)) and not self._done.is_set() \
-                    and self._job_thread == threading.main_thread().ident:
+            if not self._done.is_set() and self._job_thread == threading.main_thread().ident:
                 signal.pthread_kill(self._job_thread, signal.SIGINT)  # Ctrl+C: ray.get gives up, run_verl cleans up
             return
 

@@ -111,7 +111,9 @@ def check(prepared: Prepared, job: Job) -> Checked:
     """The preflight on the job's Run; verl_config.yaml (what verl gets) and plan.json (what was checked, and the
     values that differ from verl's defaults) on record, the report printed. Refused: GrpoLabError."""
     run, verl = prepared.run, prepared.verl
-    _write_yaml(job.dir / "verl_config.yaml", verl)
+    # libyaml's emitter when PyYAML has it: the pure-Python one takes ~0.1 s for verl's config
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    atomic_write(job.dir / "verl_config.yaml", yaml.dump(verl, Dumper=dumper, sort_keys=False))
     from grpo_lab.checks.plan_text import console
     from grpo_lab.checks.preflight import not_ready_here, run_preflight
 
@@ -218,25 +220,21 @@ def run_verl(verl: dict[str, Any], doctor: Any = None) -> None:
     from grpo_lab.launch.fatal import EngineDied, FatalWatch, TrackedRunner
 
     log = Path(os.environ["GRPO_LAB_LOG"]) if os.environ.get("GRPO_LAB_LOG") else None
-    watchdog = doctor.ProgressWatchdog(log) if log and doctor else None
     # a fatal engine / actor line in the log: verl would wait for ever; kill its TaskRunner (grpo_lab/launch/fatal.py)
     tracked = TrackedRunner(runner)
     fatal = FatalWatch(log, stop=tracked.kill, doctor=doctor) if log and doctor else None
+    watchers = [doctor.ProgressWatchdog(log), fatal] if fatal else []  # started in this order, stopped in reverse
     try:
-        if watchdog:
-            watchdog.start()
-        if fatal:
-            fatal.start()
+        for watcher in watchers:
+            watcher.start()
         run_ppo(config, task_runner_class=tracked)
     except BaseException:
         if fatal and fatal.fired and fatal.fired.message:  # stopped by the watcher: say why, not "killed by ray.kill"
             raise EngineDied(fatal.fired.message) from None
         raise
     finally:
-        if fatal:
-            fatal.stop()
-        if watchdog:
-            watchdog.stop()
+        for watcher in reversed(watchers):
+            watcher.stop()
         if ray.is_initialized():
             ray.shutdown()
 
@@ -276,12 +274,6 @@ class JobStatus:
         write_json(self.path, data)
 
 
-def _write_yaml(path: Path, data: Any) -> None:
-    # libyaml's emitter when PyYAML has it: the pure-Python one takes ~0.1 s for verl's config
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    atomic_write(path, yaml.dump(data, Dumper=dumper, sort_keys=False))
-
-
 @contextlib.contextmanager
 def tee_output(log_path: Path) -> Iterator[None]:
     """Copy everything written to this process's stdout and stderr (Ray's forwarded worker output too) to log_path."""
@@ -291,8 +283,8 @@ def tee_output(log_path: Path) -> Iterator[None]:
     saved_out, saved_err = os.dup(1), os.dup(2)
     tee = subprocess.Popen(["tee", "-a", str(log_path)], stdin=subprocess.PIPE, stdout=saved_out)
     assert tee.stdin is not None
-    os.dup2(tee.stdin.fileno(), 1)
-    os.dup2(tee.stdin.fileno(), 2)
+    for fd in (1, 2):
+        os.dup2(tee.stdin.fileno(), fd)
     os.environ["GRPO_LAB_LOG"] = str(log_path)
     # each line reaches the log when it is printed (Ray forwards the workers' lines without flushing): the watchers
     # read the log while the job runs (grpo_lab/launch/fatal.py, doctor.ProgressWatchdog)
@@ -306,10 +298,9 @@ def tee_output(log_path: Path) -> Iterator[None]:
             f.reconfigure(line_buffering=was)
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved_out, 1)
-        os.dup2(saved_err, 2)
-        os.close(saved_out)
-        os.close(saved_err)
+        for fd, saved in ((1, saved_out), (2, saved_err)):
+            os.dup2(saved, fd)
+            os.close(saved)
         tee.stdin.close()
         os.environ.pop("GRPO_LAB_LOG", None)
         try:

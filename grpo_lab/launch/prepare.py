@@ -63,11 +63,9 @@ def set_apart(cfg: Any) -> dict[str, list[str]]:
         if not isinstance(node, DictConfig):
             return False
         try:  # an interpolation first: `leaf in node` would resolve it (OmegaConf parses it anew each time)
-            if OmegaConf.is_interpolation(node, leaf):
-                return False
+            return not OmegaConf.is_interpolation(node, leaf) and leaf in node
         except (KeyError, AttributeError):  # not there, in a struct config
             return False
-        return leaf in node
 
     # verl's too: the log-prob passes' budgets read the update's, and speed=fast sets all three
     leaders = [(key, knob_keys(key)) for key in sorted(SHORT_KEYS)]
@@ -121,7 +119,10 @@ class Prepared:
         """plan.json's changed_defaults: what verl gets that is not verl's default, and what set it (the launcher's
         KV pin, emulation's scaling); worked out when first read (the check stage: make fit's jobs write no plan)."""
         changed = changed_defaults(self.verl, self.run.layers, self.multirun)
-        mark_changed(changed, self.kv_pin)
+        if self.kv_pin and self.kv_pin["by"] == "launcher":  # the launcher's pin says what set it
+            for item in changed:
+                if item["key"] == KEY:
+                    item["set_by"] = SET_BY
         if self.emulation:
             mark_scaled(changed, self.emulation)
         return changed
@@ -207,9 +208,7 @@ def worker_env(cfg: VerlView, lab: Lab, job_dir: Path) -> dict[str, Any]:
     if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
         # vLLM's sampler imports flashinfer unless told not to: "No module named 'flashinfer'" at engine start
         ours["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
-    for k, v in ours.items():
-        env.setdefault(k, v)
-    return env
+    return env | {k: v for k, v in ours.items() if k not in env}
 
 
 def mark_scaled(changed: list[dict[str, Any]], info: Mapping[str, Any]) -> None:
@@ -267,7 +266,6 @@ def settle(verl: dict[str, Any], layers: Layers) -> dict[str, Any]:
 # ---- side by side: vLLM's KV cache pinned to the plan's ----
 
 KEY = KV_PIN
-OVERRIDE = "+" + KEY
 SET_BY = "hydra/launcher=side_by_side: the memory plan's KV cache (grpo_lab/launch/prepare.py)"
 
 
@@ -286,14 +284,6 @@ def pin_side_by_side(run: Run, verl: dict[str, Any]) -> tuple[dict[str, Any], di
     verl = copy.deepcopy(verl)
     put(verl, KEY, n)
     return verl, {"bytes": n, "by": "launcher"}
-
-
-def mark_changed(changed: list[dict[str, Any]], pin: dict[str, Any] | None) -> None:
-    """plan.json's changed_defaults: the launcher's pin says what set it."""
-    if pin and pin["by"] == "launcher":
-        for item in changed:
-            if item["key"] == KEY:
-                item["set_by"] = SET_BY
 
 
 def changed_defaults(verl: Mapping[str, Any], layers: Layers, multirun: bool = False,

@@ -76,11 +76,7 @@ def refusal(params: dict[str, Any], job_overrides: Sequence[Sequence[str]] = (),
 
 def sbatch_parameters(params: dict[str, Any], n_jobs: int = 1) -> dict[str, Any]:
     """The keyword arguments submitit's sbatch writer gets for these launcher parameters (as launch() passes them)."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        if key in _NOT_SBATCH or key == "_target_":
-            continue
-        out[_GENERIC.get(key, key)] = value
+    out = {_GENERIC.get(key, key): value for key, value in params.items() if key not in _NOT_SBATCH | {"_target_"}}
     if out.get("mem") is not None:
         from submitit.slurm.slurm import _convert_mem
 
@@ -129,30 +125,17 @@ class ClusterError(GrpoLabError):
 def expand_nodelist(nodelist: str) -> list[str]:
     """SLURM's compact host list, as `scontrol show hostnames` prints it: 'gpu[01-03,07],cpu5' -> gpu01 gpu02 gpu03
     gpu07 cpu5. Zero padding is kept; several bracket groups in one name expand as a product (rack[1-2]-n[1-2])."""
+    text = nodelist.strip()
+    if text.count("[") != text.count("]"):
+        raise ClusterError(f"SLURM_JOB_NODELIST={text!r} has an unclosed '[': not a SLURM host list")
     hosts: list[str] = []
-    for name in _top_level_split(nodelist.strip()):
+    for name in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):  # split at the commas outside brackets
         expanded = [""]
         for literal, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", name):
-            if not literal and not ranges:
-                continue
-            options = [literal] if not ranges else [literal + n for n in _expand_ranges(ranges, nodelist)]
+            options = [literal + n for n in _expand_ranges(ranges, nodelist)] if ranges else [literal]
             expanded = [e + o for e in expanded for o in options]
         hosts.extend(expanded)
     return [h for h in hosts if h]
-
-
-def _top_level_split(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    if depth:
-        raise ClusterError(f"SLURM_JOB_NODELIST={text!r} has an unclosed '[': not a SLURM host list")
-    return [p for p in parts + [current] if p]
 
 
 def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
@@ -161,10 +144,7 @@ def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
         lo, sep, hi = part.partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
             raise ClusterError(f"SLURM_JOB_NODELIST={nodelist!r}: cannot read the range [{ranges}]")
-        if not sep:
-            out.append(lo)
-            continue
-        out.extend(str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1))  # node[08-10]: 08 09 10
+        out.extend(str(i).zfill(len(lo)) for i in range(int(lo), int(hi if sep else lo) + 1))  # node[08-10]: 08 09 10
     return out
 
 
@@ -283,12 +263,6 @@ class RayNodes:
         return [self.ray, "start", f"--address={self.address}", f"--num-cpus={self.num_cpus}",
                 f"--num-gpus={self.num_gpus}", "--block"]
 
-    def stop_command(self) -> list[str]:
-        return [self.ray, "stop"]
-
-    def nodes_command(self) -> list[str]:
-        return [sys.executable, "-c", _NODES_PY, self.address]
-
     # ---- the head (the first node's task) ----
 
     def start_head(self) -> None:
@@ -304,7 +278,7 @@ class RayNodes:
 
     def alive_nodes(self) -> tuple[list[dict[str, Any]], str]:
         """The cluster's alive nodes (host, ip, gpus), and the query's own output when it failed."""
-        rc, out = self.run(self.nodes_command(), capture=True)
+        rc, out = self.run([sys.executable, "-c", _NODES_PY, self.address], capture=True)
         if rc == 0:
             for line in reversed(out.strip().splitlines()):
                 if line.startswith("["):
@@ -346,8 +320,8 @@ class RayNodes:
         return text + (f"\nthe last query of the cluster said:\n{err}" if err else "")
 
     def stop(self) -> None:
-        print(f"grpo-lab: stopping Ray on {self.alloc.head}: {' '.join(self.stop_command())}", flush=True)
-        self.run(self.stop_command())
+        print(f"grpo-lab: stopping Ray on {self.alloc.head}: {self.ray} stop", flush=True)
+        self.run([self.ray, "stop"])
 
     @contextlib.contextmanager
     def running(self) -> Iterator[list[dict[str, Any]]]:
@@ -398,15 +372,9 @@ def ray_nodes(trainer: Mapping[str, Any], ray_init: Mapping[str, Any], slurm: Sl
                            f"first node's task is verl's driver, the others Ray worker nodes): "
                            f"hydra.launcher.tasks_per_node=1")
     num_cpus = ray_init.get("num_cpus")
-    if num_cpus is None:
-        num_cpus = cpu_cores
     inject.setdefault("ray", ray_executable())
-    return RayNodes(alloc=alloc, port=int(slurm.ray_port), num_cpus=int(num_cpus),
+    return RayNodes(alloc=alloc, port=int(slurm.ray_port), num_cpus=int(cpu_cores if num_cpus is None else num_cpus),
                     num_gpus=int(trainer.get("n_gpus_per_node")), wait_s=float(slurm.ray_wait_s), **inject)
-
-
-def _plan_only(lab: Lab) -> bool:
-    return bool(lab.preflight.only or lab.preflight.fit or lab.preflight.fit_write)
 
 
 def cluster_for_job(trainer: Mapping[str, Any], ray_kwargs: dict[str, Any], slurm: Slurm, cpu_cores: int | None,
@@ -437,7 +405,7 @@ def serve_ray_worker(cfg: Any, environ: Mapping[str, str] = os.environ, **inject
     verl = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("trainer", "ray_kwargs") if k in cfg}
     lab = Lab.of(OmegaConf.to_container(cfg.lab, resolve=True), preflight=OmegaConf.to_container(cfg.preflight))
     me = alloc.node or f"task {alloc.rank}"
-    if _plan_only(lab):
+    if lab.preflight.only or lab.preflight.fit or lab.preflight.fit_write:
         return _say(f"{me}: planning only (preflight.only / fit): the head plans, no Ray starts here")
     try:
         nodes = ray_nodes(verl.get("trainer") or {}, (verl.get("ray_kwargs") or {}).get("ray_init") or {},

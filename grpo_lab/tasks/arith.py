@@ -13,7 +13,7 @@ import random
 import sys
 from pathlib import Path
 
-from grpo_lab.tasks.data import INSTRUCTION, build_once, cli_build, gsm8k_row
+from grpo_lab.tasks.data import INSTRUCTION, QUESTION, build_once, cli_build, distinct, gsm8k_record, gsm8k_row
 from grpo_lab.tasks.tiny import arith_problem
 
 FORMAT_VERSION = 1
@@ -53,45 +53,25 @@ def prompt_text(question: str, style: str) -> str:
 
 def records(task: str, n: int, seed: int, exclude: frozenset[str] | set[str] = frozenset()) -> list[dict]:
     """n distinct problems {question, answer ("expr = value\\n#### value")}, none of whose questions is in exclude."""
-    rng = random.Random(f"{task}-{seed}")
-    seen, out = set(exclude), []
-    for _ in range(100 * n):
-        if len(out) == n:
-            break
-        question, expr, value = problem(task, rng)
-        if question not in seen:
-            seen.add(question)
-            out.append({"question": question, "answer": f"{expr} = {value}\n#### {value}"})
-    if len(out) < n:
-        raise ValueError(f"task {task!r} has fewer than {n} distinct problems; ask for fewer")
-    return out
+    return distinct(lambda rng: gsm8k_record(*problem(task, rng)), n, random.Random(f"{task}-{seed}"), QUESTION,
+                    exclude, f"task {task!r} has fewer than {n} distinct problems; ask for fewer")
 
 
 def rows(task: str, style: str, n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
     """{"train": verl rows, "test": verl rows} with disjoint questions."""
     test = records(task, n_test, seed + 1)
     train = records(task, n_train, seed, exclude={r["question"] for r in test})
-    source = f"arith_{task}_{style}"
-    out = {}
-    for split, recs in (("train", train), ("test", test)):
-        out[split] = []
-        for i, r in enumerate(recs):
-            row = gsm8k_row(r["question"], r["answer"], split, i, data_source=source)
-            row["prompt"] = [{"role": "user", "content": prompt_text(r["question"], style)}]
-            out[split].append(row)
-    return out
+    return {split: [gsm8k_row(r["question"], r["answer"], split, i, f"arith_{task}_{style}",
+                              prompt_text(r["question"], style)) for i, r in enumerate(recs)]
+            for split, recs in (("train", train), ("test", test))}
 
 
 def make(out: str | Path, task: str, style: str, n_train: int, n_test: int, seed: int, force: bool = False,
          log=print) -> Path:
     settings = {"version": FORMAT_VERSION, "task": task, "style": style, "train": n_train, "test": n_test,
                 "seed": seed}
-    out, written = build_once(out, STAMP, settings, lambda: rows(task, style, n_train, n_test, seed), force, log)
-    if not written:
-        return out
-    log(f"wrote {out}/: train {n_train} rows, test {n_test} rows (task {task}, style {style}, "
-        f"data_source arith_{task}_{style})")
-    return out
+    return build_once(out, STAMP, settings, lambda: rows(task, style, n_train, n_test, seed), force, log,
+                      f"task {task}, style {style}, data_source arith_{task}_{style}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,12 @@ How problems are made, the prompt and the rows: docs/tasks.md.
 from __future__ import annotations
 
 import argparse
+import operator
 import random
 import sys
 from pathlib import Path
 
-from grpo_lab.tasks.data import build_once, cli_build, gsm8k_row
+from grpo_lab.tasks.data import build_once, cli_build, distinct, gsm8k_row
 
 FORMAT_VERSION = 1
 STAMP = "grpo_lab_countdown.json"
@@ -29,21 +30,15 @@ ONESHOT = ("Use the numbers to make the target with +, -, * and /; use each numb
            "Numbers: 2, 7, 5. Target: 19.\n<answer>2 * 7 + 5</answer>")
 # precedence of each operator, for writing an expression with only the parentheses it needs
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
 
 
 def _combine(left: tuple, right: tuple, op: str) -> tuple | None:
     """(text, value, precedence) of `left op right`, or None when the value leaves 1..MAX_VALUE or is not whole."""
     (lt, lv, lp), (rt, rv, rp) = left, right
-    if op == "+":
-        value = lv + rv
-    elif op == "-":
-        value = lv - rv
-    elif op == "*":
-        value = lv * rv
-    else:
-        if rv in (0, 1) or lv % rv:  # exact divisions only, and not by 1 (a no-op)
-            return None
-        value = lv // rv
+    if op == "/" and (rv in (0, 1) or lv % rv):  # exact divisions only, and not by 1 (a no-op)
+        return None
+    value = _OPS[op](lv, rv)
     if not 1 <= value <= MAX_VALUE:
         return None
     prec = _PREC[op]
@@ -81,27 +76,23 @@ def prompt_text(numbers: list[int], target: int) -> str:
 
 def records(n: int, seed: int, exclude: frozenset | set = frozenset()) -> list[dict]:
     """n distinct problems {numbers, target, expression}; none whose (sorted numbers, target) is in exclude."""
-    rng = random.Random(f"countdown-{seed}")
-    seen, out = set(exclude), []
-    for _ in range(100 * n):
-        if len(out) == n:
-            break
+    def draw(rng: random.Random) -> dict:
         numbers, target, expr = problem(rng)
-        key = (tuple(sorted(numbers)), target)
-        if key not in seen:
-            seen.add(key)
-            out.append({"numbers": numbers, "target": target, "expression": expr})
-    if len(out) < n:
-        raise ValueError(f"found fewer than {n} distinct countdown problems; ask for fewer")
-    return out
+        return {"numbers": numbers, "target": target, "expression": expr}
+
+    return distinct(draw, n, random.Random(f"countdown-{seed}"), _key, exclude,
+                    f"found fewer than {n} distinct countdown problems; ask for fewer")
+
+
+def _key(rec: dict) -> tuple:
+    return tuple(sorted(rec["numbers"])), rec["target"]
 
 
 def row(rec: dict, split: str, index: int) -> dict:
     """One verl row: gsm8k_row's layout with the countdown prompt, ground truth and reference answer."""
     numbers, target, expr = rec["numbers"], rec["target"], rec["expression"]
-    out = gsm8k_row(question(numbers, target), f"{expr} = {target}\n#### {target}", split, index,
-                    data_source=DATA_SOURCE)
-    out["prompt"] = [{"role": "user", "content": prompt_text(numbers, target)}]
+    out = gsm8k_row(question(numbers, target), f"{expr} = {target}\n#### {target}", split, index, DATA_SOURCE,
+                    prompt_text(numbers, target))
     out["reward_model"]["ground_truth"] = {"target": target, "numbers": numbers}
     out["extra_info"]["answer"] = f"<answer>{expr}</answer>"
     return out
@@ -110,17 +101,14 @@ def row(rec: dict, split: str, index: int) -> dict:
 def rows(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
     """{"train": verl rows, "test": verl rows} with no problem in both."""
     test = records(n_test, seed + 1)
-    train = records(n_train, seed, exclude={(tuple(sorted(r["numbers"])), r["target"]) for r in test})
+    train = records(n_train, seed, exclude={_key(r) for r in test})
     return {split: [row(r, split, i) for i, r in enumerate(recs)] for split, recs in (("train", train), ("test", test))}
 
 
 def make(out: str | Path, n_train: int, n_test: int, seed: int, force: bool = False, log=print) -> Path:
     settings = {"version": FORMAT_VERSION, "train": n_train, "test": n_test, "seed": seed}
-    out, written = build_once(out, STAMP, settings, lambda: rows(n_train, n_test, seed), force, log)
-    if not written:
-        return out
-    log(f"wrote {out}/: train {n_train} rows, test {n_test} rows (data_source {DATA_SOURCE}, seed {seed})")
-    return out
+    return build_once(out, STAMP, settings, lambda: rows(n_train, n_test, seed), force, log,
+                      f"data_source {DATA_SOURCE}, seed {seed}")
 
 
 def main(argv: list[str] | None = None) -> int:

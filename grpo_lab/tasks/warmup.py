@@ -10,13 +10,13 @@ Why, what it trains on, what it measures, and the measured numbers: docs/tasks.m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -61,13 +61,6 @@ def synthetic_rows(n: int, seed: int, exclude: list[dict]) -> list[dict]:
     return rows
 
 
-def _ids(tokenized) -> list[int]:
-    """apply_chat_template(tokenize=True) returns a list in transformers 4 and a BatchEncoding in 5."""
-    if hasattr(tokenized, "keys") and "input_ids" in tokenized:
-        tokenized = tokenized["input_ids"]
-    return list(tokenized)
-
-
 class Encoder:
     def __init__(self, tokenizer, enable_thinking: bool):
         self.tok = tokenizer
@@ -76,8 +69,9 @@ class Encoder:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
 
     def prompt(self, messages: list[dict]) -> list[int]:
-        return _ids(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 **self.chat_kwargs))
+        # return_dict=False: the ids as a list (transformers 5 returns a BatchEncoding by default)
+        return self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                            **self.chat_kwargs)
 
     def examples(self, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
         """(input ids, labels) per row: labels -100 on the prompt. The same ids as prompt() + encode(answer)."""
@@ -88,18 +82,17 @@ class Encoder:
         return [(p + a + [self.eos_id], [-100] * len(p) + a + [self.eos_id]) for p, a in zip(prompts, answers)]
 
 
-def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int, device):
+def _padded(seqs: list[list[int]], value: int, device, side: str = "right"):
     import torch
+    from torch.nn.utils.rnn import pad_sequence
 
-    width = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for i, (x, y) in enumerate(examples):
-        ids[i, :len(x)] = torch.tensor(x)
-        labels[i, :len(y)] = torch.tensor(y)
-        mask[i, :len(x)] = 1
-    return ids.to(device), labels.to(device), mask.to(device)
+    return pad_sequence([torch.tensor(s, dtype=torch.long) for s in seqs], batch_first=True, padding_value=value,
+                        padding_side=side).to(device)
+
+
+def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int, device):
+    xs, ys = [x for x, _ in examples], [y for _, y in examples]
+    return _padded(xs, pad_id, device), _padded(ys, -100, device), _padded([[1] * len(x) for x in xs], 0, device)
 
 
 def evaluate(model, enc: Encoder, rows: list[dict], device, max_new_tokens: int = 48, samples: int = 4,
@@ -116,12 +109,8 @@ def evaluate(model, enc: Encoder, rows: list[dict], device, max_new_tokens: int 
         chunk = rows[start:start + batch_size]
         prompts = [enc.prompt(r["messages"]) for r in chunk]
         width = max(map(len, prompts))
-        ids = torch.full((len(chunk), width), enc.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding for generation
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        ids = _padded(prompts, enc.pad_id, device, "left")  # left padding for generation
+        mask = _padded([[1] * len(p) for p in prompts], 0, device, "left")
         common = dict(attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=enc.pad_id,
                       eos_token_id=[enc.eos_id, enc.pad_id])
         with torch.no_grad():
@@ -163,7 +152,7 @@ def warmup(model_dir: str, data_dir: str, out_dir: str, steps: int, device: str 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_lab.tasks.tiny import chmod_default, publish
+    from grpo_lab.tasks.tiny import build_dir
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch sees no GPU (use --device cpu for a small check)")
@@ -196,7 +185,7 @@ def warmup(model_dir: str, data_dir: str, out_dir: str, steps: int, device: str 
     before = evaluate(model, enc, test, device, max_new_tokens, samples, seed=seed)
     log(f"before: {_fmt(before)}")
 
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else None
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else contextlib.nullcontext()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -213,10 +202,7 @@ def warmup(model_dir: str, data_dir: str, out_dir: str, steps: int, device: str 
             order += more * max(1, math.ceil(batch_size / len(kept)))
         picked, order = order[:batch_size], order[batch_size:]
         ids, labels, mask = _batch([kept[i] for i in picked], enc.pad_id, device)
-        if autocast is not None:
-            with autocast:
-                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        else:
+        with autocast:
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -238,22 +224,16 @@ def warmup(model_dir: str, data_dir: str, out_dir: str, steps: int, device: str 
                "train_seconds": round(train_s, 2), "total_seconds": round(time.perf_counter() - t0, 2),
                "loss_first": losses[0], "loss_last": losses[-1], "losses": [round(x, 5) for x in losses[::every]],
                "before": before, "after": after}
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        for name in ("tokenizer_config.json",):  # keep the source's tokenizer config (class, chat template) as is
-            if (Path(model_dir) / name).is_file():
-                shutil.copyfile(Path(model_dir) / name, tmp / name)
-        (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
-        chmod_default(tmp)
-        publish(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    log(f"wrote {out}/ ({train_s:.1f}s training, {steps} steps)")
+        # keep the source's tokenizer config (class, chat template) as is
+        if (Path(model_dir) / "tokenizer_config.json").is_file():
+            shutil.copyfile(Path(model_dir) / "tokenizer_config.json", tmp / "tokenizer_config.json")
+
+    build_dir(Path(out_dir), metrics, True, fill, stamp=METRICS_FILE)  # the metrics are its stamp
+    log(f"wrote {Path(out_dir)}/ ({train_s:.1f}s training, {steps} steps)")
     metrics["losses_all"] = losses
     return metrics
 
@@ -289,18 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         print("error: --steps must be at least 1", file=sys.stderr)
         return 2
-    device = args.device
-    if device is None:
-        import torch
+    from grpo_lab.tasks.tiny import default_device, quiet_hf
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
-    warmup(args.model, args.data, args.out, args.steps, device, args.batch_size, args.lr, args.enable_thinking,
-           args.eval_n, args.samples, args.max_new_tokens, args.max_len, args.seed, args.synthetic)
+    quiet_hf()
+    warmup(args.model, args.data, args.out, args.steps, args.device or default_device(), args.batch_size, args.lr,
+           args.enable_thinking, args.eval_n, args.samples, args.max_new_tokens, args.max_len, args.seed,
+           args.synthetic)
     return 0
 
 

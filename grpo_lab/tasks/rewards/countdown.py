@@ -95,11 +95,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, corr
         return {"score": -float(missing_penalty), "acc": 0.0, "formatted": 0.0, "valid": 0.0}
     target, numbers = read_ground_truth(ground_truth)
     verdict = check(expr, target, numbers)
-    if verdict == "correct":
-        return {"score": float(correct_score), "acc": 1.0, "formatted": 1.0, "valid": 1.0}
-    if verdict == "wrong":
-        return {"score": float(format_score), "acc": 0.0, "formatted": 1.0, "valid": 1.0}
-    return {"score": float(invalid_score), "acc": 0.0, "formatted": 1.0, "valid": 0.0}
+    score = {"correct": correct_score, "wrong": format_score, "invalid": invalid_score}[verdict]
+    return {"score": float(score), "acc": float(verdict == "correct"), "formatted": 1.0,
+            "valid": float(verdict != "invalid")}
 
 
 def probe_answers(ground_truth, extra_info=None):

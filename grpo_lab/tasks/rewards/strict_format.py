@@ -19,9 +19,7 @@ _TAIL_CHARS = 300
 def extract_answer(solution_str):
     """The number after the last "#### " in the answer's last 300 characters, commas removed; None when absent."""
     found = _ANSWER_RE.findall(solution_str[-_TAIL_CHARS:])
-    if not found:
-        return None
-    return found[-1].replace(",", "")
+    return found[-1].replace(",", "") if found else None
 
 
 def _same_number(a, b):
