@@ -22,17 +22,12 @@ from typing import Any
 from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
 from grpo_lab.checks.inputs import missing_inputs
 from grpo_lab.checks.plan_text import fit_command, report_text
-from grpo_lab.checks.rules import ALT, Ctx, Problem, ids, launching_only_ids, run_rules
+from grpo_lab.checks.rules import ALT, Ctx, Problem, launching_only_ids, run_rules
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
-from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
+from grpo_lab.facts import parquet_num_rows  # noqa: F401 (re-exported)
 from grpo_lab.memory.run import Run
 
-__all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
-           "machine_cpus"]
-
-
-def rule_ids() -> list[str]:
-    return ids()
+__all__ = ["Problem", "PreflightReport", "run_preflight", "parquet_num_rows"]
 
 
 @dataclass
@@ -44,10 +39,8 @@ class NotReady:
     short: str = ""  # for the verdict line
 
     def to_json(self) -> dict[str, str]:
-        out = {"rule": self.rule, "message": self.message, "command": self.command}
-        if self.checked:
-            out["checked"] = self.checked
-        return out
+        return {"rule": self.rule, "message": self.message, "command": self.command,
+                **({"checked": self.checked} if self.checked else {})}
 
 
 @dataclass
