@@ -181,7 +181,7 @@ def rollout_parallel(c: Ctx) -> Iterable[Problem]:
                     f"(verl/workers/engine_workers.py; verl #1191)", f"rollout_tp={tp}")
 
 
-def _divisor_le(n: int, limit: int) -> int:
+def divisor_le(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
 
@@ -198,29 +198,29 @@ def micro_batch(c: Ctx) -> Iterable[Problem]:
         yield error(f"actor.ppo_micro_batch_size={old} is the deprecated global form; verl wants the per-GPU "
                     f"actor.ppo_micro_batch_size_per_gpu (performance sizes are local per GPU)",
                     f"~actor_rollout_ref.actor.ppo_micro_batch_size "
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), max(1, as_int(old) // dp))}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), max(1, as_int(old) // dp))}")
         return
     if micro is None:
         yield error("dynamic batch size is off and actor.ppo_micro_batch_size_per_gpu is not set",
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), 2)}")
         return
     micro = as_int(micro, None)
     if micro is None:
         return  # not a whole number: value_types names it
     if micro <= 0:
         yield error(f"actor.ppo_micro_batch_size_per_gpu={micro} must be positive",
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), 2)}")
     elif micro > per_gpu_mini:
         yield error(f"the micro-batch ({micro} per GPU) is larger than the mini-batch's share of a GPU "
                     f"({num(per_gpu_mini)} trajectories): verl 0.9.1 asserts 'data size must be divisible by "
                     f"force_group_size * micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py "
                     f"prepare_micro_batches; verl #405)",
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), micro)}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), micro)}")
     elif per_gpu_mini.is_integer() and int(per_gpu_mini) % micro:
         yield error(f"each GPU's {int(per_gpu_mini)} trajectories per mini-batch do not split into micro-batches of "
                     f"{micro}: verl 0.9.1 asserts 'data size must be divisible by force_group_size * "
                     f"micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py)",
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(int(per_gpu_mini), micro)}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(int(per_gpu_mini), micro)}")
     if micro > 0 and per_gpu_mini.is_integer():
         b["micro_batches_per_update"] = int(per_gpu_mini) // micro
 
@@ -239,7 +239,7 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
         if micro is None:
             yield error(f"{key}.log_prob_use_dynamic_bsz is off and {key}.log_prob_micro_batch_size_per_gpu is not set",
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
-                        f"{_divisor_le(max(1, int(per_gpu_step)), 4)}")
+                        f"{divisor_le(max(1, int(per_gpu_step)), 4)}")
         elif per_gpu_step.is_integer() and int(per_gpu_step) % max(1, as_int(micro, 1)):
             padded = " (after the V1 trainer's padding)" if pad and pad["samples"] else ""
             yield error(f"each GPU's {int(per_gpu_step)} trajectories per step{padded} do not split into log-prob "
@@ -247,7 +247,7 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
                         f"'data size must be divisible by force_group_size * micro_batch_size_per_gpu' in the first "
                         f"log-prob pass (verl/workers/engine/utils.py prepare_micro_batches)",
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
-                        f"{_divisor_le(int(per_gpu_step), as_int(micro, 1))}")
+                        f"{divisor_le(int(per_gpu_step), as_int(micro, 1))}")
 
 
 # ---- the train file ---------------------------------------------------------------------------------------------

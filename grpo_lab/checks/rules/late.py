@@ -22,6 +22,8 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.checks import reward_probe
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
+from grpo_lab.checks.rules.batch import divisor_le
+from grpo_lab.checks.rules.setup import ENV_VARS
 from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import emulate
 from grpo_lab.memory.planned_model import position_override
@@ -60,12 +62,9 @@ UNREAD: tuple[tuple[str, str | None, str], ...] = (
     ("reward_model", None, LEGACY + "; the migration has no place for this one"),
     # declared (verl/workers/config/actor.py, critic.py); the engines clip with the optimizer's clip_grad
     # (verl/workers/engine/fsdp/transformer_impl.py optimizer_step)
-    ("actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.clip_grad",
-     "verl/workers/config/actor.py declares it, and verl's engines clip with the optimizer's clip_grad "
-     "(verl/workers/engine/fsdp/transformer_impl.py)"),
-    ("critic.grad_clip", "critic.optim.clip_grad",
-     "verl/workers/config/critic.py declares it, and verl's engines clip with the optimizer's clip_grad "
-     "(verl/workers/engine/fsdp/transformer_impl.py)"),
+    *((f"{part}.grad_clip", f"{part}.optim.clip_grad", f"verl/workers/config/{file}.py declares it, and verl's "
+       f"engines clip with the optimizer's clip_grad (verl/workers/engine/fsdp/transformer_impl.py)")
+      for part, file in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"))),
     # "Deprecated and ignored. Use global_profiler.steps." (verl/trainer/config/ppo_trainer.yaml, actor/actor.yaml,
     # rollout/rollout.yaml, ref/ref.yaml, critic/critic.yaml; verl/utils/profiler/precision_debugger_profile.py)
     *((f"{part}.precision_debugger.steps", "global_profiler.steps",
@@ -75,14 +74,10 @@ UNREAD: tuple[tuple[str, str | None, str], ...] = (
                    "actor_rollout_ref.ref.profiler.tool_config", "actor_rollout_ref.rollout.profiler.tool_config",
                    "critic.profiler.tool_config")),
     # declared in verl's config and its dataclasses; no code of verl 0.9.1 reads them
-    ("actor_rollout_ref.rollout.over_sample_rate", None,
-     "verl/workers/config/rollout.py declares it and no code of verl 0.9.1 reads it"),
-    ("actor_rollout_ref.rollout.multi_stage_wake_up", None,
-     "verl/workers/config/rollout.py declares it and no code of verl 0.9.1 reads it"),
-    ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", None,
-     "verl/workers/config/rollout.py declares it and no code of verl 0.9.1 reads it"),
-    ("actor_rollout_ref.actor.freeze_vision_tower", None,
-     "verl/workers/config/actor.py declares it and no code of verl 0.9.1 reads it"),
+    *((f"actor_rollout_ref.{file}.{key}", None, f"verl/workers/config/{file}.py declares it and no code of verl "
+       f"0.9.1 reads it") for file, key in (("rollout", "over_sample_rate"), ("rollout", "multi_stage_wake_up"),
+                                            ("rollout", "multi_turn.num_repeat_rollouts"),
+                                            ("actor", "freeze_vision_tower"))),
     ("actor_rollout_ref.nccl_timeout", None,
      "verl/trainer/config/ppo_trainer.yaml sets it and no code of verl 0.9.1 reads it (the engine workers start "
      "their process group with timeout_second=None: verl/workers/engine_workers.py)"),
@@ -437,13 +432,6 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
 # ---------------------------------------------------------------------------------------- from verl's issue tracker
 
 
-ENV_VARS = facts.RAY_ENV_VARS
-
-
-def _divisor_le(n: int, limit: int) -> int:
-    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
-
-
 def _truthy(v: Any) -> bool:
     return str(v).upper() in ("TRUE", "1")
 
@@ -467,7 +455,7 @@ def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
         return
     size = tb * n + (tb if str(c.cfg.algorithm.adv_estimator) == "remax" else 0)  # REMAX adds a greedy baseline
     if size % workers:
-        ok = _divisor_le(size, workers)
+        ok = divisor_le(size, workers)
         yield error(f"trainer.use_v1=false: verl 0.9.1's legacy trainer splits each step's {size} generation requests "
                     f"({tb} prompts x {n} answers) over actor_rollout_ref.rollout.agent.num_workers={workers} agent "
                     f"loop workers in equal parts, and {size}/{workers} = {size / workers:.2f}: it stops at the first "
