@@ -226,16 +226,13 @@ def _numbered(head: str, changes: list[Step]) -> list[str]:
 
 
 def format_result(res: FitResult, command: str | None) -> str:
-    out = [f"grpo-lab fit: {res.title}"]
     card = res.card_gb
-    out.append(f"target: every phase below {int(MARGIN * 100)}% of a {card:g} GB card ({MARGIN * card:.1f} GB) and of "
-               f"host RAM")
+    out = [f"grpo-lab fit: {res.title}", f"target: every phase below {int(MARGIN * 100)}% of a {card:g} GB card "
+                                         f"({MARGIN * card:.1f} GB) and of host RAM"]
     out.extend(f"plan vs recorded runs: {line}" for line in (res.after or res.before or {}).get("accuracy") or ())
     if res.blocked:
-        out.append("")
-        out.append("The preflight finds problems the fit does not touch (it changes memory settings only); fix "
-                   "these first:")
-        out.extend(f"  {b}" for b in res.blocked)
+        out += ["", "The preflight finds problems the fit does not touch (it changes memory settings only); fix "
+                    "these first:", *(f"  {b}" for b in res.blocked)]
         return "\n".join(out)
     b = res.batch
     if b.get("train_batch_size"):
@@ -243,15 +240,11 @@ def format_result(res: FitResult, command: str | None) -> str:
                    f"{b['ppo_mini_batch_size']} ({b['updates_per_step']} update(s) per step), "
                    f"{b['sequence_length']} tokens of prompt + response")
     if res.lora:
-        out.append("")
-        out.append(lora_banner("command", "full fine-tuning does not fit these cards with any setting tried; "))
+        out += ["", lora_banner("command", "full fine-tuning does not fit these cards with any setting tried; ")]
     if res.way_out:
-        out.append("")
-        out.append("What would fit " + ("full fine-tuning:" if res.lora else "(nothing tried fits these cards):"))
-        out.extend(f"  - {w}" for w in res.way_out)
-    out.append("")
-    out.append("Predicted peak per GPU")
-    out.extend(phase_table(res))
+        out += ["", "What would fit " + ("full fine-tuning:" if res.lora else "(nothing tried fits these cards):"),
+                *(f"  - {w}" for w in res.way_out)]
+    out += ["", "Predicted peak per GPU", *phase_table(res)]
     if res.ok or res.after:
         out.append("")
         if res.changes:
@@ -262,20 +255,15 @@ def format_result(res: FitResult, command: str | None) -> str:
             out += ["", *_numbered("Faster, the same algorithm (batch, group size, lengths, learning rate and loss "
                                    "unchanged)", res.speedups)]
     if res.rejected:
-        out.append("")
-        out.append("Not taken")
-        out.extend(f"  - {r}" for r in res.rejected)
-    out += time_lines(res)
-    out.append("")
+        out += ["", "Not taken", *(f"  - {r}" for r in res.rejected)]
+    out += [*time_lines(res), ""]
     if res.verified:
         out.append("checked: the preflight passes on the fitted config (0 errors"
                    + (f"; warnings: {' '.join(res.warnings)}" if res.warnings else "") + ")")
     elif res.after is not None:
-        out.append("NOT CHECKED OK: the fitted config does not pass the preflight, so no command is given:")
-        out.extend(f"  {p}" for p in res.verify_problems)
+        out += ["NOT CHECKED OK: the fitted config does not pass the preflight, so no command is given:",
+                *(f"  {p}" for p in res.verify_problems)]
     out.append(f"({res.evaluations} plans evaluated)")
     if res.ok and command:
-        out.append("")
-        out.append("The command:")
-        out.append(f"  {command}")
+        out += ["", "The command:", f"  {command}"]
     return "\n".join(out)
