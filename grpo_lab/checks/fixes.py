@@ -30,11 +30,7 @@ apply = apply_overrides  # copies of (verl, lab) with the overrides applied, der
 
 def merge(*alternatives: list[Change]) -> list[Change]:
     """Changes of several alternatives, one per key (the later wins)."""
-    out: dict[str, Change] = {}
-    for alt in alternatives:
-        for c in alt:
-            out[c.key] = c
-    return list(out.values())
+    return list({c.key: c for alt in alternatives for c in alt}.values())
 
 
 def respell(changes: list[Change], apart: Mapping[str, Iterable[str]]) -> list[Change]:

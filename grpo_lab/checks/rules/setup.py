@@ -85,15 +85,10 @@ def ray_target(c: Ctx):
     return lookup(ray_init.address, c.environ, temp_dir=ray_init._temp_dir, read_file=c.launching)
 
 
-def joins_cluster(c: Ctx) -> str | None:
-    """What ray.init connects to (an existing cluster, named as set), or None: it starts one of this machine."""
-    return ray_target(c).joins
-
-
 @rule("ray_join_num_cpus", kind="setup", phase="start-up")
 def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
     """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
-    where = joins_cluster(c)
+    where = ray_target(c).joins  # an existing cluster, named as set; None: ray.init starts one of this machine
     num_cpus = c.cfg.ray_init.num_cpus
     if where and num_cpus is not None and not c.lab.ray_cluster:  # a cluster of ours: its ray start gets it
         yield error(f"ray.init connects to an existing Ray cluster ({where}) and {NUM_CPUS}={num_cpus} is set (by "
@@ -168,14 +163,12 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
     once = facts.ray_cpus_per_job(v1, units)
     need_node = facts.ray_cpus_needed(per_node, v1, units) if nnodes == 1 else \
         facts.CPUS_PER_GPU * per_node + math.ceil(once / nnodes)
-    where = joins_cluster(c)
+    where = ray_target(c).joins
     num_cpus = c.cfg.ray_init.num_cpus
     started = c.lab.ray_cluster or {}  # a cluster grpo-lab starts itself (a SLURM job of several nodes)
     if where and not started.get("num_cpus_per_node"):
-        b["ray_cpus"] = {"needed": need_node, "available": None, "source": f"the cluster's nodes ({where})",
-                         "use_v1": v1, "per_node": nnodes > 1}
-        return
-    if where:  # the job nulls num_cpus to join; set (by a fix), it is what each node's ray start would get
+        have, source = None, f"the cluster's nodes ({where})"
+    elif where:  # the job nulls num_cpus to join; set (by a fix), it is what each node's ray start would get
         have = as_int(num_cpus if num_cpus is not None else started["num_cpus_per_node"])
         source = f"`ray start --num-cpus={have}` on each node of {started.get('source')}"
     elif num_cpus is not None:
@@ -390,10 +383,10 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     card = float(plan.get("card_gb") or 0)
     peaks = {name: float(p.get("peak_gb_per_gpu") or 0) for name, p in phases.items()}
     worst = max(peaks, key=peaks.get)
-    need = k * peaks[worst]
+    need, kv = k * peaks[worst], plan.get("kv_cache") or {}
     if card and need > card:
         gen = peaks.get("generation", 0.0)
-        budget = float((plan.get("kv_cache") or {}).get("budget_gb") or 0)
+        budget = float(kv.get("budget_gb") or 0)
         share = c.cfg.rollout.gpu_memory_utilization
         others = max((v for n, v in peaks.items() if n != "generation"), default=0.0)
         util = 0.0
@@ -418,7 +411,6 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
         yield error(f"hydra/launcher=side_by_side runs up to {k} jobs at once on one host: {k} x {total:.1f} GB of "
                     f"host RAM each = {k * total:.1f} GB > {cap:.0f} GB: {fewer} job(s) at once fit",
                     f"hydra.launcher.n_jobs={fewer}")
-    kv = plan.get("kv_cache") or {}
     pin = c.lab.side_by_side_kv_pin or {}
     if pin.get("by") == "launcher":  # grpo_lab/launch/prepare.py put the plan's KV cache into the config verl gets
         yield note(f"hydra/launcher=side_by_side: each job's vLLM KV cache is pinned to the plan's "
@@ -554,14 +546,10 @@ def dapo_overlong_buffer(c: Ctx) -> Iterable[Problem]:
 
 @rule("thinking_response_length", kind="setup", phase="rollout")
 def thinking_response_length(c: Ctx) -> Iterable[Problem]:
-    m = c.model
-    info = m.info if m else {}
-    thinking = bool(info.get("thinking", False))
-    path = str(c.cfg.model.path or "")
-    if path.rstrip("/").lower().endswith("-base"):
-        thinking = False
-    if c.cfg.data.apply_chat_template_kwargs.get("enable_thinking") is False:
-        thinking = False
+    info = c.model.info if c.model else {}
+    base = str(c.cfg.model.path or "").rstrip("/").lower().endswith("-base")
+    thinking = (bool(info.get("thinking", False)) and not base
+                and c.cfg.data.apply_chat_template_kwargs.get("enable_thinking") is not False)
     resp = as_int(c.cfg.data.max_response_length)
     if thinking and 0 < resp < THINKING_MIN_RESPONSE:
         name = info.get("name") or "the model"
@@ -576,12 +564,11 @@ def thinking_response_length(c: Ctx) -> Iterable[Problem]:
 
 @rule("nccl_p2p", kind="setup", phase="start-up")
 def nccl_p2p(c: Ctx) -> Iterable[Problem]:
-    if c.lab.hardware.p2p is False and c.batch["n_gpus"] > 1:
-        set_in = "NCCL_P2P_DISABLE" in c.cfg.env_vars or "NCCL_P2P_DISABLE" in c.environ
-        if not set_in:
-            yield warn(f"{c.lab.hardware.name or 'this hardware'} has no GPU peer-to-peer "
-                       f"(lab.hardware.p2p=false): NCCL can hang at initialisation unless NCCL_P2P_DISABLE=1 reaches "
-                       f"the Ray workers", f"'+{ENV_VARS}.NCCL_P2P_DISABLE=\"1\"'")
+    set_in = "NCCL_P2P_DISABLE" in c.cfg.env_vars or "NCCL_P2P_DISABLE" in c.environ
+    if c.lab.hardware.p2p is False and c.batch["n_gpus"] > 1 and not set_in:
+        yield warn(f"{c.lab.hardware.name or 'this hardware'} has no GPU peer-to-peer "
+                   f"(lab.hardware.p2p=false): NCCL can hang at initialisation unless NCCL_P2P_DISABLE=1 reaches "
+                   f"the Ray workers", f"'+{ENV_VARS}.NCCL_P2P_DISABLE=\"1\"'")
 
 
 # verl 0.9.1's logger backends (verl/utils/tracking.py Tracking.supported_backend, and "tracking", its deprecated
