@@ -298,10 +298,9 @@ def data_files(c: Ctx) -> Iterable[Problem]:
         yield note("steps per epoch unknown: the train file is not parquet (its rows are not counted here)")
         return
     rows, tb = b["train_rows"], b["train_batch_size"]
-    if rows is not None and tb > 0:
-        if rows < tb:
-            yield error(f"the train file has {rows} rows, fewer than one train batch ({tb}): verl's dataloader "
-                        f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
+    if rows is not None and 0 < tb and rows < tb:
+        yield error(f"the train file has {rows} rows, fewer than one train batch ({tb}): verl's dataloader "
+                    f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
 
 
 def _columns_read(c: Ctx) -> list[tuple[str, str]]:

@@ -103,9 +103,14 @@ def _shown(v: Any) -> str:
     return "null" if v is None or v is MISSING else quote(thaw(v))
 
 
-def unread_values(c: Ctx, defaults: Mapping[str, Any]) -> Iterator[tuple[str, Any, str | None, str]]:
-    """(key, value, the key verl reads or None, where verl shows it) of each key of UNREAD set to something verl's
-    default is not, and that the key verl reads does not already hold."""
+@rule("key_unread", kind="setup", phase="compose")
+def key_unread(c: Ctx) -> Iterable[Problem]:
+    """A key verl 0.9.1 takes and never reads (UNREAD), set to something verl's default is not and that the key verl
+    reads does not already hold: refused with the key it reads, or its default."""
+    defaults = schema().defaults
+    if not defaults:
+        yield note("keys verl 0.9.1 never reads not checked: verl's config defaults could not be read")
+        return
     seen: set[str] = set()
     v1 = bool(c.cfg.trainer.use_v1)
     for prefix, reads, why in UNREAD:
@@ -118,29 +123,18 @@ def unread_values(c: Ctx, defaults: Mapping[str, Any]) -> Iterator[tuple[str, An
                 continue
             seen.add(key)
             target = reads + key[len(prefix):] if reads else None
-            if target is None or thaw(lookup(c.verl, target)) != thaw(v):
-                yield key, v, target, why
-
-
-@rule("key_unread", kind="setup", phase="compose")
-def key_unread(c: Ctx) -> Iterable[Problem]:
-    """A key verl 0.9.1 takes and never reads (UNREAD): refused with the key it reads, or its default."""
-    defaults = schema().defaults
-    if not defaults:
-        yield note("keys verl 0.9.1 never reads not checked: verl's config defaults could not be read")
-        return
-    for key, v, target, why in unread_values(c, defaults):
-        default = lookup(defaults, key)
-        if target is not None:
-            now = lookup(c.verl, target)
-            effect = f"verl reads {target} instead, which is {_shown(now)} here: the run would go with that"
-            fix = f"{'+' if now is MISSING else ''}{target}={_shown(v)}"
-        else:
-            effect = f"The run would go as with verl's default {_shown(default)}"
-            fix = f"~{key}" if default is MISSING else f"{key}={_shown(default)}"
-        if why.startswith(V1):
-            fix = ALT.join([fix, "trainer.use_v1=false"])
-        yield error(f"{key}={_shown(v)} is a key verl 0.9.1 never reads: {why}. {effect}, without a word", fix)
+            now = lookup(c.verl, target) if target else MISSING
+            if target is not None and thaw(now) == thaw(v):
+                continue
+            if target is not None:
+                effect = f"verl reads {target} instead, which is {_shown(now)} here: the run would go with that"
+                fix = f"{'+' if now is MISSING else ''}{target}={_shown(v)}"
+            else:
+                effect = f"The run would go as with verl's default {_shown(default)}"
+                fix = f"~{key}" if default is MISSING else f"{key}={_shown(default)}"
+            if why.startswith(V1):
+                fix = ALT.join([fix, "trainer.use_v1=false"])
+            yield error(f"{key}={_shown(v)} is a key verl 0.9.1 never reads: {why}. {effect}, without a word", fix)
 
 
 # -------------------------------------------------------------------------------------------------------- emulation

@@ -225,17 +225,15 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
                     f"AssertionError) when it builds the actor, after Ray has started (verl/workers/engine_workers.py "
                     f"ActorRolloutRefWorker.init_model), with either trainer",
                     f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz={val}")
-    if ref_used(c.cfg):
-        ref = bool(c.cfg.ref.log_prob_use_dynamic_bsz)
-        if ref != actor_dyn:
-            how = ("packs micro-batches by tokens (ref.log_prob_max_token_len_per_gpu)" if ref else
-                   "uses fixed micro-batches of ref.log_prob_micro_batch_size_per_gpu")
-            yield warn(f"actor.use_dynamic_bsz={val} but ref.log_prob_use_dynamic_bsz={str(ref).lower()}: the "
-                       f"reference log-prob pass batches differently from the actor. verl 0.9.1 builds the reference "
-                       f"engine with its own setting (verl/workers/engine_workers.py "
-                       f"ActorRolloutRefWorker.init_model), so this runs; the reference pass {how}, which is likely "
-                       f"not what was meant",
-                       f"actor_rollout_ref.ref.log_prob_use_dynamic_bsz={val}")
+    ref = bool(c.cfg.ref.log_prob_use_dynamic_bsz)
+    if ref_used(c.cfg) and ref != actor_dyn:
+        how = ("packs micro-batches by tokens (ref.log_prob_max_token_len_per_gpu)" if ref else
+               "uses fixed micro-batches of ref.log_prob_micro_batch_size_per_gpu")
+        yield warn(f"actor.use_dynamic_bsz={val} but ref.log_prob_use_dynamic_bsz={str(ref).lower()}: the "
+                   f"reference log-prob pass batches differently from the actor. verl 0.9.1 builds the reference "
+                   f"engine with its own setting (verl/workers/engine_workers.py "
+                   f"ActorRolloutRefWorker.init_model), so this runs; the reference pass {how}, which is likely "
+                   f"not what was meant", f"actor_rollout_ref.ref.log_prob_use_dynamic_bsz={val}")
 
 
 @rule("rollout_engine_known", kind="setup", phase="start-up")
@@ -286,13 +284,12 @@ def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
                    f"log-prob's agree. The passes you gave no size take theirs from conf/config.yaml. To keep dynamic "
                    f"batching, leave the micro-batch size out or set use_dynamic_bsz=true yourself")
     for m, dyn, budget, tokens in ignored(info, c.cfg):
-        on = dynamic_on(c.cfg)
         kept = ", ".join(f"{k['key']}=true ({k['set_by']})" for k in info.get("kept_on") or ())
         yield warn(f"your {m['key']}={m['value']} ({m['set_by']}) is IGNORED: {dyn}=true, and you set dynamic "
                    f"batching on yourself ({kept}), so verl packs the {m['pass']}'s micro-batches by tokens "
                    f"({budget}={tokens} per GPU) and never reads a micro-batch size. Leave one of the two "
                    f"out, or turn dynamic batching off for the micro-batch size to count",
-                   " ".join(f"{d}=false" for d in on))
+                   " ".join(f"{d}=false" for d in dynamic_on(c.cfg)))
 
 
 @rule("model_key_unknown", kind="setup", phase="compose")
