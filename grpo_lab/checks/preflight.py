@@ -22,8 +22,9 @@ from typing import Any
 from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
 from grpo_lab.checks.inputs import missing_inputs
 from grpo_lab.checks.plan_text import fit_command, report_text
-from grpo_lab.checks.rules import ALT, Ctx, Problem, launching_only_ids, run_rules
+from grpo_lab.checks.rules import ALT, Ctx, Problem, launching_only_ids, memory_ids, run_rules
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
+from grpo_lab.cli.apply import parse
 from grpo_lab.facts import parquet_num_rows  # noqa: F401 (re-exported)
 from grpo_lab.memory.run import Run
 
@@ -109,17 +110,12 @@ def run_preflight(run: Run, *, launching: bool, check_fixes: bool = True) -> Pre
     """
     c = Ctx.on(run, launching=launching)
     problems = run_rules(c)
-    report = PreflightReport(launching=launching)
-    name = (c.model.info or {}).get("name")
-    report.title = f"{name or c.cfg.model.path or '?'} on {run.lab.hardware.name or '?'}, variant " \
-                   f"{run.lab.variant or '?'}"
-    report.random_weights = c.model.random_weights
-    report.batch = c.batch
-    report.memory = copy.deepcopy(dict(run.memory))
-    report.time = dict(run.time)
-    report.errors = [p for p in problems if p.level == "error"]
-    report.warnings = [p for p in problems if p.level == "warn"]
-    report.notes = [p.message for p in problems if p.level == "note"]
+    name = (c.model.info or {}).get("name") or c.cfg.model.path or "?"
+    report = PreflightReport(
+        errors=[p for p in problems if p.level == "error"], warnings=[p for p in problems if p.level == "warn"],
+        notes=[p.message for p in problems if p.level == "note"], batch=c.batch, time=dict(run.time),
+        memory=copy.deepcopy(dict(run.memory)), random_weights=c.model.random_weights, launching=launching,
+        title=f"{name} on {run.lab.hardware.name or '?'}, variant {run.lab.variant or '?'}")
     if check_fixes:
         checker = FixChecker(run, launching=launching, problems=problems)
         for p in report.errors + report.warnings:
@@ -177,9 +173,6 @@ def _no_fit(checker: FixChecker, report: PreflightReport, tried: tuple[str, bool
     """Why make fit is the way on: the fixes of several errors together leave an error (`tried`: the fix all and
     whether it passed); with memory errors, the offered fix (`fix all`, or the one error's fix) leaves a phase of
     the memory plan not fitting (a memory rule left, even a tight warning: make fit's "fits"). "" when neither."""
-    from grpo_lab.checks.rules import memory_ids
-    from grpo_lab.cli.apply import parse
-
     if tried and not tried[1]:
         left = [q for q in checker.evaluate(parse(tried[0]) or []) if q.level == "error"][:1]
         return (f"with all of them ({tried[0]}) the preflight still says: "

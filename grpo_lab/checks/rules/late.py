@@ -203,12 +203,8 @@ def _probe(c: Ctx) -> dict[str, Any] | None:
 
 
 def _raised_at(r: Mapping[str, Any]) -> str:
-    out = ""
-    if r.get("file_line"):
-        out += f" at {r['file_line']}" + (f": `{r['code']}`" if r.get("code") else "")
-    if r.get("raised_at"):
-        out += f" (raised in {r['raised_at']})"
-    return out
+    at = (f" at {r['file_line']}" + (f": `{r['code']}`" if r.get("code") else "")) if r.get("file_line") else ""
+    return at + (f" (raised in {r['raised_at']})" if r.get("raised_at") else "")
 
 
 ROOT = str(facts.ROOT)
