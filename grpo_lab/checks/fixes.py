@@ -69,7 +69,7 @@ def lora_rank_set(fix: str, cfg: VerlView) -> int:
     return next((int(v) for v in ranks if isinstance(v, int) and v > 0), 0)
 
 
-def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[Change]]:
+def _first_appliable(problems: Iterable[Problem], parse_fn) -> list[list[Change]]:
     """Of each problem, its first alternative that is overrides (not words, not a config-group choice), parsed."""
     out = []
     for p in problems:
@@ -122,10 +122,8 @@ class FixChecker:
             bad += still[:1]
         return bad
 
-    def settle(self, p: Problem, overrides: list[Change]
-               ) -> tuple[list[Change] | None, list[Problem]]:
+    def settle(self, p: Problem, cur: list[Change]) -> tuple[list[Change] | None, list[Problem]]:
         """The overrides (grown by the fixes of what they cause) that clear p without new errors, or (None, why)."""
-        cur = overrides
         for _ in range(MAX_ROUNDS):
             bad = self._verdict(p, self.evaluate(cur))
             if not bad:

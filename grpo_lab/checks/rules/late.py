@@ -422,8 +422,9 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
 # ---------------------------------------------------------------------------------------- from verl's issue tracker
 
 
-def _truthy(v: Any) -> bool:
-    return str(v).upper() in ("TRUE", "1")
+def _env_on(c: Ctx, name: str) -> bool:
+    """The variable is on (TRUE or 1) for verl's Ray workers (ray_init's env_vars) or here."""
+    return str(c.cfg.env_vars.get(name) or c.environ.get(name)).upper() in ("TRUE", "1")
 
 
 @rule("agent_loop_workers", kind="verl_issue", phase="rollout")
@@ -436,8 +437,7 @@ def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
     (verl/trainer/ppo/v1/agent_loop_tq.py): nothing to refuse there."""
     if bool(c.cfg.trainer.use_v1):
         return
-    padding = c.cfg.env_vars.get("VERL_AUTO_PADDING") or c.environ.get("VERL_AUTO_PADDING")
-    if _truthy(padding):
+    if _env_on(c, "VERL_AUTO_PADDING"):
         return
     tb, n = c.batch["train_batch_size"], c.batch["rollout_n"]
     workers = as_int(c.cfg.rollout.agent.num_workers, 8)
@@ -503,8 +503,7 @@ def _vllm_reads_file_positions(c: Ctx, mml: int) -> bool:
     own = c.model.file_positions if c.model else None
     if str(c.cfg.rollout.name) != "vllm" or not own or mml <= own:
         return False
-    allow = c.cfg.env_vars.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") or c.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
-    return not _truthy(allow)
+    return not _env_on(c, "VLLM_ALLOW_LONG_MAX_MODEL_LEN")
 
 
 @rule("rollout_max_model_len", kind="verl_issue", phase="start-up")
@@ -518,17 +517,17 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     override_config.max_position_embeddings when set (verl applies it to the model's config first: DAPO's recipe)."""
     if str(c.cfg.rollout.name) not in ("vllm", "sglang"):
         return
+    arch = c.model.arch if c.model else None
+    mpe = arch.max_position_embeddings if arch else None  # override_config's when set (rules.values resolve_model)
     mml = c.cfg.rollout.max_model_len
-    if mml is None and c.model and c.model.arch:  # verl then gives the engine the model's (overridden) limit
-        mml = c.model.arch.max_position_embeddings
+    if mml is None:  # verl then gives the engine the model's (overridden) limit
+        mml = mpe
     if mml is None or isinstance(mml, bool):
         return
     mml = as_int(mml)
     prompt, resp = as_int(c.cfg.data.max_prompt_length), as_int(c.cfg.data.max_response_length)
     if mml <= 0 or prompt <= 0 or resp <= 0:
         return
-    arch = c.model.arch if c.model else None
-    mpe = arch.max_position_embeddings if arch else None  # override_config's when set (rules.values resolve_model)
     want = prompt + resp if not mpe else min(prompt + resp, mpe)
     fix = f"{A}rollout.max_model_len={want}"
     if mpe and mml > mpe:

@@ -464,12 +464,9 @@ def lora_fsdp1_adapter(c: Ctx) -> Iterable[Problem]:
 
 @rule("lora_layered_summon_one_gpu", kind="setup", phase="weight sync")
 def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
-    lora = _lora_rank(c)
-    if lora <= 0 or not c.cfg.rollout.layered_summon:
-        return
-    strategy = str(c.cfg.actor.strategy)
     world = c.batch["n_gpus"]  # GPUs per node x nodes: FSDP's world size
-    if _fsdp1_lora_adapter(c) and world == 1:
+    if c.cfg.rollout.layered_summon and _fsdp1_lora_adapter(c) and world == 1:
+        lora, strategy = _lora_rank(c), str(c.cfg.actor.strategy)
         # seen on the GPU test machine (benchmarks/gpu/README.md, 2026-12-03): both load formats failed at the first
         # weight sync with "NotImplementedError: offload_to_cpu=True and NO_SHARD is not supported yet"; so did verl's
         # own LoRA example settings on Qwen3-0.6B (benchmarks/gpu/results/2026-12-06-h100/lora_fsdp1.tgz).
