@@ -137,8 +137,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     res.warnings = [f"[{p.rule}]" for p in report.warnings]
     if after.batch_shape != res.batch:
         res.verify_problems.append(f"the batch arithmetic changed: {res.batch} -> {after.batch_shape}")
-    res.verified = not res.verify_problems
-    res.ok = res.verified
+    res.ok = res.verified = not res.verify_problems
     return res
 
 

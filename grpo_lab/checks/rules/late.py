@@ -395,9 +395,7 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     path, _, _ = _cfg(c)
     if path or c.cfg.reward.reward_model.enable:
         return  # a custom reward file (rules above) or a reward model scores the rows
-    from grpo_lab.facts import local_files
-
-    files = [f for v in (c.cfg.data.train_files, c.cfg.data.val_files) for f in (local_files(v) or [])]
+    files = [f for v in (c.cfg.data.train_files, c.cfg.data.val_files) for f in (facts.local_files(v) or [])]
     sources = _data_sources(files)
     if not sources:
         return

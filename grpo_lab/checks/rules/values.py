@@ -66,9 +66,7 @@ def value_range(c: Ctx) -> Iterable[Problem]:
     """Numbers below what verl can use (ngpus_per_node=0, actor_lr=-1e-6, total_epochs=-1, max_response_length=0)."""
     for key, v, lo, fix, why in below_range(c.cfg):
         if key == "trainer.n_gpus_per_node" and c.launching:
-            from grpo_lab.facts import visible_gpus
-
-            fix = max(1, visible_gpus(c.environ)[0])
+            fix = max(1, facts.visible_gpus(c.environ)[0])
         yield error(f"{key}={v!r} must be at least {lo:g}: {why}", f"{override_key(key)}={fix}")
 
 
