@@ -40,10 +40,7 @@ def respell(changes: list[Change], apart: Mapping[str, Iterable[str]]) -> list[C
     out: dict[str, Change] = {}
     for c in changes:
         keys = list(apart.get(c.key) or ()) if c.op == "" and c.key in SHORT_KEYS else []
-        if not keys:
-            out[c.key] = c
-            continue
-        if any(t not in keys for t in short_key_targets(c.key)):
+        if not keys or any(t not in keys for t in short_key_targets(c.key)):
             out[c.key] = c
         for k in keys:
             out[k] = replace(c, key=k)
@@ -155,10 +152,8 @@ class FixChecker:
             good, bad = self.settle(p, parsed)
             if good is None:
                 failures.append((text(parsed), bad))
-            else:
-                t = text(good)
-                if t not in kept:
-                    kept.append(t)
+            elif text(good) not in kept:
+                kept.append(text(good))
         if kept:
             p.fix = ALT.join(kept + unchecked)
             p.checked = "re-checked: the preflight passes this rule with it" + (

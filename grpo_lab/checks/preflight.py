@@ -190,6 +190,4 @@ def _no_fit(checker: FixChecker, report: PreflightReport, tried: tuple[str, bool
     if not parsed:
         return "no set of overrides above clears them"
     left = [q for q in checker.evaluate(parsed) if q.rule in memory_rules and q.level != "note"]
-    if not left:
-        return ""
-    return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {gist(left[0].message)}"
+    return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {gist(left[0].message)}" if left else ""

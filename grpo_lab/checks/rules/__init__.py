@@ -161,9 +161,7 @@ def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
     wanted = set(only) if only is not None else None
     out: list[Problem] = []
     for r in RULES.values():
-        if wanted is not None and r.id not in wanted:
-            continue
-        if r.launching_only and not c.launching:
+        if (wanted is not None and r.id not in wanted) or (r.launching_only and not c.launching):
             continue
         try:
             for p in r.fn(c) or ():

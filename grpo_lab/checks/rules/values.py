@@ -158,10 +158,8 @@ def _pin_fix(c: Ctx) -> str:
 
 def _alternatives(plan: dict[str, Any], phase: str) -> str:
     opts = plan.get("remedies", {}).get(phase, [])
-    if not opts:
-        return ""
-    return " Remedies (guide's order), predicted peak after each: " + "; ".join(
-        f"{r['override']} -> {r['peak_gb_per_gpu']} GB {r['verdict']}" for r in opts) + "."
+    return (" Remedies (guide's order), predicted peak after each: " + "; ".join(
+        f"{r['override']} -> {r['peak_gb_per_gpu']} GB {r['verdict']}" for r in opts) + ".") if opts else ""
 
 
 @rule("card_memory_unknown", kind="plan", phase="preflight")
@@ -216,13 +214,12 @@ def full_finetune_too_big(c: Ctx) -> Iterable[Problem]:
     s, arch = c.run.planned, c.model.arch
     state_full = plan["actor_state_full_gb_per_gpu"]
     if s.lora_rank == 0 and state_full > memplan.TIGHT_FRACTION * s.card_gb:
-        big = arch.params > 6e9
-        pointer = text(memplan.lora_changes(arch, s))
         yield oom(f"full fine-tuning of a {arch.params / 1e9:.1f}B-parameter model needs 16 B per parameter for its "
                   f"weights, gradients and Adam state: {state_full:.1f} GB per GPU over {s.fsdp} GPUs, against "
                   f"{s.card_gb:g} GB cards, before any activation. verl loads all of it for the update even with "
                   f"offload. The guide: 8B and above only with LoRA (plus offload)"
-                  + (" (model=qwen3_8b_lora is that recipe for Qwen3-8B)" if big else ""), pointer)
+                  + (" (model=qwen3_8b_lora is that recipe for Qwen3-8B)" if arch.params > 6e9 else ""),
+                  text(memplan.lora_changes(arch, s)))
 
 
 @rule("vllm_kv_cache", kind="memory", phase="start-up")
