@@ -227,21 +227,23 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
 
     groups = _conf_groups()
     parsed = OverridesParser.create().parse_overrides(_user_args(args))
-    defaults, user_vals = [], {}
+    defaults: list[str] = []
+    tree: dict[str, Any] = {}  # the values to write, the user's first
+    comments: dict[str, str] = {}
     for o in parsed:
         key = o.key_or_group
         if o.is_delete():
             raise ValueError(f"{o.input_line} deletes a key: a config file cannot say that; keep it on the command "
                              f"line: python run.py experiment={name} {o.input_line}")
-        if key.startswith("hydra.") or key.startswith("preflight."):
+        if key.startswith(("hydra.", "preflight.")):
             continue
-        if key in groups:
-            if key == "experiment":
-                defaults.insert(0, f"  - {o.value()}")
-            else:
-                defaults.append(f"  - override /{key}: {o.value()}")
+        if key == "experiment" and key in groups:
+            defaults.insert(0, f"  - {o.value()}")
+        elif key in groups:
+            defaults.append(f"  - override /{key}: {o.value()}")
         else:
-            user_vals[key] = o.value()
+            _put(tree, key, o.value())
+            comments[key] = "from the command line"
     today = today or dt.date.today().isoformat()
     a = res.after or {}
     lines = ["# @package _global_",
@@ -258,11 +260,6 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
         lines.append("# LoRA: full fine-tuning does not fit these cards; this trains adapters "
                      "(what is trained changes)")
     lines += ["defaults:", *defaults, "  - _self_", ""]
-    tree: dict[str, Any] = {}
-    comments: dict[str, str] = {}
-    for k, v in user_vals.items():
-        _put(tree, k, v)
-        comments[k] = "from the command line"
     for step in [*res.changes, *res.speedups]:
         for i, c in enumerate(step.changes):
             _put(tree, c.key, c.value)

@@ -427,12 +427,8 @@ def _env_on(c: Ctx, name: str) -> bool:
 
 @rule("agent_loop_workers", kind="verl_issue", phase="rollout")
 def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
-    """verl #6801, 'only support equal chunk. Got size of DataProto 60 and chunk 8'. verl 0.9.1's legacy trainer
-    (trainer.use_v1=false: verl/trainer/ppo/ray_trainer.py) repeats each batch's prompts n times and hands them to
-    AgentLoopManager.generate_sequences, which splits them with DataProto.chunk(agent.num_workers)
-    (verl/experimental/agent_loop/agent_loop.py); DataProto.chunk asserts an equal split (verl/protocol.py) unless
-    VERL_AUTO_PADDING is on. The V1 trainer (the default) splits a TensorDict instead, unequal chunks allowed
-    (verl/trainer/ppo/v1/agent_loop_tq.py): nothing to refuse there."""
+    """verl #6801 (docs/verl_issues.md): the legacy trainer splits a step's generation requests over the agent loop
+    workers in equal parts (DataProto.chunk asserts it unless VERL_AUTO_PADDING is on); the V1 trainer does not."""
     if bool(c.cfg.trainer.use_v1):
         return
     if _env_on(c, "VERL_AUTO_PADDING"):
@@ -462,11 +458,8 @@ def _sp_key(c: Ctx) -> str:
 
 @rule("ulysses_sequence_parallel", kind="verl_issue", phase="start-up")
 def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
-    """verl #1226: Ulysses sequence parallelism splits the attention heads over the SP group. verl 0.9.1 asserts
-    num_attention_heads % sp == 0 and (num_key_value_heads % sp == 0 or sp % num_key_value_heads == 0)
-    (verl/models/transformers/monkey_patch.py apply_monkey_patch), builds a (dp, sp) device mesh over the GPUs
-    (verl/workers/engine/fsdp/transformer_impl.py _init_device_mesh: torch refuses a shape that does not cover them)
-    and raises without use_remove_padding (same file): all when the actor is built, after Ray has started."""
+    """verl #1226 (docs/verl_issues.md): the Ulysses SP size divides the attention (and key/value) heads and the GPUs,
+    and needs use_remove_padding; verl checks each when it builds the actor, after Ray has started."""
     sp = sp_size(c.cfg)
     if sp <= 1:
         return
@@ -506,13 +499,8 @@ def _vllm_reads_file_positions(c: Ctx, mml: int) -> bool:
 
 @rule("rollout_max_model_len", kind="verl_issue", phase="start-up")
 def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
-    """verl #673 ('Input prompt (6768 tokens) is too long and exceeds limit of 4096'). verl 0.9.1's vLLM and SGLang
-    servers take rollout.max_model_len as set (null: the model's max_position_embeddings) and raise when it is above
-    max_position_embeddings (verl/workers/rollout/vllm_rollout/vllm_async_server.py _validate_configs, the same in
-    sglang_rollout/async_sglang_server.py) at engine start; per request they raise when the prompt leaves no token
-    of room (vllm_async_server.py generate: 'Prompt length (...) leaves no room to generate') and otherwise cap the
-    answer at max_model_len - prompt tokens, below max_response_length without a word. The model's limit is
-    override_config.max_position_embeddings when set (verl applies it to the model's config first: DAPO's recipe)."""
+    """verl #673 (docs/verl_issues.md): above the model's max_position_embeddings (override_config's when set) the
+    engine refuses to start; a prompt that leaves no room stops the run; below prompt + response, answers are cut."""
     if str(c.cfg.rollout.name) not in ("vllm", "sglang"):
         return
     arch = c.model.arch if c.model else None
