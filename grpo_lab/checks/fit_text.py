@@ -49,19 +49,17 @@ def cost_words(ctx: FitContext, move: str, before: memplan.Settings, after: memp
             when = ("go to host RAM between phases and come back for the weight sync, the old-log-prob pass and "
                     "the update (about 3 round trips per step)")
         moved = 2 * trips * per_gpu / GB
-        secs = moved / ctx.bw
         ram = (memplan.host_ram(arch, after)["total_gb"], memplan.host_ram(arch, before)["total_gb"])
-        return (f"about {secs:.1f} s more per step: {what}, {per_gpu / GB:.2f} GB per card, {when}: "
+        return (f"about {moved / ctx.bw:.1f} s more per step: {what}, {per_gpu / GB:.2f} GB per card, {when}: "
                 f"{moved:.1f} GB of host-device traffic per card over PCIe at ~{ctx.bw:g} GB/s ({ctx.bw_note}); "
                 f"host RAM {ram[1]} -> {ram[0]} GB")
     if move == "util":
         k0, k1 = memplan.kv_cache(arch, before), memplan.kv_cache(arch, after)
         u0, u1 = before.gpu_memory_utilization, after.gpu_memory_utilization
-        verb = "lower" if u1 < u0 else "higher"
-        waves = (f", {k0['waves'] or '-'} -> {k1['waves'] or '-'} wave(s) of generation per step")
-        return (f"{verb} gpu_memory_utilization {u0:g} -> {u1:g}: vLLM's KV cache from {k0['tokens']} to "
-                f"{k1['tokens']} tokens, i.e. {k0['concurrent_sequences']} -> {k1['concurrent_sequences']} "
-                f"concurrent sequences of prompt + response ({after.seq_len} tokens){waves}")
+        return (f"{'lower' if u1 < u0 else 'higher'} gpu_memory_utilization {u0:g} -> {u1:g}: vLLM's KV cache from "
+                f"{k0['tokens']} to {k1['tokens']} tokens, i.e. {k0['concurrent_sequences']} -> "
+                f"{k1['concurrent_sequences']} concurrent sequences of prompt + response ({after.seq_len} tokens), "
+                f"{k0['waves'] or '-'} -> {k1['waves'] or '-'} wave(s) of generation per step")
     if move == "tp_fix":
         return (f"required, not a choice: a vLLM replica of TP {before.tp} needs {before.tp} GPUs and there are "
                 f"{before.n_gpus}; TP {after.tp} gives {after.n_gpus // after.tp} replica(s)")
@@ -70,10 +68,9 @@ def cost_words(ctx: FitContext, move: str, before: memplan.Settings, after: memp
                 f"response ({after.seq_len} tokens), or the first long answer stops the run")
     if move == "tp":
         r0, r1 = before.n_gpus // before.tp, after.n_gpus // after.tp
-        link = "NVLink" if ctx.nvlink else "PCIe"
         k1 = memplan.kv_cache(arch, after)
-        return (f"{r1} vLLM replica(s) instead of {r0}, each over {after.tp} cards; every "
-                f"generated token waits for all-reduces over {link}; KV cache {k1['tokens']} tokens per replica")
+        return (f"{r1} vLLM replica(s) instead of {r0}, each over {after.tp} cards; every generated token waits for "
+                f"all-reduces over {'NVLink' if ctx.nvlink else 'PCIe'}; KV cache {k1['tokens']} tokens per replica")
     if move == "micro":
         return (f"micro-batches actor {before.ppo_micro_batch_size_per_gpu} -> {after.ppo_micro_batch_size_per_gpu}, "
                 f"log-prob {before.log_prob_micro_batch_size_per_gpu} -> {after.log_prob_micro_batch_size_per_gpu} "
