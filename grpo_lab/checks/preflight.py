@@ -90,9 +90,8 @@ class PreflightReport:
         if self.not_ready:
             out["not_ready_here"] = [n.to_json() for n in self.not_ready]
         if self.fix_all:
-            out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes}
-            if self.fix_all_caution:
-                out["fix_all"]["caution"] = self.fix_all_caution
+            out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes,
+                              **({"caution": self.fix_all_caution} if self.fix_all_caution else {})}
         if self.no_fit:
             out["fit"] = {"why": self.no_fit, "command": fit_command(self.fit_args)}
         return out
@@ -110,12 +109,17 @@ def run_preflight(run: Run, *, launching: bool, check_fixes: bool = True) -> Pre
     """
     c = Ctx.on(run, launching=launching)
     problems = run_rules(c)
-    name = (c.model.info or {}).get("name") or c.cfg.model.path or "?"
-    report = PreflightReport(
-        errors=[p for p in problems if p.level == "error"], warnings=[p for p in problems if p.level == "warn"],
-        notes=[p.message for p in problems if p.level == "note"], batch=c.batch, time=dict(run.time),
-        memory=copy.deepcopy(dict(run.memory)), random_weights=c.model.random_weights, launching=launching,
-        title=f"{name} on {run.lab.hardware.name or '?'}, variant {run.lab.variant or '?'}")
+    report = PreflightReport(launching=launching)
+    name = (c.model.info or {}).get("name")
+    report.title = f"{name or c.cfg.model.path or '?'} on {run.lab.hardware.name or '?'}, variant " \
+                   f"{run.lab.variant or '?'}"
+    report.random_weights = c.model.random_weights
+    report.batch = c.batch
+    report.memory = copy.deepcopy(dict(run.memory))
+    report.time = dict(run.time)
+    report.errors = [p for p in problems if p.level == "error"]
+    report.warnings = [p for p in problems if p.level == "warn"]
+    report.notes = [p.message for p in problems if p.level == "note"]
     if check_fixes:
         checker = FixChecker(run, launching=launching, problems=problems)
         for p in report.errors + report.warnings:
