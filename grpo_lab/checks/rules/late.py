@@ -448,14 +448,6 @@ def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
                     ALT.join([f"{A}rollout.agent.num_workers={ok}", "trainer.use_v1=true"]))
 
 
-def _sp_key(c: Ctx) -> str:
-    """The key whose SP size verl uses: the deprecated actor.ulysses_sequence_parallel_size when above 1
-    (FSDPActorConfig.__post_init__ copies it over), else actor.fsdp_config.ulysses_sequence_parallel_size."""
-    old = as_int(c.cfg.actor.ulysses_sequence_parallel_size, 1)
-    return A + ("actor.ulysses_sequence_parallel_size" if old > 1 else
-                "actor.fsdp_config.ulysses_sequence_parallel_size")
-
-
 @rule("ulysses_sequence_parallel", kind="verl_issue", phase="start-up")
 def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
     """verl #1226 (docs/verl_issues.md): the Ulysses SP size divides the attention (and key/value) heads and the GPUs,
@@ -463,7 +455,10 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
     sp = sp_size(c.cfg)
     if sp <= 1:
         return
-    key, n_gpus = _sp_key(c), c.batch["n_gpus"]
+    # the key whose SP size verl uses: the deprecated actor.ulysses_sequence_parallel_size when above 1
+    # (FSDPActorConfig.__post_init__ copies it over), else actor.fsdp_config.ulysses_sequence_parallel_size
+    old, n_gpus = as_int(c.cfg.actor.ulysses_sequence_parallel_size, 1), c.batch["n_gpus"]
+    key = A + ("actor." if old > 1 else "actor.fsdp_config.") + "ulysses_sequence_parallel_size"
     arch = c.model.arch if c.model else None
     heads = arch.num_attention_heads if arch else None
     kv = arch.num_key_value_heads if arch else None
@@ -489,14 +484,6 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
                     f"enable `use_remove_padding`' when it builds the actor", f"{A}model.use_remove_padding=true")
 
 
-def _vllm_reads_file_positions(c: Ctx, mml: int) -> bool:
-    """vLLM reads the model's own config.json for its limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it go above."""
-    own = c.model.file_positions if c.model else None
-    if str(c.cfg.rollout.name) != "vllm" or not own or mml <= own:
-        return False
-    return not _env_on(c, "VLLM_ALLOW_LONG_MAX_MODEL_LEN")
-
-
 @rule("rollout_max_model_len", kind="verl_issue", phase="start-up")
 def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     """verl #673 (docs/verl_issues.md): above the model's max_position_embeddings (override_config's when set) the
@@ -515,14 +502,15 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     if mml <= 0 or prompt <= 0 or resp <= 0:
         return
     want = prompt + resp if not mpe else min(prompt + resp, mpe)
+    # vLLM reads the model's own config.json for its limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it go above
+    own = c.model.file_positions if c.model else None
     fix = f"{A}rollout.max_model_len={want}"
     if mpe and mml > mpe:
         where = (f"{A}model.override_config.max_position_embeddings" if position_override(c.cfg) else arch.source)
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's max_position_embeddings "
                     f"({mpe}, {where}): verl 0.9.1 raises 'max_model_len ({mml}) should be less than or equal "
                     f"to max_position_embeddings ({mpe})' when the rollout engine starts, after Ray and the actor", fix)
-    elif _vllm_reads_file_positions(c, mml):
-        own = c.model.file_positions
+    elif str(c.cfg.rollout.name) == "vllm" and own and mml > own and not _env_on(c, "VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's own max_position_embeddings "
                     f"({own}, its config.json): {A}model.override_config.max_position_embeddings="
                     f"{position_override(c.cfg)} reaches verl, not vLLM (verl 0.9.1 hands vLLM only quantization "
