@@ -303,23 +303,18 @@ def data_files(c: Ctx) -> Iterable[Problem]:
                     f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
 
 
-def _columns_read(c: Ctx) -> list[tuple[str, str]]:
-    """(column, what reads it) for each column verl reads from every row of the data files."""
-    prompt, key = str(c.cfg.data.prompt_key), str(c.cfg.data.reward_fn_key)
-    out = [(prompt, "data.prompt_key: the chat messages verl's RLHFDataset tokenizes"),
-           ("data_source", "data.reward_fn_key: the reward key, verl's reward picks its scorer by it" if
-            key == "data_source" else f"the reward key: verl 0.9.1's reward loop reads data_source whatever "
-                                      f"data.reward_fn_key={key} says")]
-    if not c.cfg.reward.reward_model.enable:
-        out.append(("reward_model.ground_truth", f"what reward_fn={c.lab.reward_fn or 'verl_default'} scores "
-                                                 f"each answer against"))
-    return out
-
-
 @rule("data_columns", kind="batch", phase="start-up")
 def data_columns(c: Ctx) -> Iterable[Problem]:
     """The columns the composed config reads, in each parquet file's schema (no rows read)."""
-    need = _columns_read(c)
+    # (column, what reads it) for each column verl reads from every row of the data files
+    prompt, reward_key = str(c.cfg.data.prompt_key), str(c.cfg.data.reward_fn_key)
+    need = [(prompt, "data.prompt_key: the chat messages verl's RLHFDataset tokenizes"),
+            ("data_source", "data.reward_fn_key: the reward key, verl's reward picks its scorer by it" if
+             reward_key == "data_source" else f"the reward key: verl 0.9.1's reward loop reads data_source whatever "
+                                              f"data.reward_fn_key={reward_key} says")]
+    if not c.cfg.reward.reward_model.enable:
+        need.append(("reward_model.ground_truth", f"what reward_fn={c.lab.reward_fn or 'verl_default'} scores "
+                                                  f"each answer against"))
     for key, value in data_files_of(c):
         for f in local_files(value) or ():
             cols = parquet_columns(f) if f.lower().endswith(".parquet") else None

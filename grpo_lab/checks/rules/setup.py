@@ -7,7 +7,6 @@ import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
@@ -24,12 +23,6 @@ from grpo_lab.verl_schema import schema
 THINKING_MIN_RESPONSE = 2048
 
 ENV_VARS = facts.RAY_ENV_VARS
-
-
-def env_str(v: Any) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    return "" if v is None else str(v)
 
 
 def attn_impl(c: Ctx) -> tuple[str, str | None]:
@@ -202,8 +195,9 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
 def ray_env_vars(c: Ctx) -> Iterable[Problem]:
     for k, v in c.cfg.env_vars.items():
         if not isinstance(v, str):
+            text = "" if v is None else str(int(v) if isinstance(v, bool) else v)  # true: "1", null: ""
             yield error(f"{ENV_VARS}.{k}={v!r} is a {type(v).__name__}: Ray's runtime_env takes string values "
-                        f"only and ray.init fails", f"'{ENV_VARS}.{k}=\"{env_str(v)}\"'")
+                        f"only and ray.init fails", f"'{ENV_VARS}.{k}=\"{text}\"'")
 
 
 # ---- verl's keys and recipes ------------------------------------------------------------------------------------
