@@ -74,8 +74,7 @@ def ray_target(c: Ctx):
     RAY_ADDRESS, then, when launching here, the cluster the latest `ray start` on this node recorded."""
     from grpo_lab.checks.ray_lookup import ray_target as lookup
 
-    ray_init = c.cfg.ray_init
-    return lookup(ray_init.address, c.environ, temp_dir=ray_init._temp_dir, read_file=c.launching)
+    return lookup(c.cfg.ray_init.address, c.environ, temp_dir=c.cfg.ray_init._temp_dir, read_file=c.launching)
 
 
 @rule("ray_join_num_cpus", kind="setup", phase="start-up")
