@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import os
 import re
 import shlex
 from dataclasses import fields, replace
@@ -56,21 +55,10 @@ class FitError(Exception):
     """The fit cannot run on this config (no architecture facts, no card size): the message says why."""
 
 
-def unmeasured_engine(name: Any) -> str:
-    """Why the fit cannot search with this rollout engine (the memory plan has not been measured with it)."""
-    from grpo_lab.verl_schema import schema
-
-    names = schema().rollout_servers
-    verl = (f"; verl 0.9.1 cannot start it either (it knows {', '.join(sorted(names))})" if names and name not in names
-            else "")
-    return (f"rollout engine {name!r}: the memory plan has not been measured with it (it knows how "
-            f"{' and '.join(engines.ENGINES)} use gpu_memory_utilization){verl}, so there is nothing to search. Pick "
-            f"one it knows: actor_rollout_ref.rollout.name=vllm (or rollout=sglang_tp1_mem04)")
-
-
 def fit(run: Run, *, cfg: Any = None) -> FitResult:
     """Search the settings that make every phase of the job's Run fit; verify the result with the preflight."""
     from grpo_lab.checks.preflight import run_preflight
+    from grpo_lab.verl_schema import schema
 
     environ, verl = run.environ, run.verl
     lab = copy.deepcopy(run.lab)
@@ -84,8 +72,14 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     if s0 is None:
         raise FitError("the preflight names values that are not numbers: nothing to plan until they are (" +
                        "; ".join(run.notes) + ")")
-    if str(s0.rollout_engine or "vllm").lower() not in engines.ENGINES:
-        raise FitError(unmeasured_engine(s0.rollout_engine))
+    name = s0.rollout_engine or "vllm"
+    if str(name).lower() not in engines.ENGINES:  # the memory plan has not been measured with this engine
+        names = schema().rollout_servers
+        either = (f"; verl 0.9.1 cannot start it either (it knows {', '.join(sorted(names))})"
+                if names and name not in names else "")
+        raise FitError(f"rollout engine {name!r}: the memory plan has not been measured with it (it knows how "
+                       f"{' and '.join(engines.ENGINES)} use gpu_memory_utilization){either}, so there is nothing to "
+                       f"search. Pick one it knows: actor_rollout_ref.rollout.name=vllm (or rollout=sglang_tp1_mem04)")
     if s0.card_gb <= 0:
         raise FitError("lab.hardware.gpu_memory_gb is not set: the fit needs the card's size. Pick a hardware option "
                        "(hardware=rtx4080x4) or set it: lab.hardware.gpu_memory_gb=24")
@@ -143,8 +137,7 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
     res.warnings = [f"[{p.rule}]" for p in report.warnings]
     if after.batch_shape != res.batch:
         res.verify_problems.append(f"the batch arithmetic changed: {res.batch} -> {after.batch_shape}")
-    res.verified = not res.verify_problems
-    res.ok = res.verified
+    res.ok = res.verified = not res.verify_problems
     return res
 
 
@@ -234,21 +227,23 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
 
     groups = _conf_groups()
     parsed = OverridesParser.create().parse_overrides(_user_args(args))
-    defaults, user_vals = [], {}
+    defaults: list[str] = []
+    tree: dict[str, Any] = {}  # the values to write, the user's first
+    comments: dict[str, str] = {}
     for o in parsed:
         key = o.key_or_group
         if o.is_delete():
             raise ValueError(f"{o.input_line} deletes a key: a config file cannot say that; keep it on the command "
                              f"line: python run.py experiment={name} {o.input_line}")
-        if key.startswith("hydra.") or key.startswith("preflight."):
+        if key.startswith(("hydra.", "preflight.")):
             continue
-        if key in groups:
-            if key == "experiment":
-                defaults.insert(0, f"  - {o.value()}")
-            else:
-                defaults.append(f"  - override /{key}: {o.value()}")
+        if key == "experiment" and key in groups:
+            defaults.insert(0, f"  - {o.value()}")
+        elif key in groups:
+            defaults.append(f"  - override /{key}: {o.value()}")
         else:
-            user_vals[key] = o.value()
+            _put(tree, key, o.value())
+            comments[key] = "from the command line"
     today = today or dt.date.today().isoformat()
     a = res.after or {}
     lines = ["# @package _global_",
@@ -265,11 +260,6 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
         lines.append("# LoRA: full fine-tuning does not fit these cards; this trains adapters "
                      "(what is trained changes)")
     lines += ["defaults:", *defaults, "  - _self_", ""]
-    tree: dict[str, Any] = {}
-    comments: dict[str, str] = {}
-    for k, v in user_vals.items():
-        _put(tree, k, v)
-        comments[k] = "from the command line"
     for step in [*res.changes, *res.speedups]:
         for i, c in enumerate(step.changes):
             _put(tree, c.key, c.value)
@@ -314,21 +304,12 @@ def experiment_path(name: Any, *, overwrite: bool) -> Path:
     return path
 
 
-def write_experiment(name: str, text: str, *, overwrite: bool) -> Path:
-    """Write conf/experiment/<name>.yaml atomically (a temporary file beside it, then a rename)."""
-    path = experiment_path(name, overwrite=overwrite)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
-
-
 def fit_job(cfg: Any, run: Run, job_dir: Path) -> str:
     """The `preflight.fit=true` branch of a job (grpo_lab/launch/job.py): search, print, maybe save; never launches."""
     from hydra.core.hydra_config import HydraConfig
 
     from grpo_lab.errors import GrpoLabError
-    from grpo_lab.facts import write_json
+    from grpo_lab.facts import atomic_write, write_json
 
     args, lab = list(HydraConfig.get().overrides.task), run.lab
     name = lab.preflight.fit_write
@@ -356,10 +337,9 @@ def fit_job(cfg: Any, run: Run, job_dir: Path) -> str:
             raise GrpoLabError("fit: the fitted config did not pass the preflight (above); no command is given.")
         raise GrpoLabError("fit: nothing tried fits these cards; what would is listed above under 'What would fit'.")
     if name:
-        made_by = command_line([a for a in args])
         try:
-            text = experiment_yaml(str(name), args, res, made_by=made_by)
-            path = write_experiment(str(name), text, overwrite=lab.preflight.fit_overwrite)
+            text = experiment_yaml(str(name), args, res, made_by=command_line(args))
+            path = atomic_write(experiment_path(name, overwrite=lab.preflight.fit_overwrite), text)
         except (ValueError, FileExistsError) as e:
             raise GrpoLabError(f"fit: not saved: {e}") from None
         print(f"\nsaved: {path.relative_to(CONF.parent)}; run it with: python run.py experiment={name}")

@@ -49,19 +49,17 @@ def cost_words(ctx: FitContext, move: str, before: memplan.Settings, after: memp
             when = ("go to host RAM between phases and come back for the weight sync, the old-log-prob pass and "
                     "the update (about 3 round trips per step)")
         moved = 2 * trips * per_gpu / GB
-        secs = moved / ctx.bw
         ram = (memplan.host_ram(arch, after)["total_gb"], memplan.host_ram(arch, before)["total_gb"])
-        return (f"about {secs:.1f} s more per step: {what}, {per_gpu / GB:.2f} GB per card, {when}: "
+        return (f"about {moved / ctx.bw:.1f} s more per step: {what}, {per_gpu / GB:.2f} GB per card, {when}: "
                 f"{moved:.1f} GB of host-device traffic per card over PCIe at ~{ctx.bw:g} GB/s ({ctx.bw_note}); "
                 f"host RAM {ram[1]} -> {ram[0]} GB")
     if move == "util":
         k0, k1 = memplan.kv_cache(arch, before), memplan.kv_cache(arch, after)
         u0, u1 = before.gpu_memory_utilization, after.gpu_memory_utilization
-        verb = "lower" if u1 < u0 else "higher"
-        waves = (f", {k0['waves'] or '-'} -> {k1['waves'] or '-'} wave(s) of generation per step")
-        return (f"{verb} gpu_memory_utilization {u0:g} -> {u1:g}: vLLM's KV cache from {k0['tokens']} to "
-                f"{k1['tokens']} tokens, i.e. {k0['concurrent_sequences']} -> {k1['concurrent_sequences']} "
-                f"concurrent sequences of prompt + response ({after.seq_len} tokens){waves}")
+        return (f"{'lower' if u1 < u0 else 'higher'} gpu_memory_utilization {u0:g} -> {u1:g}: vLLM's KV cache from "
+                f"{k0['tokens']} to {k1['tokens']} tokens, i.e. {k0['concurrent_sequences']} -> "
+                f"{k1['concurrent_sequences']} concurrent sequences of prompt + response ({after.seq_len} tokens), "
+                f"{k0['waves'] or '-'} -> {k1['waves'] or '-'} wave(s) of generation per step")
     if move == "tp_fix":
         return (f"required, not a choice: a vLLM replica of TP {before.tp} needs {before.tp} GPUs and there are "
                 f"{before.n_gpus}; TP {after.tp} gives {after.n_gpus // after.tp} replica(s)")
@@ -70,10 +68,9 @@ def cost_words(ctx: FitContext, move: str, before: memplan.Settings, after: memp
                 f"response ({after.seq_len} tokens), or the first long answer stops the run")
     if move == "tp":
         r0, r1 = before.n_gpus // before.tp, after.n_gpus // after.tp
-        link = "NVLink" if ctx.nvlink else "PCIe"
         k1 = memplan.kv_cache(arch, after)
-        return (f"{r1} vLLM replica(s) instead of {r0}, each over {after.tp} cards; every "
-                f"generated token waits for all-reduces over {link}; KV cache {k1['tokens']} tokens per replica")
+        return (f"{r1} vLLM replica(s) instead of {r0}, each over {after.tp} cards; every generated token waits for "
+                f"all-reduces over {'NVLink' if ctx.nvlink else 'PCIe'}; KV cache {k1['tokens']} tokens per replica")
     if move == "micro":
         return (f"micro-batches actor {before.ppo_micro_batch_size_per_gpu} -> {after.ppo_micro_batch_size_per_gpu}, "
                 f"log-prob {before.log_prob_micro_batch_size_per_gpu} -> {after.log_prob_micro_batch_size_per_gpu} "
@@ -226,16 +223,13 @@ def _numbered(head: str, changes: list[Step]) -> list[str]:
 
 
 def format_result(res: FitResult, command: str | None) -> str:
-    out = [f"grpo-lab fit: {res.title}"]
     card = res.card_gb
-    out.append(f"target: every phase below {int(MARGIN * 100)}% of a {card:g} GB card ({MARGIN * card:.1f} GB) and of "
-               f"host RAM")
+    out = [f"grpo-lab fit: {res.title}", f"target: every phase below {int(MARGIN * 100)}% of a {card:g} GB card "
+                                         f"({MARGIN * card:.1f} GB) and of host RAM"]
     out.extend(f"plan vs recorded runs: {line}" for line in (res.after or res.before or {}).get("accuracy") or ())
     if res.blocked:
-        out.append("")
-        out.append("The preflight finds problems the fit does not touch (it changes memory settings only); fix "
-                   "these first:")
-        out.extend(f"  {b}" for b in res.blocked)
+        out += ["", "The preflight finds problems the fit does not touch (it changes memory settings only); fix "
+                    "these first:", *(f"  {b}" for b in res.blocked)]
         return "\n".join(out)
     b = res.batch
     if b.get("train_batch_size"):
@@ -243,15 +237,11 @@ def format_result(res: FitResult, command: str | None) -> str:
                    f"{b['ppo_mini_batch_size']} ({b['updates_per_step']} update(s) per step), "
                    f"{b['sequence_length']} tokens of prompt + response")
     if res.lora:
-        out.append("")
-        out.append(lora_banner("command", "full fine-tuning does not fit these cards with any setting tried; "))
+        out += ["", lora_banner("command", "full fine-tuning does not fit these cards with any setting tried; ")]
     if res.way_out:
-        out.append("")
-        out.append("What would fit " + ("full fine-tuning:" if res.lora else "(nothing tried fits these cards):"))
-        out.extend(f"  - {w}" for w in res.way_out)
-    out.append("")
-    out.append("Predicted peak per GPU")
-    out.extend(phase_table(res))
+        out += ["", "What would fit " + ("full fine-tuning:" if res.lora else "(nothing tried fits these cards):"),
+                *(f"  - {w}" for w in res.way_out)]
+    out += ["", "Predicted peak per GPU", *phase_table(res)]
     if res.ok or res.after:
         out.append("")
         if res.changes:
@@ -262,20 +252,15 @@ def format_result(res: FitResult, command: str | None) -> str:
             out += ["", *_numbered("Faster, the same algorithm (batch, group size, lengths, learning rate and loss "
                                    "unchanged)", res.speedups)]
     if res.rejected:
-        out.append("")
-        out.append("Not taken")
-        out.extend(f"  - {r}" for r in res.rejected)
-    out += time_lines(res)
-    out.append("")
+        out += ["", "Not taken", *(f"  - {r}" for r in res.rejected)]
+    out += [*time_lines(res), ""]
     if res.verified:
         out.append("checked: the preflight passes on the fitted config (0 errors"
                    + (f"; warnings: {' '.join(res.warnings)}" if res.warnings else "") + ")")
     elif res.after is not None:
-        out.append("NOT CHECKED OK: the fitted config does not pass the preflight, so no command is given:")
-        out.extend(f"  {p}" for p in res.verify_problems)
+        out += ["NOT CHECKED OK: the fitted config does not pass the preflight, so no command is given:",
+                *(f"  {p}" for p in res.verify_problems)]
     out.append(f"({res.evaluations} plans evaluated)")
     if res.ok and command:
-        out.append("")
-        out.append("The command:")
-        out.append(f"  {command}")
+        out += ["", "The command:", f"  {command}"]
     return "\n".join(out)

@@ -30,11 +30,7 @@ apply = apply_overrides  # copies of (verl, lab) with the overrides applied, der
 
 def merge(*alternatives: list[Change]) -> list[Change]:
     """Changes of several alternatives, one per key (the later wins)."""
-    out: dict[str, Change] = {}
-    for alt in alternatives:
-        for c in alt:
-            out[c.key] = c
-    return list(out.values())
+    return list({c.key: c for alt in alternatives for c in alt}.values())
 
 
 def respell(changes: list[Change], apart: Mapping[str, Iterable[str]]) -> list[Change]:
@@ -44,10 +40,7 @@ def respell(changes: list[Change], apart: Mapping[str, Iterable[str]]) -> list[C
     out: dict[str, Change] = {}
     for c in changes:
         keys = list(apart.get(c.key) or ()) if c.op == "" and c.key in SHORT_KEYS else []
-        if not keys:
-            out[c.key] = c
-            continue
-        if any(t not in keys for t in short_key_targets(c.key)):
+        if not keys or any(t not in keys for t in short_key_targets(c.key)):
             out[c.key] = c
         for k in keys:
             out[k] = replace(c, key=k)
@@ -73,7 +66,7 @@ def lora_rank_set(fix: str, cfg: VerlView) -> int:
     return next((int(v) for v in ranks if isinstance(v, int) and v > 0), 0)
 
 
-def _first_appliable(problems: Iterable[Problem], parse_fn=parse) -> list[list[Change]]:
+def _first_appliable(problems: Iterable[Problem], parse_fn) -> list[list[Change]]:
     """Of each problem, its first alternative that is overrides (not words, not a config-group choice), parsed."""
     out = []
     for p in problems:
@@ -126,10 +119,8 @@ class FixChecker:
             bad += still[:1]
         return bad
 
-    def settle(self, p: Problem, overrides: list[Change]
-               ) -> tuple[list[Change] | None, list[Problem]]:
+    def settle(self, p: Problem, cur: list[Change]) -> tuple[list[Change] | None, list[Problem]]:
         """The overrides (grown by the fixes of what they cause) that clear p without new errors, or (None, why)."""
-        cur = overrides
         for _ in range(MAX_ROUNDS):
             bad = self._verdict(p, self.evaluate(cur))
             if not bad:
@@ -161,10 +152,8 @@ class FixChecker:
             good, bad = self.settle(p, parsed)
             if good is None:
                 failures.append((text(parsed), bad))
-            else:
-                t = text(good)
-                if t not in kept:
-                    kept.append(t)
+            elif text(good) not in kept:
+                kept.append(text(good))
         if kept:
             p.fix = ALT.join(kept + unchecked)
             p.checked = "re-checked: the preflight passes this rule with it" + (

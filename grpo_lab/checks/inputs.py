@@ -24,7 +24,6 @@ from grpo_lab.labconf import ModelFacts
 from grpo_lab.memory.verl_view import VerlView
 
 ROOT = facts.ROOT
-_TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's reading of HF_HUB_OFFLINE
 
 
 @dataclass(frozen=True)
@@ -72,10 +71,6 @@ class Missing:
     def to_json(self) -> dict[str, str]:
         return {"rule": "input_missing", "key": self.key, "path": self.path, "message": self.message,
                 "command": self.command}
-
-
-def _looks_local(path: str) -> bool:
-    return path.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(path))
 
 
 def maker_for(path: str, group: str | None = None, cwd: str | None = None, force: bool = False) -> str:
@@ -161,14 +156,6 @@ def data_command(path: str, group: str | None, columns: frozenset[str], cwd: str
     return f"{make} IN=<your question/answer pairs: .jsonl, .csv or .parquet>", then
 
 
-def offline(environ: Mapping[str, str]) -> str:
-    """The variable that keeps the Hugging Face hub off ("" when it is on)."""
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if str(environ.get(name, "")).strip().upper() in _TRUE:
-            return name
-    return ""
-
-
 def _gguf(key: str, model: str, file: Path) -> Missing:
     """A GGUF file (llama.cpp's format) as model_path: verl loads a Hugging Face folder; transformers converts it."""
     out = file.with_suffix("")
@@ -201,7 +188,7 @@ def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
     key, model = "actor_rollout_ref.model.path", str(cfg.model.path or "")
     if not model:
         return out
-    if _looks_local(model):
+    if model.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(model)):
         folder = Path(os.path.expanduser(model))
         weights = [*folder.glob("*.safetensors"), *folder.glob("pytorch_model*.bin")]
         if (folder / "config.json").is_file() and weights:
@@ -224,7 +211,9 @@ def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
         out.append(Missing(key, model, f"{key}: {model} {what}; {how}, or choose another: python run.py "
                                        f"model_path=/path/to/model", cmd))
         return out
-    gate = offline(environ)
+    # the variable that keeps the Hugging Face hub off, as huggingface_hub reads HF_HUB_OFFLINE ("" when it is on)
+    gate = next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                 if str(environ.get(name, "")).strip().upper() in ("1", "ON", "YES", "TRUE")), "")
     if gate and hf_cached_config(model, environ) is None:
         cached = hf_model_cache_dir(model, environ)
         cmd = f"huggingface-cli download {model}"

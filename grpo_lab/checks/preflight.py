@@ -22,17 +22,13 @@ from typing import Any
 from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
 from grpo_lab.checks.inputs import missing_inputs
 from grpo_lab.checks.plan_text import fit_command, report_text
-from grpo_lab.checks.rules import ALT, Ctx, Problem, ids, launching_only_ids, run_rules
+from grpo_lab.checks.rules import ALT, Ctx, Problem, launching_only_ids, memory_ids, run_rules
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
-from grpo_lab.facts import machine_cpus, parquet_num_rows, visible_gpus  # noqa: F401 (re-exported)
+from grpo_lab.cli.apply import parse
+from grpo_lab.facts import parquet_num_rows  # noqa: F401 (re-exported)
 from grpo_lab.memory.run import Run
 
-__all__ = ["Problem", "PreflightReport", "run_preflight", "rule_ids", "parquet_num_rows", "visible_gpus",
-           "machine_cpus"]
-
-
-def rule_ids() -> list[str]:
-    return ids()
+__all__ = ["Problem", "PreflightReport", "run_preflight", "parquet_num_rows"]
 
 
 @dataclass
@@ -44,10 +40,8 @@ class NotReady:
     short: str = ""  # for the verdict line
 
     def to_json(self) -> dict[str, str]:
-        out = {"rule": self.rule, "message": self.message, "command": self.command}
-        if self.checked:
-            out["checked"] = self.checked
-        return out
+        return {"rule": self.rule, "message": self.message, "command": self.command,
+                **({"checked": self.checked} if self.checked else {})}
 
 
 @dataclass
@@ -96,9 +90,8 @@ class PreflightReport:
         if self.not_ready:
             out["not_ready_here"] = [n.to_json() for n in self.not_ready]
         if self.fix_all:
-            out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes}
-            if self.fix_all_caution:
-                out["fix_all"]["caution"] = self.fix_all_caution
+            out["fix_all"] = {"overrides": self.fix_all, "passes": self.fix_all_passes,
+                              **({"caution": self.fix_all_caution} if self.fix_all_caution else {})}
         if self.no_fit:
             out["fit"] = {"why": self.no_fit, "command": fit_command(self.fit_args)}
         return out
@@ -184,9 +177,6 @@ def _no_fit(checker: FixChecker, report: PreflightReport, tried: tuple[str, bool
     """Why make fit is the way on: the fixes of several errors together leave an error (`tried`: the fix all and
     whether it passed); with memory errors, the offered fix (`fix all`, or the one error's fix) leaves a phase of
     the memory plan not fitting (a memory rule left, even a tight warning: make fit's "fits"). "" when neither."""
-    from grpo_lab.checks.rules import memory_ids
-    from grpo_lab.cli.apply import parse
-
     if tried and not tried[1]:
         left = [q for q in checker.evaluate(parse(tried[0]) or []) if q.level == "error"][:1]
         return (f"with all of them ({tried[0]}) the preflight still says: "
@@ -204,6 +194,4 @@ def _no_fit(checker: FixChecker, report: PreflightReport, tried: tuple[str, bool
     if not parsed:
         return "no set of overrides above clears them"
     left = [q for q in checker.evaluate(parsed) if q.rule in memory_rules and q.level != "note"]
-    if not left:
-        return ""
-    return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {gist(left[0].message)}"
+    return f"{what} ({offered}) the memory plan still says: [{left[0].rule}] {gist(left[0].message)}" if left else ""

@@ -30,23 +30,9 @@ def address_file(environ: Mapping[str, str], temp_dir: str | None = None) -> str
     """Where `ray start` records this node's cluster, as ray.init reads it (ray/_common/utils.py)."""
     if temp_dir:
         return os.path.join(temp_dir, "ray_current_cluster")
-    if "RAY_TMPDIR" in environ:  # as Ray reads them: set at all, even empty
-        base = environ["RAY_TMPDIR"]
-    elif "TMPDIR" in environ:  # Ray on Linux
-        base = environ["TMPDIR"]
-    else:
-        base = os.path.join(os.sep, "tmp")
+    # RAY_TMPDIR, else TMPDIR (Ray on Linux), as Ray reads them: set at all, even empty
+    base = next((environ[k] for k in ("RAY_TMPDIR", "TMPDIR") if k in environ), os.path.join(os.sep, "tmp"))
     return os.path.join(base, "ray", "ray_current_cluster")
-
-
-def recorded_address(path: str) -> str | None:
-    """The address `ray start` recorded there (Ray strips it), or None when there is no such record."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return text or None
 
 
 def ray_target(address: Any, environ: Mapping[str, str], *, temp_dir: str | None = None,
@@ -67,7 +53,11 @@ def ray_target(address: Any, environ: Mapping[str, str], *, temp_dir: str | None
     path = ""
     if read_file:
         path = address_file(environ, temp_dir)
-        recorded = recorded_address(path)
+        try:  # the address `ray start` recorded there (Ray strips it)
+            with open(path, encoding="utf-8") as f:
+                recorded = f.read().strip()
+        except OSError:
+            recorded = ""
         if recorded:
             return RayTarget(f"the cluster the latest `ray start` on this node recorded ({recorded}, in {path})", "",
                              f"{looked}, {path} names {recorded}", path)

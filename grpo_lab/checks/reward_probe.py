@@ -7,6 +7,7 @@ What verl does with the file, the row and answers tried, the child process: docs
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -140,10 +141,8 @@ def _run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: it and what it started, nothing else
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 
@@ -268,12 +267,8 @@ def _main(argv: Iterable[str]) -> None:
     spec_path, out_path = list(argv)[:2]
     with open(spec_path) as fh:
         spec = json.load(fh)
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr  # the file's prints stay out of the way
-    try:
+    with contextlib.redirect_stdout(sys.stderr):  # the file's prints stay out of the way
         result = _child(spec)
-    finally:
-        sys.stdout = real_stdout
     for c in result.get("calls", []):
         if c.get("score") is not None and not math.isfinite(c["score"]):
             c["score"] = repr(c["score"])  # nan / inf: JSON has no such numbers

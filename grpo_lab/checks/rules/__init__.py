@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from grpo_lab.labconf import Lab
@@ -48,28 +48,15 @@ class Problem:
         return [a.strip() for a in self.fix.split(ALT) if a.strip()]
 
     def to_json(self) -> dict[str, str]:
-        d = {"rule": self.rule, "message": self.message, "fix": self.fix}
-        if self.checked:
-            d["checked"] = self.checked
-        if self.caution:
-            d["caution"] = self.caution
-        return d
+        extra = {"checked": self.checked, "caution": self.caution}
+        return {"rule": self.rule, "message": self.message, "fix": self.fix, **{k: v for k, v in extra.items() if v}}
 
 
-def error(message: str, fix: str = "") -> Problem:
-    return Problem("", message, fix, "error")
-
-
-def warn(message: str, fix: str = "") -> Problem:
-    return Problem("", message, fix, "warn")
-
-
-def oom(message: str, fix: str = "") -> Problem:
-    return Problem("", message, fix, "oom")
-
-
-def note(message: str) -> Problem:
-    return Problem("", message, "", "note")
+# a rule's problems: error(message, fix=""), warn(...), oom(...) (error or warning: preflight.strict), note(message)
+error = partial(Problem, "", level="error")
+warn = partial(Problem, "", level="warn")
+oom = partial(Problem, "", level="oom")
+note = partial(Problem, "", fix="", level="note")
 
 
 RuleFn = Callable[["Ctx"], Iterable[Problem]]
@@ -174,9 +161,7 @@ def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
     wanted = set(only) if only is not None else None
     out: list[Problem] = []
     for r in RULES.values():
-        if wanted is not None and r.id not in wanted:
-            continue
-        if r.launching_only and not c.launching:
+        if (wanted is not None and r.id not in wanted) or (r.launching_only and not c.launching):
             continue
         try:
             for p in r.fn(c) or ():

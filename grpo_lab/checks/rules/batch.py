@@ -181,7 +181,7 @@ def rollout_parallel(c: Ctx) -> Iterable[Problem]:
                     f"(verl/workers/engine_workers.py; verl #1191)", f"rollout_tp={tp}")
 
 
-def _divisor_le(n: int, limit: int) -> int:
+def divisor_le(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
 
@@ -198,29 +198,29 @@ def micro_batch(c: Ctx) -> Iterable[Problem]:
         yield error(f"actor.ppo_micro_batch_size={old} is the deprecated global form; verl wants the per-GPU "
                     f"actor.ppo_micro_batch_size_per_gpu (performance sizes are local per GPU)",
                     f"~actor_rollout_ref.actor.ppo_micro_batch_size "
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), max(1, as_int(old) // dp))}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), max(1, as_int(old) // dp))}")
         return
     if micro is None:
         yield error("dynamic batch size is off and actor.ppo_micro_batch_size_per_gpu is not set",
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), 2)}")
         return
     micro = as_int(micro, None)
     if micro is None:
         return  # not a whole number: value_types names it
     if micro <= 0:
         yield error(f"actor.ppo_micro_batch_size_per_gpu={micro} must be positive",
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), 2)}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), 2)}")
     elif micro > per_gpu_mini:
         yield error(f"the micro-batch ({micro} per GPU) is larger than the mini-batch's share of a GPU "
                     f"({num(per_gpu_mini)} trajectories): verl 0.9.1 asserts 'data size must be divisible by "
                     f"force_group_size * micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py "
                     f"prepare_micro_batches; verl #405)",
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(max(1, int(per_gpu_mini)), micro)}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), micro)}")
     elif per_gpu_mini.is_integer() and int(per_gpu_mini) % micro:
         yield error(f"each GPU's {int(per_gpu_mini)} trajectories per mini-batch do not split into micro-batches of "
                     f"{micro}: verl 0.9.1 asserts 'data size must be divisible by force_group_size * "
                     f"micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py)",
-                    f"ppo_micro_batch_size_per_gpu={_divisor_le(int(per_gpu_mini), micro)}")
+                    f"ppo_micro_batch_size_per_gpu={divisor_le(int(per_gpu_mini), micro)}")
     if micro > 0 and per_gpu_mini.is_integer():
         b["micro_batches_per_update"] = int(per_gpu_mini) // micro
 
@@ -239,7 +239,7 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
         if micro is None:
             yield error(f"{key}.log_prob_use_dynamic_bsz is off and {key}.log_prob_micro_batch_size_per_gpu is not set",
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
-                        f"{_divisor_le(max(1, int(per_gpu_step)), 4)}")
+                        f"{divisor_le(max(1, int(per_gpu_step)), 4)}")
         elif per_gpu_step.is_integer() and int(per_gpu_step) % max(1, as_int(micro, 1)):
             padded = " (after the V1 trainer's padding)" if pad and pad["samples"] else ""
             yield error(f"each GPU's {int(per_gpu_step)} trajectories per step{padded} do not split into log-prob "
@@ -247,7 +247,7 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
                         f"'data size must be divisible by force_group_size * micro_batch_size_per_gpu' in the first "
                         f"log-prob pass (verl/workers/engine/utils.py prepare_micro_batches)",
                         f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
-                        f"{_divisor_le(int(per_gpu_step), as_int(micro, 1))}")
+                        f"{divisor_le(int(per_gpu_step), as_int(micro, 1))}")
 
 
 # ---- the train file ---------------------------------------------------------------------------------------------
@@ -298,29 +298,23 @@ def data_files(c: Ctx) -> Iterable[Problem]:
         yield note("steps per epoch unknown: the train file is not parquet (its rows are not counted here)")
         return
     rows, tb = b["train_rows"], b["train_batch_size"]
-    if rows is not None and tb > 0:
-        if rows < tb:
-            yield error(f"the train file has {rows} rows, fewer than one train batch ({tb}): verl's dataloader "
-                        f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
-
-
-def _columns_read(c: Ctx) -> list[tuple[str, str]]:
-    """(column, what reads it) for each column verl reads from every row of the data files."""
-    prompt, key = str(c.cfg.data.prompt_key), str(c.cfg.data.reward_fn_key)
-    out = [(prompt, "data.prompt_key: the chat messages verl's RLHFDataset tokenizes"),
-           ("data_source", "data.reward_fn_key: the reward key, verl's reward picks its scorer by it" if
-            key == "data_source" else f"the reward key: verl 0.9.1's reward loop reads data_source whatever "
-                                      f"data.reward_fn_key={key} says")]
-    if not c.cfg.reward.reward_model.enable:
-        out.append(("reward_model.ground_truth", f"what reward_fn={c.lab.reward_fn or 'verl_default'} scores "
-                                                 f"each answer against"))
-    return out
+    if rows is not None and 0 < tb and rows < tb:
+        yield error(f"the train file has {rows} rows, fewer than one train batch ({tb}): verl's dataloader "
+                    f"(drop_last) yields no step", _batch_fix_text(c, max_tb=rows))
 
 
 @rule("data_columns", kind="batch", phase="start-up")
 def data_columns(c: Ctx) -> Iterable[Problem]:
     """The columns the composed config reads, in each parquet file's schema (no rows read)."""
-    need = _columns_read(c)
+    # (column, what reads it) for each column verl reads from every row of the data files
+    prompt, reward_key = str(c.cfg.data.prompt_key), str(c.cfg.data.reward_fn_key)
+    need = [(prompt, "data.prompt_key: the chat messages verl's RLHFDataset tokenizes"),
+            ("data_source", "data.reward_fn_key: the reward key, verl's reward picks its scorer by it" if
+             reward_key == "data_source" else f"the reward key: verl 0.9.1's reward loop reads data_source whatever "
+                                              f"data.reward_fn_key={reward_key} says")]
+    if not c.cfg.reward.reward_model.enable:
+        need.append(("reward_model.ground_truth", f"what reward_fn={c.lab.reward_fn or 'verl_default'} scores "
+                                                  f"each answer against"))
     for key, value in data_files_of(c):
         for f in local_files(value) or ():
             cols = parquet_columns(f) if f.lower().endswith(".parquet") else None

@@ -22,6 +22,8 @@ from typing import Any
 from grpo_lab import facts
 from grpo_lab.checks import reward_probe
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
+from grpo_lab.checks.rules.batch import divisor_le
+from grpo_lab.checks.rules.setup import ENV_VARS
 from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import emulate
 from grpo_lab.memory.planned_model import position_override
@@ -60,12 +62,9 @@ UNREAD: tuple[tuple[str, str | None, str], ...] = (
     ("reward_model", None, LEGACY + "; the migration has no place for this one"),
     # declared (verl/workers/config/actor.py, critic.py); the engines clip with the optimizer's clip_grad
     # (verl/workers/engine/fsdp/transformer_impl.py optimizer_step)
-    ("actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.clip_grad",
-     "verl/workers/config/actor.py declares it, and verl's engines clip with the optimizer's clip_grad "
-     "(verl/workers/engine/fsdp/transformer_impl.py)"),
-    ("critic.grad_clip", "critic.optim.clip_grad",
-     "verl/workers/config/critic.py declares it, and verl's engines clip with the optimizer's clip_grad "
-     "(verl/workers/engine/fsdp/transformer_impl.py)"),
+    *((f"{part}.grad_clip", f"{part}.optim.clip_grad", f"verl/workers/config/{file}.py declares it, and verl's "
+       f"engines clip with the optimizer's clip_grad (verl/workers/engine/fsdp/transformer_impl.py)")
+      for part, file in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"))),
     # "Deprecated and ignored. Use global_profiler.steps." (verl/trainer/config/ppo_trainer.yaml, actor/actor.yaml,
     # rollout/rollout.yaml, ref/ref.yaml, critic/critic.yaml; verl/utils/profiler/precision_debugger_profile.py)
     *((f"{part}.precision_debugger.steps", "global_profiler.steps",
@@ -75,14 +74,10 @@ UNREAD: tuple[tuple[str, str | None, str], ...] = (
                    "actor_rollout_ref.ref.profiler.tool_config", "actor_rollout_ref.rollout.profiler.tool_config",
                    "critic.profiler.tool_config")),
     # declared in verl's config and its dataclasses; no code of verl 0.9.1 reads them
-    ("actor_rollout_ref.rollout.over_sample_rate", None,
-     "verl/workers/config/rollout.py declares it and no code of verl 0.9.1 reads it"),
-    ("actor_rollout_ref.rollout.multi_stage_wake_up", None,
-     "verl/workers/config/rollout.py declares it and no code of verl 0.9.1 reads it"),
-    ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", None,
-     "verl/workers/config/rollout.py declares it and no code of verl 0.9.1 reads it"),
-    ("actor_rollout_ref.actor.freeze_vision_tower", None,
-     "verl/workers/config/actor.py declares it and no code of verl 0.9.1 reads it"),
+    *((f"actor_rollout_ref.{file}.{key}", None, f"verl/workers/config/{file}.py declares it and no code of verl "
+       f"0.9.1 reads it") for file, key in (("rollout", "over_sample_rate"), ("rollout", "multi_stage_wake_up"),
+                                            ("rollout", "multi_turn.num_repeat_rollouts"),
+                                            ("actor", "freeze_vision_tower"))),
     ("actor_rollout_ref.nccl_timeout", None,
      "verl/trainer/config/ppo_trainer.yaml sets it and no code of verl 0.9.1 reads it (the engine workers start "
      "their process group with timeout_second=None: verl/workers/engine_workers.py)"),
@@ -108,9 +103,14 @@ def _shown(v: Any) -> str:
     return "null" if v is None or v is MISSING else quote(thaw(v))
 
 
-def unread_values(c: Ctx, defaults: Mapping[str, Any]) -> Iterator[tuple[str, Any, str | None, str]]:
-    """(key, value, the key verl reads or None, where verl shows it) of each key of UNREAD set to something verl's
-    default is not, and that the key verl reads does not already hold."""
+@rule("key_unread", kind="setup", phase="compose")
+def key_unread(c: Ctx) -> Iterable[Problem]:
+    """A key verl 0.9.1 takes and never reads (UNREAD), set to something verl's default is not and that the key verl
+    reads does not already hold: refused with the key it reads, or its default."""
+    defaults = schema().defaults
+    if not defaults:
+        yield note("keys verl 0.9.1 never reads not checked: verl's config defaults could not be read")
+        return
     seen: set[str] = set()
     v1 = bool(c.cfg.trainer.use_v1)
     for prefix, reads, why in UNREAD:
@@ -123,29 +123,18 @@ def unread_values(c: Ctx, defaults: Mapping[str, Any]) -> Iterator[tuple[str, An
                 continue
             seen.add(key)
             target = reads + key[len(prefix):] if reads else None
-            if target is None or thaw(lookup(c.verl, target)) != thaw(v):
-                yield key, v, target, why
-
-
-@rule("key_unread", kind="setup", phase="compose")
-def key_unread(c: Ctx) -> Iterable[Problem]:
-    """A key verl 0.9.1 takes and never reads (UNREAD): refused with the key it reads, or its default."""
-    defaults = schema().defaults
-    if not defaults:
-        yield note("keys verl 0.9.1 never reads not checked: verl's config defaults could not be read")
-        return
-    for key, v, target, why in unread_values(c, defaults):
-        default = lookup(defaults, key)
-        if target is not None:
-            now = lookup(c.verl, target)
-            effect = f"verl reads {target} instead, which is {_shown(now)} here: the run would go with that"
-            fix = f"{'+' if now is MISSING else ''}{target}={_shown(v)}"
-        else:
-            effect = f"The run would go as with verl's default {_shown(default)}"
-            fix = f"~{key}" if default is MISSING else f"{key}={_shown(default)}"
-        if why.startswith(V1):
-            fix = ALT.join([fix, "trainer.use_v1=false"])
-        yield error(f"{key}={_shown(v)} is a key verl 0.9.1 never reads: {why}. {effect}, without a word", fix)
+            now = lookup(c.verl, target) if target else MISSING
+            if target is not None and thaw(now) == thaw(v):
+                continue
+            if target is not None:
+                effect = f"verl reads {target} instead, which is {_shown(now)} here: the run would go with that"
+                fix = f"{'+' if now is MISSING else ''}{target}={_shown(v)}"
+            else:
+                effect = f"The run would go as with verl's default {_shown(default)}"
+                fix = f"~{key}" if default is MISSING else f"{key}={_shown(default)}"
+            if why.startswith(V1):
+                fix = ALT.join([fix, "trainer.use_v1=false"])
+            yield error(f"{key}={_shown(v)} is a key verl 0.9.1 never reads: {why}. {effect}, without a word", fix)
 
 
 # -------------------------------------------------------------------------------------------------------- emulation
@@ -214,12 +203,8 @@ def _probe(c: Ctx) -> dict[str, Any] | None:
 
 
 def _raised_at(r: Mapping[str, Any]) -> str:
-    out = ""
-    if r.get("file_line"):
-        out += f" at {r['file_line']}" + (f": `{r['code']}`" if r.get("code") else "")
-    if r.get("raised_at"):
-        out += f" (raised in {r['raised_at']})"
-    return out
+    at = (f" at {r['file_line']}" + (f": `{r['code']}`" if r.get("code") else "")) if r.get("file_line") else ""
+    return at + (f" (raised in {r['raised_at']})" if r.get("raised_at") else "")
 
 
 ROOT = str(facts.ROOT)
@@ -410,9 +395,7 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     path, _, _ = _cfg(c)
     if path or c.cfg.reward.reward_model.enable:
         return  # a custom reward file (rules above) or a reward model scores the rows
-    from grpo_lab.facts import local_files
-
-    files = [f for v in (c.cfg.data.train_files, c.cfg.data.val_files) for f in (local_files(v) or [])]
+    files = [f for v in (c.cfg.data.train_files, c.cfg.data.val_files) for f in (facts.local_files(v) or [])]
     sources = _data_sources(files)
     if not sources:
         return
@@ -437,29 +420,18 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
 # ---------------------------------------------------------------------------------------- from verl's issue tracker
 
 
-ENV_VARS = facts.RAY_ENV_VARS
-
-
-def _divisor_le(n: int, limit: int) -> int:
-    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
-
-
-def _truthy(v: Any) -> bool:
-    return str(v).upper() in ("TRUE", "1")
+def _env_on(c: Ctx, name: str) -> bool:
+    """The variable is on (TRUE or 1) for verl's Ray workers (ray_init's env_vars) or here."""
+    return str(c.cfg.env_vars.get(name) or c.environ.get(name)).upper() in ("TRUE", "1")
 
 
 @rule("agent_loop_workers", kind="verl_issue", phase="rollout")
 def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
-    """verl #6801, 'only support equal chunk. Got size of DataProto 60 and chunk 8'. verl 0.9.1's legacy trainer
-    (trainer.use_v1=false: verl/trainer/ppo/ray_trainer.py) repeats each batch's prompts n times and hands them to
-    AgentLoopManager.generate_sequences, which splits them with DataProto.chunk(agent.num_workers)
-    (verl/experimental/agent_loop/agent_loop.py); DataProto.chunk asserts an equal split (verl/protocol.py) unless
-    VERL_AUTO_PADDING is on. The V1 trainer (the default) splits a TensorDict instead, unequal chunks allowed
-    (verl/trainer/ppo/v1/agent_loop_tq.py): nothing to refuse there."""
+    """verl #6801 (docs/verl_issues.md): the legacy trainer splits a step's generation requests over the agent loop
+    workers in equal parts (DataProto.chunk asserts it unless VERL_AUTO_PADDING is on); the V1 trainer does not."""
     if bool(c.cfg.trainer.use_v1):
         return
-    padding = c.cfg.env_vars.get("VERL_AUTO_PADDING") or c.environ.get("VERL_AUTO_PADDING")
-    if _truthy(padding):
+    if _env_on(c, "VERL_AUTO_PADDING"):
         return
     tb, n = c.batch["train_batch_size"], c.batch["rollout_n"]
     workers = as_int(c.cfg.rollout.agent.num_workers, 8)
@@ -467,7 +439,7 @@ def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
         return
     size = tb * n + (tb if str(c.cfg.algorithm.adv_estimator) == "remax" else 0)  # REMAX adds a greedy baseline
     if size % workers:
-        ok = _divisor_le(size, workers)
+        ok = divisor_le(size, workers)
         yield error(f"trainer.use_v1=false: verl 0.9.1's legacy trainer splits each step's {size} generation requests "
                     f"({tb} prompts x {n} answers) over actor_rollout_ref.rollout.agent.num_workers={workers} agent "
                     f"loop workers in equal parts, and {size}/{workers} = {size / workers:.2f}: it stops at the first "
@@ -476,25 +448,17 @@ def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
                     ALT.join([f"{A}rollout.agent.num_workers={ok}", "trainer.use_v1=true"]))
 
 
-def _sp_key(c: Ctx) -> str:
-    """The key whose SP size verl uses: the deprecated actor.ulysses_sequence_parallel_size when above 1
-    (FSDPActorConfig.__post_init__ copies it over), else actor.fsdp_config.ulysses_sequence_parallel_size."""
-    old = as_int(c.cfg.actor.ulysses_sequence_parallel_size, 1)
-    return A + ("actor.ulysses_sequence_parallel_size" if old > 1 else
-                "actor.fsdp_config.ulysses_sequence_parallel_size")
-
-
 @rule("ulysses_sequence_parallel", kind="verl_issue", phase="start-up")
 def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
-    """verl #1226: Ulysses sequence parallelism splits the attention heads over the SP group. verl 0.9.1 asserts
-    num_attention_heads % sp == 0 and (num_key_value_heads % sp == 0 or sp % num_key_value_heads == 0)
-    (verl/models/transformers/monkey_patch.py apply_monkey_patch), builds a (dp, sp) device mesh over the GPUs
-    (verl/workers/engine/fsdp/transformer_impl.py _init_device_mesh: torch refuses a shape that does not cover them)
-    and raises without use_remove_padding (same file): all when the actor is built, after Ray has started."""
+    """verl #1226 (docs/verl_issues.md): the Ulysses SP size divides the attention (and key/value) heads and the GPUs,
+    and needs use_remove_padding; verl checks each when it builds the actor, after Ray has started."""
     sp = sp_size(c.cfg)
     if sp <= 1:
         return
-    key, n_gpus = _sp_key(c), c.batch["n_gpus"]
+    # the key whose SP size verl uses: the deprecated actor.ulysses_sequence_parallel_size when above 1
+    # (FSDPActorConfig.__post_init__ copies it over), else actor.fsdp_config.ulysses_sequence_parallel_size
+    old, n_gpus = as_int(c.cfg.actor.ulysses_sequence_parallel_size, 1), c.batch["n_gpus"]
+    key = A + ("actor." if old > 1 else "actor.fsdp_config.") + "ulysses_sequence_parallel_size"
     arch = c.model.arch if c.model else None
     heads = arch.num_attention_heads if arch else None
     kv = arch.num_key_value_heads if arch else None
@@ -520,46 +484,33 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
                     f"enable `use_remove_padding`' when it builds the actor", f"{A}model.use_remove_padding=true")
 
 
-def _vllm_reads_file_positions(c: Ctx, mml: int) -> bool:
-    """vLLM reads the model's own config.json for its limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it go above."""
-    own = c.model.file_positions if c.model else None
-    if str(c.cfg.rollout.name) != "vllm" or not own or mml <= own:
-        return False
-    allow = c.cfg.env_vars.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") or c.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
-    return not _truthy(allow)
-
-
 @rule("rollout_max_model_len", kind="verl_issue", phase="start-up")
 def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
-    """verl #673 ('Input prompt (6768 tokens) is too long and exceeds limit of 4096'). verl 0.9.1's vLLM and SGLang
-    servers take rollout.max_model_len as set (null: the model's max_position_embeddings) and raise when it is above
-    max_position_embeddings (verl/workers/rollout/vllm_rollout/vllm_async_server.py _validate_configs, the same in
-    sglang_rollout/async_sglang_server.py) at engine start; per request they raise when the prompt leaves no token
-    of room (vllm_async_server.py generate: 'Prompt length (...) leaves no room to generate') and otherwise cap the
-    answer at max_model_len - prompt tokens, below max_response_length without a word. The model's limit is
-    override_config.max_position_embeddings when set (verl applies it to the model's config first: DAPO's recipe)."""
+    """verl #673 (docs/verl_issues.md): above the model's max_position_embeddings (override_config's when set) the
+    engine refuses to start; a prompt that leaves no room stops the run; below prompt + response, answers are cut."""
     if str(c.cfg.rollout.name) not in ("vllm", "sglang"):
         return
+    arch = c.model.arch if c.model else None
+    mpe = arch.max_position_embeddings if arch else None  # override_config's when set (rules.values resolve_model)
     mml = c.cfg.rollout.max_model_len
-    if mml is None and c.model and c.model.arch:  # verl then gives the engine the model's (overridden) limit
-        mml = c.model.arch.max_position_embeddings
+    if mml is None:  # verl then gives the engine the model's (overridden) limit
+        mml = mpe
     if mml is None or isinstance(mml, bool):
         return
     mml = as_int(mml)
     prompt, resp = as_int(c.cfg.data.max_prompt_length), as_int(c.cfg.data.max_response_length)
     if mml <= 0 or prompt <= 0 or resp <= 0:
         return
-    arch = c.model.arch if c.model else None
-    mpe = arch.max_position_embeddings if arch else None  # override_config's when set (rules.values resolve_model)
     want = prompt + resp if not mpe else min(prompt + resp, mpe)
+    # vLLM reads the model's own config.json for its limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it go above
+    own = c.model.file_positions if c.model else None
     fix = f"{A}rollout.max_model_len={want}"
     if mpe and mml > mpe:
         where = (f"{A}model.override_config.max_position_embeddings" if position_override(c.cfg) else arch.source)
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's max_position_embeddings "
                     f"({mpe}, {where}): verl 0.9.1 raises 'max_model_len ({mml}) should be less than or equal "
                     f"to max_position_embeddings ({mpe})' when the rollout engine starts, after Ray and the actor", fix)
-    elif _vllm_reads_file_positions(c, mml):
-        own = c.model.file_positions
+    elif str(c.cfg.rollout.name) == "vllm" and own and mml > own and not _env_on(c, "VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
         yield error(f"actor_rollout_ref.rollout.max_model_len={mml} is above the model's own max_position_embeddings "
                     f"({own}, its config.json): {A}model.override_config.max_position_embeddings="
                     f"{position_override(c.cfg)} reaches verl, not vLLM (verl 0.9.1 hands vLLM only quantization "

@@ -7,7 +7,6 @@ import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
@@ -24,12 +23,6 @@ from grpo_lab.verl_schema import schema
 THINKING_MIN_RESPONSE = 2048
 
 ENV_VARS = facts.RAY_ENV_VARS
-
-
-def env_str(v: Any) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    return "" if v is None else str(v)
 
 
 def attn_impl(c: Ctx) -> tuple[str, str | None]:
@@ -81,19 +74,13 @@ def ray_target(c: Ctx):
     RAY_ADDRESS, then, when launching here, the cluster the latest `ray start` on this node recorded."""
     from grpo_lab.checks.ray_lookup import ray_target as lookup
 
-    ray_init = c.cfg.ray_init
-    return lookup(ray_init.address, c.environ, temp_dir=ray_init._temp_dir, read_file=c.launching)
-
-
-def joins_cluster(c: Ctx) -> str | None:
-    """What ray.init connects to (an existing cluster, named as set), or None: it starts one of this machine."""
-    return ray_target(c).joins
+    return lookup(c.cfg.ray_init.address, c.environ, temp_dir=c.cfg.ray_init._temp_dir, read_file=c.launching)
 
 
 @rule("ray_join_num_cpus", kind="setup", phase="start-up")
 def ray_join_num_cpus(c: Ctx) -> Iterable[Problem]:
     """A hardware file's num_cpus is for the Ray that ray.init starts; joining a cluster, ray.init refuses it."""
-    where = joins_cluster(c)
+    where = ray_target(c).joins  # an existing cluster, named as set; None: ray.init starts one of this machine
     num_cpus = c.cfg.ray_init.num_cpus
     if where and num_cpus is not None and not c.lab.ray_cluster:  # a cluster of ours: its ray start gets it
         yield error(f"ray.init connects to an existing Ray cluster ({where}) and {NUM_CPUS}={num_cpus} is set (by "
@@ -168,14 +155,12 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
     once = facts.ray_cpus_per_job(v1, units)
     need_node = facts.ray_cpus_needed(per_node, v1, units) if nnodes == 1 else \
         facts.CPUS_PER_GPU * per_node + math.ceil(once / nnodes)
-    where = joins_cluster(c)
+    where = ray_target(c).joins
     num_cpus = c.cfg.ray_init.num_cpus
     started = c.lab.ray_cluster or {}  # a cluster grpo-lab starts itself (a SLURM job of several nodes)
     if where and not started.get("num_cpus_per_node"):
-        b["ray_cpus"] = {"needed": need_node, "available": None, "source": f"the cluster's nodes ({where})",
-                         "use_v1": v1, "per_node": nnodes > 1}
-        return
-    if where:  # the job nulls num_cpus to join; set (by a fix), it is what each node's ray start would get
+        have, source = None, f"the cluster's nodes ({where})"
+    elif where:  # the job nulls num_cpus to join; set (by a fix), it is what each node's ray start would get
         have = as_int(num_cpus if num_cpus is not None else started["num_cpus_per_node"])
         source = f"`ray start --num-cpus={have}` on each node of {started.get('source')}"
     elif num_cpus is not None:
@@ -209,8 +194,9 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
 def ray_env_vars(c: Ctx) -> Iterable[Problem]:
     for k, v in c.cfg.env_vars.items():
         if not isinstance(v, str):
+            text = "" if v is None else str(int(v) if isinstance(v, bool) else v)  # true: "1", null: ""
             yield error(f"{ENV_VARS}.{k}={v!r} is a {type(v).__name__}: Ray's runtime_env takes string values "
-                        f"only and ray.init fails", f"'{ENV_VARS}.{k}=\"{env_str(v)}\"'")
+                        f"only and ray.init fails", f"'{ENV_VARS}.{k}=\"{text}\"'")
 
 
 # ---- verl's keys and recipes ------------------------------------------------------------------------------------
@@ -232,17 +218,15 @@ def dynamic_bsz_mismatch(c: Ctx) -> Iterable[Problem]:
                     f"AssertionError) when it builds the actor, after Ray has started (verl/workers/engine_workers.py "
                     f"ActorRolloutRefWorker.init_model), with either trainer",
                     f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz={val}")
-    if ref_used(c.cfg):
-        ref = bool(c.cfg.ref.log_prob_use_dynamic_bsz)
-        if ref != actor_dyn:
-            how = ("packs micro-batches by tokens (ref.log_prob_max_token_len_per_gpu)" if ref else
-                   "uses fixed micro-batches of ref.log_prob_micro_batch_size_per_gpu")
-            yield warn(f"actor.use_dynamic_bsz={val} but ref.log_prob_use_dynamic_bsz={str(ref).lower()}: the "
-                       f"reference log-prob pass batches differently from the actor. verl 0.9.1 builds the reference "
-                       f"engine with its own setting (verl/workers/engine_workers.py "
-                       f"ActorRolloutRefWorker.init_model), so this runs; the reference pass {how}, which is likely "
-                       f"not what was meant",
-                       f"actor_rollout_ref.ref.log_prob_use_dynamic_bsz={val}")
+    ref = bool(c.cfg.ref.log_prob_use_dynamic_bsz)
+    if ref_used(c.cfg) and ref != actor_dyn:
+        how = ("packs micro-batches by tokens (ref.log_prob_max_token_len_per_gpu)" if ref else
+               "uses fixed micro-batches of ref.log_prob_micro_batch_size_per_gpu")
+        yield warn(f"actor.use_dynamic_bsz={val} but ref.log_prob_use_dynamic_bsz={str(ref).lower()}: the "
+                   f"reference log-prob pass batches differently from the actor. verl 0.9.1 builds the reference "
+                   f"engine with its own setting (verl/workers/engine_workers.py "
+                   f"ActorRolloutRefWorker.init_model), so this runs; the reference pass {how}, which is likely "
+                   f"not what was meant", f"actor_rollout_ref.ref.log_prob_use_dynamic_bsz={val}")
 
 
 @rule("rollout_engine_known", kind="setup", phase="start-up")
@@ -293,13 +277,12 @@ def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
                    f"log-prob's agree. The passes you gave no size take theirs from conf/config.yaml. To keep dynamic "
                    f"batching, leave the micro-batch size out or set use_dynamic_bsz=true yourself")
     for m, dyn, budget, tokens in ignored(info, c.cfg):
-        on = dynamic_on(c.cfg)
         kept = ", ".join(f"{k['key']}=true ({k['set_by']})" for k in info.get("kept_on") or ())
         yield warn(f"your {m['key']}={m['value']} ({m['set_by']}) is IGNORED: {dyn}=true, and you set dynamic "
                    f"batching on yourself ({kept}), so verl packs the {m['pass']}'s micro-batches by tokens "
                    f"({budget}={tokens} per GPU) and never reads a micro-batch size. Leave one of the two "
                    f"out, or turn dynamic batching off for the micro-batch size to count",
-                   " ".join(f"{d}=false" for d in on))
+                   " ".join(f"{d}=false" for d in dynamic_on(c.cfg)))
 
 
 @rule("model_key_unknown", kind="setup", phase="compose")
@@ -390,10 +373,10 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
     card = float(plan.get("card_gb") or 0)
     peaks = {name: float(p.get("peak_gb_per_gpu") or 0) for name, p in phases.items()}
     worst = max(peaks, key=peaks.get)
-    need = k * peaks[worst]
+    need, kv = k * peaks[worst], plan.get("kv_cache") or {}
     if card and need > card:
         gen = peaks.get("generation", 0.0)
-        budget = float((plan.get("kv_cache") or {}).get("budget_gb") or 0)
+        budget = float(kv.get("budget_gb") or 0)
         share = c.cfg.rollout.gpu_memory_utilization
         others = max((v for n, v in peaks.items() if n != "generation"), default=0.0)
         util = 0.0
@@ -418,7 +401,6 @@ def side_by_side_jobs(c: Ctx) -> Iterable[Problem]:
         yield error(f"hydra/launcher=side_by_side runs up to {k} jobs at once on one host: {k} x {total:.1f} GB of "
                     f"host RAM each = {k * total:.1f} GB > {cap:.0f} GB: {fewer} job(s) at once fit",
                     f"hydra.launcher.n_jobs={fewer}")
-    kv = plan.get("kv_cache") or {}
     pin = c.lab.side_by_side_kv_pin or {}
     if pin.get("by") == "launcher":  # grpo_lab/launch/prepare.py put the plan's KV cache into the config verl gets
         yield note(f"hydra/launcher=side_by_side: each job's vLLM KV cache is pinned to the plan's "
@@ -475,12 +457,9 @@ def lora_fsdp1_adapter(c: Ctx) -> Iterable[Problem]:
 
 @rule("lora_layered_summon_one_gpu", kind="setup", phase="weight sync")
 def lora_layered_summon_one_gpu(c: Ctx) -> Iterable[Problem]:
-    lora = _lora_rank(c)
-    if lora <= 0 or not c.cfg.rollout.layered_summon:
-        return
-    strategy = str(c.cfg.actor.strategy)
     world = c.batch["n_gpus"]  # GPUs per node x nodes: FSDP's world size
-    if _fsdp1_lora_adapter(c) and world == 1:
+    if c.cfg.rollout.layered_summon and _fsdp1_lora_adapter(c) and world == 1:
+        lora, strategy = _lora_rank(c), str(c.cfg.actor.strategy)
         # seen on the GPU test machine (benchmarks/gpu/README.md, 2026-12-03): both load formats failed at the first
         # weight sync with "NotImplementedError: offload_to_cpu=True and NO_SHARD is not supported yet"; so did verl's
         # own LoRA example settings on Qwen3-0.6B (benchmarks/gpu/results/2026-12-06-h100/lora_fsdp1.tgz).
@@ -554,14 +533,10 @@ def dapo_overlong_buffer(c: Ctx) -> Iterable[Problem]:
 
 @rule("thinking_response_length", kind="setup", phase="rollout")
 def thinking_response_length(c: Ctx) -> Iterable[Problem]:
-    m = c.model
-    info = m.info if m else {}
-    thinking = bool(info.get("thinking", False))
-    path = str(c.cfg.model.path or "")
-    if path.rstrip("/").lower().endswith("-base"):
-        thinking = False
-    if c.cfg.data.apply_chat_template_kwargs.get("enable_thinking") is False:
-        thinking = False
+    info = c.model.info if c.model else {}
+    base = str(c.cfg.model.path or "").rstrip("/").lower().endswith("-base")
+    thinking = (bool(info.get("thinking", False)) and not base
+                and c.cfg.data.apply_chat_template_kwargs.get("enable_thinking") is not False)
     resp = as_int(c.cfg.data.max_response_length)
     if thinking and 0 < resp < THINKING_MIN_RESPONSE:
         name = info.get("name") or "the model"
@@ -576,12 +551,11 @@ def thinking_response_length(c: Ctx) -> Iterable[Problem]:
 
 @rule("nccl_p2p", kind="setup", phase="start-up")
 def nccl_p2p(c: Ctx) -> Iterable[Problem]:
-    if c.lab.hardware.p2p is False and c.batch["n_gpus"] > 1:
-        set_in = "NCCL_P2P_DISABLE" in c.cfg.env_vars or "NCCL_P2P_DISABLE" in c.environ
-        if not set_in:
-            yield warn(f"{c.lab.hardware.name or 'this hardware'} has no GPU peer-to-peer "
-                       f"(lab.hardware.p2p=false): NCCL can hang at initialisation unless NCCL_P2P_DISABLE=1 reaches "
-                       f"the Ray workers", f"'+{ENV_VARS}.NCCL_P2P_DISABLE=\"1\"'")
+    set_in = "NCCL_P2P_DISABLE" in c.cfg.env_vars or "NCCL_P2P_DISABLE" in c.environ
+    if c.lab.hardware.p2p is False and c.batch["n_gpus"] > 1 and not set_in:
+        yield warn(f"{c.lab.hardware.name or 'this hardware'} has no GPU peer-to-peer "
+                   f"(lab.hardware.p2p=false): NCCL can hang at initialisation unless NCCL_P2P_DISABLE=1 reaches "
+                   f"the Ray workers", f"'+{ENV_VARS}.NCCL_P2P_DISABLE=\"1\"'")
 
 
 # verl 0.9.1's logger backends (verl/utils/tracking.py Tracking.supported_backend, and "tracking", its deprecated

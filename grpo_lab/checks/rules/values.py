@@ -13,7 +13,6 @@ from grpo_lab.cli.apply import text
 from grpo_lab.cli.config import safe_name, unsafe_name
 from grpo_lab.cli.knobs import KNOBS
 from grpo_lab.facts import preset_learning_rates
-from grpo_lab.labconf import Lab
 from grpo_lab.memory import calibration, memplan
 from grpo_lab.memory.run import planned_kv_bytes
 from grpo_lab.memory.verl_view import KV_PIN, below_range, is_kind, wrong_types
@@ -57,12 +56,9 @@ LR_WARN = 1e-3
 def value_types(c: Ctx) -> Iterable[Problem]:
     """A number verl needs given as text (train_batch_size=abc) or null: named, not read as 0."""
     for key, v, default, what, fix, why in wrong_types(c.cfg):
-        if v is None:
-            yield error(f"{key}=null is not {what} (verl's own default is {default}): verl would fail on it, or "
-                        f"{why}", f"{override_key(key)}={fix}")
-        else:
-            yield error(f"{key}={v!r} is not {what} (a {type(v).__name__}): verl would fail on it, or {why}",
-                        f"{override_key(key)}={fix}")
+        given = (f"{key}=null is not {what} (verl's own default is {default})" if v is None else
+                 f"{key}={v!r} is not {what} (a {type(v).__name__})")
+        yield error(f"{given}: verl would fail on it, or {why}", f"{override_key(key)}={fix}")
 
 
 @rule("value_range", kind="values", phase="compose")
@@ -70,9 +66,7 @@ def value_range(c: Ctx) -> Iterable[Problem]:
     """Numbers below what verl can use (ngpus_per_node=0, actor_lr=-1e-6, total_epochs=-1, max_response_length=0)."""
     for key, v, lo, fix, why in below_range(c.cfg):
         if key == "trainer.n_gpus_per_node" and c.launching:
-            from grpo_lab.facts import visible_gpus
-
-            fix = max(1, visible_gpus(c.environ)[0])
+            fix = max(1, facts.visible_gpus(c.environ)[0])
         yield error(f"{key}={v!r} must be at least {lo:g}: {why}", f"{override_key(key)}={fix}")
 
 
@@ -164,25 +158,17 @@ def _pin_fix(c: Ctx) -> str:
 
 def _alternatives(plan: dict[str, Any], phase: str) -> str:
     opts = plan.get("remedies", {}).get(phase, [])
-    if not opts:
-        return ""
-    return " Remedies (guide's order), predicted peak after each: " + "; ".join(
-        f"{r['override']} -> {r['peak_gb_per_gpu']} GB {r['verdict']}" for r in opts) + "."
-
-
-def card_gb(lab: Lab) -> float | None:
-    """One card's memory from lab.hardware.gpu_memory_gb when it is a positive number; else None."""
-    v = lab.hardware.gpu_memory_gb  # typed: a number or None (grpo_lab/labconf.py)
-    return float(v) if v is not None and v > 0 else None
+    return (" Remedies (guide's order), predicted peak after each: " + "; ".join(
+        f"{r['override']} -> {r['peak_gb_per_gpu']} GB {r['verdict']}" for r in opts) + ".") if opts else ""
 
 
 @rule("card_memory_unknown", kind="plan", phase="preflight")
 def card_memory_unknown(c: Ctx) -> Iterable[Problem]:
     """No card size (lab.hardware.gpu_memory_gb 0, negative, null or no number): the plan gives no phase a verdict,
     so it refuses instead of passing as "OK" (the fix: the hardware option's own size)."""
-    if card_gb(c.lab) is not None:
-        return
     raw, name = c.lab.hardware.gpu_memory_gb, str(c.lab.hardware.name or "")
+    if raw is not None and raw > 0:  # a card size (typed: a number or None, grpo_lab/labconf.py)
+        return
     size = facts.hardware_card_gb(name) if name else None
     what = f"{c.model.info.get('name') or 'the model'}" if c.model else "the model"
     yield error(f"lab.hardware.gpu_memory_gb={'null' if raw is None else f'{raw:g}'} is no card size: it must be one "
@@ -228,13 +214,12 @@ def full_finetune_too_big(c: Ctx) -> Iterable[Problem]:
     s, arch = c.run.planned, c.model.arch
     state_full = plan["actor_state_full_gb_per_gpu"]
     if s.lora_rank == 0 and state_full > memplan.TIGHT_FRACTION * s.card_gb:
-        big = arch.params > 6e9
-        pointer = text(memplan.lora_changes(arch, s))
         yield oom(f"full fine-tuning of a {arch.params / 1e9:.1f}B-parameter model needs 16 B per parameter for its "
                   f"weights, gradients and Adam state: {state_full:.1f} GB per GPU over {s.fsdp} GPUs, against "
                   f"{s.card_gb:g} GB cards, before any activation. verl loads all of it for the update even with "
                   f"offload. The guide: 8B and above only with LoRA (plus offload)"
-                  + (" (model=qwen3_8b_lora is that recipe for Qwen3-8B)" if big else ""), pointer)
+                  + (" (model=qwen3_8b_lora is that recipe for Qwen3-8B)" if arch.params > 6e9 else ""),
+                  text(memplan.lora_changes(arch, s)))
 
 
 @rule("vllm_kv_cache", kind="memory", phase="start-up")
