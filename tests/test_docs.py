@@ -1298,6 +1298,7 @@ def design_disagreements(pages: dict[str, str]) -> dict[str, str]:
           f"{-cd['missing_penalty']:.1f}")
     check("warm-up rows", "tasks.md", r"by default, --synthetic (\d+) fresh problems", f"{warmup.SYNTHETIC_ROWS}")
     q = qwen3_random
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
     added = len(tiny.ADDED_TOKENS)
     check("qwen3 tokenizer", "tasks.md", r"a byte-level BPE of ([\d,]+) tokens, .*? up to ([\d,]+) regular tokens; "
           r"Qwen3's (\d+) added tokens at their real ids (\d+)-(\d+) .*?special tokens at (\d+)-(\d+)",
@@ -1314,7 +1315,7 @@ def design_disagreements(pages: dict[str, str]) -> dict[str, str]:
           f"{params['learn'] / 1e6:.1f}")
     check("tiny vocab", "tasks.md", r"below the model's vocab_size \((\d+)\)", f"{small.vocab_size}")
     check("qwen3 bytes", "tasks.md", r"so every id a random model samples decodes: (\d+) byte tokens",
-          f"{len(q.bytes_to_unicode())}")
+          f"{len(bytes_to_unicode())}")  # the byte map qwen3_random.full_vocab_bpe builds its first tokens from
     check("random init", "tasks.md", r"seeded random init \(transformers' own: normal\(0, ([\d.]+)\)",
           _g(tiny.INIT_STD))
     check("sums", "tasks.md", r"sums a \+ b, a and b in (\d+)\.\.(\d+)", *map(str, arith.SUMS))
