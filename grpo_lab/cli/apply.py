@@ -95,12 +95,13 @@ def _as_changes(overrides: Iterable[str] | Iterable[Change] | Mapping[str, Any])
 
 
 def _set(d: dict[str, Any], dotted: str, value: Any, delete: bool = False) -> None:
-    if not delete:
-        return put(d, dotted, copy.deepcopy(value))
-    head, _, leaf = dotted.rpartition(".")
-    parent = lookup(d, head) if head else d
-    if isinstance(parent, dict):
-        parent.pop(leaf, None)
+    if delete:
+        head, _, leaf = dotted.rpartition(".")
+        parent = lookup(d, head) if head else d
+        if isinstance(parent, dict):
+            parent.pop(leaf, None)
+    else:
+        put(d, dotted, copy.deepcopy(value))
 
 
 def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, touched: set[str]) -> None:
