@@ -69,17 +69,22 @@ def hf_model_cache_dir(repo_id: str, environ: Mapping[str, str]) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 # atomic writes
 
+def umask() -> int:
+    """This process's umask (the os module reads it only by setting it: set, then set back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write a file whole or not at all (a unique temp file beside it, then rename); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    mask = os.umask(0)
-    os.umask(mask)
     try:
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; the file gets the mode a plain open() would give
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; the file gets the mode a plain open() would give
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from grpo_lab.facts import umask
 from grpo_lab.tasks.data import DATA_SOURCE, INSTRUCTION, QUESTION, distinct, gsm8k_record, gsm8k_row, write_splits
 from grpo_lab.tasks.splits import stamp_holds
 
@@ -221,11 +222,10 @@ def build_dir(final: Path, settings: dict, force: bool, fill, stamp: str = STAMP
     try:
         fill(tmp)
         # mkdtemp/mkstemp make private files: the folder and its files get the usual umask-based modes
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
+        mask = umask()
+        os.chmod(tmp, 0o777 & ~mask)
         for path in tmp.iterdir():
-            os.chmod(path, 0o666 & ~umask)
+            os.chmod(path, 0o666 & ~mask)
         (tmp / stamp).write_text(json.dumps(settings, indent=2) + "\n")
         # into place, replacing an old one
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
