@@ -14,6 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -42,6 +43,7 @@ def pytest_configure(config):
 
 _INIT = None
 _INIT_CONF = None
+_COMPOSED: dict[tuple, DictConfig] = {}
 
 
 def compose_cfg(*overrides: str, environ: dict[str, str] | None = None, conf: Path = CONF):
@@ -58,7 +60,12 @@ def compose_cfg(*overrides: str, environ: dict[str, str] | None = None, conf: Pa
         _INIT = initialize_config_dir(config_dir=str(conf), version_base=None)
         _INIT.__enter__()  # kept for the session: Hydra caches the loaded YAML files between composes
         _INIT_CONF = conf
-    cfg = compose("config", overrides=cli.argv, return_hydra_config=True)
+    # the same overrides compose the same config (Hydra caches the files it read, and runtime.cwd is the folder):
+    # composed once per worker, each caller gets a copy to edit (~0.3 s a compose, ~0.05 s a copy)
+    key = (tuple(cli.argv), conf, os.getcwd())
+    if key not in _COMPOSED:
+        _COMPOSED[key] = compose("config", overrides=cli.argv, return_hydra_config=True)
+    cfg = copy.deepcopy(_COMPOSED[key])
     HydraConfig.instance().set_config(cfg)
     return cfg
 
@@ -151,9 +158,8 @@ def model_folder(path: Path, option: str = "tiny_qwen3") -> Path:
     an empty model.safetensors (a weights file is there: what the readiness check looks for)."""
     import json
 
-    import yaml
 
-    arch = yaml.safe_load((CONF / "model" / f"{option}.yaml").read_text())["lab"]["model"]
+    arch = load_yaml(CONF / "model" / f"{option}.yaml")["lab"]["model"]
     keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings")
     path.mkdir(parents=True, exist_ok=True)
@@ -167,6 +173,7 @@ def options(group: str) -> list[str]:
 
 
 from grpo_lab.cli.knobs import ENV_NAMES as _KNOB_ENV  # noqa: E402
+from grpo_lab.facts import load_yaml  # noqa: E402
 
 
 def write_rows(path: Path, n: int) -> Path:

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import CONF, NOT_READY_EXIT, ROOT, run_py
 
+from grpo_lab.facts import load_yaml
+
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
 BAD = re.compile(r"Traceback \(most recent call last\)|Error executing job|Could not override"
                  r"|ConfigCompositionException|InterpolationResolutionError|MissingConfigException")
@@ -54,9 +56,8 @@ def test_every_option_of_every_group_reaches_the_preflight(group, tmp_path):
 
 
 def yaml_choice(job: Path, group: str) -> str:
-    import yaml
 
-    return yaml.safe_load((job / ".hydra" / "hydra.yaml").read_text())["hydra"]["runtime"]["choices"][group]
+    return load_yaml(job / ".hydra" / "hydra.yaml")["hydra"]["runtime"]["choices"][group]
 
 
 # ---- commands in the config headers and the README ----

@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from grpo_lab.errors import GrpoLabError
+from grpo_lab.facts import load_yaml
 from grpo_lab.launch import slurm
 from grpo_lab.verl_keys import get
 
@@ -352,7 +353,7 @@ def test_run_py_on_each_node_of_a_two_node_job_plans_without_starting_ray(tmp_pa
     assert planned(p), p.stdout + p.stderr
     assert "Ray CPUs per node: 14 needed, 16 available (`ray start --num-cpus=16` on each node of SLURM job 4242)" \
         in p.stdout
-    init = yaml.safe_load((tmp_path / "job" / "verl_config.yaml").read_text())["ray_kwargs"]["ray_init"]
+    init = load_yaml(tmp_path / "job" / "verl_config.yaml")["ray_kwargs"]["ray_init"]
     assert init["address"] == "gpu07:6379" and init["num_cpus"] is None
     # the other node: no job of its own (no plan, no status), no Ray either
     (tmp_path / "job").rename(tmp_path / "head")

@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import ROOT, fresh_clone, planned, run_py
 
 from grpo_lab.after_run import metrics as M
+from grpo_lab.facts import load_yaml
 
 README = ROOT / "README.md"
 GPU_README = ROOT / "benchmarks" / "gpu" / "README.md"
@@ -256,7 +256,7 @@ def _stamp(log: Path, marker: str) -> list[float]:
 
 def _speed(job: Path) -> tuple[bool, bool]:
     """(use_fused_kernels, use_remove_padding) of the run's verl config."""
-    model = yaml.safe_load((job / "verl_config.yaml").read_text())["actor_rollout_ref"]["model"]
+    model = load_yaml(job / "verl_config.yaml")["actor_rollout_ref"]["model"]
     return model["use_fused_kernels"], model["use_remove_padding"]
 
 
@@ -306,7 +306,7 @@ def test_learn_smollm2s_figures_are_its_recorded_runs():
     val0 = _stamp(sweep / "sweep.log.gz", "step:0 ")
     assert len(val0) == 3 and {f"{t / 60:.0f}" for t in val0} == {m.group(3)}
     # the sweep's learning rates
-    by_lr = {yaml.safe_load((j / "verl_config.yaml").read_text())["actor_rollout_ref"]["actor"]["optim"]["lr"]: j
+    by_lr = {load_yaml(j / "verl_config.yaml")["actor_rollout_ref"]["actor"]["optim"]["lr"]: j
              for j in jobs}
     m = re.search(r"validation at step 10: 3e-5 (\S+), 3e-6 (\S+), 1e-5 (\S+) \(from (\S+)\); 3e-5 reached (\S+) at "
                   r"step 15, reward (\S+) -> (\S+)$", text.split("- `actor_lr`:")[1].split(" - `")[0].strip())
@@ -372,7 +372,7 @@ def test_the_variants_smoke_figures_are_their_recorded_runs():
     assert m, text
     jobs = {}
     for cfg in (ROOT / m.group(1)).glob("*/job*/verl_config.yaml"):
-        verl = yaml.safe_load(cfg.read_text())
+        verl = load_yaml(cfg)
         actor = verl["actor_rollout_ref"]["actor"]
         name = ("dapo" if verl["algorithm"]["filter_groups"]["enable"] else "gspo"
                 if actor["policy_loss"]["loss_mode"] == "gspo" else "dr_grpo"
@@ -395,7 +395,7 @@ def test_the_temperature_figures_are_their_files():
                   r"`(benchmarks/gpu/results/[^`]+)`\).*?more mixed groups at ([\d.]+) \((\d+)% of prompts\)", text)
     assert m, text
     job = ROOT / m.group(5)
-    verl = yaml.safe_load((job / "verl_config.yaml").read_text())
+    verl = load_yaml(job / "verl_config.yaml")
     val = _val(job)
     assert m.group(1, 2, 3) == (f"{val.iloc[0]:.3f}", f"{val.iloc[-1]:.3f}", f"{val.index.max()}")
     assert float(m.group(4)) == verl["actor_rollout_ref"]["actor"]["optim"]["lr"]
@@ -488,7 +488,6 @@ def _budgets(*overrides: str) -> tuple[int, int, int]:
 def options_disagreements(readme: str, presets: str) -> dict[str, str]:
     """{figure: what README.md's config-group table and first lines, and docs/presets.md's hardware and rollout
     sections, say against the option files they describe (conf/hardware/, conf/rollout/, conf/speed/)}."""
-    from grpo_lab.facts import load_yaml
 
     course, small = _hardware("rtx4080x4"), _hardware("rtx4080_16gbx4")
     hw = course["lab"]["hardware"]
@@ -785,7 +784,7 @@ def test_the_moved_pages_measured_figures_are_their_files():
     # the emulation: the H200 as its hardware option gives it, the trainer's memory outside torch's allocator
     from grpo_lab.memory import calibration
 
-    real = yaml.safe_load((ROOT / "conf" / "hardware" / "h200x4_as_rtx4080x4.yaml").read_text())
+    real = load_yaml(ROOT / "conf" / "hardware" / "h200x4_as_rtx4080x4.yaml")
     real = real["lab"]["hardware"]["emulate"]["real_gpu_memory_gb"]
     ctx = calibration.table()["trainer_context_gb"]
     emulation = _flat(ROOT / "docs" / "emulation.md")
@@ -833,7 +832,7 @@ def memory_plan_disagreements(text: str) -> dict[str, str]:
     # the reference left on the card: the SmolLM2 variants' first-step allocated peaks, with a reference and without
     first = {}
     for cfg in (RESULTS / "2026-12-03-smollm2-variants-lora").glob("*/job*/verl_config.yaml"):
-        verl = yaml.safe_load(cfg.read_text())
+        verl = load_yaml(cfg)
         ref = verl["actor_rollout_ref"]["actor"]["use_kl_loss"] or verl["algorithm"]["use_kl_in_reward"]
         first.setdefault(bool(ref), []).append(_steps(cfg.parent, "actor/perf/max_memory_allocated_gb").loc[1])
     check("reference", r"with a reference is ([\d.]+) GiB \(its fp32 weights\) above the (\w+) without",
@@ -850,7 +849,6 @@ def memory_plan_disagreements(text: str) -> dict[str, str]:
     check("trainer context", r"CUDA context and NCCL buffers \(([\d.]+) GB measured on the H200",
           f"{table['trainer_context_gb']['max']:.2f}")
     # the plan's own constants (grpo_lab/memory/memplan_phases.py, fit_search.py) and conf/config.yaml's bucket
-    from grpo_lab.facts import load_yaml
     from grpo_lab.memory import fit_search
     from grpo_lab.memory import memplan_phases as P
 
@@ -1091,7 +1089,6 @@ def _g(x: float) -> str:
 
 def _hardware(name: str) -> dict:
     """conf/hardware/NAME.yaml as written (the course machine's option has no defaults list)."""
-    from grpo_lab.facts import load_yaml
 
     return load_yaml(ROOT / "conf" / "hardware" / f"{name}.yaml")
 
@@ -1100,7 +1097,6 @@ def _reward_kwargs(name: str) -> dict[str, float]:
     """conf/reward_fn/NAME.yaml's reward amounts; the reward function's own defaults must be the same."""
     import inspect
 
-    from grpo_lab.facts import load_yaml
     from grpo_lab.tasks.rewards import countdown, strict_format
 
     conf = load_yaml(ROOT / "conf" / "reward_fn" / f"{name}.yaml")["reward"]["custom_reward_function"]["reward_kwargs"]
@@ -1131,7 +1127,6 @@ def _killed_after() -> float:
 @functools.cache
 def _smollm2_probs_diff() -> tuple[float, ...]:
     """The largest steady (step 2 on) training/rollout_probs_diff_mean of each recorded SmolLM2 run."""
-    from grpo_lab.facts import load_yaml
 
     out = []
     for cfg in sorted(RESULTS.rglob("verl_config.yaml")):

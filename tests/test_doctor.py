@@ -24,6 +24,7 @@ import yaml
 
 from grpo_lab.after_run import doctor
 from grpo_lab.after_run.doctor.signatures import SIGNATURES
+from grpo_lab.facts import load_yaml
 from grpo_lab.labconf import Lab
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -217,7 +218,7 @@ def q4b_job(q4b: Path, dest: Path, log: Path, **changes) -> Path:
     from grpo_lab.verl_keys import with_value
 
     shutil.copytree(q4b, dest)
-    verl = yaml.safe_load((dest / "verl_config.yaml").read_text())
+    verl = load_yaml(dest / "verl_config.yaml")
     for key, value in changes.items():
         verl = with_value(verl, key, value)
     (dest / "verl_config.yaml").write_text(yaml.safe_dump(verl))
@@ -465,8 +466,8 @@ def test_hydra_new_key_and_host_ram():
 def _config_keys() -> tuple[dict, set[str]]:
     from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
-    verl = yaml.safe_load((Path(verl_config_dir()) / "_generated_ppo_trainer.yaml").read_text())
-    ours = yaml.safe_load((Path(__file__).resolve().parent.parent / "conf" / "config.yaml").read_text())
+    verl = load_yaml(Path(verl_config_dir()) / "_generated_ppo_trainer.yaml")
+    ours = load_yaml(Path(__file__).resolve().parent.parent / "conf" / "config.yaml")
     return verl, set(ours)
 
 
@@ -486,8 +487,8 @@ def test_every_override_names_a_real_key(q4b):
     verl, short = _config_keys()
     texts = [p.read_text() for p in sorted(FIXTURES.glob("*/*.log"))]
     overrides = {o for t in texts for d in doctor.diagnose(t) for o in d.overrides}
-    job = doctor.job_run(yaml.safe_load((q4b / "verl_config.yaml").read_text()),
-                         Lab.of(yaml.safe_load((q4b / ".hydra" / "config.yaml").read_text())["lab"]), {})
+    job = doctor.job_run(load_yaml(q4b / "verl_config.yaml"),
+                         Lab.of(load_yaml(q4b / ".hydra" / "config.yaml")["lab"]), {})
     overrides |= {o for phase in ("training", "generation", "weight_sync")
                   for r in doctor.phase_remedies(job, phase)[1] for o in r["override"].split()}
     assert len(overrides) >= 12

@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import planned, run_py
 from omegaconf import OmegaConf
 
+from grpo_lab.facts import load_yaml
 from grpo_lab.memory import emulate
 from grpo_lab.verl_keys import get
 
@@ -31,7 +31,7 @@ def _plan(tmp_path: Path, *args: str, env: dict | None = None, name: str = "run"
 
 
 def _written(out: Path) -> tuple[dict, dict]:
-    return yaml.safe_load((out / "verl_config.yaml").read_text()), json.loads((out / "plan.json").read_text())
+    return load_yaml(out / "verl_config.yaml"), json.loads((out / "plan.json").read_text())
 
 
 def test_the_plan_is_for_32_gb_cards_and_says_emulated(tmp_path):
@@ -63,7 +63,7 @@ def test_the_plan_is_for_32_gb_cards_and_says_emulated(tmp_path):
     assert env["NCCL_P2P_DISABLE"] == "1"
     # the course machine's CPU and RAM facts, and Ray's CPUs as on it
     assert verl["ray_kwargs"]["ray_init"]["num_cpus"] == 16
-    hydra_cfg = yaml.safe_load((out / ".hydra" / "config.yaml").read_text())
+    hydra_cfg = load_yaml(out / ".hydra" / "config.yaml")
     hw = hydra_cfg["lab"]["hardware"]
     assert (hw["cpu_cores"], hw["host_ram_gb"], hw["p2p"], hw["gpu_memory_gb"]) == (16, 128, False, 32)
 

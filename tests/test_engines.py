@@ -7,10 +7,10 @@ import json
 from dataclasses import asdict, replace
 
 import pytest
-import yaml
 from conftest import composed, options, planned, run_py
 from omegaconf import OmegaConf
 
+from grpo_lab.facts import load_yaml
 from grpo_lab.memory import engines, memplan
 from grpo_lab.memory.memplan import Arch, memory_plan
 from grpo_lab.memory.settings import settings_from_verl
@@ -138,7 +138,7 @@ def test_run_py_composes_and_plans_sglang(tmp_path):
     assert planned(p), p.stdout + p.stderr
     assert "sglang static" in p.stdout and "sglang activations" in p.stdout
     job = next((tmp_path / "outputs" / "runs").iterdir())
-    sent = yaml.safe_load((job / "verl_config.yaml").read_text())
+    sent = load_yaml(job / "verl_config.yaml")
     assert get(sent, "actor_rollout_ref.rollout.name") == "sglang"
     assert get(sent, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 2
     assert get(sent, "actor_rollout_ref.rollout.gpu_memory_utilization") == 0.4

@@ -7,11 +7,11 @@ import io
 import json
 
 import pytest
-import yaml
 from conftest import compose_split, planned, run_py
 
 from grpo_lab.cli.knobs import KNOBS, misspelt_env
 from grpo_lab.cli.overrides import parse, prepare
+from grpo_lab.facts import load_yaml
 from grpo_lab.verl_keys import get
 
 # a value for every knob, unlike the config's own (so that a knob that does not reach verl shows)
@@ -150,7 +150,7 @@ def test_environment_sweep_under_m_plans_one_job_per_value(tmp_path):
                  "~hydra.callbacks.sweep_summary", env={"ROLLOUT_GPU_MEM_UTIL": "0.3,0.4,0.5"})
     assert planned(out), out.stdout[-3000:] + out.stderr[-3000:]
     jobs = sorted(tmp_path.glob("job*"))
-    got = [yaml.safe_load((j / "verl_config.yaml").read_text())["actor_rollout_ref"]["rollout"]
+    got = [load_yaml(j / "verl_config.yaml")["actor_rollout_ref"]["rollout"]
            ["gpu_memory_utilization"] for j in jobs]
     assert got == [0.3, 0.4, 0.5]
     for job, value in zip(jobs, got):
@@ -187,7 +187,7 @@ def test_a_value_given_twice_is_named_with_the_one_that_wins(tmp_path):
                 if w["rule"] == "key_given_twice"]
     assert len(recorded) == 4 and all(any(m.startswith(t) for m in recorded) for t in expected), recorded
     # and what the warnings say won is what verl gets
-    verl = yaml.safe_load((tmp_path / "verl_config.yaml").read_text())
+    verl = load_yaml(tmp_path / "verl_config.yaml")
     a = verl["actor_rollout_ref"]
     assert (a["rollout"]["gpu_memory_utilization"], a["rollout"]["n"], a["actor"]["optim"]["lr"]) == (0.5, 4, 3e-6)
     assert a["model"]["path"] == "Qwen/Qwen3-0.6B"

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from conftest import fake_gpus, model_folder, planned, run_py
 
+from grpo_lab.facts import load_yaml
+
 
 def _tiny_files(tmp_path: Path) -> list[str]:
     """Overrides that point the smoke_tiny preset at small files made here (no `make tiny` needed)."""
@@ -78,7 +80,7 @@ def test_sweep_jobs_get_their_own_folders_metrics_and_checkpoints(tmp_path):
     assert len(jobs) == 3
     seen = {"utils": set(), "metrics": set(), "ckpt": set()}
     for job in jobs:
-        cfg = yaml.safe_load((job / "verl_config.yaml").read_text())
+        cfg = load_yaml(job / "verl_config.yaml")
         env = cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
         assert env["VERL_FILE_LOGGER_PATH"] == str((job / "metrics.jsonl").resolve())
         seen["utils"].add(cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"])
@@ -96,7 +98,7 @@ def test_same_command_same_checkpoint_dir(tmp_path):
         proc = run_py("experiment=smoke_tiny", "hardware=h200x1", "preflight.only=true", f"hydra.run.dir={out}",
                       *_tiny_files(tmp_path))
         assert planned(proc), proc.stdout[-2000:] + proc.stderr[-2000:]
-        dirs.append(yaml.safe_load((out / "verl_config.yaml").read_text())["trainer"]["default_local_dir"])
+        dirs.append(load_yaml(out / "verl_config.yaml")["trainer"]["default_local_dir"])
     # keyed by the experiment, not by Hydra's timestamped job folder: the same command resumes
     assert dirs[0] == dirs[1] and "smoke_tiny" in dirs[0] and str(tmp_path) not in dirs[0]
 
@@ -172,7 +174,7 @@ def test_plan_lists_every_changed_default_with_what_set_it(tmp_path):
     from grpo_lab.cli.provenance import verl_defaults
     from grpo_lab.verl_keys import flatten, lookup
 
-    verl = yaml.safe_load((out / "verl_config.yaml").read_text())
+    verl = load_yaml(out / "verl_config.yaml")
     defaults = verl_defaults()
     for key, value in flatten(verl):
         if key not in changed and not key.endswith("_target_"):

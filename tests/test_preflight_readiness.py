@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import CONF, NOT_READY_EXIT, ROOT, fake_gpus, fresh_clone, model_folder, planned, run_py, write_rows
 
 from grpo_lab.checks.inputs import MAKERS
-from grpo_lab.facts import preset_learning_rates
+from grpo_lab.facts import load_yaml, preset_learning_rates
 
 A = "actor_rollout_ref."
 SDPA = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"  # no flash-attn needed
@@ -198,7 +197,7 @@ def test_each_make_command_writes_the_path_it_is_named_for(maker):
     assert shlex.split(line)[:len(words)] == words, (line, module)
     # and it is the default path of its config option
     group = "dataset" if maker.files != ("",) else "model"
-    doc = yaml.safe_load((CONF / group / f"{maker.group}.yaml").read_text())
+    doc = load_yaml(CONF / group / f"{maker.group}.yaml")
     want = "${hydra:runtime.cwd}/" + maker.out
     if group == "dataset":
         assert (doc["train_file"], doc["test_file"]) == (f"{want}/train.parquet", f"{want}/test.parquet")
@@ -229,7 +228,7 @@ def test_a_learning_rate_of_1e_3_or_more_is_warned_with_the_presets(tmp_path, ty
     # appended to the command as typed (either spelling), the fix passes
     proc, plan, job = _plan(tmp_path, typed, *_data(tmp_path), fixes[0], name="fixed")
     assert planned(proc) and not [w for w in plan["warnings"] if w["rule"] == "learning_rate_high"]
-    assert yaml.safe_load((job / "verl_config.yaml").read_text())["actor_rollout_ref"]["actor"]["optim"]["lr"] == \
+    assert load_yaml(job / "verl_config.yaml")["actor_rollout_ref"]["actor"]["optim"]["lr"] == \
         presets[0][0]
 
 
@@ -262,7 +261,7 @@ DYN = (f"{A}actor.use_dynamic_bsz", f"{A}rollout.log_prob_use_dynamic_bsz", f"{A
 def _dyn(job: Path) -> tuple[bool, ...]:
     from grpo_lab.verl_keys import get
 
-    cfg = yaml.safe_load((job / "verl_config.yaml").read_text())
+    cfg = load_yaml(job / "verl_config.yaml")
     return tuple(get(cfg, k) for k in DYN)
 
 
@@ -294,7 +293,7 @@ def test_a_users_micro_batch_turns_the_dynamic_batching_default_off(tmp_path, ar
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    cfg = OmegaConf.create(yaml.safe_load((job / "verl_config.yaml").read_text()))
+    cfg = OmegaConf.create(load_yaml(job / "verl_config.yaml"))
     OmegaConf.set_struct(cfg, True)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
 

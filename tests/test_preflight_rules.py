@@ -7,11 +7,11 @@ import json
 import re
 
 import pytest
-import yaml
 from conftest import ROOT, composed, planned
 
 from grpo_lab.checks.preflight import run_preflight
 from grpo_lab.checks.rules import Ctx, ids, run_rules
+from grpo_lab.facts import load_yaml
 from grpo_lab.memory import memplan, timeplan
 from grpo_lab.memory.run import Run
 
@@ -471,7 +471,7 @@ def test_side_by_side_jobs_with_a_fifth_each_run_at_once(tmp_path):
     for plan, verl_yaml in zip(plans, sorted((tmp_path / "sweep").glob("job*/verl_config.yaml"))):
         assert not [w for w in plan["warnings"] if w["rule"] == "side_by_side_jobs"]
         assert plan["memory"]["kv_cache"]["kv_cache_gb"] == 29.49
-        verl = yaml.safe_load(verl_yaml.read_text())
+        verl = load_yaml(verl_yaml)
         assert verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]["kv_cache_memory_bytes"] == 29490000000
         assert any(n.startswith("hydra/launcher=side_by_side: each job's vLLM KV cache is pinned to the plan's "
                                 "29.49 GB (+" + key + "=29490000000 in verl_config.yaml, set by the launcher)")
@@ -485,7 +485,7 @@ def test_side_by_side_jobs_keep_the_users_own_kv_pin(tmp_path):
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
     proc, plans = _side_by_side(tmp_path, "rollout_gpu_mem_util=0.2", f"+{key}=20000000000")
     assert planned(proc), proc.stdout[-2000:] + proc.stderr[-2000:]
-    verls = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "sweep").glob("job*/verl_config.yaml"))]
+    verls = [load_yaml(p) for p in sorted((tmp_path / "sweep").glob("job*/verl_config.yaml"))]
     assert len(plans) == len(verls) == 3
     for plan, verl in zip(plans, verls):
         assert verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]["kv_cache_memory_bytes"] == 20000000000

@@ -10,9 +10,9 @@ import sys
 import time
 
 import pytest
-import yaml
 from conftest import ROOT, planned, run_module, run_py, write_rows
 
+from grpo_lab.facts import load_yaml
 from grpo_lab.memory import memplan
 from grpo_lab.tasks import qwen3_random as Q
 
@@ -153,7 +153,7 @@ def test_the_real_sizes_have_qwens_published_shapes_and_counts(size):
                                              num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim,
                                              tie_word_embeddings=arch.tie_word_embeddings))
     assert sum(p.numel() for p in model.parameters()) == total
-    group = yaml.safe_load((ROOT / "conf" / "model" / f"{Q.SIZES[size][0]}.yaml").read_text())["lab"]["model"]
+    group = load_yaml(ROOT / "conf" / "model" / f"{Q.SIZES[size][0]}.yaml")["lab"]["model"]
     assert memplan.Arch.from_mapping(group, source="test").params == pytest.approx(total, rel=1e-3)
     pub_total, pub_body = Q.PUBLISHED_B[size]
     # the model cards round (0.6B: 0.596; non-embedding 6.95B: 6.946): within half of the last digit they give

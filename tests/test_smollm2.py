@@ -15,9 +15,9 @@ import sys
 import time
 
 import pytest
-import yaml
 from conftest import ROOT, planned, run_py
 
+from grpo_lab.facts import load_yaml
 from grpo_lab.tasks import smollm2
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -119,7 +119,7 @@ def test_forward_pass_gives_finite_logits_of_vocab_size(loaded):
 
 @needs_package
 def test_model_group_states_the_converted_architecture(converted):
-    conf = yaml.safe_load((ROOT / "conf" / "model" / "smollm2_135m.yaml").read_text())["lab"]["model"]
+    conf = load_yaml(ROOT / "conf" / "model" / "smollm2_135m.yaml")["lab"]["model"]
     config = json.loads((converted[0] / "config.json").read_text())
     keys = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings"]
@@ -140,7 +140,7 @@ def test_presets_pass_the_preflight_through_run_py(preset, converted, tmp_path):
     plan = json.loads((job / "plan.json").read_text())
     assert plan["memory"]["architecture_source"] == f"{converted[0]}/config.json"  # the converted model planned
     assert not plan["errors"] and not [w for w in plan["warnings"] if w["rule"] == "model_arch_mismatch"]
-    verl = yaml.safe_load((job / "verl_config.yaml").read_text())
+    verl = load_yaml(job / "verl_config.yaml")
     assert verl["reward"]["custom_reward_function"]["path"].endswith("grpo_lab/tasks/rewards/strict_format.py")
     if preset == "learn_smollm2":
         assert verl["trainer"]["val_before_train"] is True and verl["trainer"]["test_freq"] == 5

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
+from grpo_lab.facts import load_yaml
 from grpo_lab.tasks import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def test_make_tiny_is_fast_and_writes_the_layout(made):
 
 def test_architecture_matches_conf_model_tiny_qwen3(made):
     out, _, _ = made
-    conf = yaml.safe_load((ROOT / "conf" / "model" / "tiny_qwen3.yaml").read_text())["lab"]["model"]
+    conf = load_yaml(ROOT / "conf" / "model" / "tiny_qwen3.yaml")["lab"]["model"]
     config = json.loads((out / "tiny-qwen3" / "config.json").read_text())
     keys = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings"]

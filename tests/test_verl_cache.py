@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import CONF, ROOT
 
 from grpo_lab.cli import overrides
+from grpo_lab.facts import load_yaml
 from grpo_lab.verl_schema import VerlSchema, build, cache_clear, schema, verl_cache
 from grpo_lab.verl_schema.hydra_internals import own_version_base, version_base, version_base_as
 from grpo_lab.verl_schema.verl_paths import verl_config_dir
@@ -291,7 +291,7 @@ def test_no_config_file_of_ours_picks_a_verl_group_option():
     # the cached ppo_trainer has no defaults list left to override: such a file would need GRPO_LAB_VERL_CACHE=0
     theirs, ours = set(overrides.verl_groups()), set(overrides.our_groups(CONF))
     for path in sorted(CONF.rglob("*.yaml")):
-        for entry in (yaml.safe_load(path.read_text()) or {}).get("defaults", []):
+        for entry in (load_yaml(path) or {}).get("defaults", []):
             key = next(iter(entry)) if isinstance(entry, dict) else entry
             group, _, package = key.removeprefix("override ").lstrip("/").partition("@")
             assert not (group in theirs and (package or group not in ours)), f"{path}: {entry}"
