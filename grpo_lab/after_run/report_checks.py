@@ -40,10 +40,6 @@ _T_CRIT = ((1, 31.8), (2, 6.96), (3, 4.54), (4, 3.75), (5, 3.36), (6, 3.14), (7,
            (12, 2.68), (15, 2.6), (20, 2.53), (30, 2.46), (60, 2.39))
 
 
-def t_critical(dof: int) -> float:
-    return next((t for d, t in reversed(_T_CRIT) if dof >= d), math.inf)
-
-
 @dataclass
 class Check:
     metric: str
@@ -68,7 +64,7 @@ class Trend:
 
     @property
     def direction(self) -> str:
-        crit = t_critical(self.n - 2)
+        crit = next((t for d, t in reversed(_T_CRIT) if self.n - 2 >= d), math.inf)
         if self.slope > 0 and self.t >= crit and self.last > self.first:
             return "rising"
         if self.slope < 0 and self.t <= -crit and self.last < self.first:
@@ -110,9 +106,7 @@ def _fmt(v: float | None, digits: int = 3) -> str:
 
 def _pct(v: float) -> str:
     p = 100 * v
-    if p != 0 and abs(p) < 0.1:
-        return f"{p:.1g}%"
-    return f"{p:.1f}%"
+    return f"{p:.1g}%" if p != 0 and abs(p) < 0.1 else f"{p:.1f}%"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -302,14 +296,6 @@ def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Che
     if v > warn:
         return Check(metric, WARN, msg + ": above a few percent." + remedy)
     return Check(metric, OK, msg + ": small, as it should be.")
-
-
-def check_pg_clipfrac(run: RunInfo) -> Check:
-    return _small(run, "actor/pg_clipfrac", PG_CLIPFRAC_WARN, PG_CLIPFRAC_BAD, "clipped share")
-
-
-def check_ppo_kl(run: RunInfo) -> Check:
-    return _small(run, "actor/ppo_kl", PPO_KL_WARN, PPO_KL_BAD, "policy shift per step")
 
 
 def check_timing(run: RunInfo) -> Check:
@@ -619,7 +605,9 @@ def run_checks(run: RunInfo) -> tuple[list[Check], list[doctor.Diagnosis]]:
     reward_trend = trend(M.train_series(run.df, "critic/score/mean"))
     if not run.df.empty:
         checks += [check_reward(run), check_validation(run, reward_trend), check_clip_ratio(run),
-                   check_response_max(run), check_entropy(run), check_pg_clipfrac(run), check_ppo_kl(run),
+                   check_response_max(run), check_entropy(run),
+                   _small(run, "actor/pg_clipfrac", PG_CLIPFRAC_WARN, PG_CLIPFRAC_BAD, "clipped share"),
+                   _small(run, "actor/ppo_kl", PPO_KL_WARN, PPO_KL_BAD, "policy shift per step"),
                    check_timing(run), check_step_plan(run), check_throughput(run), check_memory(run),
                    check_rollout_precision(run)]
     checks.append(check_kv_cache(run))  # from the log: also for a job that never reached a step
