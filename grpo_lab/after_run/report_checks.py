@@ -308,11 +308,8 @@ def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Che
 
 def check_timing(run: RunInfo) -> Check:
     df = run.df
-    gen_col, upd_col = M.column(df, "timing_s/gen"), M.column(df, "timing_s/update_actor")
-    metric = f"{gen_col or 'timing_s/gen'} vs {upd_col or 'timing_s/update_actor'}"
-    gen = M.steady_mean(M.train_series(df, "timing_s/gen"))
-    upd = M.steady_mean(M.train_series(df, "timing_s/update_actor"))
-    step = M.steady_mean(M.train_series(df, "timing_s/step"))
+    metric = " vs ".join(M.column(df, name) or name for name in ("timing_s/gen", "timing_s/update_actor"))
+    gen, upd, step = (M.steady_mean(M.train_series(df, f"timing_s/{t}")) for t in ("gen", "update_actor", "step"))
     if gen is None or upd is None:
         return Check(metric, WARN, "no phase timings logged yet.")
     of_step = f" of a {_fmt(step)} s step" if step else ""

@@ -122,7 +122,7 @@ _GEN_HEADER = re.compile(r"ray::(?:vLLM\w*|\w*Rollout\w*|AgentLoop\w*|\w*LLMServ
 _TRAIN_HEADER = re.compile(r"ray::\w+\.(?:actor_rollout_ref_)?(?:update_actor|compute_log_prob|compute_ref_log_prob|"
                            r"ref_compute_ref_log_prob|update_policy)\(\)")
 _GEN_PROC = re.compile(r"vLLM|EngineCore|LLMServer|SGLang|AgentLoop")
-_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
+TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
 
 
 def _phase_at(log: Log, i: int) -> str | None:
@@ -136,7 +136,7 @@ def _phase_at(log: Log, i: int) -> str | None:
                 return "generation"
             if _TRAIN_FRAME.search(s) or _TRAIN_HEADER.search(s):
                 return "training"
-        if _TRACEBACK.search(s) and j < i - 1:
+        if TRACEBACK.search(s) and j < i - 1:
             # this traceback's frames are all above; a chained exception's are beyond the header: stop here
             break
     return None
@@ -221,10 +221,9 @@ def _cuda_oom(log: Log, run: Run) -> list[Diagnosis]:
     by_phase: dict[str | None, int] = {}
     for i in hits:
         phase = _phase_at(log, i)
-        if phase not in by_phase:
-            by_phase[phase] = i
-        elif "Tried to allocate" in log.clean[i] and "Tried to allocate" not in log.clean[by_phase[phase]]:
-            by_phase[phase] = i  # the line with the sizes says more
+        if phase not in by_phase or ("Tried to allocate" in log.clean[i]
+                                     and "Tried to allocate" not in log.clean[by_phase[phase]]):
+            by_phase[phase] = i  # the phase's first line, or its first with the sizes: it says more
     out = []
     for phase, i in sorted(by_phase.items(), key=lambda kv: kv[1]):
         if phase is None:

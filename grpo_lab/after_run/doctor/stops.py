@@ -20,7 +20,7 @@ from grpo_lab.after_run.doctor.logread import (
     env_override,
     storage_units,
 )
-from grpo_lab.after_run.doctor.signatures import FatalLine, fatal_line, known, nccl_diagnosis
+from grpo_lab.after_run.doctor.signatures import TRACEBACK, FatalLine, fatal_line, known, nccl_diagnosis
 from grpo_lab.loglines import EXCEPTION_LINE, FRAME, strip
 from grpo_lab.memory.run import Run
 from grpo_lab.memory.settings import as_int
@@ -96,7 +96,6 @@ def _cpu_budget_hang(log: Log, run: Run, evidence: str, line: int | None, where:
 
 # what may follow a traceback's exception line at the end of a log: its own indented lines, Hydra's tail, our notes
 _AFTER_EXCEPTION = re.compile(r"^\s|^Set the environment variable HYDRA_FULL_ERROR|^Error executing job|^grpo-lab")
-_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
 
 
 def _frame(m: re.Match[str]) -> str:
@@ -114,8 +113,8 @@ def raised(log: Log) -> list[Diagnosis]:
             or any(_SIGNAL_EXIT.match(log.clean[j].strip()) for j in range(max(0, last - 400), last)):
         return []
     frames = [m for j in range(last - 1, max(-1, last - 400), -1)
-              if not _TRACEBACK.match(log.clean[j]) and (m := FRAME.match(log.clean[j]))]
-    if not frames or log.first(_TRACEBACK) is None:
+              if not TRACEBACK.match(log.clean[j]) and (m := FRAME.match(log.clean[j]))]
+    if not frames or log.first(TRACEBACK) is None:
         return []
     exc = log.evidence(last)
     at = _frame(frames[0])

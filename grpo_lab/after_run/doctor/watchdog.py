@@ -87,7 +87,7 @@ class ProgressWatchdog:
     def check(self, now: float | None = None) -> str | None:
         """One poll (the thread calls this every interval_s): reads what the log gained, warns once when stale."""
         now = time.time() if now is None else now
-        if self._read_new():
+        if any(not NOISE.search(without_prefixes(ln)) for ln in self._tail.new_lines()):
             self._last_progress = now
         idle = now - self._last_progress
         if self.warned or idle < self.stale_s:
@@ -99,9 +99,6 @@ class ProgressWatchdog:
         except Exception:
             pass
         return self.message
-
-    def _read_new(self) -> bool:
-        return any(not NOISE.search(without_prefixes(ln)) for ln in self._tail.new_lines())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
