@@ -71,7 +71,7 @@ _WORKERS_DONE = re.compile(r"After FSDP|engine initialized|init_model|LLMServerM
 _UNSCHEDULABLE = re.compile(r"resource request cannot be scheduled right now")
 
 
-def _cpu_budget_hang(log: Log, run: Run, evidence: str, line: int | None, where: str) -> Diagnosis:
+def _cpu_budget_hang(run: Run, evidence: str, line: int | None, where: str) -> Diagnosis:
     need, have = cpus_needed(run), run.cfg.ray_init.num_cpus
     gpus, v1, units = run.cfg.trainer.n_gpus_per_node, run.cfg.trainer.use_v1, storage_units(run)
     units_fit = have - facts.ray_cpus_needed(int(gpus), True, 0) if need and have is not None and v1 else None
@@ -112,8 +112,7 @@ def raised(log: Log) -> list[Diagnosis]:
             or re.match(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit)\b", log.clean[last].strip()) \
             or any(_SIGNAL_EXIT.match(log.clean[j].strip()) for j in range(max(0, last - 400), last)):
         return []
-    frames = [m for j in range(last - 1, max(-1, last - 400), -1)
-              if not TRACEBACK.match(log.clean[j]) and (m := FRAME.match(log.clean[j]))]
+    frames = [m for j in range(last - 1, max(-1, last - 400), -1) if (m := FRAME.match(log.clean[j]))]
     if not frames or log.first(TRACEBACK) is None:
         return []
     exc = log.evidence(last)
@@ -172,15 +171,15 @@ def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diag
     cfg_i = max(log.find(_CONFIG_PRINT) or [-1])
     unsched = log.first(_UNSCHEDULABLE)
     if unsched is not None and not steps:
-        return [_cpu_budget_hang(log, run, log.evidence(unsched), unsched + 1,
+        return [_cpu_budget_hang(run, log.evidence(unsched), unsched + 1,
                                  "with Ray saying a resource request cannot be scheduled")]
     if cfg_i >= 0 and not steps:
         after = range(cfg_i + 1, len(log.clean))
         if not any(_AFTER_CONFIG.search(log.clean[i]) or _WORKERS.search(log.clean[i]) or
                    _WORKERS_DONE.search(log.clean[i]) for i in after):
-            return [_cpu_budget_hang(log, run, ev, line, f"right after the config print ({gone})")]
+            return [_cpu_budget_hang(run, ev, line, f"right after the config print ({gone})")]
         if not any(_WORKERS.search(log.clean[i]) or _WORKERS_DONE.search(log.clean[i]) for i in after):
-            return [_cpu_budget_hang(log, run, ev, line, f"after the datasets, before any worker started ({gone})")]
+            return [_cpu_budget_hang(run, ev, line, f"after the datasets, before any worker started ({gone})")]
         nccl_i = max(log.find(_WORKERS) or [-1])
         if nccl_i >= 0 and not any(_WORKERS_DONE.search(log.clean[i]) for i in range(nccl_i, len(log.clean))):
             return [nccl_diagnosis(run, ev, line,

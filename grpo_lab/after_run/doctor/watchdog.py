@@ -3,6 +3,7 @@ progress for N minutes, with what the doctor reads in it so far."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import threading
@@ -94,18 +95,14 @@ class ProgressWatchdog:
             return None
         self.warned = True
         self.message = _stall_message(read_log(self.log_path), idle)
-        try:
+        with contextlib.suppress(Exception):
             self.out(self.message)
-        except Exception:
-            pass
         return self.message
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
+            with contextlib.suppress(Exception):
                 self.check()
-            except Exception:
-                pass
             if self.warned:
                 return
 
