@@ -43,12 +43,7 @@ def job_dirs(sweep_dir: str | Path) -> list[Path]:
     out = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and (
         re.fullmatch(r"job\d+", d.name) or d.name.isdigit() or (d / ".hydra").is_dir()
         or (d / "train.log").exists() or (d / "status.json").exists())]
-    return sorted(out, key=_job_key)
-
-
-def _job_key(p: Path) -> tuple[int, str]:
-    m = re.search(r"(\d+)$", p.name)
-    return (int(m.group(1)) if m else 1 << 30, p.name)
+    return sorted(out, key=lambda p: (int(m.group(1)) if (m := re.search(r"(\d+)$", p.name)) else 1 << 30, p.name))
 
 
 def read_overrides(job_dir: Path) -> list[str]:
