@@ -215,11 +215,8 @@ _IN_LOG_PROB_PASS = ("\nIt ran out in a log-prob pass (forward only, the ~152k-t
 @signature("oom_generation", kind="gpu memory", phase="rollout")
 @signature("oom_unknown_phase", kind="gpu memory", phase="any")
 def _cuda_oom(log: Log, run: Run) -> list[Diagnosis]:
-    hits = log.find(_OOM)
-    if not hits:
-        return []
     by_phase: dict[str | None, int] = {}
-    for i in hits:
+    for i in log.find(_OOM):
         phase = _phase_at(log, i)
         if phase not in by_phase or ("Tried to allocate" in log.clean[i]
                                      and "Tried to allocate" not in log.clean[by_phase[phase]]):
@@ -234,7 +231,7 @@ def _cuda_oom(log: Log, run: Run) -> list[Diagnosis]:
         out.append(Diagnosis(id="oom_training" if phase == "training" else "oom_generation",
                              title=f"CUDA out of memory {what}", evidence=log.evidence(i), line=i + 1, phase=phase,
                              remedy=why + advice + (_IN_LOG_PROB_PASS if log_prob else ""), overrides=overrides))
-    if not out:  # no frame told the phase: what lowers both phases' peaks
+    if not out and None in by_phase:  # no frame told the phase: what lowers both phases' peaks
         i = by_phase[None]
         gen = {r["override"] for r in phase_remedies(run, "generation")[1]}
         both = [r["override"] for r in phase_remedies(run, "training")[1] if r["override"] in gen]
