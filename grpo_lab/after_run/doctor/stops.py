@@ -231,28 +231,25 @@ def root_cause(clean: list[str], i: int) -> tuple[str, str]:
 def engine_died(log: Log) -> list[Diagnosis]:
     """A log with a fatal line (grpo_lab/launch/fatal.py) that no signature explains: which engine or actor died, the
     first error behind it, and that nothing is suggested blindly."""
-    for i, raw in enumerate(log.raw):
-        hit = fatal_line(raw)
-        if hit is None:
-            continue
-        sid, label = hit
-        clean = [strip(x)[0] for x in log.raw]
-        root, frame = root_cause(clean, i)
-        cause = f"{root} at {frame}" if root and frame else root
-        remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
-                  f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
-                  f"(status.json failed). The cause is the first error above it in the log"
-                  + (f": {cause}" if cause else "") + ".")
-        if "/lora/" in frame:
-            remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
-                       "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
-                       "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
-        return [Diagnosis(id=RAY_ACTOR_DIED if sid == RAY_ACTOR_DIED else ENGINE_DIED,
-                          title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
-                          evidence=clean[i].strip()[:300], line=i + 1,
-                          phase=None if sid == RAY_ACTOR_DIED else "generation", remedy=remedy, overrides=[])]
-    return []
-
+    hit = next(((i, found) for i, raw in enumerate(log.raw) if (found := fatal_line(raw))), None)
+    if hit is None:
+        return []
+    i, (sid, label) = hit
+    clean = [strip(x)[0] for x in log.raw]
+    root, frame = root_cause(clean, i)
+    cause = f"{root} at {frame}" if root and frame else root
+    remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
+              f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
+              f"(status.json failed). The cause is the first error above it in the log"
+              + (f": {cause}" if cause else "") + ".")
+    if "/lora/" in frame:
+        remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
+                   "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
+                   "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
+    return [Diagnosis(id=RAY_ACTOR_DIED if sid == RAY_ACTOR_DIED else ENGINE_DIED,
+                      title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
+                      evidence=clean[i].strip()[:300], line=i + 1,
+                      phase=None if sid == RAY_ACTOR_DIED else "generation", remedy=remedy, overrides=[])]
 
 def gone_running(status: dict[str, Any]) -> str | None:
     """Why a status.json that says "running" is not true any more (a killed job never writes its end), or None when
