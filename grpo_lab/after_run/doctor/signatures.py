@@ -455,8 +455,7 @@ def _reward_fn(log: Log, run: Run) -> list[Diagnosis]:
             id="reward_fn_load", title=f"verl's reward worker could not load the custom reward file: {path} {what}",
             evidence=log.evidence(i), line=i + 1,
             remedy=(f"verl imports reward.custom_reward_function.path ({path}) in its reward-loop workers, after Ray "
-                    f"and the model have started. {remedy_tail}"),
-            overrides=[])]
+                    f"and the model have started. {remedy_tail}"))]
     i = log.first(_REWARD_CALL)
     if i is None:
         return []
@@ -478,8 +477,7 @@ def _reward_fn(log: Log, run: Run) -> list[Diagnosis]:
         evidence=log.evidence(exc[0]), line=exc[0] + 1,
         remedy=("verl's reward manager called reward.custom_reward_function.name on an answer and it raised; verl "
                 "does not catch it, so the step fails. Make the function return a number (or a dict with a numeric "
-                f"'score') for every answer, also an empty or badly formatted one. {remedy_tail}"),
-        overrides=[])]
+                f"'score') for every answer, also an empty or badly formatted one. {remedy_tail}"))]
 
 
 @signature("host_ram_oom", kind="host memory", phase="any")

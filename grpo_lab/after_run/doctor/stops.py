@@ -124,8 +124,7 @@ def raised(log: Log) -> list[Diagnosis]:
         remedy=(f"The log ends in this Python exception, raised at {where} (the traceback above it in the log): the "
                 "job crashed, it did not hang, so nothing here points at Ray's CPUs or NCCL. No known signature "
                 "matches it and nothing is suggested blindly: the exception's text and that frame say what to "
-                "change; a config is checked without starting anything with preflight.only=true (make plan)."),
-        overrides=[])]
+                "change; a config is checked without starting anything with preflight.only=true (make plan)."))]
 
 
 def _own(m: re.Match[str]) -> bool:
@@ -141,7 +140,7 @@ def _user_stop(log: Log, kill_i: int, steps: list[int]) -> Diagnosis:
     again = "trainer.resume_mode=auto resumes it from the last checkpoint." if steps else "run it again when ready."
     return Diagnosis(
         id="stopped_by_user", title=f"Stopped by the user (Ctrl+C) {when}" + (at and "," + at),
-        evidence=log.evidence(kill_i), line=kill_i + 1, overrides=[],
+        evidence=log.evidence(kill_i), line=kill_i + 1,
         remedy=f"The job was interrupted (KeyboardInterrupt){at}: it did not fail, so nothing is suggested; {again}")
 
 
@@ -249,7 +248,7 @@ def engine_died(log: Log) -> list[Diagnosis]:
     return [Diagnosis(id=RAY_ACTOR_DIED if sid == RAY_ACTOR_DIED else ENGINE_DIED,
                       title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
                       evidence=clean[i].strip()[:300], line=i + 1,
-                      phase=None if sid == RAY_ACTOR_DIED else "generation", remedy=remedy, overrides=[])]
+                      phase=None if sid == RAY_ACTOR_DIED else "generation", remedy=remedy)]
 
 def gone_running(status: dict[str, Any]) -> str | None:
     """Why a status.json that says "running" is not true any more (a killed job never writes its end), or None when
