@@ -75,9 +75,12 @@ def _ids_given(module) -> dict[str, set[str]]:
     own: dict[str, set[str]] = {}
     calls: dict[str, set[str]] = {}
     for fn in tree.body:
-        if not isinstance(fn, ast.FunctionDef):
+        if not isinstance(fn, ast.FunctionDef) or fn.name == "signature":  # its first= matchers' ids: at their @s
             continue
         own[fn.name], calls[fn.name] = set(), set()
+        for d in fn.decorator_list:  # @signature(id, first=pattern): the Diagnosis of that id is built around fn's
+            if isinstance(d, ast.Call) and any(k.arg == "first" for k in d.keywords):
+                own[fn.name] |= _id_values(d.args[0], module)
         for node in ast.walk(fn):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 calls[fn.name].add(node.func.id)

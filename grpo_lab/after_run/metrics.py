@@ -21,9 +21,8 @@ ALIASES["timing_s/step"] += ("perf/time_per_step",)
 
 @dataclass
 class MetricsReadResult:
-    """How reading went: lines read, lines skipped (bad JSON), and whether the last line was partial."""
+    """How reading went: lines skipped (bad JSON), and whether the last line was partial."""
 
-    lines: int = 0
     skipped: int = 0
     partial_last_line: bool = False
 
@@ -45,7 +44,6 @@ def read_metrics(run: str | Path, info: MetricsReadResult | None = None) -> pd.D
         line = line.strip()
         if not line:
             continue
-        info.lines += 1
         try:
             obj = json.loads(line)
         except ValueError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,10 +41,6 @@ _T_CRIT = ((1, 31.8), (2, 6.96), (3, 4.54), (4, 3.75), (5, 3.36), (6, 3.14), (7,
            (12, 2.68), (15, 2.6), (20, 2.53), (30, 2.46), (60, 2.39))
 
 
-def t_critical(dof: int) -> float:
-    return next((t for d, t in reversed(_T_CRIT) if dof >= d), math.inf)
-
-
 @dataclass
 class Check:
     metric: str
@@ -52,6 +49,26 @@ class Check:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
+
+
+MetricCheck = Callable[[RunInfo, pd.Series], tuple[str, str]]  # a check of one metric's values: (status, message)
+
+
+def _of(metric: str, missing: str | None = "not logged.") -> Callable[[MetricCheck], Callable[[RunInfo], Check | None]]:
+    """The check of one metric from its values at the steps that trained, which the function gets and gives (status,
+    message) of; where there are none, `missing` is the warning (None: no check)."""
+
+    def deco(fn: MetricCheck) -> Callable[[RunInfo], Check | None]:
+        @functools.wraps(fn)
+        def check(run: RunInfo) -> Check | None:
+            s = M.train_series(run.df, metric)
+            if s.empty:
+                return None if missing is None else Check(metric, WARN, missing)
+            return Check(metric, *fn(run, s))
+
+        return check
+
+    return deco
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -68,7 +85,7 @@ class Trend:
 
     @property
     def direction(self) -> str:
-        crit = t_critical(self.n - 2)
+        crit = next((t for d, t in reversed(_T_CRIT) if self.n - 2 >= d), math.inf)
         if self.slope > 0 and self.t >= crit and self.last > self.first:
             return "rising"
         if self.slope < 0 and self.t <= -crit and self.last < self.first:
@@ -110,25 +127,19 @@ def _fmt(v: float | None, digits: int = 3) -> str:
 
 def _pct(v: float) -> str:
     p = 100 * v
-    if p != 0 and abs(p) < 0.1:
-        return f"{p:.1g}%"
-    return f"{p:.1f}%"
+    return f"{p:.1g}%" if p != 0 and abs(p) < 0.1 else f"{p:.1f}%"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the checks
 
 
-def check_reward(run: RunInfo) -> Check:
-    metric = "critic/score/mean"
-    s = M.train_series(run.df, metric)
-    if s.empty:
-        return Check(metric, WARN, "no reward logged yet (no training step finished).")
+@_of("critic/score/mean", "no reward logged yet (no training step finished).")
+def check_reward(run: RunInfo, s: pd.Series) -> tuple[str, str]:
     if _random_weights(run):
-        return Check(metric, OK, f"random weights: reward not meaningful (mean {_fmt(float(s.mean()))} over {len(s)} "
-                                 "step(s)).")
+        return OK, f"random weights: reward not meaningful (mean {_fmt(float(s.mean()))} over {len(s)} step(s))."
     if len(s) < 3:
-        return Check(metric, WARN, f"too few steps to judge ({len(s)}; at least 3): last {_fmt(float(s.iloc[-1]))}.")
+        return WARN, f"too few steps to judge ({len(s)}; at least 3): last {_fmt(float(s.iloc[-1]))}."
     tr = trend(s)
     assert tr is not None
     if float(s.abs().max()) == 0.0:
@@ -137,19 +148,19 @@ def check_reward(run: RunInfo) -> Check:
         if not clip.empty and float(clip.mean()) >= CLIP_WARN:
             why = (f" {_pct(float(clip.mean()))} of the answers are cut at max_response_length, and a cut answer "
                    "scores 0: see response_length/clip_ratio.")
-        return Check(metric, BAD, f"reward is 0 on every one of {len(s)} steps: no answer is ever right.{why} "
-                                  "Check the reward function and the data format (GSM8K answers end in '#### n').")
+        return BAD, (f"reward is 0 on every one of {len(s)} steps: no answer is ever right.{why} "
+                     "Check the reward function and the data format (GSM8K answers end in '#### n').")
     detail = (f"first-third mean {_fmt(tr.first)} -> last-third mean {_fmt(tr.last)} over {tr.n} steps "
               f"(slope {tr.slope:+.3g}/step, t={_fmt(tr.t, 2)})")
     if tr.direction == "rising":
-        return Check(metric, OK, f"rising through the noise: {detail}.")
+        return OK, f"rising through the noise: {detail}."
     if tr.direction == "falling":
-        return Check(metric, BAD, f"falling: {detail}. Learning is going wrong: lower the learning rate "
-                                  f"({_lower_lr(run)}), check actor/ppo_kl and actor/entropy, look at samples.")
+        return BAD, (f"falling: {detail}. Learning is going wrong: lower the learning rate "
+                     f"({_lower_lr(run)}), check actor/ppo_kl and actor/entropy, look at samples.")
     if tr.first >= 0.85:
-        return Check(metric, OK, f"high and flat (saturated): {detail}.")
-    return Check(metric, WARN, f"no clear trend yet (change within the noise): {detail}. Give it more steps; if it "
-                               "stays flat, check the clip ratio (truncated answers score 0) and the learning rate.")
+        return OK, f"high and flat (saturated): {detail}."
+    return WARN, (f"no clear trend yet (change within the noise): {detail}. Give it more steps; if it "
+                  "stays flat, check the clip ratio (truncated answers score 0) and the learning rate.")
 
 
 def check_validation(run: RunInfo, reward: Trend | None) -> Check:
@@ -204,11 +215,8 @@ def _base_model_option(model_name: str | None) -> str:
     return "model=qwen3_1_7b_base"
 
 
-def check_clip_ratio(run: RunInfo) -> Check:
-    metric = "response_length/clip_ratio"
-    s = M.train_series(run.df, metric)
-    if s.empty:
-        return Check(metric, WARN, "not logged.")
+@_of("response_length/clip_ratio")
+def check_clip_ratio(run: RunInfo, s: pd.Series) -> tuple[str, str]:
     k = max(1, len(s) // 3)
     recent = float(s.iloc[-k:].mean())
     limit = run.max_response_length
@@ -219,11 +227,11 @@ def check_clip_ratio(run: RunInfo) -> Check:
     if len(s) > 1:
         msg += f", over the last {k} step(s)"
     if _random_weights(run):
-        return Check(metric, OK, f"random weights: {msg}; noise runs to the limit (the worst case for time and "
-                                 "memory), not a prompt or length problem.")
+        return OK, (f"random weights: {msg}; noise runs to the limit (the worst case for time and "
+                    "memory), not a prompt or length problem.")
     if recent >= CLIP_WARN:
-        return Check(metric, BAD if recent >= CLIP_BAD else WARN, msg + "." + _thinking_advice(run))
-    return Check(metric, OK, msg + ": few truncated.")
+        return BAD if recent >= CLIP_BAD else WARN, msg + "." + _thinking_advice(run)
+    return OK, msg + ": few truncated."
 
 
 def _lower_lr(run: RunInfo) -> str:
@@ -238,29 +246,23 @@ def _lower_lr(run: RunInfo) -> str:
     return f"actor_lr={short(lr / 3)}, a third of this job's {short(lr)}"
 
 
-def check_response_max(run: RunInfo) -> Check:
-    metric = "response_length/max"
-    s = M.train_series(run.df, metric)
-    if s.empty:
-        return Check(metric, WARN, "not logged.")
+@_of("response_length/max")
+def check_response_max(run: RunInfo, s: pd.Series) -> tuple[str, str]:
     limit = run.max_response_length
     peak = float(s.max())
     if not limit:
-        return Check(metric, OK, f"longest answer {_fmt(peak)} tokens (limit unknown: no verl_config.yaml).")
+        return OK, f"longest answer {_fmt(peak)} tokens (limit unknown: no verl_config.yaml)."
     at = int((s >= limit).sum())
     msg = f"longest answer reaches the limit {limit} on {at} of {len(s)} steps (max {_fmt(peak)})"
     if at == 0:
-        return Check(metric, OK, f"longest answer {_fmt(peak)} tokens, below the limit {limit}.")
+        return OK, f"longest answer {_fmt(peak)} tokens, below the limit {limit}."
     if at * 2 >= len(s):
-        return Check(metric, WARN, msg + ": answers run into the limit; see response_length/clip_ratio for how many.")
-    return Check(metric, OK, msg + ".")
+        return WARN, msg + ": answers run into the limit; see response_length/clip_ratio for how many."
+    return OK, msg + "."
 
 
-def check_entropy(run: RunInfo) -> Check:
-    metric = "actor/entropy"
-    s = M.train_series(run.df, metric)
-    if s.empty:
-        return Check(metric, WARN, "not logged.")
+@_of("actor/entropy")
+def check_entropy(run: RunInfo, s: pd.Series) -> tuple[str, str]:
     temp = M.finite_float(run.cfg.rollout.temperature)
     hotter = (f", sampling temperature 1.0 instead of {temp:g} (actor_rollout_ref.rollout.temperature=1.0)"
               if temp is not None and temp < 1 else "")
@@ -270,20 +272,20 @@ def check_entropy(run: RunInfo) -> Check:
     if len(s) < 3:
         end = float(s.iloc[-1])
         if end < ENTROPY_FLOOR:
-            return Check(metric, BAD, f"entropy {_fmt(end)}: already near zero (collapsed)." + remedy)
-        return Check(metric, WARN, f"too few steps to judge ({len(s)}): entropy {_fmt(end)}.")
+            return BAD, f"entropy {_fmt(end)}: already near zero (collapsed)." + remedy
+        return WARN, f"too few steps to judge ({len(s)}): entropy {_fmt(end)}."
     k = max(1, len(s) // 5)
     start, end = float(s.iloc[:k].mean()), float(s.iloc[-k:].mean())
     ratio = end / start if start > 0 else 1.0
     span = (f"{_fmt(start)} -> {_fmt(end)} (" + (f"means of the first and last {k} steps, " if k > 1 else "first and "
             "last step, ") + f"{len(s)} steps)")
     if end < ENTROPY_FLOOR:
-        return Check(metric, BAD, f"entropy collapse: {span}, near zero: the policy stopped exploring." + remedy)
+        return BAD, f"entropy collapse: {span}, near zero: the policy stopped exploring." + remedy
     if ratio < ENTROPY_RATIO_BAD:
-        return Check(metric, BAD, f"entropy collapse: fell to {_pct(ratio)} of its start, {span}." + remedy)
+        return BAD, f"entropy collapse: fell to {_pct(ratio)} of its start, {span}." + remedy
     if ratio < ENTROPY_RATIO_WARN:
-        return Check(metric, WARN, f"entropy falling fast: {_pct(ratio)} of its start, {span}." + remedy)
-    return Check(metric, OK, f"no collapse: {span}.")
+        return WARN, f"entropy falling fast: {_pct(ratio)} of its start, {span}." + remedy
+    return OK, f"no collapse: {span}."
 
 
 def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Check:
@@ -304,21 +306,10 @@ def _small(run: RunInfo, metric: str, warn: float, bad: float, what: str) -> Che
     return Check(metric, OK, msg + ": small, as it should be.")
 
 
-def check_pg_clipfrac(run: RunInfo) -> Check:
-    return _small(run, "actor/pg_clipfrac", PG_CLIPFRAC_WARN, PG_CLIPFRAC_BAD, "clipped share")
-
-
-def check_ppo_kl(run: RunInfo) -> Check:
-    return _small(run, "actor/ppo_kl", PPO_KL_WARN, PPO_KL_BAD, "policy shift per step")
-
-
 def check_timing(run: RunInfo) -> Check:
     df = run.df
-    gen_col, upd_col = M.column(df, "timing_s/gen"), M.column(df, "timing_s/update_actor")
-    metric = f"{gen_col or 'timing_s/gen'} vs {upd_col or 'timing_s/update_actor'}"
-    gen = M.steady_mean(M.train_series(df, "timing_s/gen"))
-    upd = M.steady_mean(M.train_series(df, "timing_s/update_actor"))
-    step = M.steady_mean(M.train_series(df, "timing_s/step"))
+    metric = " vs ".join(M.column(df, name) or name for name in ("timing_s/gen", "timing_s/update_actor"))
+    gen, upd, step = (M.steady_mean(M.train_series(df, f"timing_s/{t}")) for t in ("gen", "update_actor", "step"))
     if gen is None or upd is None:
         return Check(metric, WARN, "no phase timings logged yet.")
     of_step = f" of a {_fmt(step)} s step" if step else ""
@@ -369,18 +360,15 @@ def check_step_plan(run: RunInfo) -> Check:
     return Check(metric, OK, msg + ".")
 
 
-def check_throughput(run: RunInfo) -> Check:
-    metric = "perf/throughput"
-    s = M.train_series(run.df, metric)
-    if s.empty:
-        return Check(metric, WARN, "not logged yet.")
+@_of("perf/throughput", "not logged yet.")
+def check_throughput(run: RunInfo, s: pd.Series) -> tuple[str, str]:
     mean = M.steady_mean(s)
     msg = f"{_fmt(mean)} tokens/s per GPU (mean without step 1)" if len(s) > 1 else f"{_fmt(mean)} tokens/s per GPU"
     tr = trend(s) if len(s) >= 6 else None
     if tr and tr.first > 0 and tr.last < 0.7 * tr.first:
-        return Check(metric, WARN, f"{msg}; dropping from {_fmt(tr.first)} to {_fmt(tr.last)}: longer answers "
-                                   "(response_length/mean) or memory pressure (more micro-batches).")
-    return Check(metric, OK, msg + ".")
+        return WARN, (f"{msg}; dropping from {_fmt(tr.first)} to {_fmt(tr.last)}: longer answers "
+                      "(response_length/mean) or memory pressure (more micro-batches).")
+    return OK, msg + "."
 
 
 def check_memory(run: RunInfo) -> Check:
@@ -485,11 +473,8 @@ def probs_diff_thresholds() -> tuple[float, float, str]:
     return warn, 2 * warn, f"{PROBS_DIFF_MARGIN:.0%} above the largest recorded steady value, {top:.4f} ({job})"
 
 
-def check_rollout_precision(run: RunInfo) -> Check | None:
-    metric = "training/rollout_probs_diff_mean"
-    s = M.train_series(run.df, metric)
-    if s.empty:
-        return None
+@_of("training/rollout_probs_diff_mean", None)
+def check_rollout_precision(run: RunInfo, s: pd.Series) -> tuple[str, str]:
     v = float(s.abs().max())
     warn, bad, source = probs_diff_thresholds()
     msg = f"max {_fmt(v)} (vLLM vs training token probabilities; warn above {_fmt(warn)}: {source})"
@@ -499,8 +484,8 @@ def check_rollout_precision(run: RunInfo) -> Check | None:
              "on a Hopper card, long outputs or bf16 vs fp32 logits between vLLM and training (verl's FAQ)")
     fix = f" The likely cause: {cause}: try +actor_rollout_ref.rollout.engine_kwargs.vllm.disable_cascade_attn=true."
     if v > warn:
-        return Check(metric, BAD if v > bad else WARN, msg + f": above {_fmt(bad if v > bad else warn)}." + fix)
-    return Check(metric, OK, msg + f": below {_fmt(warn)}.")
+        return BAD if v > bad else WARN, msg + f": above {_fmt(bad if v > bad else warn)}." + fix
+    return OK, msg + f": below {_fmt(warn)}."
 
 
 # vLLM's worker and engine lines (vllm/v1/worker/gpu_worker.py, v1/core/kv_cache_utils.py), printed at INFO
@@ -619,7 +604,9 @@ def run_checks(run: RunInfo) -> tuple[list[Check], list[doctor.Diagnosis]]:
     reward_trend = trend(M.train_series(run.df, "critic/score/mean"))
     if not run.df.empty:
         checks += [check_reward(run), check_validation(run, reward_trend), check_clip_ratio(run),
-                   check_response_max(run), check_entropy(run), check_pg_clipfrac(run), check_ppo_kl(run),
+                   check_response_max(run), check_entropy(run),
+                   _small(run, "actor/pg_clipfrac", PG_CLIPFRAC_WARN, PG_CLIPFRAC_BAD, "clipped share"),
+                   _small(run, "actor/ppo_kl", PPO_KL_WARN, PPO_KL_BAD, "policy shift per step"),
                    check_timing(run), check_step_plan(run), check_throughput(run), check_memory(run),
                    check_rollout_precision(run)]
     checks.append(check_kv_cache(run))  # from the log: also for a job that never reached a step

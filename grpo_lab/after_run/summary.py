@@ -43,12 +43,7 @@ def job_dirs(sweep_dir: str | Path) -> list[Path]:
     out = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and (
         re.fullmatch(r"job\d+", d.name) or d.name.isdigit() or (d / ".hydra").is_dir()
         or (d / "train.log").exists() or (d / "status.json").exists())]
-    return sorted(out, key=_job_key)
-
-
-def _job_key(p: Path) -> tuple[int, str]:
-    m = re.search(r"(\d+)$", p.name)
-    return (int(m.group(1)) if m else 1 << 30, p.name)
+    return sorted(out, key=lambda p: (int(m.group(1)) if (m := re.search(r"(\d+)$", p.name)) else 1 << 30, p.name))
 
 
 def read_overrides(job_dir: Path) -> list[str]:
@@ -61,16 +56,14 @@ def read_overrides(job_dir: Path) -> list[str]:
         return []
 
 
-def _split_override(o: str) -> tuple[str, str] | None:
-    if "=" not in o:
-        return None
-    key, value = o.split("=", 1)
-    return key.lstrip("+~"), value
+def _by_key(overrides: list[str]) -> dict[str, str]:
+    """Each override's key (its +/~ dropped) -> its value."""
+    return {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in overrides if "=" in o}
 
 
 def swept_keys(overrides: list[list[str]]) -> list[str]:
     """Override keys whose value differs across the jobs (in first-seen order)."""
-    jobs = [dict(kv for kv in (_split_override(o) for o in ovs) if kv) for ovs in overrides]
+    jobs = [_by_key(ovs) for ovs in overrides]
     order = dict.fromkeys(k for job in jobs for k in job)
     return [k for k in order if len({job.get(k, "<unset>") for job in jobs}) > 1]
 
@@ -110,7 +103,7 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
     word, diag_text, _ = status or job_status(job_dir)
     mem = M.train_series(df, "actor/perf/max_memory_allocated_gb")
     val_col = M.primary_val_column(df)  # what a learning-rate sweep is chosen by
-    val = M.series(df, val_col).dropna() if val_col else None
+    val = {int(k): float(v) for k, v in M.series(df, val_col).items()} if val_col else {}  # by step, in order
     return {
         "job": job_dir.name,
         "status": word,
@@ -120,10 +113,10 @@ def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagn
         "throughput_tok_s_gpu": M.steady_mean(M.train_series(df, "perf/throughput")),
         "peak_train_mem_gib": float(mem.max()) if not mem.empty else None,
         "last_score": M.last(M.train_series(df, "critic/score/mean")),
-        "val_first": float(val.iloc[0]) if val is not None and len(val) else None,
-        "val_last": float(val.iloc[-1]) if val is not None and len(val) else None,
-        "val_step": int(val.index[-1]) if val is not None and len(val) else None,
-        "_val": {int(k): float(v) for k, v in val.items()} if val is not None else {},
+        "val_first": val[min(val)] if val else None,
+        "val_last": val[max(val)] if val else None,
+        "val_step": max(val) if val else None,
+        "_val": val,
         "diagnosis": diag_text,
         "overrides": " ".join(read_overrides(job_dir)),
         **plan_cells(job_dir),
@@ -159,8 +152,7 @@ def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagno
     overrides = [read_overrides(d) for d in dirs]
     keys = swept_keys(overrides)
     for row, ovs in zip(rows, overrides):
-        ov = dict(kv for kv in (_split_override(o) for o in ovs) if kv)
-        row.update({k: ov.get(k) for k in keys})
+        row.update({k: _by_key(ovs).get(k) for k in keys})
     import pandas as pd
 
     # nothing trained (planned or refused): no training columns

@@ -3,10 +3,9 @@ grpo_lab.after_run.doctor LOGFILE_OR_JOB_DIR). What it matches, the watchdog and
 
 from grpo_lab.after_run.doctor.command import main
 from grpo_lab.after_run.doctor.logread import Diagnosis, Log, printed_config, read_json, read_log
-from grpo_lab.after_run.doctor.signatures import SIGNATURES, fatal_line, phase_remedies
+from grpo_lab.after_run.doctor.signatures import fatal_line, phase_remedies
 from grpo_lab.after_run.doctor.stops import gone_running
 from grpo_lab.after_run.doctor.verdict import (
-                                               NOT_A_LOG,
                                                diagnose,
                                                diagnose_file,
                                                diagnose_path,
@@ -14,13 +13,11 @@ from grpo_lab.after_run.doctor.verdict import (
                                                failure_class,
                                                format_diagnoses,
                                                job_run,
-                                               not_a_log,
                                                refusal,
                                                write_diagnosis,
 )
 from grpo_lab.after_run.doctor.watchdog import ProgressWatchdog, watch_progress
 
-__all__ = ["NOT_A_LOG", "SIGNATURES", "fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "diagnose",
-           "diagnose_file", "diagnose_path", "errors_in", "failure_class", "format_diagnoses", "gone_running",
-           "job_run", "main", "not_a_log", "phase_remedies", "printed_config", "read_json", "read_log", "refusal",
-           "watch_progress", "write_diagnosis"]
+__all__ = ["fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "diagnose", "diagnose_file", "diagnose_path",
+           "errors_in", "failure_class", "format_diagnoses", "gone_running", "job_run", "main", "phase_remedies",
+           "printed_config", "read_json", "read_log", "refusal", "watch_progress", "write_diagnosis"]

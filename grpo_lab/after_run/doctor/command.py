@@ -24,9 +24,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpo-lab doctor: {path} does not exist", file=sys.stderr)
         return 2
     log_path, ds = diagnose_path(path, stale_minutes=args.stale_minutes)
-    if args.json:
-        print(json.dumps([d.to_dict() for d in ds], indent=2))
-    else:
-        print(format_diagnoses(ds, str(log_path)))
+    print(json.dumps([d.to_dict() for d in ds], indent=2) if args.json else format_diagnoses(ds, str(log_path)))
     return 2 if [d.id for d in ds] == [NOT_A_LOG] else 0
 

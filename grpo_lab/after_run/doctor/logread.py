@@ -66,8 +66,8 @@ class Log:
             clean.append(loglines.RANK_PREFIX.sub("", loglines.VLLM_PREFIX.sub("", line[len(procs[-1]):])))
         return cls(raw, clean, procs)
 
-    def find(self, pattern: re.Pattern[str], start: int = 0) -> list[int]:
-        return [i for i in range(start, len(self.clean)) if pattern.search(self.clean[i])]
+    def find(self, pattern: re.Pattern[str]) -> list[int]:
+        return [i for i, line in enumerate(self.clean) if pattern.search(line)]
 
     def first(self, pattern: re.Pattern[str]) -> int | None:
         return next((i for i, line in enumerate(self.clean) if pattern.search(line)), None)

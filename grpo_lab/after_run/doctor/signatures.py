@@ -8,7 +8,7 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from grpo_lab.after_run.doctor.logread import END_MARKERS, Diagnosis, Log, already_set, cpus_needed, env_override, now
 from grpo_lab.loglines import FRAME, strip
@@ -58,12 +58,23 @@ SIGNATURES: Registry[Signature] = Registry("doctor signature", SIGNATURE_KINDS,
                                            "SIGNATURE_KINDS in grpo_lab/after_run/doctor/signatures.py")
 
 
-def signature(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] = ()) -> Callable[[Matcher], Matcher]:
-    """Register a matcher under an id it gives (a matcher that gives several has one decorator per id)."""
+def signature(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] = (),
+              first: re.Pattern[str] | None = None) -> Callable[[Callable[..., Any]], Matcher]:
+    """Register a matcher under an id it gives (a matcher that gives several has one decorator per id). With `first`:
+    a matcher of the log's first line that matches it (line index i, no diagnosis when none does), which returns the
+    Diagnosis's other fields; its id, evidence and line (the line's) are filled in."""
 
-    def deco(fn: Matcher) -> Matcher:
-        SIGNATURES.add(Signature(sid, kind, phase, fn, fatal))
-        return fn
+    def deco(fn: Callable[..., Any]) -> Matcher:
+        matcher = fn
+        if first is not None:
+            @functools.wraps(fn)
+            def matcher(log: Log, run: Run) -> list[Diagnosis]:
+                i = log.first(first)
+                return [] if i is None else [Diagnosis(**{"id": sid, "evidence": log.evidence(i), "line": i + 1,
+                                                          **fn(log, i, run)})]
+
+        SIGNATURES.add(Signature(sid, kind, phase, matcher, fatal))
+        return matcher
 
     return deco
 
@@ -71,20 +82,6 @@ def signature(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] =
 def known(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] = ()) -> str:
     """Register a diagnosis that no matcher gives (it comes from where the log stopped, a job's files); its id."""
     return SIGNATURES.add(Signature(sid, kind, phase, None, fatal)).id
-
-
-def on_first(pattern: re.Pattern[str]) -> Callable[[Callable[[Log, int, Run], Diagnosis]], Matcher]:
-    """A matcher of the log's first line that matches `pattern` (line index i): no diagnosis when none does."""
-
-    def deco(fn: Callable[[Log, int, Run], Diagnosis]) -> Matcher:
-        @functools.wraps(fn)
-        def matcher(log: Log, run: Run) -> list[Diagnosis]:
-            i = log.first(pattern)
-            return [] if i is None else [fn(log, i, run)]
-
-        return matcher
-
-    return deco
 
 
 def matchers() -> list[Matcher]:
@@ -125,7 +122,7 @@ _GEN_HEADER = re.compile(r"ray::(?:vLLM\w*|\w*Rollout\w*|AgentLoop\w*|\w*LLMServ
 _TRAIN_HEADER = re.compile(r"ray::\w+\.(?:actor_rollout_ref_)?(?:update_actor|compute_log_prob|compute_ref_log_prob|"
                            r"ref_compute_ref_log_prob|update_policy)\(\)")
 _GEN_PROC = re.compile(r"vLLM|EngineCore|LLMServer|SGLang|AgentLoop")
-_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
+TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
 
 
 def _phase_at(log: Log, i: int) -> str | None:
@@ -139,7 +136,7 @@ def _phase_at(log: Log, i: int) -> str | None:
                 return "generation"
             if _TRAIN_FRAME.search(s) or _TRAIN_HEADER.search(s):
                 return "training"
-        if _TRACEBACK.search(s) and j < i - 1:
+        if TRACEBACK.search(s) and j < i - 1:
             # this traceback's frames are all above; a chained exception's are beyond the header: stop here
             break
     return None
@@ -218,16 +215,12 @@ _IN_LOG_PROB_PASS = ("\nIt ran out in a log-prob pass (forward only, the ~152k-t
 @signature("oom_generation", kind="gpu memory", phase="rollout")
 @signature("oom_unknown_phase", kind="gpu memory", phase="any")
 def _cuda_oom(log: Log, run: Run) -> list[Diagnosis]:
-    hits = log.find(_OOM)
-    if not hits:
-        return []
     by_phase: dict[str | None, int] = {}
-    for i in hits:
+    for i in log.find(_OOM):
         phase = _phase_at(log, i)
-        if phase not in by_phase:
-            by_phase[phase] = i
-        elif "Tried to allocate" in log.clean[i] and "Tried to allocate" not in log.clean[by_phase[phase]]:
-            by_phase[phase] = i  # the line with the sizes says more
+        if phase not in by_phase or ("Tried to allocate" in log.clean[i]
+                                     and "Tried to allocate" not in log.clean[by_phase[phase]]):
+            by_phase[phase] = i  # the phase's first line, or its first with the sizes: it says more
     out = []
     for phase, i in sorted(by_phase.items(), key=lambda kv: kv[1]):
         if phase is None:
@@ -238,7 +231,7 @@ def _cuda_oom(log: Log, run: Run) -> list[Diagnosis]:
         out.append(Diagnosis(id="oom_training" if phase == "training" else "oom_generation",
                              title=f"CUDA out of memory {what}", evidence=log.evidence(i), line=i + 1, phase=phase,
                              remedy=why + advice + (_IN_LOG_PROB_PASS if log_prob else ""), overrides=overrides))
-    if not out:  # no frame told the phase: what lowers both phases' peaks
+    if not out and None in by_phase:  # no frame told the phase: what lowers both phases' peaks
         i = by_phase[None]
         gen = {r["override"] for r in phase_remedies(run, "generation")[1]}
         both = [r["override"] for r in phase_remedies(run, "training")[1] if r["override"] in gen]
@@ -254,44 +247,35 @@ def _cuda_oom(log: Log, run: Run) -> list[Diagnosis]:
     return out
 
 
-@signature("vllm_kv_cache_too_small", kind="gpu memory", phase="start-up")
-@signature("vllm_startup_free_memory", kind="gpu memory", phase="start-up")
-def _kv_cache(log: Log, run: Run) -> list[Diagnosis]:
-    out = []
-    i = log.first(_KV_NONE)
-    if i is not None:
-        util = run.cfg.rollout.gpu_memory_utilization
-        out.append(Diagnosis(
-            id="vllm_kv_cache_too_small",
-            title="vLLM has no memory left for its KV cache (generation phase, at engine start)",
-            evidence=log.evidence(i), line=i + 1, phase="generation",
-            remedy=(f"vLLM's share (gpu_memory_utilization, {now(util)}, x the "
-                    "card) is used up by the model weights and the profiling run, so no KV cache is left. Give vLLM a "
-                    "larger share if the training phase has room (rollout_gpu_mem_util up by 0.1), or make its "
-                    "profiling run smaller (actor_rollout_ref.rollout.max_num_batched_tokens, max_model_len)."),
-            overrides=([f"rollout_gpu_mem_util={min(0.9, round(float(util) + 0.1, 2)):g}"] if util else [])
-            + ["actor_rollout_ref.rollout.max_num_batched_tokens=4096"]))
-    j = log.first(_VLLM_FREE)
-    if j is not None:
-        advice, overrides = memory_advice(run, "generation")
-        out.append(Diagnosis(
-            id="vllm_startup_free_memory",
-            title="vLLM could not reserve its share of the card at start (generation phase)",
-            evidence=log.evidence(j), line=j + 1, phase="generation",
-            remedy=("gpu_memory_utilization is a fraction of the card's total memory; the FSDP actor (or another "
-                    "process) already holds more than the rest. Check `nvidia-smi` for leftover processes of an "
-                    "earlier run. " + advice),
-            overrides=overrides))
-    return out
+@signature("vllm_kv_cache_too_small", kind="gpu memory", phase="start-up", first=_KV_NONE)
+def _kv_cache(log: Log, i: int, run: Run) -> dict[str, Any]:
+    util = run.cfg.rollout.gpu_memory_utilization
+    return dict(
+        title="vLLM has no memory left for its KV cache (generation phase, at engine start)", phase="generation",
+        remedy=(f"vLLM's share (gpu_memory_utilization, {now(util)}, x the "
+                "card) is used up by the model weights and the profiling run, so no KV cache is left. Give vLLM a "
+                "larger share if the training phase has room (rollout_gpu_mem_util up by 0.1), or make its "
+                "profiling run smaller (actor_rollout_ref.rollout.max_num_batched_tokens, max_model_len)."),
+        overrides=([f"rollout_gpu_mem_util={min(0.9, round(float(util) + 0.1, 2)):g}"] if util else [])
+        + ["actor_rollout_ref.rollout.max_num_batched_tokens=4096"])
 
 
-@signature("vllm_no_flashinfer", kind="packages", phase="start-up")
-@on_first(_FLASHINFER)
-def _flashinfer(log: Log, i: int, run: Run) -> Diagnosis:
-    return Diagnosis(
-        id="vllm_no_flashinfer",
+@signature("vllm_startup_free_memory", kind="gpu memory", phase="start-up", first=_VLLM_FREE)
+def _vllm_free(log: Log, i: int, run: Run) -> dict[str, Any]:
+    advice, overrides = memory_advice(run, "generation")
+    return dict(
+        title="vLLM could not reserve its share of the card at start (generation phase)", phase="generation",
+        remedy=("gpu_memory_utilization is a fraction of the card's total memory; the FSDP actor (or another "
+                "process) already holds more than the rest. Check `nvidia-smi` for leftover processes of an "
+                "earlier run. " + advice),
+        overrides=overrides)
+
+
+@signature("vllm_no_flashinfer", kind="packages", phase="start-up", first=_FLASHINFER)
+def _flashinfer(log: Log, i: int, run: Run) -> dict[str, Any]:
+    return dict(
         title="vLLM's engine failed to start: No module named 'flashinfer' (its sampler imports it)",
-        evidence=log.evidence(i), line=i + 1, phase="generation",
+        phase="generation",
         remedy=("vLLM's top-k/top-p sampler uses FlashInfer unless told not to. "
                 + ("This job already sets VLLM_USE_FLASHINFER_SAMPLER=0: install flashinfer matching your vLLM and "
                    "CUDA." if already_set(run, env_override("VLLM_USE_FLASHINFER_SAMPLER", "0")) else
@@ -304,13 +288,11 @@ def _flashinfer(log: Log, i: int, run: Run) -> Diagnosis:
 _LORA_NO_SHARD = re.compile(r"offload_to_cpu=True and NO_SHARD is not supported yet")
 
 
-@signature("lora_fsdp_no_shard", kind="lora", phase="weight sync")
-@on_first(_LORA_NO_SHARD)
-def _lora_no_shard(log: Log, i: int, run: Run) -> Diagnosis:
-    return Diagnosis(
-        id="lora_fsdp_no_shard",
+@signature("lora_fsdp_no_shard", kind="lora", phase="weight sync", first=_LORA_NO_SHARD)
+def _lora_no_shard(log: Log, i: int, run: Run) -> dict[str, Any]:
+    return dict(
         title="LoRA weight sync failed: FSDP on one GPU (NO_SHARD) cannot summon with offload_to_cpu",
-        evidence=log.evidence(i), line=i + 1, phase="training",
+        phase="training",
         remedy=("Seen on the GPU test machine (verl 0.9.1: SmolLM2-135M on one H200; verl's own LoRA example "
                 "settings, FSDP1 + layered_summon=True, on Qwen3-0.6B on one H100): with one GPU torch's FSDP runs "
                 "NO_SHARD, and verl's LoRA sync with rollout.layered_summon=true falls back to "
@@ -324,13 +306,11 @@ def _lora_no_shard(log: Log, i: int, run: Run) -> Diagnosis:
 _LORA_EMPTY = re.compile(r"in _create_merged_loras_inplace|first_lora: LoRALayerWeights = next\(iter\(")
 
 
-@signature("lora_empty_adapter", kind="lora", phase="weight sync")
-@on_first(_LORA_EMPTY)
-def _lora_empty_adapter(log: Log, i: int, run: Run) -> Diagnosis:
-    return Diagnosis(
-        id="lora_empty_adapter",
+@signature("lora_empty_adapter", kind="lora", phase="weight sync", first=_LORA_EMPTY)
+def _lora_empty_adapter(log: Log, i: int, run: Run) -> dict[str, Any]:
+    return dict(
         title="LoRA weight sync failed: vLLM's add_lora got an adapter with no LoRA weights (StopIteration)",
-        evidence=log.evidence(i), line=i + 1, phase="training",
+        phase="training",
         remedy=("Seen on the GPU test machine (verl 0.9.1, vLLM 0.24, peft 0.21, one H200, layered_summon=false): "
                 "under FSDP1 verl's collect_lora_params finds no adapter tensors with peft >= 0.21 (its module paths "
                 "keep FSDP1's inner _fsdp_wrapped_module.), so vLLM's _create_merged_loras_inplace stops on an empty "
@@ -339,14 +319,11 @@ def _lora_empty_adapter(log: Log, i: int, run: Run) -> Diagnosis:
         overrides=["actor_rollout_ref.actor.strategy=fsdp2"])
 
 
-@signature("ray_register_worker", kind="ray", phase="start-up")
-@on_first(_RAYLET)
-def _raylet(log: Log, i: int, run: Run) -> Diagnosis:
+@signature("ray_register_worker", kind="ray", phase="start-up", first=_RAYLET)
+def _raylet(log: Log, i: int, run: Run) -> dict[str, Any]:
     need = cpus_needed(run)
-    return Diagnosis(
-        id="ray_register_worker",
+    return dict(
         title='Ray: "Unable to register worker with raylet"',
-        evidence=log.evidence(i), line=i + 1,
         remedy=("System limits (e.g. SLURM CPU sharing, or too few open files) stop the worker processes that "
                 "ray.init() starts, one per CPU core it sees. Tell Ray how many CPUs it may use: "
                 "ray_kwargs.ray_init.num_cpus, to what the system allows ("
@@ -356,9 +333,8 @@ def _raylet(log: Log, i: int, run: Run) -> Diagnosis:
         overrides=[f"ray_kwargs.ray_init.num_cpus={need}"] if need else [])
 
 
-@signature("illegal_memory_access", kind="kernels", phase="any")
-@on_first(_ILLEGAL)
-def _illegal_access(log: Log, i: int, run: Run) -> Diagnosis:
+@signature("illegal_memory_access", kind="kernels", phase="any", first=_ILLEGAL)
+def _illegal_access(log: Log, i: int, run: Run) -> dict[str, Any]:
     phase = _phase_at(log, i)
     if phase == "training":
         remedy = ("A CUDA kernel of the training side read out of bounds. Run with CUDA_LAUNCH_BLOCKING=1 to get the "
@@ -370,10 +346,8 @@ def _illegal_access(log: Log, i: int, run: Run) -> Diagnosis:
                   "https://docs.vllm.ai/en/latest/usage/troubleshooting.html). First try without CUDA graphs "
                   "(actor_rollout_ref.rollout.enforce_eager=true); run with CUDA_LAUNCH_BLOCKING=1 to find the kernel.")
         overrides = ["actor_rollout_ref.rollout.enforce_eager=true", env_override("CUDA_LAUNCH_BLOCKING", "1")]
-    return Diagnosis(id="illegal_memory_access",
-                     title="CUDA error: an illegal memory access" + (f" ({phase} phase)" if phase else ""),
-                     evidence=log.evidence(i), line=i + 1, phase=phase or "generation", remedy=remedy,
-                     overrides=overrides)
+    return dict(title="CUDA error: an illegal memory access" + (f" ({phase} phase)" if phase else ""),
+                phase=phase or "generation", remedy=remedy, overrides=overrides)
 
 
 def nccl_diagnosis(run: Run, evidence: str, line: int | None, how: str) -> Diagnosis:
@@ -392,14 +366,13 @@ def nccl_diagnosis(run: Run, evidence: str, line: int | None, how: str) -> Diagn
 
 
 @signature("nccl_hang", kind="nccl", phase="any")
-@on_first(_NCCL)
-def _nccl(log: Log, i: int, run: Run) -> Diagnosis:
-    return nccl_diagnosis(run, log.evidence(i), i + 1, "(collective timed out or failed)")
+def _nccl(log: Log, run: Run) -> list[Diagnosis]:
+    i = log.first(_NCCL)
+    return [] if i is None else [nccl_diagnosis(run, log.evidence(i), i + 1, "(collective timed out or failed)")]
 
 
-@signature("triton_compile", kind="kernels", phase="any")
-@on_first(_TRITON)
-def _triton(log: Log, i: int, run: Run) -> Diagnosis:
+@signature("triton_compile", kind="kernels", phase="any", first=_TRITON)
+def _triton(log: Log, i: int, run: Run) -> dict[str, Any]:
     context = "\n".join(log.clean[i:i + 40])
     overrides = ["actor_rollout_ref.actor.use_torch_compile=false"]
     remedy = ("Triton could not build a kernel (compile_module_from_src): disable just-in-time compilation of the "
@@ -410,53 +383,43 @@ def _triton(log: Log, i: int, run: Run) -> Diagnosis:
     if re.search(r"Failed to find C compiler|gcc|cc1|Python\.h|CalledProcessError", context):
         remedy += (" The build needs a C compiler and Python headers: install them (`apt install build-essential "
                    "python3-dev`) or point CC at one.")
-    return Diagnosis(id="triton_compile", title="Triton compile error (compile_module_from_src)",
-                     evidence=log.evidence(i), line=i + 1, remedy=remedy, overrides=overrides)
+    return dict(title="Triton compile error (compile_module_from_src)", remedy=remedy, overrides=overrides)
 
 
-@signature("flash_attn_import", kind="packages", phase="start-up")
-@on_first(_FA2)
-def _flash_attn(log: Log, i: int, run: Run) -> Diagnosis:
-    return Diagnosis(
-        id="flash_attn_import",
+@signature("flash_attn_import", kind="packages", phase="start-up", first=_FA2)
+def _flash_attn(log: Log, i: int, run: Run) -> dict[str, Any]:
+    return dict(
         title="FlashAttention2 is not usable (flash_attn missing or built for another torch)",
-        evidence=log.evidence(i), line=i + 1,
         remedy=("verl loads the model with attn_implementation=flash_attention_2 by default. Without a working "
                 "flash_attn use torch's sdpa (padding removal stays correct), or install flash-attn built for your "
                 "torch/CUDA."),
         overrides=["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"])
 
 
-@signature("ray_env_var_type", kind="ray", phase="start-up")
-@on_first(_RAY_ENV)
-def _ray_env(log: Log, i: int, run: Run) -> Diagnosis:
+@signature("ray_env_var_type", kind="ray", phase="start-up", first=_RAY_ENV)
+def _ray_env(log: Log, i: int, run: Run) -> dict[str, Any]:
     bad = {k: val for k, val in run.cfg.env_vars.items() if not isinstance(val, str)}
     if not bad:
         m = re.search(r"the value (\S+) is of type", log.clean[i])
         bad = {"<NAME>": m.group(1) if m else "<value>"}
     overrides = [env_override(k, str(val).lower() if isinstance(val, bool) else str(val)) for k, val in bad.items()]
-    return Diagnosis(
-        id="ray_env_var_type",
+    return dict(
         title="A Ray runtime_env env var is not a string",
-        evidence=log.evidence(i), line=i + 1,
         remedy=("Ray accepts only strings in runtime_env.env_vars, but Hydra reads 1 / true as a number / bool. Quote "
                 "the value in the override (the whole override in single quotes for the shell): "
                 + ", ".join(f"{k} is {val!r}" for k, val in bad.items()) + "."),
         overrides=overrides)
 
 
-@signature("hydra_new_key", kind="config", phase="compose")
-@on_first(_HYDRA_APPEND)
-def _hydra_missing_key(log: Log, i: int, run: Run) -> Diagnosis:
+@signature("hydra_new_key", kind="config", phase="compose", first=_HYDRA_APPEND)
+def _hydra_missing_key(log: Log, i: int, run: Run) -> dict[str, Any]:
     m = _HYDRA_APPEND.search(log.clean[i])
     assert m is not None
     key = m.group(1)
     prev = next((log.evidence(j) for j in range(i, max(-1, i - 5), -1) if "Could not override" in log.clean[j]),
                 log.evidence(i))
-    return Diagnosis(id="hydra_new_key", title="Override of a key that is not in the config",
-                     evidence=prev, line=i + 1,
-                     remedy="The key is new to verl's config: prefix the override with + (Hydra's append).",
-                     overrides=[key])
+    return dict(title="Override of a key that is not in the config", evidence=prev,
+                remedy="The key is new to verl's config: prefix the override with + (Hydra's append).", overrides=[key])
 
 
 # verl 0.9.1 loading reward.custom_reward_function.path in its reward-loop workers (verl/utils/import_utils.py:
@@ -492,8 +455,7 @@ def _reward_fn(log: Log, run: Run) -> list[Diagnosis]:
             id="reward_fn_load", title=f"verl's reward worker could not load the custom reward file: {path} {what}",
             evidence=log.evidence(i), line=i + 1,
             remedy=(f"verl imports reward.custom_reward_function.path ({path}) in its reward-loop workers, after Ray "
-                    f"and the model have started. {remedy_tail}"),
-            overrides=[])]
+                    f"and the model have started. {remedy_tail}"))]
     i = log.first(_REWARD_CALL)
     if i is None:
         return []
@@ -515,8 +477,7 @@ def _reward_fn(log: Log, run: Run) -> list[Diagnosis]:
         evidence=log.evidence(exc[0]), line=exc[0] + 1,
         remedy=("verl's reward manager called reward.custom_reward_function.name on an answer and it raised; verl "
                 "does not catch it, so the step fails. Make the function return a number (or a dict with a numeric "
-                f"'score') for every answer, also an empty or badly formatted one. {remedy_tail}"),
-        overrides=[])]
+                f"'score') for every answer, also an empty or badly formatted one. {remedy_tail}"))]
 
 
 @signature("host_ram_oom", kind="host memory", phase="any")

@@ -20,7 +20,7 @@ from grpo_lab.after_run.doctor.logread import (
     env_override,
     storage_units,
 )
-from grpo_lab.after_run.doctor.signatures import FatalLine, fatal_line, known, nccl_diagnosis
+from grpo_lab.after_run.doctor.signatures import TRACEBACK, FatalLine, fatal_line, known, nccl_diagnosis
 from grpo_lab.loglines import EXCEPTION_LINE, FRAME, strip
 from grpo_lab.memory.run import Run
 from grpo_lab.memory.settings import as_int
@@ -71,7 +71,7 @@ _WORKERS_DONE = re.compile(r"After FSDP|engine initialized|init_model|LLMServerM
 _UNSCHEDULABLE = re.compile(r"resource request cannot be scheduled right now")
 
 
-def _cpu_budget_hang(log: Log, run: Run, evidence: str, line: int | None, where: str) -> Diagnosis:
+def _cpu_budget_hang(run: Run, evidence: str, line: int | None, where: str) -> Diagnosis:
     need, have = cpus_needed(run), run.cfg.ray_init.num_cpus
     gpus, v1, units = run.cfg.trainer.n_gpus_per_node, run.cfg.trainer.use_v1, storage_units(run)
     units_fit = have - facts.ray_cpus_needed(int(gpus), True, 0) if need and have is not None and v1 else None
@@ -96,7 +96,6 @@ def _cpu_budget_hang(log: Log, run: Run, evidence: str, line: int | None, where:
 
 # what may follow a traceback's exception line at the end of a log: its own indented lines, Hydra's tail, our notes
 _AFTER_EXCEPTION = re.compile(r"^\s|^Set the environment variable HYDRA_FULL_ERROR|^Error executing job|^grpo-lab")
-_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)")
 
 
 def _frame(m: re.Match[str]) -> str:
@@ -113,9 +112,8 @@ def raised(log: Log) -> list[Diagnosis]:
             or re.match(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit)\b", log.clean[last].strip()) \
             or any(_SIGNAL_EXIT.match(log.clean[j].strip()) for j in range(max(0, last - 400), last)):
         return []
-    frames = [m for j in range(last - 1, max(-1, last - 400), -1)
-              if not _TRACEBACK.match(log.clean[j]) and (m := FRAME.match(log.clean[j]))]
-    if not frames or log.first(_TRACEBACK) is None:
+    frames = [m for j in range(last - 1, max(-1, last - 400), -1) if (m := FRAME.match(log.clean[j]))]
+    if not frames or log.first(TRACEBACK) is None:
         return []
     exc = log.evidence(last)
     at = _frame(frames[0])
@@ -126,8 +124,7 @@ def raised(log: Log) -> list[Diagnosis]:
         remedy=(f"The log ends in this Python exception, raised at {where} (the traceback above it in the log): the "
                 "job crashed, it did not hang, so nothing here points at Ray's CPUs or NCCL. No known signature "
                 "matches it and nothing is suggested blindly: the exception's text and that frame say what to "
-                "change; a config is checked without starting anything with preflight.only=true (make plan)."),
-        overrides=[])]
+                "change; a config is checked without starting anything with preflight.only=true (make plan)."))]
 
 
 def _own(m: re.Match[str]) -> bool:
@@ -143,7 +140,7 @@ def _user_stop(log: Log, kill_i: int, steps: list[int]) -> Diagnosis:
     again = "trainer.resume_mode=auto resumes it from the last checkpoint." if steps else "run it again when ready."
     return Diagnosis(
         id="stopped_by_user", title=f"Stopped by the user (Ctrl+C) {when}" + (at and "," + at),
-        evidence=log.evidence(kill_i), line=kill_i + 1, overrides=[],
+        evidence=log.evidence(kill_i), line=kill_i + 1,
         remedy=f"The job was interrupted (KeyboardInterrupt){at}: it did not fail, so nothing is suggested; {again}")
 
 
@@ -173,15 +170,15 @@ def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diag
     cfg_i = max(log.find(_CONFIG_PRINT) or [-1])
     unsched = log.first(_UNSCHEDULABLE)
     if unsched is not None and not steps:
-        return [_cpu_budget_hang(log, run, log.evidence(unsched), unsched + 1,
+        return [_cpu_budget_hang(run, log.evidence(unsched), unsched + 1,
                                  "with Ray saying a resource request cannot be scheduled")]
     if cfg_i >= 0 and not steps:
         after = range(cfg_i + 1, len(log.clean))
         if not any(_AFTER_CONFIG.search(log.clean[i]) or _WORKERS.search(log.clean[i]) or
                    _WORKERS_DONE.search(log.clean[i]) for i in after):
-            return [_cpu_budget_hang(log, run, ev, line, f"right after the config print ({gone})")]
+            return [_cpu_budget_hang(run, ev, line, f"right after the config print ({gone})")]
         if not any(_WORKERS.search(log.clean[i]) or _WORKERS_DONE.search(log.clean[i]) for i in after):
-            return [_cpu_budget_hang(log, run, ev, line, f"after the datasets, before any worker started ({gone})")]
+            return [_cpu_budget_hang(run, ev, line, f"after the datasets, before any worker started ({gone})")]
         nccl_i = max(log.find(_WORKERS) or [-1])
         if nccl_i >= 0 and not any(_WORKERS_DONE.search(log.clean[i]) for i in range(nccl_i, len(log.clean))):
             return [nccl_diagnosis(run, ev, line,
@@ -233,28 +230,25 @@ def root_cause(clean: list[str], i: int) -> tuple[str, str]:
 def engine_died(log: Log) -> list[Diagnosis]:
     """A log with a fatal line (grpo_lab/launch/fatal.py) that no signature explains: which engine or actor died, the
     first error behind it, and that nothing is suggested blindly."""
-    for i, raw in enumerate(log.raw):
-        hit = fatal_line(raw)
-        if hit is None:
-            continue
-        sid, label = hit
-        clean = [strip(x)[0] for x in log.raw]
-        root, frame = root_cause(clean, i)
-        cause = f"{root} at {frame}" if root and frame else root
-        remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
-                  f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
-                  f"(status.json failed). The cause is the first error above it in the log"
-                  + (f": {cause}" if cause else "") + ".")
-        if "/lora/" in frame:
-            remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
-                       "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
-                       "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
-        return [Diagnosis(id=RAY_ACTOR_DIED if sid == RAY_ACTOR_DIED else ENGINE_DIED,
-                          title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
-                          evidence=clean[i].strip()[:300], line=i + 1,
-                          phase=None if sid == RAY_ACTOR_DIED else "generation", remedy=remedy, overrides=[])]
-    return []
-
+    hit = next(((i, found) for i, raw in enumerate(log.raw) if (found := fatal_line(raw))), None)
+    if hit is None:
+        return []
+    i, (sid, label) = hit
+    clean = [strip(x)[0] for x in log.raw]
+    root, frame = root_cause(clean, i)
+    cause = f"{root} at {frame}" if root and frame else root
+    remedy = (f"{label}: verl 0.9.1 restarts neither its rollout engine nor its Ray actors and has no time-out "
+              f"while it waits for them, so such a job hangs; grpo-lab stops it within 30 s of this line "
+              f"(status.json failed). The cause is the first error above it in the log"
+              + (f": {cause}" if cause else "") + ".")
+    if "/lora/" in frame:
+        remedy += (" It failed in vLLM's LoRA manager: seen on the GPU test machine when the adapter verl handed "
+                   "to vLLM's add_lora held no LoRA weights (SmolLM2, layered_summon=false, "
+                   "load_format=safetensors: StopIteration in _create_merged_loras_inplace).")
+    return [Diagnosis(id=RAY_ACTOR_DIED if sid == RAY_ACTOR_DIED else ENGINE_DIED,
+                      title=f"{label}" + (f": {root}" if root else "") + (f" ({frame})" if frame else ""),
+                      evidence=clean[i].strip()[:300], line=i + 1,
+                      phase=None if sid == RAY_ACTOR_DIED else "generation", remedy=remedy)]
 
 def gone_running(status: dict[str, Any]) -> str | None:
     """Why a status.json that says "running" is not true any more (a killed job never writes its end), or None when

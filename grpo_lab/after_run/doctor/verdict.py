@@ -165,8 +165,7 @@ def format_diagnoses(diagnoses: list[Diagnosis], source: str = "") -> str:
         return f"grpo-lab doctor: no known failure signature in {source or 'the log'}."
     if [d.id for d in diagnoses] == [NOT_A_LOG]:
         d = diagnoses[0]
-        return "\n".join([f"grpo-lab doctor: {d.title}; nothing to diagnose.", f"  {d.evidence}",
-                          f"  {d.remedy}"])
+        return f"grpo-lab doctor: {d.title}; nothing to diagnose.\n  {d.evidence}\n  {d.remedy}"
     head = f"grpo-lab doctor: {len(diagnoses)} finding(s)" + (f" in {source}" if source else "") + ":"
     return "\n".join([head] + [d.format() for d in diagnoses])
 

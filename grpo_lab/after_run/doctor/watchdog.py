@@ -3,6 +3,7 @@ progress for N minutes, with what the doctor reads in it so far."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import threading
@@ -87,28 +88,21 @@ class ProgressWatchdog:
     def check(self, now: float | None = None) -> str | None:
         """One poll (the thread calls this every interval_s): reads what the log gained, warns once when stale."""
         now = time.time() if now is None else now
-        if self._read_new():
+        if any(not NOISE.search(without_prefixes(ln)) for ln in self._tail.new_lines()):
             self._last_progress = now
         idle = now - self._last_progress
         if self.warned or idle < self.stale_s:
             return None
         self.warned = True
         self.message = _stall_message(read_log(self.log_path), idle)
-        try:
+        with contextlib.suppress(Exception):
             self.out(self.message)
-        except Exception:
-            pass
         return self.message
-
-    def _read_new(self) -> bool:
-        return any(not NOISE.search(without_prefixes(ln)) for ln in self._tail.new_lines())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
+            with contextlib.suppress(Exception):
                 self.check()
-            except Exception:
-                pass
             if self.warned:
                 return
 
