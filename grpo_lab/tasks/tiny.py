@@ -109,8 +109,7 @@ def arith_records(n: int, seed: int, exclude: set[str] = frozenset()) -> list[di
 def arith_splits(n_train: int, n_test: int, seed: int) -> dict[str, list[dict]]:
     """{"train": records, "test": records}, disjoint questions."""
     test = arith_records(n_test, seed + 1)
-    train = arith_records(n_train, seed, exclude={r["question"] for r in test})
-    return {"train": train, "test": test}
+    return {"train": arith_records(n_train, seed, exclude={r["question"] for r in test}), "test": test}
 
 
 def tokenizer_corpus(records: list[dict]) -> list[str]:
