@@ -107,9 +107,6 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
     if importlib.util.find_spec("gguf") is None:
         raise ConvertError(f"the Python package gguf is not installed in {sys.executable}: transformers needs it to "
                            f"read GGUF files. Install it with: {INSTALL}")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # the 272-tensor de-quantization bar
     made: dict = {}
 
     def fill(tmp: Path) -> None:
@@ -147,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: data/smollm2-135m-instruct, where conf/model/smollm2_135m.yaml looks)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
     args = parser.parse_args(argv)
-    quiet_hf(offline=True, TQDM_DISABLE="1")  # the 272-tensor de-quantization bar (tqdm, not transformers')
+    quiet_hf(offline=True, TQDM_DISABLE="1")  # the 272-tensor de-quantization bar (tqdm, and transformers' own)
     try:
         convert(args.out, args.force)
     except ConvertError as exc:
