@@ -93,23 +93,22 @@ def sbatch_preview(params: dict[str, Any], n_jobs: int = 1) -> str:
 
 def _drop_empty_sweep_dir(params: dict[str, Any]) -> None:
     """Hydra makes the sweep folder (with its multirun.yaml) before the launcher runs: a refused sweep leaves none."""
-    folder = str(params.get("submitit_folder") or "")
-    sweep = Path(folder.split("/.submitit/")[0]) if "/.submitit/" in folder else None
-    if sweep is not None and sweep.is_dir() and {p.name for p in sweep.iterdir()} <= {"multirun.yaml"}:
+    sweep, below, _ = str(params.get("submitit_folder") or "").partition("/.submitit/")
+    if below and Path(sweep).is_dir() and {p.name for p in Path(sweep).iterdir()} <= {"multirun.yaml"}:
         shutil.rmtree(sweep)
 
 
 def check_before_submit(params: dict[str, Any], job_overrides: Sequence[Sequence[str]],
                         nnodes: int | None = None) -> None:
     """Exit 2 with the reason (and, without sbatch here, the header that would have been sent) or return."""
-    why = refusal(params, job_overrides, nnodes) or (None if shutil.which("sbatch") else "")
-    if why is not None:
-        _drop_empty_sweep_dir(params)
+    why = refusal(params, job_overrides, nnodes)
+    if why is None and shutil.which("sbatch"):
+        return
+    _drop_empty_sweep_dir(params)
     if why:
         _fail(f"{why}\nNothing was submitted.")
-    if shutil.which("sbatch") is None:
-        _fail(f"no `sbatch` here: hydra/launcher=slurm submits from a SLURM login node. Nothing was submitted; the "
-              f"{len(job_overrides)} job(s) would have been sent with:\n{sbatch_preview(params, len(job_overrides))}")
+    _fail(f"no `sbatch` here: hydra/launcher=slurm submits from a SLURM login node. Nothing was submitted; the "
+          f"{len(job_overrides)} job(s) would have been sent with:\n{sbatch_preview(params, len(job_overrides))}")
 
 
 # ---- inside a SLURM job of several nodes: one Ray cluster across the allocation ------------------------------------
