@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -25,8 +26,23 @@ from hydra.core.hydra_config import HydraConfig
 from grpo_lab import facts
 from grpo_lab.cli.overrides import OverrideError, check, parse, quote, tree_if_needed
 from grpo_lab.launch.prepare import split
-from grpo_lab.verl_keys import MISSING, flatten, lookup
+from grpo_lab.verl_keys import flatten
 from grpo_lab.verl_schema import schema
+
+_MISSING = object()
+
+
+def _lookup(d: dict, dotted: str) -> tuple[Any, bool]:
+    """(value, whether every parent exists)."""
+    cur: Any = d
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(cur, dict):
+            return _MISSING, False
+        if part not in cur:
+            return _MISSING, i == len(parts) - 1
+        cur = cur[part]
+    return cur, True
 
 
 def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
@@ -44,11 +60,9 @@ def raw_overrides(overrides: list[str], conf_dir: str) -> list[str]:
     for key, value in flatten(ours):
         if key.endswith("_target_"):
             continue
-        default = lookup(base, key)
-        if default is MISSING:  # `+` adds a key to a section verl has; `++` makes the missing section too
-            parent = key.rpartition(".")[0]
-            plus = "+" if not parent or isinstance(lookup(base, parent), dict) else "++"
-            out.append(f"{plus}{key}={quote(value)}")
+        default, parent_ok = _lookup(base, key)
+        if default is _MISSING:
+            out.append(f"+{key}={quote(value)}" if parent_ok else f"++{key}={quote(value)}")
         elif default != value:
             out.append(f"{key}={quote(value)}")
     return out
