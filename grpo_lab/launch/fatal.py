@@ -83,7 +83,6 @@ class FatalWatch:
         self._done = threading.Event()
         self._quit = threading.Event()
         self._thread: threading.Thread | None = None
-        self._job_thread = threading.get_ident()
         self._tail = LogTail(self.log_path)
         self._lines = 0
 

@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -252,10 +252,10 @@ def _diagnose(log: Path, doctor: Any) -> list[Any]:
         return []
 
 
+@dataclass
 class JobStatus:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.started = time.time()
+    path: Path
+    started: float = field(default_factory=time.time)
 
     def write(self, status: str, **extra: Any) -> None:
         now = time.time()

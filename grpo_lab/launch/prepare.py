@@ -110,7 +110,6 @@ class Prepared:
     run: Run  # the job as planned: its settings, model, memory and time plans (grpo_lab/memory/run.py)
     verl: dict[str, Any]  # what verl gets: emulation's scaled utilizations, side by side's KV pin
     emulation: dict[str, Any] | None = None  # plan.json's "emulation" (grpo_lab/memory/emulate.py); None without
-    kv_pin: dict[str, Any] | None = None  # side by side's KV cache pin: {"bytes", "by"}
     cluster: RayNodes | None = None  # the Ray cluster of a SLURM job of several nodes (its first node only)
     multirun: bool = False  # a sweep point (its checkpoint folder is its own)
 
@@ -119,7 +118,8 @@ class Prepared:
         """plan.json's changed_defaults: what verl gets that is not verl's default, and what set it (the launcher's
         KV pin, emulation's scaling); worked out when first read (the check stage: make fit's jobs write no plan)."""
         changed = changed_defaults(self.verl, self.run.layers, self.multirun)
-        if self.kv_pin and self.kv_pin["by"] == "launcher":  # the launcher's pin says what set it
+        pin = self.run.lab.side_by_side_kv_pin  # side by side's KV cache pin: {"bytes", "by"}
+        if pin and pin["by"] == "launcher":  # the launcher's pin says what set it
             for item in changed:
                 if item["key"] == KEY:
                     item["set_by"] = SET_BY
@@ -167,7 +167,7 @@ def prepare(cfg: DictConfig, job: Job) -> Prepared:
     engine_verl, pin = pin_side_by_side(run, emulated.verl)
     if pin:  # the rule side_by_side_jobs reads it; the plans are the same (the pin is in verl's copy only)
         run = replace(run, lab=replace(lab, side_by_side_kv_pin=pin))
-    return Prepared(run, engine_verl, emulated.info, pin, cluster, job.multirun)
+    return Prepared(run, engine_verl, emulated.info, cluster, job.multirun)
 
 
 def emulate(verl: dict[str, Any], lab: Lab, job: Job) -> Emulated:
@@ -253,12 +253,10 @@ def settle(verl: dict[str, Any], layers: Layers) -> dict[str, Any]:
         return {}
     on_off = [(dyn, on, _set_by(layers, dyn)) for dyn, on in switches(cfg)]
     kept = [{"key": dyn, "set_by": by} for dyn, on, by in on_off if on and _users(by)]
-    off = []
-    if not kept:  # no use_dynamic_bsz=true of the user's: their micro-batch wins over our default
-        for dyn, on, by in on_off:
-            if on:
-                put(verl, dyn, False)
-                off.append({"key": dyn, "set_by": by})
+    # no use_dynamic_bsz=true of the user's: their micro-batch wins over our default
+    off = [] if kept else [{"key": dyn, "set_by": by} for dyn, on, by in on_off if on]
+    for item in off:
+        put(verl, item["key"], False)
     return {"micro": micro, "turned_off": off, "kept_on": kept}
 
 

@@ -28,10 +28,6 @@ from grpo_lab.labconf import Lab, Slurm
 
 # overrides that change the resources a job needs: the launcher's resources are fixed for the whole sweep
 RESOURCE_KEYS = ("hardware", "nnodes", "trainer.nnodes", "ngpus_per_node", "trainer.n_gpus_per_node")
-# the plugin's generic parameter names -> submitit's SLURM names (submitit's SlurmExecutor._equivalence_dict)
-_GENERIC = {"name": "job_name", "timeout_min": "time", "mem_gb": "mem", "nodes": "nodes",
-            "cpus_per_task": "cpus_per_task", "gpus_per_node": "gpus_per_node", "tasks_per_node": "ntasks_per_node",
-            "stderr_to_stdout": "stderr_to_stdout"}
 # the plugin's parameters that configure the executor, not the sbatch file
 _NOT_SBATCH = {"submitit_folder", "max_num_timeout"}
 
@@ -76,10 +72,11 @@ def refusal(params: dict[str, Any], job_overrides: Sequence[Sequence[str]] = (),
 
 def sbatch_parameters(params: dict[str, Any], n_jobs: int = 1) -> dict[str, Any]:
     """The keyword arguments submitit's sbatch writer gets for these launcher parameters (as launch() passes them)."""
-    out = {_GENERIC.get(key, key): value for key, value in params.items() if key not in _NOT_SBATCH | {"_target_"}}
-    if out.get("mem") is not None:
-        from submitit.slurm.slurm import _convert_mem
+    from submitit.slurm.slurm import SlurmExecutor, _convert_mem
 
+    generic = SlurmExecutor._equivalence_dict()  # the plugin's generic parameter names -> submitit's SLURM names
+    out = {generic.get(key, key): value for key, value in params.items() if key not in _NOT_SBATCH | {"_target_"}}
+    if out.get("mem") is not None:
         out["mem"] = _convert_mem(out["mem"])
     out["map_count"] = n_jobs  # map_array: one array task per sweep point
     return {k: v for k, v in out.items() if v is not None}
@@ -96,23 +93,22 @@ def sbatch_preview(params: dict[str, Any], n_jobs: int = 1) -> str:
 
 def _drop_empty_sweep_dir(params: dict[str, Any]) -> None:
     """Hydra makes the sweep folder (with its multirun.yaml) before the launcher runs: a refused sweep leaves none."""
-    folder = str(params.get("submitit_folder") or "")
-    sweep = Path(folder.split("/.submitit/")[0]) if "/.submitit/" in folder else None
-    if sweep is not None and sweep.is_dir() and {p.name for p in sweep.iterdir()} <= {"multirun.yaml"}:
+    sweep, below, _ = str(params.get("submitit_folder") or "").partition("/.submitit/")
+    if below and Path(sweep).is_dir() and {p.name for p in Path(sweep).iterdir()} <= {"multirun.yaml"}:
         shutil.rmtree(sweep)
 
 
 def check_before_submit(params: dict[str, Any], job_overrides: Sequence[Sequence[str]],
                         nnodes: int | None = None) -> None:
     """Exit 2 with the reason (and, without sbatch here, the header that would have been sent) or return."""
-    why = refusal(params, job_overrides, nnodes) or (None if shutil.which("sbatch") else "")
-    if why is not None:
-        _drop_empty_sweep_dir(params)
+    why = refusal(params, job_overrides, nnodes)
+    if why is None and shutil.which("sbatch"):
+        return
+    _drop_empty_sweep_dir(params)
     if why:
         _fail(f"{why}\nNothing was submitted.")
-    if shutil.which("sbatch") is None:
-        _fail(f"no `sbatch` here: hydra/launcher=slurm submits from a SLURM login node. Nothing was submitted; the "
-              f"{len(job_overrides)} job(s) would have been sent with:\n{sbatch_preview(params, len(job_overrides))}")
+    _fail(f"no `sbatch` here: hydra/launcher=slurm submits from a SLURM login node. Nothing was submitted; the "
+          f"{len(job_overrides)} job(s) would have been sent with:\n{sbatch_preview(params, len(job_overrides))}")
 
 
 # ---- inside a SLURM job of several nodes: one Ray cluster across the allocation ------------------------------------
@@ -124,28 +120,17 @@ class ClusterError(GrpoLabError):
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """SLURM's compact host list, as `scontrol show hostnames` prints it: 'gpu[01-03,07],cpu5' -> gpu01 gpu02 gpu03
-    gpu07 cpu5. Zero padding is kept; several bracket groups in one name expand as a product (rack[1-2]-n[1-2])."""
+    gpu07 cpu5. Zero padding is kept; several bracket groups in one name expand as a product (rack[1-2]-n[1-2]).
+    submitit's own reader (what its JobEnvironment.hostnames gives), after the checks that say what is wrong."""
+    from submitit.slurm.slurm import _parse_node_list
+
     text = nodelist.strip()
-    if text.count("[") != text.count("]"):
+    if not re.fullmatch(r"[^\[\]]*(\[[^\[\]]*\][^\[\]]*)*", text):  # each '[' closed before the next
         raise ClusterError(f"SLURM_JOB_NODELIST={text!r} has an unclosed '[': not a SLURM host list")
-    hosts: list[str] = []
-    for name in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):  # split at the commas outside brackets
-        expanded = [""]
-        for literal, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", name):
-            options = [literal + n for n in _expand_ranges(ranges, nodelist)] if ranges else [literal]
-            expanded = [e + o for e in expanded for o in options]
-        hosts.extend(expanded)
-    return [h for h in hosts if h]
-
-
-def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
-    out = []
-    for part in ranges.split(","):
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+    for ranges in re.findall(r"\[([^\]]*)\]", text):
+        if not re.fullmatch(r"(\d+(-\d+)?(,\d+(-\d+)?)*)?", ranges):
             raise ClusterError(f"SLURM_JOB_NODELIST={nodelist!r}: cannot read the range [{ranges}]")
-        out.extend(str(i).zfill(len(lo)) for i in range(int(lo), int(hi if sep else lo) + 1))  # node[08-10]: 08 09 10
-    return out
+    return [h for h in _parse_node_list(text) if h]
 
 
 @dataclass(frozen=True)

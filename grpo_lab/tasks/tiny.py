@@ -109,8 +109,7 @@ def arith_records(n: int, seed: int, exclude: set[str] = frozenset()) -> list[di
 def arith_splits(n_train: int, n_test: int, seed: int) -> dict[str, list[dict]]:
     """{"train": records, "test": records}, disjoint questions."""
     test = arith_records(n_test, seed + 1)
-    train = arith_records(n_train, seed, exclude={r["question"] for r in test})
-    return {"train": train, "test": test}
+    return {"train": arith_records(n_train, seed, exclude={r["question"] for r in test}), "test": test}
 
 
 def tokenizer_corpus(records: list[dict]) -> list[str]:
@@ -212,10 +211,12 @@ def build_model(arch: Qwen3Arch, tokenizer, seed: int, path: Path, *, device: st
     return sum(p.numel() for p in model.parameters())
 
 
-def build_dir(final: Path, settings: dict, force: bool, fill, stamp: str = STAMP) -> bool:
-    """Run fill(tmp_dir) and publish it as final unless final already holds these settings (its stamp file);
-    True when built."""
+def build_dir(final: Path, settings: dict, force: bool, fill, stamp: str = STAMP, log=None) -> bool:
+    """Run fill(tmp_dir) and publish it as final unless final already holds these settings (its stamp file: then
+    log says it was kept); True when built."""
     if not force and stamp_holds(final, stamp, settings):
+        if log:
+            log(f"kept  {final}/ (same settings; --force rebuilds)")
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -290,13 +291,10 @@ def make_tiny(out: str | os.PathLike, variants: list[str], n_train: int = 512, n
             info["params"] = build_model(arch, tokenizer, seed, tmp)
 
         t0 = time.perf_counter()
-        built = build_dir(paths[name], settings, force, fill_model)
-        if built:
+        if build_dir(paths[name], settings, force, fill_model, log=log):
             log(f"wrote {paths[name]}/: Qwen3ForCausalLM {info['params'] / 1e6:.2f}M parameters "
                 f"({arch.num_hidden_layers} layers, hidden {arch.hidden_size}, vocab {arch.vocab_size}), "
                 f"tokenizer {len(tokenizer)} tokens, in {time.perf_counter() - t0:.1f}s")
-        else:
-            log(f"kept  {paths[name]}/ (same settings; --force rebuilds)")
     return paths
 
 
