@@ -28,6 +28,12 @@ def yaml_files(config_dir: str) -> list[str]:
     return out
 
 
+def stamp(path: str) -> list[int]:
+    """[mtime_ns, size]: what tells the schema cache that a file changed."""
+    st = os.stat(path)
+    return [st.st_mtime_ns, st.st_size]
+
+
 def _json_exact(data: Any) -> bool:
     try:
         return json.loads(json.dumps(data)) == data
@@ -203,9 +209,7 @@ def build(config_dir: str, version_base: str, *, objects: bool = True) -> dict[s
             out[name] = read()
         except Exception as e:  # that part stays unknown; the rules that need it say they could not check
             out["problems"][name] = f"{type(e).__name__}: {e}"
-    for path in sorted(seen):
-        st = os.stat(path)
-        out["sources"][path] = [st.st_mtime_ns, st.st_size]
+    out["sources"] = {path: stamp(path) for path in sorted(seen)}
     try:
         import verl
 
