@@ -12,7 +12,6 @@ from typing import Any
 
 from grpo_lab import facts
 
-CONF = facts.ROOT / "conf"
 # `${key}` or `${oc.select:key,default}`: a value that is exactly another key's
 _FOLLOW = re.compile(r"\$\{(?:oc\.select:)?([A-Za-z_][\w.]*)(?:,[^}]*)?\}")
 
@@ -66,11 +65,9 @@ def misspelt_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 # ---- the follower table: which keys a short key feeds, in conf/config.yaml and in verl's composed config ----
 
 
-def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str, ...] = ()) -> None:
+def _walk(node: Any, prefix: str, out: dict[str, list[str]]) -> None:
     if isinstance(node, Mapping):
         for k, v in node.items():
-            if not prefix and k in skip_top:
-                continue
             _walk(v, f"{prefix}{k}.", out)
     elif isinstance(node, str):
         m = _FOLLOW.fullmatch(node.strip())
@@ -82,7 +79,8 @@ def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str
 def our_followers() -> dict[str, tuple[str, ...]]:
     """key -> the keys whose value is exactly `${key}` in conf/config.yaml (short keys included)."""
     out: dict[str, list[str]] = {}
-    _walk(facts.load_yaml_or(CONF / "config.yaml", {}), "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
+    ours = facts.load_yaml_or(facts.CONF / "config.yaml", {})
+    _walk({k: v for k, v in ours.items() if k not in ("hydra", "defaults", "lab", "preflight")}, "", out)
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 
