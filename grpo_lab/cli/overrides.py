@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import fnmatch
 import functools
 import os
 import shlex
@@ -291,10 +290,7 @@ def _check_our_group(o: Any, conf_dir: str | os.PathLike) -> None:
     if o.is_delete():
         return
     if o.is_sweep_override() and isinstance(o.value(), Glob):
-        g = o.value()
-        theirs = verl_groups().get(group, set())
-        picked = [t for t in sorted(theirs) if any(fnmatch.fnmatch(t, p) for p in g.include)
-                  and not any(fnmatch.fnmatch(t, p) for p in g.exclude)]
+        picked = o.value().filter(sorted(verl_groups().get(group, set())))  # Hydra's own glob match
         if picked:
             raise OverrideError(f"{o.input_line}: the glob also matches verl's own {group} file(s) "
                                 f"{', '.join(picked)}, which are not grpo-lab {group} options; list ours instead: "
@@ -375,9 +371,10 @@ def _check_run_name(o: Any, env: str | None) -> None:
     that interpolates is the preflight's (rule experiment_name_folder)."""
     if o.key_or_group not in ("experiment_name", "trainer.experiment_name") or o.is_delete():
         return
+    name = env or o.key_or_group
     for v in _sweep_values(o) or []:
         if isinstance(v, str) and "${" not in v:
-            why = unsafe_name(env, v, env) if env else unsafe_name(o.key_or_group, v, o.key_or_group)
+            why = unsafe_name(name, v, name)
             if why:
                 raise OverrideError(why)
 
