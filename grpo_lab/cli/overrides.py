@@ -296,8 +296,7 @@ def _check_our_group(o: Any, conf_dir: str | os.PathLike) -> None:
                                 f"{', '.join(picked)}, which are not grpo-lab {group} options; list ours instead: "
                                 f"{group}={','.join(sorted(options))}")
         return
-    values = _sweep_values(o)
-    for v in values or []:
+    for v in _sweep_values(o) or []:
         if v is None:
             if group == "experiment":
                 raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and no experiment is "
@@ -456,8 +455,7 @@ def tree_if_needed(args: Sequence[str] | CommandLine,
         yield arg
 
 
-def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=sys.stderr,
-            conf_dir: str | os.PathLike = CONF_DIR) -> CommandLine:
+def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=sys.stderr) -> CommandLine:
     """run.py's front door: argv (with the program name) parsed and checked, the environment's knobs added.
     A mistake: its message on `err` and SystemExit(2)."""
     environ = os.environ if environ is None else environ
@@ -466,7 +464,7 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=s
               f"did you mean {right}?", file=err)
     try:
         cli = parse(argv[1:], environ)
-        check(cli, conf_dir)
+        check(cli)
     except OverrideError as e:
         print(f"grpo-lab: error: {e}", file=err)
         raise SystemExit(2) from None

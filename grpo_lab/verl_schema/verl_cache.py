@@ -90,11 +90,9 @@ def stale_sources(sources: dict[str, Any]) -> list[str]:
 
 def valid(doc: Any, key: str) -> bool:
     """Whether `doc` is a whole document for `key` whose sources are unchanged."""
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key or not all(
+            part in doc and isinstance(doc[part], (kind, type(None))) for part, kind in PARTS.items()):
         return False
-    for part, kind in PARTS.items():
-        if part not in doc or not (doc[part] is None or isinstance(doc[part], kind)):
-            return False
     try:
         return not stale_sources(doc["sources"])
     except (TypeError, ValueError):  # not [mtime, size] pairs
