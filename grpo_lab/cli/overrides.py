@@ -298,11 +298,9 @@ def _check_our_group(o: Any, conf_dir: str | os.PathLike) -> None:
         return
     for v in _sweep_values(o) or []:
         if v is None:
-            if group == "experiment":
-                raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and no experiment is "
-                                    f"already the default: leave '{o.input_line}' out (options: {listed})")
-            raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and every run needs a "
-                                f"{group}: pick one of {listed} (conf/{group}/)")
+            why = (f"no experiment is already the default: leave '{o.input_line}' out (options: {listed})"
+                   if group == "experiment" else f"every run needs a {group}: pick one of {listed} (conf/{group}/)")
+            raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and {why}")
         if str(v) not in options:
             theirs = str(v) in verl_groups().get(group, set())
             why = (f"'{v}' is verl's own {group} file, not a grpo-lab {group} option" if theirs

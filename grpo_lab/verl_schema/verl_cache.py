@@ -72,10 +72,6 @@ def cache_key(config_dir: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def cache_file(config_dir: str, key: str | None = None) -> Path:
-    return cache_dir() / f"verl-schema-{(key or cache_key(config_dir))[:24]}.json"
-
-
 def stale_sources(sources: dict[str, Any]) -> list[str]:
     """The files of `sources` ({path: [mtime_ns, size]}) that are gone or changed since."""
 
@@ -143,7 +139,7 @@ class Loaded(NamedTuple):
 def load(config_dir: str) -> Loaded:
     """verl's schema document for `config_dir`: from the cache file, else built by the child and kept."""
     key = cache_key(config_dir)
-    path = cache_file(config_dir, key)
+    path = cache_dir() / f"verl-schema-{key[:24]}.json"
     doc = read(path, key)
     if doc is not None:
         return Loaded(doc, "file")
