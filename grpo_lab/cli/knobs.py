@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import os
 import re
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
@@ -55,9 +54,8 @@ SHORT_KEYS: frozenset[str] = frozenset(k.key for k in KNOBS)
 ENV_NAMES: frozenset[str] = frozenset(k.env for k in KNOBS)
 
 
-def misspelt_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def misspelt_env(environ: Mapping[str, str]) -> dict[str, str]:
     """Upper-case names that are no knob's but close to one: {misspelt: meant}."""
-    environ = os.environ if environ is None else environ
     return {name: match[0] for name in environ if name.isupper() and name not in ENV_NAMES
             and (match := difflib.get_close_matches(name, ENV_NAMES, n=1, cutoff=0.85))}
 

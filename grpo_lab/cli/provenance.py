@@ -38,10 +38,8 @@ class Layers:
         self._add("conf/config.yaml", load_yaml(conf_dir / "config.yaml"))
         ours = our_groups(conf_dir)
         for group, choice in choices.items():
-            if group in ours and choice:
-                path = conf_dir / group / f"{choice}.yaml"
-                if path.is_file():
-                    self._add(f"conf/{group}/{choice}.yaml", option_data(path, conf_dir))
+            if choice in ours.get(group, ()):  # an option file of ours
+                self._add(f"conf/{group}/{choice}.yaml", option_data(conf_dir / group / f"{choice}.yaml", conf_dir))
         env_overrides = env_overrides or {}
         # by key too: a sweep job's override is one value of the environment's list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4 -m)
         env_keys = {t.split("=", 1)[0]: name for t, name in env_overrides.items()}
