@@ -13,7 +13,6 @@ Any verl key can be overridden (actor_rollout_ref.actor.fsdp_config.optimizer_of
 script's environment variables work too (ROLLOUT_GPU_MEM_UTIL=0.5 python run.py).
 """
 
-import os
 import sys
 
 import hydra
@@ -21,8 +20,6 @@ from omegaconf import DictConfig
 
 from grpo_lab.cli.config import unwritable_run_dir, use_run_dirs
 from grpo_lab.cli.overrides import CommandLine, prepare, tree_if_needed
-
-CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 
 
 def main(cli: CommandLine) -> None:
@@ -54,5 +51,5 @@ if __name__ == "__main__":
     use_run_dirs(create=not cli.only_prints)  # hydra.run.dir's resolver: no run folder when Hydra only prints
     # verl's composed ppo_trainer comes from the schema cache (grpo_lab/verl_schema); picking a verl group option needs
     # verl's own tree
-    with tree_if_needed(cli, CONF):
+    with tree_if_needed(cli):
         main(cli)

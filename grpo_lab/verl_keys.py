@@ -18,14 +18,12 @@ def get(d: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
 
 def put(d: dict[str, Any], dotted: str, value: Any) -> None:
     """d['a']['b'] = value for 'a.b', making the dicts on the way."""
-    parts = dotted.split(".")
-    cur = d
-    for part in parts[:-1]:
-        nxt = cur.get(part)
-        if not isinstance(nxt, dict):
-            nxt = cur[part] = {}
-        cur = nxt
-    cur[parts[-1]] = value
+    *path, leaf = dotted.split(".")
+    for part in path:
+        if not isinstance(d.get(part), dict):
+            d[part] = {}
+        d = d[part]
+    d[leaf] = value
 
 
 def merge(into: dict[str, Any], new: Mapping[str, Any], keep_dicts: bool = False) -> None:
@@ -43,14 +41,12 @@ def merge(into: dict[str, Any], new: Mapping[str, Any], keep_dicts: bool = False
 def with_value(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     """A copy of d with d['a']['b'] = value for 'a.b': the dicts on the way are new (read-only mappings too),
     everything else is shared."""
-    out = dict(d)
-    cur = out
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        nxt = cur.get(part)
-        cur[part] = nxt = dict(nxt) if isinstance(nxt, Mapping) else {}
-        cur = nxt
-    cur[parts[-1]] = value
+    out = cur = dict(d)
+    *path, leaf = dotted.split(".")
+    for part in path:
+        cur[part] = dict(cur[part]) if isinstance(cur.get(part), Mapping) else {}
+        cur = cur[part]
+    cur[leaf] = value
     return out
 
 

@@ -94,25 +94,20 @@ def _as_changes(overrides: Iterable[str] | Iterable[Change] | Mapping[str, Any])
     return parsed
 
 
-def _set(d: dict[str, Any], dotted: str, value: Any, delete: bool = False) -> None:
+def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, touched: set[str]) -> None:
+    """Set (or delete) a key, and set the keys interpolated from it that still hold its old value (they followed it)."""
+    old = get(verl, key, _MISSING)
+    touched.add(key)
     if delete:
-        head, _, leaf = dotted.rpartition(".")
-        parent = lookup(d, head) if head else d
+        head, _, leaf = key.rpartition(".")
+        parent = lookup(verl, head) if head else verl
         if isinstance(parent, dict):
             parent.pop(leaf, None)
-    else:
-        put(d, dotted, copy.deepcopy(value))
-
-
-def _set_following(verl: dict[str, Any], key: str, value: Any, delete: bool, touched: set[str]) -> None:
-    """Set a key, and the keys interpolated from it that still hold its old value (they followed it)."""
-    old = get(verl, key, _MISSING)
-    _set(verl, key, value, delete)
-    touched.add(key)
-    if delete or old is _MISSING:
         return
-    for f in moved_with(key, old, lambda k: get(verl, k, _MISSING), touched):
-        _set(verl, f, value)
+    put(verl, key, copy.deepcopy(value))
+    if old is not _MISSING:
+        for f in moved_with(key, old, lambda k: get(verl, k, _MISSING), touched):
+            put(verl, f, copy.deepcopy(value))
 
 
 def already_has(verl: Mapping[str, Any], override: str) -> bool:
@@ -168,5 +163,5 @@ def apply_overrides(verl: Mapping[str, Any], lab: Lab, overrides: Iterable[str] 
     derived = sum(old_lengths) if all(isinstance(x, int) for x in old_lengths) else None
     if MAX_MODEL_LEN not in touched and new_lengths != old_lengths \
             and all(isinstance(x, int) for x in new_lengths) and get(verl, MAX_MODEL_LEN) == derived:
-        _set(v, MAX_MODEL_LEN, sum(new_lengths))
+        put(v, MAX_MODEL_LEN, sum(new_lengths))
     return v, lb

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import os
 import re
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
@@ -12,7 +11,6 @@ from typing import Any
 
 from grpo_lab import facts
 
-CONF = facts.ROOT / "conf"
 # `${key}` or `${oc.select:key,default}`: a value that is exactly another key's
 _FOLLOW = re.compile(r"\$\{(?:oc\.select:)?([A-Za-z_][\w.]*)(?:,[^}]*)?\}")
 
@@ -56,9 +54,8 @@ SHORT_KEYS: frozenset[str] = frozenset(k.key for k in KNOBS)
 ENV_NAMES: frozenset[str] = frozenset(k.env for k in KNOBS)
 
 
-def misspelt_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def misspelt_env(environ: Mapping[str, str]) -> dict[str, str]:
     """Upper-case names that are no knob's but close to one: {misspelt: meant}."""
-    environ = os.environ if environ is None else environ
     return {name: match[0] for name in environ if name.isupper() and name not in ENV_NAMES
             and (match := difflib.get_close_matches(name, ENV_NAMES, n=1, cutoff=0.85))}
 
@@ -66,11 +63,9 @@ def misspelt_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 # ---- the follower table: which keys a short key feeds, in conf/config.yaml and in verl's composed config ----
 
 
-def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str, ...] = ()) -> None:
+def _walk(node: Any, prefix: str, out: dict[str, list[str]]) -> None:
     if isinstance(node, Mapping):
         for k, v in node.items():
-            if not prefix and k in skip_top:
-                continue
             _walk(v, f"{prefix}{k}.", out)
     elif isinstance(node, str):
         m = _FOLLOW.fullmatch(node.strip())
@@ -82,7 +77,8 @@ def _walk(node: Any, prefix: str, out: dict[str, list[str]], skip_top: tuple[str
 def our_followers() -> dict[str, tuple[str, ...]]:
     """key -> the keys whose value is exactly `${key}` in conf/config.yaml (short keys included)."""
     out: dict[str, list[str]] = {}
-    _walk(facts.load_yaml_or(CONF / "config.yaml", {}), "", out, skip_top=("hydra", "defaults", "lab", "preflight"))
+    ours = facts.load_yaml_or(facts.CONF / "config.yaml", {})
+    _walk({k: v for k, v in ours.items() if k not in ("hydra", "defaults", "lab", "preflight")}, "", out)
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 

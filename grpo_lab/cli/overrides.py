@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import fnmatch
 import functools
 import os
 import shlex
@@ -20,7 +19,7 @@ from grpo_lab import facts
 from grpo_lab.cli.config import unsafe_name
 from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS, misspelt_env
 from grpo_lab.labconf import LabConf, Preflight
-from grpo_lab.verl_keys import merge
+from grpo_lab.verl_keys import lookup, merge
 from grpo_lab.verl_schema import schema, verl_cache
 from grpo_lab.verl_schema.hydra_internals import args_parser, sweep_jobs
 from grpo_lab.verl_schema.verl_paths import verl_config_dir
@@ -65,18 +64,13 @@ class CommandLine:
 # parsing
 
 
-def _parser():
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create()
-
-
 def parse_overrides(overrides: Sequence[str]) -> list[Any]:
     """Hydra's parse of override strings; a syntax error becomes an OverrideError."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     try:
-        return _parser().parse_overrides(list(overrides))
+        return OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as e:
         raise OverrideError(f"{e} (quote a value with spaces or commas: key='a b,c')") from None
 
@@ -102,19 +96,15 @@ def parse(args: Sequence[str], environ: Mapping[str, str] | None = None, *, flag
             # short key would sweep), except that a syntax error is one quoted string
             kind = _reads_as(value)[0]
             if kind == "sweep" and not getattr(ns, "multirun", False):
-                raise OverrideError(_env_sweep_without_m(knob, value, cli.args))
+                (o,) = parse_overrides([f"{knob.key}={value}"])
+                raise OverrideError(f"{knob.env}={value} is a list of values, which only a sweep takes (Hydra's -m): "
+                                    f"{knob.env}={shlex.quote(value)} {_with_m(cli.args)} (the same as: "
+                                    f"{_with_m(cli.args, f'{knob.key}={value}')}){_not_a_sweep(o, knob.env, env=True)}")
             text = f"{knob.key}={quote(value) if kind == 'error' else value}"
             cli.env.append(text)
             cli.env_names[text] = knob.env
     cli.warnings += given_twice(cli.overrides)
     return cli
-
-
-def _env_sweep_without_m(knob: Any, value: str, args: Sequence[str]) -> str:
-    (o,) = parse_overrides([f"{knob.key}={value}"])
-    return (f"{knob.env}={value} is a list of values, which only a sweep takes (Hydra's -m): "
-            f"{knob.env}={shlex.quote(value)} {_with_m(args)} (the same as: {_with_m(args, f'{knob.key}={value}')})"
-            f"{_not_a_sweep(o, knob.env, env=True)}")
 
 
 def _with_m(args: Sequence[str], *extra: str) -> str:
@@ -136,9 +126,7 @@ def _check_dict_value(o: Any) -> None:
     """key={a: 1} merges into verl's node key by key, and Hydra refuses a key the node does not hold."""
     if o.is_add() or o.is_force_add() or o.is_delete() or o.is_sweep_override() or not isinstance(o.value(), dict):
         return
-    node: Any = verl_tree()
-    for part in o.key_or_group.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
+    node = lookup(verl_tree(), o.key_or_group)
     new = [str(k) for k in o.value() if isinstance(node, dict) and "_target_" not in node and k not in node]
     if new:
         raise OverrideError(f"{o.input_line}: Hydra merges the dict into {o.key_or_group}, which has no "
@@ -193,7 +181,7 @@ def quote(value: Any) -> str:
 def _reads_as(text: str) -> tuple[str, Any]:
     """('element', value) for one plain value, ('other', value) for a list/dict/null, ('sweep'|'error', None)."""
     try:
-        (o,) = _parser().parse_overrides([f"k={text}"])
+        (o,) = parse_overrides([f"k={text}"])
     except Exception:
         return "error", None
     if o.is_sweep_override():
@@ -206,8 +194,8 @@ def _reads_as(text: str) -> tuple[str, Any]:
 # what exists: groups, options, keys
 
 
-def _group_dirs(root: str | os.PathLike | None) -> dict[str, set[str]]:
-    """{group: its options} for the folders of a config folder that hold YAML files."""
+def our_groups(root: str | os.PathLike | None = CONF_DIR) -> dict[str, set[str]]:
+    """{group: its options} for the folders of a config folder (ours by default) that hold YAML files."""
     try:
         folders = [e for e in os.scandir(root) if e.is_dir()] if root else []
     except OSError:
@@ -216,13 +204,9 @@ def _group_dirs(root: str | os.PathLike | None) -> dict[str, set[str]]:
     return {group: options for group, options in groups.items() if options}
 
 
-def our_groups(conf_dir: str | os.PathLike = CONF_DIR) -> dict[str, set[str]]:
-    return _group_dirs(conf_dir)
-
-
 @functools.cache
 def verl_groups() -> dict[str, set[str]]:
-    return _group_dirs(verl_config_dir())
+    return our_groups(verl_config_dir())
 
 
 @functools.cache
@@ -287,17 +271,14 @@ def picks_verl_group(o: Any, conf_dir: str | os.PathLike = CONF_DIR) -> bool:
 def _group_of(o: Any, conf_dir: str | os.PathLike) -> str | None:
     """Whose config group an override picks: 'ours', 'verl', 'hydra', or None (it sets a config key)."""
     key = o.key_or_group
-    ours, theirs = our_groups(conf_dir), verl_groups()
     first = key.split("/")[0]
     if "/" not in key and "." in key:
         return None
     if first == "hydra":
         return "hydra" if "/" in key else None
-    if first in ours and o.package is None:
-        return "ours"
-    if first in theirs:
+    if picks_verl_group(o, conf_dir):
         return "verl"
-    return "ours" if first in ours else None
+    return "ours" if first in our_groups(conf_dir) else None
 
 
 def _check_our_group(o: Any, conf_dir: str | os.PathLike) -> None:
@@ -309,23 +290,17 @@ def _check_our_group(o: Any, conf_dir: str | os.PathLike) -> None:
     if o.is_delete():
         return
     if o.is_sweep_override() and isinstance(o.value(), Glob):
-        g = o.value()
-        theirs = verl_groups().get(group, set())
-        picked = [t for t in sorted(theirs) if any(fnmatch.fnmatch(t, p) for p in g.include)
-                  and not any(fnmatch.fnmatch(t, p) for p in g.exclude)]
+        picked = o.value().filter(sorted(verl_groups().get(group, set())))  # Hydra's own glob match
         if picked:
             raise OverrideError(f"{o.input_line}: the glob also matches verl's own {group} file(s) "
                                 f"{', '.join(picked)}, which are not grpo-lab {group} options; list ours instead: "
                                 f"{group}={','.join(sorted(options))}")
         return
-    values = _sweep_values(o)
-    for v in values or []:
+    for v in _sweep_values(o) or []:
         if v is None:
-            if group == "experiment":
-                raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and no experiment is "
-                                    f"already the default: leave '{o.input_line}' out (options: {listed})")
-            raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and every run needs a "
-                                f"{group}: pick one of {listed} (conf/{group}/)")
+            why = (f"no experiment is already the default: leave '{o.input_line}' out (options: {listed})"
+                   if group == "experiment" else f"every run needs a {group}: pick one of {listed} (conf/{group}/)")
+            raise OverrideError(f"{o.input_line}: Hydra takes no null for a config group, and {why}")
         if str(v) not in options:
             theirs = str(v) in verl_groups().get(group, set())
             why = (f"'{v}' is verl's own {group} file, not a grpo-lab {group} option" if theirs
@@ -393,9 +368,10 @@ def _check_run_name(o: Any, env: str | None) -> None:
     that interpolates is the preflight's (rule experiment_name_folder)."""
     if o.key_or_group not in ("experiment_name", "trainer.experiment_name") or o.is_delete():
         return
+    name = env or o.key_or_group
     for v in _sweep_values(o) or []:
         if isinstance(v, str) and "${" not in v:
-            why = unsafe_name(env, v, env) if env else unsafe_name(o.key_or_group, v, o.key_or_group)
+            why = unsafe_name(name, v, name)
             if why:
                 raise OverrideError(why)
 
@@ -420,7 +396,7 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
                                     f"{_with_m(cli.args)}"
                                     f"{'' if _group_of(o, conf_dir) else _not_a_sweep(o, o.key_or_group, env=False)}")
     overrides = cli.overrides + parse_overrides(cli.env)
-    tree_ok = not any(_group_of(o, conf_dir) == "verl" and picks_verl_group(o, conf_dir) for o in overrides)
+    tree_ok = not any(_group_of(o, conf_dir) == "verl" for o in overrides)
     added: set[str] = set()  # keys an earlier `+key=` of the same command line brought in (a later `key=` may set it)
     for o in overrides:
         _check_run_name(o, cli.env_names.get(o.input_line))
@@ -430,7 +406,7 @@ def check(cli: CommandLine, conf_dir: str | os.PathLike = CONF_DIR) -> None:
         elif kind is None and not any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in added):
             _check_key(o, conf_dir, tree_ok)
             _check_dict_value(o)
-        if o.is_add() and not o.is_force_add() and o.key_or_group in added:  # Hydra: "Could not append to config"
+        if o.is_add() and o.key_or_group in added:  # Hydra: "Could not append to config"
             raise OverrideError(f"{o.input_line}: an earlier +{o.key_or_group} of this command line added it, and "
                                 f"Hydra's + only adds: write ++{o.input_line.lstrip('+')} to set it again")
         if o.is_add() or o.is_force_add():
@@ -477,8 +453,7 @@ def tree_if_needed(args: Sequence[str] | CommandLine,
         yield arg
 
 
-def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=sys.stderr,
-            conf_dir: str | os.PathLike = CONF_DIR) -> CommandLine:
+def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=sys.stderr) -> CommandLine:
     """run.py's front door: argv (with the program name) parsed and checked, the environment's knobs added.
     A mistake: its message on `err` and SystemExit(2)."""
     environ = os.environ if environ is None else environ
@@ -487,7 +462,7 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str] | None = None, err=s
               f"did you mean {right}?", file=err)
     try:
         cli = parse(argv[1:], environ)
-        check(cli, conf_dir)
+        check(cli)
     except OverrideError as e:
         print(f"grpo-lab: error: {e}", file=err)
         raise SystemExit(2) from None

@@ -38,15 +38,13 @@ class Layers:
         self._add("conf/config.yaml", load_yaml(conf_dir / "config.yaml"))
         ours = our_groups(conf_dir)
         for group, choice in choices.items():
-            if group in ours and choice:
-                path = conf_dir / group / f"{choice}.yaml"
-                if path.is_file():
-                    self._add(f"conf/{group}/{choice}.yaml", option_data(path, conf_dir))
+            if choice in ours.get(group, ()):  # an option file of ours
+                self._add(f"conf/{group}/{choice}.yaml", option_data(conf_dir / group / f"{choice}.yaml", conf_dir))
         env_overrides = env_overrides or {}
         # by key too: a sweep job's override is one value of the environment's list (ROLLOUT_GPU_MEM_UTIL=0.3,0.4 -m)
         env_keys = {t.split("=", 1)[0]: name for t, name in env_overrides.items()}
-        env_layer: dict = {}
-        cli_layer: dict = {}
+        self.env: dict = {}
+        self.cli: dict = {}
         for text in task_overrides:
             try:
                 (o,) = parse_overrides([text])
@@ -55,10 +53,8 @@ class Layers:
             if o.is_delete() or "/" in o.key_or_group or o.key_or_group in ours:
                 continue
             name = env_overrides.get(text) or env_keys.get(o.key_or_group)
-            target = env_layer if name else cli_layer
-            put(target, o.key_or_group, (f"environment ({name})" if name else "command line", o.value()))
-        self.env = env_layer
-        self.cli = cli_layer
+            put(self.env if name else self.cli, o.key_or_group,
+                (f"environment ({name})" if name else "command line", o.value()))
 
     def _add(self, name: str, data: Any) -> None:
         if isinstance(data, dict):
@@ -66,7 +62,8 @@ class Layers:
 
     def set_by(self, key: str, depth: int = 0) -> tuple[int, str] | None:
         """(precedence, what set it) of the highest layer that sets `key`, following interpolations."""
-        for i, (name, data) in reversed(list(enumerate(self._all()))):
+        # overrides as layers whose leaves are (what set it, value); name "" marks them
+        for i, (name, data) in reversed(list(enumerate([*self.layers, ("", self.env), ("", self.cli)]))):
             raw = lookup(data, key)
             if raw is MISSING:
                 continue
@@ -100,10 +97,6 @@ class Layers:
         raw = lookup(verl_tree(), key)
         refs = _RESOLVER_ARG_REF.findall(raw) if isinstance(raw, str) else []
         return f"verl: follows {', '.join(refs)}" if refs else "verl (follows a value set above)"
-
-    def _all(self) -> list[tuple[str, Any]]:
-        # overrides as layers whose leaves are (what set it, value); name "" marks them
-        return [*self.layers, ("", self.env), ("", self.cli)]
 
 
 def option_data(path: Path, conf_dir: Path, depth: int = 0) -> Any:

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,21 @@ def yaml_files(config_dir: str) -> list[str]:
     return out
 
 
+def stamp(path: str) -> list[int]:
+    """[mtime_ns, size]: what tells the schema cache that a file changed."""
+    st = os.stat(path)
+    return [st.st_mtime_ns, st.st_size]
+
+
 def _json_exact(data: Any) -> bool:
     try:
         return json.loads(json.dumps(data)) == data
     except (TypeError, ValueError):
         return False
+
+
+def _no_tree(problem: str) -> dict[str, Any]:
+    return {"tree": None, "serves_hydra": False, "defaults": None, "problems": {"tree": problem}}
 
 
 def compose_tree(config_dir: str, version_base: str) -> dict[str, Any]:
@@ -41,7 +50,6 @@ def compose_tree(config_dir: str, version_base: str) -> dict[str, Any]:
 
     from grpo_lab.verl_schema import hydra_internals
 
-    out: dict[str, Any] = {"tree": None, "serves_hydra": False, "defaults": None, "problems": {}}
     sets_hydra = [p for p in yaml_files(config_dir)
                   if re.search(r"^hydra\s*:", Path(p).read_text(encoding="utf-8"), re.M)]
     with hydra_internals.version_base_as(version_base):
@@ -50,18 +58,14 @@ def compose_tree(config_dir: str, version_base: str) -> dict[str, Any]:
         del cfg["hydra"]
     tree = OmegaConf.to_container(cfg, resolve=False)
     if not _json_exact(tree):
-        out["problems"]["tree"] = "verl's composed config holds something JSON does not carry exactly"
-        return out
-    out["tree"] = tree
-    out["serves_hydra"] = not sets_hydra
-    if sets_hydra:
-        out["problems"]["serves_hydra"] = f"{sets_hydra[0]} sets Hydra's own node"
+        return _no_tree("verl's composed config holds something JSON does not carry exactly")
     try:
         defaults = OmegaConf.to_container(OmegaConf.create(tree), resolve=True, throw_on_missing=False)
     except Exception:  # an interpolation verl resolves only with more context: the raw values
         defaults = tree
-    out["defaults"] = defaults if _json_exact(defaults) else tree
-    return out
+    problems = {"serves_hydra": f"{sets_hydra[0]} sets Hydra's own node"} if sets_hydra else {}
+    return {"tree": tree, "serves_hydra": not sets_hydra, "defaults": defaults if _json_exact(defaults) else tree,
+            "problems": problems}
 
 
 def targets(config_dir: str, tree: Any) -> list[str]:
@@ -96,16 +100,9 @@ def _dataclass(target: str, seen_files: set[str]) -> Any:
         return None
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         return None
-    seen_files.update(_files_of(cls))
+    seen_files.update(path for c in cls.__mro__ if c.__module__.split(".")[0] == "verl"
+                      and (path := getattr(sys.modules.get(c.__module__), "__file__", None)))
     return cls
-
-
-def _files_of(cls: type) -> Iterator[str]:
-    for c in cls.__mro__:
-        mod = sys.modules.get(c.__module__)
-        path = getattr(mod, "__file__", None)
-        if path and c.__module__.split(".")[0] == "verl":
-            yield path
 
 
 def dataclass_fields(names: list[str], seen_files: set[str]) -> dict[str, list[str] | None]:
@@ -187,8 +184,7 @@ def build(config_dir: str, version_base: str, *, objects: bool = True) -> dict[s
     try:
         out = compose_tree(config_dir, version_base)
     except Exception as e:  # Hydra cannot compose verl's files: the plugin then hands them to Hydra as they are
-        out = {"tree": None, "serves_hydra": False, "defaults": None,
-               "problems": {"tree": f"{type(e).__name__}: {e}"}}
+        out = _no_tree(f"{type(e).__name__}: {e}")
     out.update({"fields": None, "model_keys": None, "rollout_engines": None, "data_sources": None, "sources": {}})
     if not objects:
         out["problems"]["objects"] = "verl's objects were not read"
@@ -203,9 +199,7 @@ def build(config_dir: str, version_base: str, *, objects: bool = True) -> dict[s
             out[name] = read()
         except Exception as e:  # that part stays unknown; the rules that need it say they could not check
             out["problems"][name] = f"{type(e).__name__}: {e}"
-    for path in sorted(seen):
-        st = os.stat(path)
-        out["sources"][path] = [st.st_mtime_ns, st.st_size]
+    out["sources"] = {path: stamp(path) for path in sorted(seen)}
     try:
         import verl
 
@@ -215,12 +209,6 @@ def build(config_dir: str, version_base: str, *, objects: bool = True) -> dict[s
     return out
 
 
-def main(argv: list[str]) -> int:
-    config_dir, out_path, version_base = argv
-    doc = build(config_dir, version_base)
-    Path(out_path).write_text(json.dumps(doc), encoding="utf-8")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    config_dir, out_path, version_base = sys.argv[1:]
+    Path(out_path).write_text(json.dumps(build(config_dir, version_base)), encoding="utf-8")

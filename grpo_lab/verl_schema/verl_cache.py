@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from grpo_lab.facts import CACHE_DIR_ENV as DIR_ENV  # noqa: F401 (the tests set it)
 from grpo_lab.facts import ROOT, atomic_write, cache_dir
-from grpo_lab.verl_schema.build import build, yaml_files
+from grpo_lab.verl_schema.build import build, stamp, yaml_files
 from grpo_lab.verl_schema.hydra_internals import own_version_base
 
 ENV = "GRPO_LAB_VERL_CACHE"
@@ -67,37 +67,28 @@ def cache_key(config_dir: str) -> str:
     parts = [f"format={FORMAT}", f"verl={verl_version(config_dir)}", f"hydra={hydra.__version__}",
              f"omegaconf={omegaconf.__version__}", f"version_base={own_version_base()}",
              f"dir={os.path.realpath(config_dir)}"]
-    for path in yaml_files(config_dir):
-        st = os.stat(path)
-        parts.append(f"{os.path.relpath(path, config_dir)}:{st.st_mtime_ns}:{st.st_size}")
+    parts += [f"{os.path.relpath(path, config_dir)}:{':'.join(map(str, stamp(path)))}"
+              for path in yaml_files(config_dir)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-def cache_file(config_dir: str, key: str | None = None) -> Path:
-    return cache_dir() / f"verl-schema-{(key or cache_key(config_dir))[:24]}.json"
 
 
 def stale_sources(sources: dict[str, Any]) -> list[str]:
     """The files of `sources` ({path: [mtime_ns, size]}) that are gone or changed since."""
-    out = []
-    for path, (mtime_ns, size) in sources.items():
+
+    def now(path: str) -> list[int] | None:
         try:
-            st = os.stat(path)
-        except OSError:
-            out.append(path)
-            continue
-        if (st.st_mtime_ns, st.st_size) != (mtime_ns, size):
-            out.append(path)
-    return out
+            return stamp(path)
+        except OSError:  # gone
+            return None
+
+    return [path for path, (mtime_ns, size) in sources.items() if now(path) != [mtime_ns, size]]
 
 
 def valid(doc: Any, key: str) -> bool:
     """Whether `doc` is a whole document for `key` whose sources are unchanged."""
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key or not all(
+            part in doc and isinstance(doc[part], (kind, type(None))) for part, kind in PARTS.items()):
         return False
-    for part, kind in PARTS.items():
-        if part not in doc or not (doc[part] is None or isinstance(doc[part], kind)):
-            return False
     try:
         return not stale_sources(doc["sources"])
     except (TypeError, ValueError):  # not [mtime, size] pairs
@@ -111,17 +102,6 @@ def read(path: Path, key: str) -> dict | None:
     except (OSError, ValueError):  # absent, not text, not JSON (a cut-off write): built again
         return None
     return doc if valid(doc, key) else None
-
-
-def write(path: Path, doc: dict) -> bool:
-    """Atomically (temp file + rename); False where the folder cannot be written (the document then serves this
-    process only)."""
-    try:
-        atomic_write(path, json.dumps(doc))
-        return True
-    except OSError as e:
-        log.debug("grpo-lab: verl schema cache not written (%s): %s", path, e)
-        return False
 
 
 def build_in_child(config_dir: str, version_base: str) -> dict | None:
@@ -159,7 +139,7 @@ class Loaded(NamedTuple):
 def load(config_dir: str) -> Loaded:
     """verl's schema document for `config_dir`: from the cache file, else built by the child and kept."""
     key = cache_key(config_dir)
-    path = cache_file(config_dir, key)
+    path = cache_dir() / f"verl-schema-{key[:24]}.json"
     doc = read(path, key)
     if doc is not None:
         return Loaded(doc, "file")
@@ -173,5 +153,8 @@ def load(config_dir: str) -> Loaded:
         doc, origin = build(config_dir, base, objects=False), "fallback"
     doc.update(format=FORMAT, key=key, verl=verl_version(config_dir), version_base=base)
     if origin == "built" and valid(doc, key) and not any(doc[part] is None for part in OBJECT_PARTS):
-        write(path, doc)
+        try:  # atomically (temp file + rename); where the folder cannot be written the document serves this process
+            atomic_write(path, json.dumps(doc))
+        except OSError as e:
+            log.debug("grpo-lab: verl schema cache not written (%s): %s", path, e)
     return Loaded(doc, origin)
