@@ -92,9 +92,8 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
                for p in base_report.errors if p.rule not in memory_ids() and not (p.rule == "token_budget" and budgets)]
     valid_util = 0.0 < s0.gpu_memory_utilization < 1.0
     before = ctx.plan(s_req if valid_util else replace(s_req, gpu_memory_utilization=0.4))
-    res = FitResult(ok=False, lora=False, overrides=[], values={}, changes=[], before=before, after=None, rejected=[],
-                    way_out=[], blocked=blocked, title=base_report.title, card_gb=s0.card_gb,
-                    host_ram_gb=s0.host_ram_gb, batch=run.batch_shape)
+    res = FitResult(before, blocked=blocked, title=base_report.title, card_gb=s0.card_gb, host_ram_gb=s0.host_ram_gb,
+                    batch=run.batch_shape)
     if blocked:
         return res
 

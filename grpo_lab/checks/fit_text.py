@@ -138,15 +138,15 @@ class Step:
 
 @dataclass
 class FitResult:
-    ok: bool
-    lora: bool
-    overrides: list[str]               # what to add to the command line
-    values: dict[str, Any]             # verl key -> value
-    changes: list[Step]
     before: dict[str, Any]             # memplan.memory_plan before / after
-    after: dict[str, Any] | None
-    rejected: list[str]
-    way_out: list[str]
+    after: dict[str, Any] | None = None
+    ok: bool = False
+    lora: bool = False
+    overrides: list[str] = field(default_factory=list)  # what to add to the command line
+    values: dict[str, Any] = field(default_factory=dict)  # verl key -> value
+    changes: list[Step] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    way_out: list[str] = field(default_factory=list)
     verified: bool = False
     verify_problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)

@@ -56,7 +56,6 @@ MAKERS: tuple[Maker, ...] = (
 
 @dataclass(frozen=True)
 class Missing:
-    key: str  # the verl key that names the file
     path: str
     message: str  # what is wrong
     command: str = ""  # the command that makes it ("" when nothing of grpo-lab does)
@@ -67,10 +66,6 @@ class Missing:
         rel = os.path.relpath(where)
         where = rel if not rel.startswith("..") else self.path
         return f"{where} ({self.command})" if self.command else where
-
-    def to_json(self) -> dict[str, str]:
-        return {"rule": "input_missing", "key": self.key, "path": self.path, "message": self.message,
-                "command": self.command}
 
 
 def maker_for(path: str, group: str | None = None, cwd: str | None = None, force: bool = False) -> str:
@@ -162,10 +157,10 @@ def _gguf(key: str, model: str, file: Path) -> Missing:
     cmd = (f"python -c \"import sys, transformers as t; d, f, o = sys.argv[1:]; [c.from_pretrained(d, gguf_file=f)"
            f".save_pretrained(o) for c in (t.AutoTokenizer, t.AutoModelForCausalLM)]\" "
            f"{_sh(file.parent)} {_sh(file.name)} {_sh(out)}")
-    return Missing(key, model, f"{key}: {model} is a GGUF file (llama.cpp's format); verl loads a Hugging Face model "
-                               f"folder. Convert it with transformers' gguf_file= (pip install gguf; what make smollm2 "
-                               f"does for SmolLM2's GGUF, grpo_lab/tasks/smollm2.py): `{cmd}`, then "
-                               f"model_path={_sh(out)}", cmd)
+    return Missing(model, f"{key}: {model} is a GGUF file (llama.cpp's format); verl loads a Hugging Face model "
+                          f"folder. Convert it with transformers' gguf_file= (pip install gguf; what make smollm2 "
+                          f"does for SmolLM2's GGUF, grpo_lab/tasks/smollm2.py): `{cmd}`, then "
+                          f"model_path={_sh(out)}", cmd)
 
 
 def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
@@ -184,7 +179,7 @@ def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
             cmd = maker_for(path, dataset)
             how = (f"`{cmd}` writes it" if cmd else "nothing in grpo-lab writes this path: check it") + \
                 f", or point to your own file: python run.py {flag}=/path/to/file.parquet"
-            out.append(Missing(key, path, f"{key}: {path} does not exist; {how}", cmd))
+            out.append(Missing(path, f"{key}: {path} does not exist; {how}", cmd))
     key, model = "actor_rollout_ref.model.path", str(cfg.model.path or "")
     if not model:
         return out
@@ -208,8 +203,8 @@ def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
             how = f"`{cmd}` puts the model option's {name} there"
         else:
             how = "put a Hugging Face model folder there (config.json, weights, tokenizer)"
-        out.append(Missing(key, model, f"{key}: {model} {what}; {how}, or choose another: python run.py "
-                                       f"model_path=/path/to/model", cmd))
+        out.append(Missing(model, f"{key}: {model} {what}; {how}, or choose another: python run.py "
+                                  f"model_path=/path/to/model", cmd))
         return out
     # the variable that keeps the Hugging Face hub off, as huggingface_hub reads HF_HUB_OFFLINE ("" when it is on)
     gate = next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -217,9 +212,9 @@ def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
     if gate and hf_cached_config(model, environ) is None:
         cached = hf_model_cache_dir(model, environ)
         cmd = f"huggingface-cli download {model}"
-        out.append(Missing(key, model, f"{key}: {model} is a hub id, the hub is off ({gate}={environ.get(gate)}) and "
-                                       f"it is not in the cache (no snapshot with config.json under {cached}). "
-                                       f"Download it where there is a network (`{cmd}`), or use a local folder: "
-                                       f"python run.py model_path=/path", cmd))
+        out.append(Missing(model, f"{key}: {model} is a hub id, the hub is off ({gate}={environ.get(gate)}) and "
+                                  f"it is not in the cache (no snapshot with config.json under {cached}). "
+                                  f"Download it where there is a network (`{cmd}`), or use a local folder: "
+                                  f"python run.py model_path=/path", cmd))
     return out
 
