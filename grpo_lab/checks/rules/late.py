@@ -459,7 +459,7 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
     # (FSDPActorConfig.__post_init__ copies it over), else actor.fsdp_config.ulysses_sequence_parallel_size
     old, n_gpus = as_int(c.cfg.actor.ulysses_sequence_parallel_size, 1), c.batch["n_gpus"]
     key = A + ("actor." if old > 1 else "actor.fsdp_config.") + "ulysses_sequence_parallel_size"
-    arch = c.model.arch if c.model else None
+    arch = c.model.arch
     heads = arch.num_attention_heads if arch else None
     kv = arch.num_key_value_heads if arch else None
 
@@ -490,7 +490,7 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     engine refuses to start; a prompt that leaves no room stops the run; below prompt + response, answers are cut."""
     if str(c.cfg.rollout.name) not in ("vllm", "sglang"):
         return
-    arch = c.model.arch if c.model else None
+    arch = c.model.arch
     mpe = arch.max_position_embeddings if arch else None  # override_config's when set (rules.values resolve_model)
     mml = c.cfg.rollout.max_model_len
     if mml is None:  # verl then gives the engine the model's (overridden) limit
@@ -503,7 +503,7 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
         return
     want = prompt + resp if not mpe else min(prompt + resp, mpe)
     # vLLM reads the model's own config.json for its limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it go above
-    own = c.model.file_positions if c.model else None
+    own = c.model.file_positions
     fix = f"{A}rollout.max_model_len={want}"
     if mpe and mml > mpe:
         where = (f"{A}model.override_config.max_position_embeddings" if position_override(c.cfg) else arch.source)
