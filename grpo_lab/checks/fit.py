@@ -43,9 +43,7 @@ from grpo_lab.memory.run import Run
 from grpo_lab.memory.settings import one_sequence, settings_after, spelled
 from grpo_lab.verl_keys import put as _put
 
-# ---------------------------------------------------------------------------------------------------------------
-# the fit: search, then the preflight on its result
-# ---------------------------------------------------------------------------------------------------------------
+# ---- the fit: search, then the preflight on its result -----------------------------------------------------------
 
 FASTER = 0.10  # a setting must be this much faster by the time plan to win over one earlier in the guide's order
 SPEED_IDS = {mid for mid, _, _ in SPEED_MOVES}
@@ -196,10 +194,7 @@ def _rejected(ctx: FitContext, start: State, chosen: State | None, found: list[S
     return out
 
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# the command line and the saved experiment
-# ---------------------------------------------------------------------------------------------------------------
+# ---- the command line and the saved experiment -------------------------------------------------------------------
 
 _FIT_KEYS = ("preflight.fit", "preflight.fit_write", "preflight.fit_overwrite")
 

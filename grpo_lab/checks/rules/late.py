@@ -256,9 +256,7 @@ def reward_fn_file(c: Ctx) -> Iterable[Problem]:
                     f"(python run.py {KEY}.path=/abs/path/to/reward.py), or go back to verl's own scorer by "
                     f"data_source ({' or '.join(back)})", ALT.join([f"{KEY}.path={p}" for p in repo + near] + back))
         return
-    r = _probe(c)
-    if r is None:
-        return
+    r = reward_probe.probe(path, name, kwargs, c.cfg.data.train_files)
     where = f or path
     stage = r.get("stage")
     if stage == "import":
