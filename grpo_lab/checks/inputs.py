@@ -14,9 +14,10 @@ from __future__ import annotations
 import functools
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from grpo_lab import facts
 from grpo_lab.facts import hf_cached_config, hf_model_cache_dir, local_files
@@ -24,6 +25,7 @@ from grpo_lab.labconf import ModelFacts
 from grpo_lab.memory.verl_view import VerlView
 
 ROOT = facts.ROOT
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -102,18 +104,26 @@ def _sh(path: str | os.PathLike) -> str:
     return shlex.quote(str(path))
 
 
+def per_file_version(read: Callable[[str], T]) -> Callable[[str], T | None]:
+    """read(path), once per version of the file (its path, mtime and size: the fix re-checks run the rules again and
+    again on the same files); None when there is no such file."""
+    cached = functools.lru_cache(maxsize=32)(lambda path, _mtime_ns, _size: read(path))
+
+    @functools.wraps(read)
+    def once(path: str) -> T | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return cached(path, st.st_mtime_ns, st.st_size)
+
+    return once
+
+
+@per_file_version
 def parquet_columns(path: str) -> frozenset[str] | None:
     """A parquet file's columns from its schema (no rows read), a struct's fields also as `column.field`, a map's as
     `column.*`; None when it is not a parquet file pyarrow can read (rule data_files names that)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return _columns(path, st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=32)
-def _columns(path: str, mtime_ns: int, size: int) -> frozenset[str] | None:
     import pyarrow as pa  # only when a local parquet is there to read
     import pyarrow.parquet as pq
 

@@ -14,13 +14,13 @@ What each checks and why verl's own checks come too late: docs/preflight.md.
 from __future__ import annotations
 
 import difflib
-import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks import reward_probe
+from grpo_lab.checks.inputs import per_file_version
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
 from grpo_lab.checks.rules.batch import divisor_le
 from grpo_lab.checks.rules.setup import ENV_VARS
@@ -366,20 +366,9 @@ def reward_fn_result(c: Ctx) -> Iterable[Problem]:
 OURS = {"countdown": "reward_fn=countdown", "arith_": "reward_fn=strict_format"}
 
 
-def _data_sources(files: list[str]) -> set[str]:
-    out: set[str] = set()
-    for f in files:
-        if not (f.lower().endswith(".parquet") and os.path.isfile(f)):
-            continue
-        st = os.stat(f)
-        out.update(_file_sources(f, st.st_mtime_ns, st.st_size))
-    return out
-
-
-@functools.lru_cache(maxsize=32)
-def _file_sources(path: str, mtime_ns: int, size: int) -> frozenset[str]:
-    """The data_source values of one parquet file, read once per file version (the fix re-checks run the rules again
-    and again on the same files)."""
+@per_file_version
+def _file_sources(path: str) -> frozenset[str]:
+    """The data_source values of one parquet file."""
     import pyarrow.parquet as pq  # ~0.3 s, only when a local parquet is there to read
 
     try:
@@ -394,7 +383,7 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     if path or c.cfg.reward.reward_model.enable:
         return  # a custom reward file (rules above) or a reward model scores the rows
     files = [f for v in (c.cfg.data.train_files, c.cfg.data.val_files) for f in (facts.local_files(v) or [])]
-    sources = _data_sources(files)
+    sources = set().union(*(_file_sources(f) for f in files if f.lower().endswith(".parquet") and os.path.isfile(f)))
     if not sources:
         return
     # the names and prefixes verl's default_compute_score dispatches on, read once per verl version from the function
