@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from grpo_lab import facts
@@ -28,7 +28,7 @@ from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import emulate
 from grpo_lab.memory.planned_model import position_override
 from grpo_lab.memory.settings import as_int, sp_size
-from grpo_lab.verl_keys import MISSING, lookup, thaw
+from grpo_lab.verl_keys import MISSING, flatten, lookup, thaw
 from grpo_lab.verl_schema import schema
 
 # ---------------------------------------------------------------------------------- keys verl takes and never reads
@@ -91,13 +91,6 @@ UNREAD: tuple[tuple[str, str | None, str], ...] = (
     ("trainer.ray_wait_register_center_timeout", None, V1),
 )
 
-def _leaves(v: Any, path: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(v, Mapping) and v:
-        for k, x in v.items():
-            yield from _leaves(x, f"{path}.{k}")
-    else:
-        yield path, v
-
 
 def _shown(v: Any) -> str:
     return "null" if v is None or v is MISSING else quote(thaw(v))
@@ -117,7 +110,7 @@ def key_unread(c: Ctx) -> Iterable[Problem]:
         value = lookup(c.verl, prefix)
         if value is MISSING or (why.startswith(V1) and not v1):
             continue
-        for key, v in _leaves(value, prefix):
+        for key, v in flatten(value, prefix + "."):
             default = lookup(defaults, key)
             if key in seen or thaw(v) == (None if default is MISSING else thaw(default)):
                 continue
