@@ -109,12 +109,17 @@ def run_preflight(run: Run, *, launching: bool, check_fixes: bool = True) -> Pre
     """
     c = Ctx.on(run, launching=launching)
     problems = run_rules(c)
-    name = c.model.info.get("name") or c.cfg.model.path or "?"
-    report = PreflightReport(
-        errors=[p for p in problems if p.level == "error"], warnings=[p for p in problems if p.level == "warn"],
-        notes=[p.message for p in problems if p.level == "note"], batch=c.batch,
-        memory=copy.deepcopy(dict(run.memory)), time=dict(run.time), random_weights=c.model.random_weights,
-        title=f"{name} on {run.lab.hardware.name or '?'}, variant {run.lab.variant or '?'}", launching=launching)
+    report = PreflightReport(launching=launching)
+    name = c.model.info.get("name")
+    report.title = f"{name or c.cfg.model.path or '?'} on {run.lab.hardware.name or '?'}, variant " \
+                   f"{run.lab.variant or '?'}"
+    report.random_weights = c.model.random_weights
+    report.batch = c.batch
+    report.memory = copy.deepcopy(dict(run.memory))
+    report.time = dict(run.time)
+    report.errors = [p for p in problems if p.level == "error"]
+    report.warnings = [p for p in problems if p.level == "warn"]
+    report.notes = [p.message for p in problems if p.level == "note"]
     if check_fixes:
         checker = FixChecker(run, launching=launching, problems=problems)
         for p in report.errors + report.warnings:
