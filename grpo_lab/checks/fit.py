@@ -43,9 +43,7 @@ from grpo_lab.memory.run import Run
 from grpo_lab.memory.settings import one_sequence, settings_after, spelled
 from grpo_lab.verl_keys import put as _put
 
-# ---------------------------------------------------------------------------------------------------------------
-# the fit: search, then the preflight on its result
-# ---------------------------------------------------------------------------------------------------------------
+# ---- the fit: search, then the preflight on its result -----------------------------------------------------------
 
 FASTER = 0.10  # a setting must be this much faster by the time plan to win over one earlier in the guide's order
 SPEED_IDS = {mid for mid, _, _ in SPEED_MOVES}
@@ -92,9 +90,8 @@ def fit(run: Run, *, cfg: Any = None) -> FitResult:
                for p in base_report.errors if p.rule not in memory_ids() and not (p.rule == "token_budget" and budgets)]
     valid_util = 0.0 < s0.gpu_memory_utilization < 1.0
     before = ctx.plan(s_req if valid_util else replace(s_req, gpu_memory_utilization=0.4))
-    res = FitResult(ok=False, lora=False, overrides=[], values={}, changes=[], before=before, after=None, rejected=[],
-                    way_out=[], blocked=blocked, title=base_report.title, card_gb=s0.card_gb,
-                    host_ram_gb=s0.host_ram_gb, batch=run.batch_shape)
+    res = FitResult(before, blocked=blocked, title=base_report.title, card_gb=s0.card_gb, host_ram_gb=s0.host_ram_gb,
+                    batch=run.batch_shape)
     if blocked:
         return res
 
@@ -197,10 +194,7 @@ def _rejected(ctx: FitContext, start: State, chosen: State | None, found: list[S
     return out
 
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# the command line and the saved experiment
-# ---------------------------------------------------------------------------------------------------------------
+# ---- the command line and the saved experiment -------------------------------------------------------------------
 
 _FIT_KEYS = ("preflight.fit", "preflight.fit_write", "preflight.fit_overwrite")
 

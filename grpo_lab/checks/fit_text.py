@@ -14,9 +14,7 @@ from grpo_lab.memory import memplan, memplan_phases
 from grpo_lab.memory.fit_moves import GB, MARGIN
 from grpo_lab.memory.fit_search import FitContext
 
-# ---------------------------------------------------------------------------------------------------------------
-# what each change costs, in words and numbers
-# ---------------------------------------------------------------------------------------------------------------
+# ---- what each change costs, in words and numbers ----------------------------------------------------------------
 
 def cost_words(ctx: FitContext, move: str, before: memplan.Settings, after: memplan.Settings) -> str:
     arch = ctx.arch
@@ -118,9 +116,7 @@ def lora_banner(what: str, why: str = "") -> str:
     return f"!!! LoRA: {why}this {what} trains LoRA adapters instead: WHAT IS TRAINED CHANGES !!!"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# results
-# ---------------------------------------------------------------------------------------------------------------
+# ---- results -----------------------------------------------------------------------------------------------------
 
 @dataclass
 class Step:
@@ -138,15 +134,15 @@ class Step:
 
 @dataclass
 class FitResult:
-    ok: bool
-    lora: bool
-    overrides: list[str]               # what to add to the command line
-    values: dict[str, Any]             # verl key -> value
-    changes: list[Step]
     before: dict[str, Any]             # memplan.memory_plan before / after
-    after: dict[str, Any] | None
-    rejected: list[str]
-    way_out: list[str]
+    after: dict[str, Any] | None = None
+    ok: bool = False
+    lora: bool = False
+    overrides: list[str] = field(default_factory=list)  # what to add to the command line
+    values: dict[str, Any] = field(default_factory=dict)  # verl key -> value
+    changes: list[Step] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    way_out: list[str] = field(default_factory=list)
     verified: bool = False
     verify_problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -163,9 +159,7 @@ class FitResult:
     speedups: list[Step] = field(default_factory=list)  # after the memory fits: the same algorithm, a shorter step
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# text
-# ---------------------------------------------------------------------------------------------------------------
+# ---- text --------------------------------------------------------------------------------------------------------
 
 def _pct(peak: float, cap: float | None) -> str:
     return f"{100 * peak / cap:.0f}%" if cap else "-"

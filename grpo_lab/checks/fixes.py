@@ -66,11 +66,13 @@ def lora_rank_set(fix: str, cfg: VerlView) -> int:
     return next((int(v) for v in ranks if isinstance(v, int) and v > 0), 0)
 
 
-def _first_appliable(problems: Iterable[Problem], parse_fn) -> list[list[Change]]:
-    """Of each problem, its first alternative that is overrides (not words, not a config-group choice), parsed."""
+def _first_appliable(problems: Iterable[Problem], parse_fn, taken: Iterable[Change] = ()) -> list[list[Change]]:
+    """Of each problem, its first alternative that is overrides (not words, not a config-group choice) and sets no
+    key of `taken`, parsed."""
+    keys = {c.key for c in taken}
     out = []
     for p in problems:
-        parsed = next((x for x in map(parse_fn, p.alternatives) if x), None)
+        parsed = next((x for x in map(parse_fn, p.alternatives) if x and not any(c.key in keys for c in x)), None)
         if parsed:
             out.append(parsed)
     return out
@@ -125,15 +127,9 @@ class FixChecker:
             bad = self._verdict(p, self.evaluate(cur))
             if not bad:
                 return cur, []
+            rules = {b.rule for b in bad}
             full = self.evaluate(cur, quick=False)
-            added = []
-            for q in full:
-                if q.level == "error" and any(b.rule == q.rule for b in bad):
-                    for alt in q.alternatives:
-                        parsed = self.parse(alt)
-                        if parsed and not any(c.key == o.key for o in cur for c in parsed):
-                            added.append(parsed)
-                            break
+            added = _first_appliable((q for q in full if q.level == "error" and q.rule in rules), self.parse, cur)
             if not added:
                 return None, bad
             cur = merge(cur, *added)

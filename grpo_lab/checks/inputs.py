@@ -14,9 +14,10 @@ from __future__ import annotations
 import functools
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from grpo_lab import facts
 from grpo_lab.facts import hf_cached_config, hf_model_cache_dir, local_files
@@ -24,6 +25,7 @@ from grpo_lab.labconf import ModelFacts
 from grpo_lab.memory.verl_view import VerlView
 
 ROOT = facts.ROOT
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,6 @@ MAKERS: tuple[Maker, ...] = (
 
 @dataclass(frozen=True)
 class Missing:
-    key: str  # the verl key that names the file
     path: str
     message: str  # what is wrong
     command: str = ""  # the command that makes it ("" when nothing of grpo-lab does)
@@ -67,10 +68,6 @@ class Missing:
         rel = os.path.relpath(where)
         where = rel if not rel.startswith("..") else self.path
         return f"{where} ({self.command})" if self.command else where
-
-    def to_json(self) -> dict[str, str]:
-        return {"rule": "input_missing", "key": self.key, "path": self.path, "message": self.message,
-                "command": self.command}
 
 
 def maker_for(path: str, group: str | None = None, cwd: str | None = None, force: bool = False) -> str:
@@ -107,18 +104,26 @@ def _sh(path: str | os.PathLike) -> str:
     return shlex.quote(str(path))
 
 
+def per_file_version(read: Callable[[str], T]) -> Callable[[str], T | None]:
+    """read(path), once per version of the file (its path, mtime and size: the fix re-checks run the rules again and
+    again on the same files); None when there is no such file."""
+    cached = functools.lru_cache(maxsize=32)(lambda path, _mtime_ns, _size: read(path))
+
+    @functools.wraps(read)
+    def once(path: str) -> T | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return cached(path, st.st_mtime_ns, st.st_size)
+
+    return once
+
+
+@per_file_version
 def parquet_columns(path: str) -> frozenset[str] | None:
     """A parquet file's columns from its schema (no rows read), a struct's fields also as `column.field`, a map's as
     `column.*`; None when it is not a parquet file pyarrow can read (rule data_files names that)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return _columns(path, st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=32)
-def _columns(path: str, mtime_ns: int, size: int) -> frozenset[str] | None:
     import pyarrow as pa  # only when a local parquet is there to read
     import pyarrow.parquet as pq
 
@@ -162,10 +167,10 @@ def _gguf(key: str, model: str, file: Path) -> Missing:
     cmd = (f"python -c \"import sys, transformers as t; d, f, o = sys.argv[1:]; [c.from_pretrained(d, gguf_file=f)"
            f".save_pretrained(o) for c in (t.AutoTokenizer, t.AutoModelForCausalLM)]\" "
            f"{_sh(file.parent)} {_sh(file.name)} {_sh(out)}")
-    return Missing(key, model, f"{key}: {model} is a GGUF file (llama.cpp's format); verl loads a Hugging Face model "
-                               f"folder. Convert it with transformers' gguf_file= (pip install gguf; what make smollm2 "
-                               f"does for SmolLM2's GGUF, grpo_lab/tasks/smollm2.py): `{cmd}`, then "
-                               f"model_path={_sh(out)}", cmd)
+    return Missing(model, f"{key}: {model} is a GGUF file (llama.cpp's format); verl loads a Hugging Face model "
+                          f"folder. Convert it with transformers' gguf_file= (pip install gguf; what make smollm2 "
+                          f"does for SmolLM2's GGUF, grpo_lab/tasks/smollm2.py): `{cmd}`, then "
+                          f"model_path={_sh(out)}", cmd)
 
 
 def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
@@ -184,7 +189,7 @@ def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
             cmd = maker_for(path, dataset)
             how = (f"`{cmd}` writes it" if cmd else "nothing in grpo-lab writes this path: check it") + \
                 f", or point to your own file: python run.py {flag}=/path/to/file.parquet"
-            out.append(Missing(key, path, f"{key}: {path} does not exist; {how}", cmd))
+            out.append(Missing(path, f"{key}: {path} does not exist; {how}", cmd))
     key, model = "actor_rollout_ref.model.path", str(cfg.model.path or "")
     if not model:
         return out
@@ -208,8 +213,8 @@ def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
             how = f"`{cmd}` puts the model option's {name} there"
         else:
             how = "put a Hugging Face model folder there (config.json, weights, tokenizer)"
-        out.append(Missing(key, model, f"{key}: {model} {what}; {how}, or choose another: python run.py "
-                                       f"model_path=/path/to/model", cmd))
+        out.append(Missing(model, f"{key}: {model} {what}; {how}, or choose another: python run.py "
+                                  f"model_path=/path/to/model", cmd))
         return out
     # the variable that keeps the Hugging Face hub off, as huggingface_hub reads HF_HUB_OFFLINE ("" when it is on)
     gate = next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -217,9 +222,9 @@ def missing_inputs(cfg: VerlView, dataset: str | None, model_facts: ModelFacts,
     if gate and hf_cached_config(model, environ) is None:
         cached = hf_model_cache_dir(model, environ)
         cmd = f"huggingface-cli download {model}"
-        out.append(Missing(key, model, f"{key}: {model} is a hub id, the hub is off ({gate}={environ.get(gate)}) and "
-                                       f"it is not in the cache (no snapshot with config.json under {cached}). "
-                                       f"Download it where there is a network (`{cmd}`), or use a local folder: "
-                                       f"python run.py model_path=/path", cmd))
+        out.append(Missing(model, f"{key}: {model} is a hub id, the hub is off ({gate}={environ.get(gate)}) and "
+                                  f"it is not in the cache (no snapshot with config.json under {cached}). "
+                                  f"Download it where there is a network (`{cmd}`), or use a local folder: "
+                                  f"python run.py model_path=/path", cmd))
     return out
 

@@ -48,11 +48,6 @@ def switches(cfg: VerlView) -> list[tuple[str, bool]]:
     return [(dyn, on) for (_, _, dyn, _), (_, on, _) in zip(PASSES, _values(cfg))]
 
 
-def dynamic_on(cfg: VerlView) -> list[str]:
-    """The passes' dynamic batching switches that are on."""
-    return [dyn for dyn, on in switches(cfg) if on]
-
-
 def ignored(info: dict[str, Any], cfg: VerlView) -> Iterable[tuple[dict[str, Any], str, str, Any]]:
     """(the user's micro-batch, its pass's dynamic batching switch, token budget key, its value) for each micro-batch
     that dynamic batching makes ineffective in this config."""

@@ -110,7 +110,7 @@ def run_preflight(run: Run, *, launching: bool, check_fixes: bool = True) -> Pre
     c = Ctx.on(run, launching=launching)
     problems = run_rules(c)
     report = PreflightReport(launching=launching)
-    name = (c.model.info or {}).get("name")
+    name = c.model.info.get("name")
     report.title = f"{name or c.cfg.model.path or '?'} on {run.lab.hardware.name or '?'}, variant " \
                    f"{run.lab.variant or '?'}"
     report.random_weights = c.model.random_weights
@@ -146,8 +146,7 @@ def not_ready_here(run: Run, *, plan_only: bool) -> list[NotReady]:
            for m in missing_inputs(run.cfg, run.lab.dataset.name, run.lab.model, run.environ)]
     if not plan_only:
         return out
-    c = Ctx.on(run, launching=True)
-    problems = [p for p in run_rules(c, only=launching_only_ids()) if p.level == "error"]
+    problems = [p for p in run_rules(Ctx.on(run, launching=True), only=launching_only_ids()) if p.level == "error"]
     if any(p.fix for p in problems):
         # the fix is re-checked as a launch here would check it: every rule, with this machine's environment
         checker = FixChecker(run, launching=True, problems=run_rules(Ctx.on(run, launching=True)))

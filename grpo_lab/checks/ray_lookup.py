@@ -23,7 +23,6 @@ class RayTarget:
     joins: str | None  # the cluster ray.init connects to, named as the user set it; None: it starts one (or fails)
     fails: str  # ray.init raises: why ("" when it does not)
     looked_at: str  # the places looked at, in Ray's order, in words
-    address_file: str  # the `ray start` record looked for ("" when not looked for)
 
 
 def address_file(environ: Mapping[str, str], temp_dir: str | None = None) -> str:
@@ -41,16 +40,15 @@ def ray_target(address: Any, environ: Mapping[str, str], *, temp_dir: str | None
     addr = None if address in (None, "") else str(address)
     if addr is not None and addr != "auto":
         if addr == "local":
-            return RayTarget(None, "", "ray_kwargs.ray_init.address=local (a new Ray of this machine)", "")
-        return RayTarget(f"ray_kwargs.ray_init.address={addr}", "", f"ray_kwargs.ray_init.address={addr}", "")
+            return RayTarget(None, "", "ray_kwargs.ray_init.address=local (a new Ray of this machine)")
+        return RayTarget(f"ray_kwargs.ray_init.address={addr}", "", f"ray_kwargs.ray_init.address={addr}")
     given = "ray_kwargs.ray_init.address=auto" if addr == "auto" else "ray_kwargs.ray_init.address is null"
     env = environ.get(RAY_ADDRESS)
     if env:
         if env == "local":
-            return RayTarget(None, "", f"{given}, RAY_ADDRESS=local (a new Ray of this machine)", "")
-        return RayTarget(f"RAY_ADDRESS={env}", "", f"{given}, RAY_ADDRESS={env}", "")
+            return RayTarget(None, "", f"{given}, RAY_ADDRESS=local (a new Ray of this machine)")
+        return RayTarget(f"RAY_ADDRESS={env}", "", f"{given}, RAY_ADDRESS={env}")
     looked = f"{given}, RAY_ADDRESS is not set"
-    path = ""
     if read_file:
         path = address_file(environ, temp_dir)
         try:  # the address `ray start` recorded there (Ray strips it)
@@ -60,12 +58,12 @@ def ray_target(address: Any, environ: Mapping[str, str], *, temp_dir: str | None
             recorded = ""
         if recorded:
             return RayTarget(f"the cluster the latest `ray start` on this node recorded ({recorded}, in {path})", "",
-                             f"{looked}, {path} names {recorded}", path)
+                             f"{looked}, {path} names {recorded}")
         looked += f", no `ray start` has recorded a cluster on this node ({path} is absent)"
     elif addr == "auto":  # "auto" never starts a Ray: it joins what it finds where it runs, or raises there
         return RayTarget("ray_kwargs.ray_init.address=auto (the cluster ray.init finds where the job runs)", "",
-                         f"{looked}, the `ray start` record of the machine that runs it not read here", "")
+                         f"{looked}, the `ray start` record of the machine that runs it not read here")
     if addr == "auto":
         return RayTarget(None, "ray.init(address='auto') raises ConnectionError: 'Could not find any running Ray "
-                               "instance'", looked, path)
-    return RayTarget(None, "", looked, path)
+                               "instance'", looked)
+    return RayTarget(None, "", looked)

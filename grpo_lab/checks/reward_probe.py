@@ -95,8 +95,7 @@ def first_train_file(train_files: Any) -> str | None:
     return None
 
 
-def probe(path: str, name: str, reward_kwargs: Mapping[str, Any] | None, train_files: Any = None,
-          timeout: float | None = None) -> dict[str, Any]:
+def probe(path: str, name: str, reward_kwargs: Mapping[str, Any] | None, train_files: Any = None) -> dict[str, Any]:
     """Run the child on this reward function; the result dict (cached per file version, function, kwargs and row)."""
     f = file_of(path)
     train = first_train_file(train_files)
@@ -105,7 +104,7 @@ def probe(path: str, name: str, reward_kwargs: Mapping[str, Any] | None, train_f
     key = (path, stamp(f), name, json.dumps(kwargs, sort_keys=True, default=str), stamp(train))
     if key not in _CACHE:
         _CACHE[key] = _run_child({"path": path, "file": f, "name": name, "reward_kwargs": kwargs, "train_file": train},
-                                 TIMEOUT_S if timeout is None else timeout)
+                                 TIMEOUT_S)
     return _CACHE[key]
 
 

@@ -108,11 +108,11 @@ class Ctx:
     def of(cls, verl: Mapping[str, Any], lab: Lab | None, *, launching: bool, environ: Mapping[str, str],
            quick: bool = False) -> Ctx:
         """A context on a Run built here (a fix's re-check: `quick`, the memory plan without its remedies)."""
-        return cls.on(Run.build(verl, lab, environ, quick=quick), launching=launching, environ=environ)
+        return cls.on(Run.build(verl, lab, environ, quick=quick), launching=launching)
 
     @classmethod
-    def on(cls, run: Run, *, launching: bool, environ: Mapping[str, str] | None = None) -> Ctx:
-        return cls(run, launching, run.environ if environ is None else environ, list(run.notes))
+    def on(cls, run: Run, *, launching: bool) -> Ctx:
+        return cls(run, launching, run.environ, list(run.notes))
 
     @property
     def verl(self) -> Mapping[str, Any]:

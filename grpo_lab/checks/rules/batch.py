@@ -194,33 +194,32 @@ def micro_batch(c: Ctx) -> Iterable[Problem]:
     dp = b["data_parallel_size"]
     per_gpu_mini = b["mini_batch_trajectories"] / dp
     micro, old = actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size
+
+    def fix(limit: int) -> str:  # the largest micro-batch up to `limit` that splits a GPU's share of a mini-batch
+        return f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), limit)}"
+
     if old is not None:
         yield error(f"actor.ppo_micro_batch_size={old} is the deprecated global form; verl wants the per-GPU "
                     f"actor.ppo_micro_batch_size_per_gpu (performance sizes are local per GPU)",
-                    f"~actor_rollout_ref.actor.ppo_micro_batch_size "
-                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), max(1, as_int(old) // dp))}")
+                    f"~actor_rollout_ref.actor.ppo_micro_batch_size {fix(max(1, as_int(old) // dp))}")
         return
     if micro is None:
-        yield error("dynamic batch size is off and actor.ppo_micro_batch_size_per_gpu is not set",
-                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), 2)}")
+        yield error("dynamic batch size is off and actor.ppo_micro_batch_size_per_gpu is not set", fix(2))
         return
     micro = as_int(micro, None)
     if micro is None:
         return  # not a whole number: value_types names it
     if micro <= 0:
-        yield error(f"actor.ppo_micro_batch_size_per_gpu={micro} must be positive",
-                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), 2)}")
+        yield error(f"actor.ppo_micro_batch_size_per_gpu={micro} must be positive", fix(2))
     elif micro > per_gpu_mini:
         yield error(f"the micro-batch ({micro} per GPU) is larger than the mini-batch's share of a GPU "
                     f"({num(per_gpu_mini)} trajectories): verl 0.9.1 asserts 'data size must be divisible by "
                     f"force_group_size * micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py "
-                    f"prepare_micro_batches; verl #405)",
-                    f"ppo_micro_batch_size_per_gpu={divisor_le(max(1, int(per_gpu_mini)), micro)}")
+                    f"prepare_micro_batches; verl #405)", fix(micro))
     elif per_gpu_mini.is_integer() and int(per_gpu_mini) % micro:
         yield error(f"each GPU's {int(per_gpu_mini)} trajectories per mini-batch do not split into micro-batches of "
                     f"{micro}: verl 0.9.1 asserts 'data size must be divisible by force_group_size * "
-                    f"micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py)",
-                    f"ppo_micro_batch_size_per_gpu={divisor_le(int(per_gpu_mini), micro)}")
+                    f"micro_batch_size_per_gpu' at the first update (verl/workers/engine/utils.py)", fix(micro))
     if micro > 0 and per_gpu_mini.is_integer():
         b["micro_batches_per_update"] = int(per_gpu_mini) // micro
 
@@ -235,19 +234,17 @@ def log_prob_micro_batch(c: Ctx) -> Iterable[Problem]:
     for key, p in (("rollout", c.cfg.rollout), ("ref", c.cfg.ref)):
         if p.log_prob_use_dynamic_bsz or (key == "ref" and not ref_used(c.cfg)):
             continue
-        micro = p.log_prob_micro_batch_size_per_gpu
+        micro, fix = p.log_prob_micro_batch_size_per_gpu, f"{A}{key}.log_prob_micro_batch_size_per_gpu="
         if micro is None:
             yield error(f"{key}.log_prob_use_dynamic_bsz is off and {key}.log_prob_micro_batch_size_per_gpu is not set",
-                        f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
-                        f"{divisor_le(max(1, int(per_gpu_step)), 4)}")
+                        fix + str(divisor_le(max(1, int(per_gpu_step)), 4)))
         elif per_gpu_step.is_integer() and int(per_gpu_step) % max(1, as_int(micro, 1)):
             padded = " (after the V1 trainer's padding)" if pad and pad["samples"] else ""
             yield error(f"each GPU's {int(per_gpu_step)} trajectories per step{padded} do not split into log-prob "
                         f"micro-batches of {micro} ({key}.log_prob_micro_batch_size_per_gpu): verl 0.9.1 asserts "
                         f"'data size must be divisible by force_group_size * micro_batch_size_per_gpu' in the first "
                         f"log-prob pass (verl/workers/engine/utils.py prepare_micro_batches)",
-                        f"actor_rollout_ref.{key}.log_prob_micro_batch_size_per_gpu="
-                        f"{divisor_le(int(per_gpu_step), as_int(micro, 1))}")
+                        fix + str(divisor_le(int(per_gpu_step), as_int(micro, 1))))
 
 
 # ---- the train file ---------------------------------------------------------------------------------------------
@@ -360,16 +357,15 @@ def prompts_too_long(c: Ctx) -> Iterable[Problem]:
 
 def _budget_checks(c: Ctx) -> list[tuple[str, bool, str, int, str, str]]:
     """(pass, dynamic batching on, its token budget's key and size, the key of its fix, what it is) of each pass."""
-    actor, rollout, ref = c.cfg.actor, c.cfg.rollout, c.cfg.ref
+    actor = c.cfg.actor
     checks = [("actor", bool(actor.use_dynamic_bsz), "actor.ppo_max_token_len_per_gpu",
-               as_int(actor.ppo_max_token_len_per_gpu), "ppo_max_token_len_per_gpu", "the actor update"),
-              ("rollout", bool(rollout.log_prob_use_dynamic_bsz), "rollout.log_prob_max_token_len_per_gpu",
-               as_int(rollout.log_prob_max_token_len_per_gpu), A + "rollout.log_prob_max_token_len_per_gpu",
-               "the old-log-prob pass")]
-    if ref_used(c.cfg):
-        checks.append(("ref", bool(ref.log_prob_use_dynamic_bsz), "ref.log_prob_max_token_len_per_gpu",
-                       as_int(ref.log_prob_max_token_len_per_gpu), A + "ref.log_prob_max_token_len_per_gpu",
-                       "the reference log-prob pass"))
+               as_int(actor.ppo_max_token_len_per_gpu), "ppo_max_token_len_per_gpu", "the actor update")]
+    for name, p, what in (("rollout", c.cfg.rollout, "the old-log-prob pass"),
+                          ("ref", c.cfg.ref, "the reference log-prob pass")):
+        key = f"{name}.log_prob_max_token_len_per_gpu"
+        if name == "rollout" or ref_used(c.cfg):
+            checks.append((name, bool(p.log_prob_use_dynamic_bsz), key, as_int(p.log_prob_max_token_len_per_gpu),
+                           A + key, what))
     return checks
 
 

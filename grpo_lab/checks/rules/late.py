@@ -14,13 +14,13 @@ What each checks and why verl's own checks come too late: docs/preflight.md.
 from __future__ import annotations
 
 import difflib
-import functools
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from grpo_lab import facts
 from grpo_lab.checks import reward_probe
+from grpo_lab.checks.inputs import per_file_version
 from grpo_lab.checks.rules import ALT, A, Ctx, Problem, error, note, rule, warn
 from grpo_lab.checks.rules.batch import divisor_le
 from grpo_lab.checks.rules.setup import ENV_VARS
@@ -28,7 +28,7 @@ from grpo_lab.cli.overrides import quote
 from grpo_lab.memory import emulate
 from grpo_lab.memory.planned_model import position_override
 from grpo_lab.memory.settings import as_int, sp_size
-from grpo_lab.verl_keys import MISSING, lookup, thaw
+from grpo_lab.verl_keys import MISSING, flatten, lookup, thaw
 from grpo_lab.verl_schema import schema
 
 # ---------------------------------------------------------------------------------- keys verl takes and never reads
@@ -91,13 +91,6 @@ UNREAD: tuple[tuple[str, str | None, str], ...] = (
     ("trainer.ray_wait_register_center_timeout", None, V1),
 )
 
-def _leaves(v: Any, path: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(v, Mapping) and v:
-        for k, x in v.items():
-            yield from _leaves(x, f"{path}.{k}")
-    else:
-        yield path, v
-
 
 def _shown(v: Any) -> str:
     return "null" if v is None or v is MISSING else quote(thaw(v))
@@ -117,7 +110,7 @@ def key_unread(c: Ctx) -> Iterable[Problem]:
         value = lookup(c.verl, prefix)
         if value is MISSING or (why.startswith(V1) and not v1):
             continue
-        for key, v in _leaves(value, prefix):
+        for key, v in flatten(value, prefix + "."):
             default = lookup(defaults, key)
             if key in seen or thaw(v) == (None if default is MISSING else thaw(default)):
                 continue
@@ -256,9 +249,7 @@ def reward_fn_file(c: Ctx) -> Iterable[Problem]:
                     f"(python run.py {KEY}.path=/abs/path/to/reward.py), or go back to verl's own scorer by "
                     f"data_source ({' or '.join(back)})", ALT.join([f"{KEY}.path={p}" for p in repo + near] + back))
         return
-    r = _probe(c)
-    if r is None:
-        return
+    r = reward_probe.probe(path, name, kwargs, c.cfg.data.train_files)
     where = f or path
     stage = r.get("stage")
     if stage == "import":
@@ -368,20 +359,9 @@ def reward_fn_result(c: Ctx) -> Iterable[Problem]:
 OURS = {"countdown": "reward_fn=countdown", "arith_": "reward_fn=strict_format"}
 
 
-def _data_sources(files: list[str]) -> set[str]:
-    out: set[str] = set()
-    for f in files:
-        if not (f.lower().endswith(".parquet") and os.path.isfile(f)):
-            continue
-        st = os.stat(f)
-        out.update(_file_sources(f, st.st_mtime_ns, st.st_size))
-    return out
-
-
-@functools.lru_cache(maxsize=32)
-def _file_sources(path: str, mtime_ns: int, size: int) -> frozenset[str]:
-    """The data_source values of one parquet file, read once per file version (the fix re-checks run the rules again
-    and again on the same files)."""
+@per_file_version
+def _file_sources(path: str) -> frozenset[str]:
+    """The data_source values of one parquet file."""
     import pyarrow.parquet as pq  # ~0.3 s, only when a local parquet is there to read
 
     try:
@@ -396,7 +376,7 @@ def reward_fn_data_source(c: Ctx) -> Iterable[Problem]:
     if path or c.cfg.reward.reward_model.enable:
         return  # a custom reward file (rules above) or a reward model scores the rows
     files = [f for v in (c.cfg.data.train_files, c.cfg.data.val_files) for f in (facts.local_files(v) or [])]
-    sources = _data_sources(files)
+    sources = set().union(*(_file_sources(f) for f in files if f.lower().endswith(".parquet") and os.path.isfile(f)))
     if not sources:
         return
     # the names and prefixes verl's default_compute_score dispatches on, read once per verl version from the function
@@ -459,7 +439,7 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
     # (FSDPActorConfig.__post_init__ copies it over), else actor.fsdp_config.ulysses_sequence_parallel_size
     old, n_gpus = as_int(c.cfg.actor.ulysses_sequence_parallel_size, 1), c.batch["n_gpus"]
     key = A + ("actor." if old > 1 else "actor.fsdp_config.") + "ulysses_sequence_parallel_size"
-    arch = c.model.arch if c.model else None
+    arch = c.model.arch
     heads = arch.num_attention_heads if arch else None
     kv = arch.num_key_value_heads if arch else None
 
@@ -490,7 +470,7 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
     engine refuses to start; a prompt that leaves no room stops the run; below prompt + response, answers are cut."""
     if str(c.cfg.rollout.name) not in ("vllm", "sglang"):
         return
-    arch = c.model.arch if c.model else None
+    arch = c.model.arch
     mpe = arch.max_position_embeddings if arch else None  # override_config's when set (rules.values resolve_model)
     mml = c.cfg.rollout.max_model_len
     if mml is None:  # verl then gives the engine the model's (overridden) limit
@@ -503,7 +483,7 @@ def rollout_max_model_len(c: Ctx) -> Iterable[Problem]:
         return
     want = prompt + resp if not mpe else min(prompt + resp, mpe)
     # vLLM reads the model's own config.json for its limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it go above
-    own = c.model.file_positions if c.model else None
+    own = c.model.file_positions
     fix = f"{A}rollout.max_model_len={want}"
     if mpe and mml > mpe:
         where = (f"{A}model.override_config.max_position_embeddings" if position_override(c.cfg) else arch.source)

@@ -262,7 +262,7 @@ def rollout_engine_known(c: Ctx) -> Iterable[Problem]:
 def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
     """The user's micro-batch size against grpo-lab's dynamic batching default (grpo_lab/checks/microbatch.py settles it
     before the preflight and leaves what it did in lab.micro_batch)."""
-    from grpo_lab.checks.microbatch import dynamic_on, ignored
+    from grpo_lab.checks.microbatch import ignored, switches
 
     info = c.lab.micro_batch
     if not info:
@@ -282,7 +282,7 @@ def micro_batch_explicit(c: Ctx) -> Iterable[Problem]:
                    f"batching on yourself ({kept}), so verl packs the {m['pass']}'s micro-batches by tokens "
                    f"({budget}={tokens} per GPU) and never reads a micro-batch size. Leave one of the two "
                    f"out, or turn dynamic batching off for the micro-batch size to count",
-                   " ".join(f"{d}=false" for d in dynamic_on(c.cfg)))
+                   " ".join(f"{dyn}=false" for dyn, on in switches(c.cfg) if on))
 
 
 @rule("model_key_unknown", kind="setup", phase="compose")
@@ -533,7 +533,7 @@ def dapo_overlong_buffer(c: Ctx) -> Iterable[Problem]:
 
 @rule("thinking_response_length", kind="setup", phase="rollout")
 def thinking_response_length(c: Ctx) -> Iterable[Problem]:
-    info = c.model.info if c.model else {}
+    info = c.model.info
     base = str(c.cfg.model.path or "").rstrip("/").lower().endswith("-base")
     thinking = (bool(info.get("thinking", False)) and not base
                 and c.cfg.data.apply_chat_template_kwargs.get("enable_thinking") is not False)

@@ -170,7 +170,7 @@ def card_memory_unknown(c: Ctx) -> Iterable[Problem]:
     if raw is not None and raw > 0:  # a card size (typed: a number or None, grpo_lab/labconf.py)
         return
     size = facts.hardware_card_gb(name) if name else None
-    what = f"{c.model.info.get('name') or 'the model'}" if c.model else "the model"
+    what = c.model.info.get("name") or "the model"
     yield error(f"lab.hardware.gpu_memory_gb={'null' if raw is None else f'{raw:g}'} is no card size: it must be one "
                 f"card's memory in GB as CUDA reports it (32 for the guide's RTX 4080 32 GB, 139.8 for an H200). "
                 f"Without it the memory plan gives no phase a verdict, so nothing says whether {what} fits the cards"
