@@ -10,13 +10,16 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from grpo_lab import facts
 from grpo_lab.memory import memplan, timeplan
 from grpo_lab.memory.memplan_remedies import budget_changes, halvings
 from grpo_lab.memory.settings import FIELD_OF_KEY
 from grpo_lab.verl_keys import A
+
+if TYPE_CHECKING:  # what a move asks of the search: its context
+    from grpo_lab.memory.fit_search import FitContext as Judge
 
 CONF = facts.ROOT / "conf"
 GB = memplan.GB
@@ -25,7 +28,7 @@ PHASES = ("generation", "training", "weight_sync", "host_ram")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# a setting judged, and what a move asks of the search to judge one
+# a setting judged
 # ---------------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -45,18 +48,6 @@ class Eval:
 
     def score(self) -> tuple[int, float]:
         return self.misses, round(self.overflow, 3)
-
-
-class Judge(Protocol):
-    """What a move asks of the search's context (grpo_lab/memory/fit_search.py FitContext)."""
-
-    arch: memplan.Arch
-
-    def eval(self, s: memplan.Settings) -> Eval: ...
-
-    def choice(self, s: memplan.Settings, values: dict[str, Any]) -> tuple[dict[str, Any], memplan.Settings]: ...
-
-    def tokens_per_gpu_per_update(self, s: memplan.Settings) -> int: ...
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ MiB = 1 << 20
 TRAINER_CUDA_CONTEXT_GB = 1.25   # the FSDP worker's CUDA context + NCCL buffers (outside torch's allocator)
 # the vLLM worker's memory outside its util budget, what its level-2 sleep leaves: 0.82-0.85 GiB on the H200 (eager)
 VLLM_CUDA_CONTEXT_GB = 0.9
+CONTEXTS = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB  # both processes' on one card (bytes)
 # cuBLAS's workspaces, taken from torch's allocator at the first matmul and kept for the process: 64 MiB on the H200
 # (smoke_tiny's allocated peak grew by 0.0625 GiB after its first step; memplan_bench's resident rows sit 66 MB above
 # the plan's state); torch's default workspace is smaller before Hopper, so an upper bound there
@@ -317,8 +318,7 @@ def sync_trainer_side(arch: Arch, s: Settings, *, first: bool = False) -> dict[s
 
 def update_breakdown(arch: Arch, s: Settings) -> dict[str, float]:
     """Bytes torch's allocator holds at the update's peak on one GPU (the larger of the two candidate peaks)."""
-    peaks = update_peaks(arch, s)
-    return max(peaks.values(), key=lambda d: sum(d.values()))
+    return update_peaks(arch, s)[update_peak_at(arch, s)]
 
 
 def update_peak_at(arch: Arch, s: Settings) -> str:
@@ -442,12 +442,10 @@ class Phases:
     def generation(self) -> dict[str, Any]:
         resident = resident_at_generation(self.arch, self.s)
         vllm, on_top, _ = self.budget  # engine hook
-        ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
-        peak = resident + vllm + on_top + ctx
         engine = ({"vllm_budget": round_gb(vllm)} if not on_top
                   else {"sglang_static": round_gb(vllm), "sglang_activations": round_gb(on_top)})
-        return {"peak_gb_per_gpu": round_gb(peak),
-                "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(ctx)}}
+        return {"peak_gb_per_gpu": round_gb(resident + vllm + on_top + CONTEXTS),
+                "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(CONTEXTS)}}
 
     @cached_property
     def subphases(self) -> dict[str, dict[str, float]]:
@@ -461,11 +459,9 @@ class Phases:
     def weight_sync(self) -> dict[str, Any]:
         trainer = sync_trainer_side(self.arch, self.s)
         weights = vllm_weights(self.arch, self.s)
-        ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
-        peak = sum(trainer.values()) + weights + ctx
-        return {"peak_gb_per_gpu": round_gb(peak),
+        return {"peak_gb_per_gpu": round_gb(sum(trainer.values()) + weights + CONTEXTS),
                 "components_gb": {**{k: round_gb(v) for k, v in trainer.items()}, "vllm_weights": round_gb(weights),
-                                  "cuda_contexts": round_gb(ctx)}}
+                                  "cuda_contexts": round_gb(CONTEXTS)}}
 
     @cached_property
     def host(self) -> dict[str, Any]:
