@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,18 +82,10 @@ def settings(lab: Lab) -> Emulation | None:
 
 def parse_alloc_conf(text: str) -> list[tuple[str, str]]:
     """[(key, value)] of an allocator config string, in order; a value may be a [...] list."""
-    items, depth, cur = [], 0, ""
-    for ch in text or "":
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    items.append(cur)
+    text = text or ""
+    depth = itertools.accumulate((ch == "[") - (ch == "]") for ch in text)  # inside [..] after each character
+    cuts = [i for i, (ch, d) in enumerate(zip(text, depth)) if ch == "," and d == 0]
+    items = [text[a + 1:b] for a, b in itertools.pairwise([-1, *cuts, len(text)])]
     out = []
     for item in (i.strip() for i in items):
         if not item:

@@ -424,15 +424,21 @@ def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
             "capacity_gb": float(s.host_ram_gb or 0) or None}
 
 
+def _of(plan: Any) -> Any:
+    """A Phases attribute that is plan(arch, s), computed once, when first read."""
+    return cached_property(lambda self: plan(self.arch, self.s))
+
+
 class Phases:
     """One configuration's phases (GB; the dicts plan.json shows), each computed once, when first read."""
 
     def __init__(self, arch: Arch, s: Settings) -> None:
         self.arch, self.s = arch, s
 
-    @cached_property
-    def budget(self) -> tuple[float, float, str]:
-        return engine_budget(self.arch, self.s)
+    budget = _of(engine_budget)
+    subphases = _of(training_subphases)
+    host = _of(host_ram)
+    actor_state_gb = _of(actor_state_gb_per_gpu)
 
     @cached_property
     def kv(self) -> dict[str, Any]:
@@ -448,10 +454,6 @@ class Phases:
                 "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(CONTEXTS)}}
 
     @cached_property
-    def subphases(self) -> dict[str, dict[str, float]]:
-        return training_subphases(self.arch, self.s)
-
-    @cached_property
     def training(self) -> dict[str, Any]:
         return training_phase(self.arch, self.s, self.budget, self.subphases)
 
@@ -464,16 +466,8 @@ class Phases:
                                   "cuda_contexts": round_gb(CONTEXTS)}}
 
     @cached_property
-    def host(self) -> dict[str, Any]:
-        return host_ram(self.arch, self.s)
-
-    @cached_property
     def trainer_allocator(self) -> dict[str, Any]:
         return trainer_allocator(self.arch, self.s, self.subphases)
-
-    @cached_property
-    def actor_state_gb(self) -> float:
-        return actor_state_gb_per_gpu(self.arch, self.s)
 
     @cached_property
     def actor_state_full_gb(self) -> float:

@@ -67,11 +67,9 @@ def _best_token_budget(arch: Arch, s: Settings) -> int | None:
 
 def budget_changes(s: Settings, t: int) -> list[Change]:
     """The actor's token budget `t` (first), the log-prob passes' at most twice it (never below one sequence)."""
-    return [Change("ppo_max_token_len_per_gpu", t),
-            Change(A + "rollout.log_prob_max_token_len_per_gpu", max(s.seq_len, min(s.log_prob_max_token_len_per_gpu,
-                                                                                     2 * t))),
-            Change(A + "ref.log_prob_max_token_len_per_gpu", max(s.seq_len, min(s.ref_log_prob_max_token_len_per_gpu,
-                                                                                 2 * t)))]
+    passes = (("rollout.", s.log_prob_max_token_len_per_gpu), ("ref.", s.ref_log_prob_max_token_len_per_gpu))
+    return [Change("ppo_max_token_len_per_gpu", t), *(Change(A + pre + "log_prob_max_token_len_per_gpu",
+                                                             max(s.seq_len, min(now, 2 * t))) for pre, now in passes)]
 
 
 def candidates(arch: Arch, s: Settings) -> list[tuple[list[Change], Settings]]:

@@ -137,11 +137,6 @@ def given(verl: Mapping[str, Any], field: str) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else EMPTY
 
 
-def view_of(verl: Mapping[str, Any] | VerlView) -> VerlView:
-    """The view of a composed config (a view as it is)."""
-    return verl if isinstance(verl, VerlView) else VerlView.of(verl)
-
-
 @functools.cache
 def _kinds(cls: type) -> tuple[tuple[str, Any, Any], ...]:
     """(field, its view class or Mapping for a mapping section or None, its own default: verl's dataclass default)."""
