@@ -42,8 +42,7 @@ HOST_PER_VLLM_WORKER_GB = 3.0    # RSS of one vLLM worker process
 HOST_BASE_GB = 6.0               # Ray, TaskRunner, reward workers, data loaders
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# components (bytes)
+# ---- components (bytes) ----
 
 @dataclass
 class ActorState:
@@ -194,9 +193,6 @@ def vllm_activation(arch: Arch, s: Settings) -> float:
     h, i = arch.hidden_size, arch.active_intermediate
     return t * (8 * h + 6 * i) / s.tp + s.max_num_seqs * arch.vocab_size * 4 * 3
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# rounding
 
 def round_gb(x: float) -> float:
     return round(x / GB, 2)
@@ -424,9 +420,9 @@ def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
             "capacity_gb": float(s.host_ram_gb or 0) or None}
 
 
-def _of(plan: Any) -> Any:
-    """A Phases attribute that is plan(arch, s), computed once, when first read."""
-    return cached_property(lambda self: plan(self.arch, self.s))
+def _of(plan: Any, *parts: str) -> Any:
+    """A Phases attribute that is plan(arch, s, *those of its attributes), computed once, when first read."""
+    return cached_property(lambda self: plan(self.arch, self.s, *(getattr(self, p) for p in parts)))
 
 
 class Phases:
@@ -439,10 +435,9 @@ class Phases:
     subphases = _of(training_subphases)
     host = _of(host_ram)
     actor_state_gb = _of(actor_state_gb_per_gpu)
-
-    @cached_property
-    def kv(self) -> dict[str, Any]:
-        return kv_cache(self.arch, self.s, self.budget)
+    kv = _of(kv_cache, "budget")
+    training = _of(training_phase, "budget", "subphases")
+    trainer_allocator = _of(trainer_allocator, "subphases")
 
     @cached_property
     def generation(self) -> dict[str, Any]:
@@ -454,20 +449,12 @@ class Phases:
                 "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(CONTEXTS)}}
 
     @cached_property
-    def training(self) -> dict[str, Any]:
-        return training_phase(self.arch, self.s, self.budget, self.subphases)
-
-    @cached_property
     def weight_sync(self) -> dict[str, Any]:
         trainer = sync_trainer_side(self.arch, self.s)
         weights = vllm_weights(self.arch, self.s)
         return {"peak_gb_per_gpu": round_gb(sum(trainer.values()) + weights + CONTEXTS),
                 "components_gb": {**{k: round_gb(v) for k, v in trainer.items()}, "vllm_weights": round_gb(weights),
                                   "cuda_contexts": round_gb(CONTEXTS)}}
-
-    @cached_property
-    def trainer_allocator(self) -> dict[str, Any]:
-        return trainer_allocator(self.arch, self.s, self.subphases)
 
     @cached_property
     def actor_state_full_gb(self) -> float:
