@@ -1,7 +1,7 @@
 """The fit's moves, each a setting a user can change without changing what is trained, picking its own value given the
 settings so far (or saying why it does not apply), in the guide's order of preference (MOVES); a setting's judgement
-(`Eval`) and what a move asks of the search to judge one (`Judge`). The search, and how it judges a setting, is
-grpo_lab/memory/fit_search.py; the entry point grpo_lab/checks/fit.py.
+(`Eval`); a move asks the search (`Judge`: fit_search.FitContext) to judge one. The search, and how it judges a
+setting, is grpo_lab/memory/fit_search.py; the entry point grpo_lab/checks/fit.py.
 """
 
 from __future__ import annotations

@@ -244,10 +244,8 @@ def kv_cache(arch: Arch, s: Settings, budget: tuple[float, float, str] | None = 
     tokens = int(kv_bytes_gpu // per_token_gpu) if kv_bytes_gpu > 0 else 0
     seq = s.seq_len
     sequences = tokens // seq if seq else 0
-    replica_gpus = s.tp * max(1, s.rollout_dp)
-    replicas = max(1, s.n_gpus // replica_gpus)
-    trajectories = s.train_batch_size * s.rollout_n
-    per_replica = math.ceil(trajectories / replicas)
+    replicas = max(1, s.n_gpus // (s.tp * max(1, s.rollout_dp)))  # a replica's GPUs: TP x DP
+    per_replica = math.ceil(s.train_batch_size * s.rollout_n / replicas)
     concurrent, waves = answer_rounds(per_replica, tokens, seq, s.max_num_seqs)
     return {
         "engine": s.rollout_engine,  # engine hook
