@@ -1,7 +1,7 @@
 """The fit's moves, each a setting a user can change without changing what is trained, picking its own value given the
 settings so far (or saying why it does not apply), in the guide's order of preference (MOVES); a setting's judgement
-(`Eval`); a move asks the search (`Judge`: fit_search.FitContext) to judge one. The search, and how it judges a
-setting, is grpo_lab/memory/fit_search.py; the entry point grpo_lab/checks/fit.py.
+(`Eval`) and what a move asks of the search to judge one (`Judge`). The search, and how it judges a setting, is
+grpo_lab/memory/fit_search.py; the entry point grpo_lab/checks/fit.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from grpo_lab import facts
 from grpo_lab.memory import memplan, timeplan
@@ -18,16 +18,13 @@ from grpo_lab.memory.memplan_remedies import UTILS, budget_changes, halvings
 from grpo_lab.memory.settings import FIELD_OF_KEY
 from grpo_lab.verl_keys import A
 
-if TYPE_CHECKING:  # what a move asks of the search: its context
-    from grpo_lab.memory.fit_search import FitContext as Judge
-
 CONF = facts.ROOT / "conf"
 GB = memplan.GB
 MARGIN = memplan.TIGHT_FRACTION
 PHASES = ("generation", "training", "weight_sync", "host_ram")
 
 
-# ---- a setting judged ----
+# ---- a setting judged, and what a move asks of the search to judge one ----
 
 @dataclass(frozen=True)
 class Eval:
@@ -46,6 +43,18 @@ class Eval:
 
     def score(self) -> tuple[int, float]:
         return self.misses, round(self.overflow, 3)
+
+
+class Judge(Protocol):
+    """What a move asks of the search's context (grpo_lab/memory/fit_search.py FitContext)."""
+
+    arch: memplan.Arch
+
+    def eval(self, s: memplan.Settings) -> Eval: ...
+
+    def choice(self, s: memplan.Settings, values: dict[str, Any]) -> tuple[dict[str, Any], memplan.Settings]: ...
+
+    def tokens_per_gpu_per_update(self, s: memplan.Settings) -> int: ...
 
 
 # ---- moves: each picks its own value given the settings so far, or says why it does not apply ----
