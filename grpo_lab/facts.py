@@ -55,15 +55,9 @@ def ray_cpus_formula(gpus_per_node: int, use_v1: bool, storage_units: int) -> st
 # ---------------------------------------------------------------------------------------------------------------
 # the Hugging Face cache (huggingface_hub's rule: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)
 
-def hf_hub_cache(environ: Mapping[str, str]) -> str:
-    if environ.get("HF_HUB_CACHE"):
-        return environ["HF_HUB_CACHE"]
-    home = environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return os.path.join(home, "hub")
-
-
 def hf_model_cache_dir(repo_id: str, environ: Mapping[str, str]) -> Path:
-    return Path(hf_hub_cache(environ)) / ("models--" + repo_id.replace("/", "--"))
+    home = environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")) / ("models--" + repo_id.replace("/", "--"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from grpo_lab import facts
@@ -45,17 +44,17 @@ def regime_of(arch: Any, s: Any) -> str:
     return ", ".join(parts + [name for name, on in apart.items() if on])
 
 
-@functools.lru_cache(maxsize=4)
-def table(path: Path | None = None) -> dict[str, Any]:
+@functools.cache
+def table() -> dict[str, Any]:
     try:
-        return json.loads(Path(path or TABLE).read_text())
+        return json.loads(TABLE.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def entry(regime: str, quantity: str, path: Path | None = None) -> dict[str, Any] | None:
+def entry(regime: str, quantity: str) -> dict[str, Any] | None:
     """The table's summary for one regime and quantity ("training" or "kv_cache"), or None when not measured."""
-    row = (table(path).get("regimes") or {}).get(regime, {}).get(quantity)
+    row = (table().get("regimes") or {}).get(regime, {}).get(quantity)
     return row if row and row.get("runs") else None
 
 
@@ -68,15 +67,16 @@ def margin_of(row: dict[str, Any] | None) -> float:
     return max(0.0, math.ceil((worst - 1.0) * 100 - 1e-9) / 100)
 
 
-def phase_calibration(regime: str, phase: str, path: Path | None = None) -> dict[str, Any]:
+def phase_calibration(regime: str, phase: str) -> dict[str, Any]:
     """plan.json's record for one verdict: whether its regime was measured, the margin used, the range measured."""
     quantity = PHASE_BASIS.get(phase, phase)
-    row = entry(regime, quantity, path)
+    row = entry(regime, quantity)
     out: dict[str, Any] = {"regime": regime, "measured": row is not None, "margin": margin_of(row),
                            "basis": quantity}
     if row is not None:
         out.update(range=[row["ratio_min"], row["ratio_max"]], runs=row["runs"])
     return out
+
 
 def calibration_of(arch: Any, s: Any) -> dict[str, Any]:
     """plan.json's `calibration`: per verdict, the regime, whether a recorded run measured it, the margin used."""
@@ -100,9 +100,9 @@ def describe(cal: dict[str, Any]) -> str:
             f"than {cal['margin']:.0%}")
 
 
-def accuracy_lines(regime: str, path: Path | None = None) -> list[str]:
+def accuracy_lines(regime: str) -> list[str]:
     """What `make plan` and `make fit` print about the plan's accuracy in this regime."""
-    row, kv = entry(regime, "training", path), entry(regime, "kv_cache", path)
+    row, kv = entry(regime, "training"), entry(regime, "kv_cache")
     if row is None:
         training = (f"training peak: not measured in this regime ({regime}); refused only above the card by more "
                     f"than {UNMEASURED_MARGIN:.0%}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,18 +82,10 @@ def settings(lab: Lab) -> Emulation | None:
 
 def parse_alloc_conf(text: str) -> list[tuple[str, str]]:
     """[(key, value)] of an allocator config string, in order; a value may be a [...] list."""
-    items, depth, cur = [], 0, ""
-    for ch in text or "":
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    items.append(cur)
+    text = text or ""
+    depth = itertools.accumulate((ch == "[") - (ch == "]") for ch in text)  # inside [..] after each character
+    cuts = [i for i, (ch, d) in enumerate(zip(text, depth)) if ch == "," and d == 0]
+    items = [text[a + 1:b] for a, b in itertools.pairwise([-1, *cuts, len(text)])]
     out = []
     for item in (i.strip() for i in items):
         if not item:
@@ -210,13 +203,9 @@ def describe(done: Emulated) -> str:
     cap = float(dict(parse_alloc_conf(conf)).get(FRACTION_KEY, emu.fraction))
     own = (f" (your own {FRACTION_KEY}, kept; emulation's would be {emu.fraction:.6g})"
            if abs(cap - emu.fraction) > 1e-6 else "")
-    said = []
-    for path, scaled in info["gpu_memory_utilization"].items():
-        if path.startswith(A):
-            u = scaled["planned"]
-            said.append(f"{path.split('.')[-2]}.{UTIL_KEY} {u:g} of {emu.card_gb:g} GB = {u * emu.card_gb:.2f} GB -> "
-                        f"{scaled['handed_to_engine']:g} of {emu.real_gb:g} GB")
-    utils = "; ".join(said)
+    utils = "; ".join(f"{path.split('.')[-2]}.{UTIL_KEY} {u['planned']:g} of {emu.card_gb:g} GB = "
+                      f"{u['planned'] * emu.card_gb:.2f} GB -> {u['handed_to_engine']:g} of {emu.real_gb:g} GB"
+                      for path, u in info["gpu_memory_utilization"].items() if path.startswith(A))
     names = [f" ({n})" if n else "" for n in (emu.name, emu.real_name)]
     return (f"EMULATED: planned for {emu.card_gb:g} GB cards{names[0]}, running on {emu.real_gb:g} GB cards{names[1]}. "
             f"Handed to vLLM: {utils}. Handed to torch in every Ray worker: "

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from grpo_lab import facts
 from grpo_lab.memory import memplan, timeplan
-from grpo_lab.memory.memplan_remedies import budget_changes, halvings
+from grpo_lab.memory.memplan_remedies import UTILS, budget_changes, halvings
 from grpo_lab.memory.settings import FIELD_OF_KEY
 from grpo_lab.verl_keys import A
 
@@ -24,9 +24,7 @@ MARGIN = memplan.TIGHT_FRACTION
 PHASES = ("generation", "training", "weight_sync", "host_ram")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# a setting judged, and what a move asks of the search to judge one
-# ---------------------------------------------------------------------------------------------------------------
+# ---- a setting judged, and what a move asks of the search to judge one ----
 
 @dataclass(frozen=True)
 class Eval:
@@ -59,9 +57,7 @@ class Judge(Protocol):
     def tokens_per_gpu_per_update(self, s: memplan.Settings) -> int: ...
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# moves: each picks its own value given the settings so far, or says why it does not apply
-# ---------------------------------------------------------------------------------------------------------------
+# ---- moves: each picks its own value given the settings so far, or says why it does not apply ----
 
 Choice = tuple[dict[str, Any], memplan.Settings]
 
@@ -141,8 +137,7 @@ def _m_util(ctx: Judge, s: memplan.Settings) -> Choice | str:
     if valid and ctx.eval(s).verdicts["generation"] == "fits" and memplan.kv_cache(ctx.arch, s)["fits_max_model_len"]:
         return f"generation fits at {u0:g}"
     # the highest value whose generation phase fits (most KV cache), else whatever helps most
-    opts = [ctx.choice(s, {A + "rollout.gpu_memory_utilization": u})
-            for u in (round(k * 0.05, 2) for k in range(19, 1, -1)) if abs(u - u0) > 1e-6]
+    opts = [ctx.choice(s, {A + "rollout.gpu_memory_utilization": u}) for u in UTILS if abs(u - u0) > 1e-6]
     fitting = [o for o in opts if ctx.eval(o[1]).fits]
     if fitting:
         return fitting[0]

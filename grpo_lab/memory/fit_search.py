@@ -29,9 +29,7 @@ LORA = remedies.LORA | remedies.FSDP2
 MAX_COMBO = 3
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# the search
-# ---------------------------------------------------------------------------------------------------------------
+# ---- the search ----
 
 class FitContext:
     """What the search needs besides the settings: the model, the hardware facts, the batch, a cache of plans."""
@@ -270,9 +268,7 @@ def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = 
     return st, why
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# when nothing fits: what would
-# ---------------------------------------------------------------------------------------------------------------
+# ---- when nothing fits: what would ----
 
 def fits_with(ctx: FitContext, s: memplan.Settings, arch: memplan.Arch | None = None) -> State | None:
     c = ctx if arch is None else FitContext(arch, s, ctx.lab, mini=ctx.mini, ref_offload=ctx.ref_offload,
@@ -345,9 +341,7 @@ def way_out(ctx: FitContext, s: memplan.Settings, cfg: VerlView, *, lora_fits: S
         arch = memplan.Arch.from_mapping(mm, source=name)
         if arch.params >= cur:
             continue
-        rank = int(VerlView.of(m).model.lora_rank or 0)
-        s2 = replace(s, lora_rank=rank)
-        best = fits_with(ctx, s2, arch)
+        best = fits_with(ctx, replace(s, lora_rank=int(VerlView.of(m).model.lora_rank or 0)), arch)
         if best is not None:
             smaller.append((arch.params, name, best))
     if smaller:

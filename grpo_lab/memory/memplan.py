@@ -40,8 +40,8 @@ from grpo_lab.memory.memplan_phases import (
     vllm_max_model_len,
     vllm_weights,
 )
-from grpo_lab.memory.memplan_remedies import find_remedies, lora_changes, phase_result
-from grpo_lab.memory.memplan_verdicts import PHASES, assess, judge, verdict_of, worst
+from grpo_lab.memory.memplan_remedies import find_remedies, lora_changes
+from grpo_lab.memory.memplan_verdicts import PHASES, assess, judge, verdict_of
 
 # the plan's names that its users take from `from grpo_lab.memory import memplan` (preflight rules, fit, benchmarks,
 # tests; the benchmark records every upper-case number); the rest from the memplan_* modules themselves
@@ -53,7 +53,7 @@ __all__ = [
     "activations", "actor_state", "actor_state_gb_per_gpu", "card_bytes", "host_ram", "kv_cache",
     "optimizer_step_bytes", "resident_between_phases", "training_phase", "training_subphases", "update_breakdown",
     "update_peak_at", "verdict_of", "vllm_activation", "vllm_max_model_len", "vllm_weights",
-    "lora_changes", "assess", "phase_result", "worst", "memory_plan",
+    "lora_changes", "assess", "memory_plan",
 ]
 
 

@@ -248,24 +248,23 @@ class Settings:
         dp = self.n_gpus
         return dp if self.fsdp_size is None or self.fsdp_size <= 0 or self.fsdp_size >= dp else self.fsdp_size
 
+    def _tokens(self, dynamic: bool, budget: int, micro: int | None) -> int:
+        """Tokens in one micro-batch of a pass on one GPU: its token budget, else its micro-batch of sequences."""
+        return int(budget) if dynamic else int(micro or 1) * self.seq_len
+
     @property
     def update_tokens(self) -> int:
-        """Tokens in one update micro-batch on one GPU."""
-        if self.use_dynamic_bsz:
-            return int(self.ppo_max_token_len_per_gpu)
-        return int(self.ppo_micro_batch_size_per_gpu or 1) * self.seq_len
+        return self._tokens(self.use_dynamic_bsz, self.ppo_max_token_len_per_gpu, self.ppo_micro_batch_size_per_gpu)
 
     @property
     def log_prob_tokens(self) -> int:
-        if self.log_prob_use_dynamic_bsz:
-            return int(self.log_prob_max_token_len_per_gpu)
-        return int(self.log_prob_micro_batch_size_per_gpu or 1) * self.seq_len
+        return self._tokens(self.log_prob_use_dynamic_bsz, self.log_prob_max_token_len_per_gpu,
+                            self.log_prob_micro_batch_size_per_gpu)
 
     @property
     def ref_log_prob_tokens(self) -> int:
-        if self.ref_log_prob_use_dynamic_bsz:
-            return int(self.ref_log_prob_max_token_len_per_gpu)
-        return int(self.ref_log_prob_micro_batch_size_per_gpu or 1) * self.seq_len
+        return self._tokens(self.ref_log_prob_use_dynamic_bsz, self.ref_log_prob_max_token_len_per_gpu,
+                            self.ref_log_prob_micro_batch_size_per_gpu)
 
     @property
     def vllm_sleep_level(self) -> int:

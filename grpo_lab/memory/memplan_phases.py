@@ -21,6 +21,7 @@ MiB = 1 << 20
 TRAINER_CUDA_CONTEXT_GB = 1.25   # the FSDP worker's CUDA context + NCCL buffers (outside torch's allocator)
 # the vLLM worker's memory outside its util budget, what its level-2 sleep leaves: 0.82-0.85 GiB on the H200 (eager)
 VLLM_CUDA_CONTEXT_GB = 0.9
+CONTEXTS = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB  # both processes' on one card (bytes)
 # cuBLAS's workspaces, taken from torch's allocator at the first matmul and kept for the process: 64 MiB on the H200
 # (smoke_tiny's allocated peak grew by 0.0625 GiB after its first step; memplan_bench's resident rows sit 66 MB above
 # the plan's state); torch's default workspace is smaller before Hopper, so an upper bound there
@@ -41,8 +42,7 @@ HOST_PER_VLLM_WORKER_GB = 3.0    # RSS of one vLLM worker process
 HOST_BASE_GB = 6.0               # Ray, TaskRunner, reward workers, data loaders
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# components (bytes)
+# ---- components (bytes) ----
 
 @dataclass
 class ActorState:
@@ -194,9 +194,6 @@ def vllm_activation(arch: Arch, s: Settings) -> float:
     return t * (8 * h + 6 * i) / s.tp + s.max_num_seqs * arch.vocab_size * 4 * 3
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# rounding
-
 def round_gb(x: float) -> float:
     return round(x / GB, 2)
 
@@ -247,10 +244,8 @@ def kv_cache(arch: Arch, s: Settings, budget: tuple[float, float, str] | None = 
     tokens = int(kv_bytes_gpu // per_token_gpu) if kv_bytes_gpu > 0 else 0
     seq = s.seq_len
     sequences = tokens // seq if seq else 0
-    replica_gpus = s.tp * max(1, s.rollout_dp)
-    replicas = max(1, s.n_gpus // replica_gpus)
-    trajectories = s.train_batch_size * s.rollout_n
-    per_replica = math.ceil(trajectories / replicas)
+    replicas = max(1, s.n_gpus // (s.tp * max(1, s.rollout_dp)))  # a replica's GPUs: TP x DP
+    per_replica = math.ceil(s.train_batch_size * s.rollout_n / replicas)
     concurrent, waves = answer_rounds(per_replica, tokens, seq, s.max_num_seqs)
     return {
         "engine": s.rollout_engine,  # engine hook
@@ -317,8 +312,7 @@ def sync_trainer_side(arch: Arch, s: Settings, *, first: bool = False) -> dict[s
 
 def update_breakdown(arch: Arch, s: Settings) -> dict[str, float]:
     """Bytes torch's allocator holds at the update's peak on one GPU (the larger of the two candidate peaks)."""
-    peaks = update_peaks(arch, s)
-    return max(peaks.values(), key=lambda d: sum(d.values()))
+    return update_peaks(arch, s)[update_peak_at(arch, s)]
 
 
 def update_peak_at(arch: Arch, s: Settings) -> str:
@@ -424,60 +418,41 @@ def host_ram(arch: Arch, s: Settings) -> dict[str, Any]:
             "capacity_gb": float(s.host_ram_gb or 0) or None}
 
 
+def _of(plan: Any, *parts: str) -> Any:
+    """A Phases attribute that is plan(arch, s, *those of its attributes), computed once, when first read."""
+    return cached_property(lambda self: plan(self.arch, self.s, *(getattr(self, p) for p in parts)))
+
+
 class Phases:
     """One configuration's phases (GB; the dicts plan.json shows), each computed once, when first read."""
 
     def __init__(self, arch: Arch, s: Settings) -> None:
         self.arch, self.s = arch, s
 
-    @cached_property
-    def budget(self) -> tuple[float, float, str]:
-        return engine_budget(self.arch, self.s)
-
-    @cached_property
-    def kv(self) -> dict[str, Any]:
-        return kv_cache(self.arch, self.s, self.budget)
+    budget = _of(engine_budget)
+    subphases = _of(training_subphases)
+    host = _of(host_ram)
+    actor_state_gb = _of(actor_state_gb_per_gpu)
+    kv = _of(kv_cache, "budget")
+    training = _of(training_phase, "budget", "subphases")
+    trainer_allocator = _of(trainer_allocator, "subphases")
 
     @cached_property
     def generation(self) -> dict[str, Any]:
         resident = resident_at_generation(self.arch, self.s)
         vllm, on_top, _ = self.budget  # engine hook
-        ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
-        peak = resident + vllm + on_top + ctx
         engine = ({"vllm_budget": round_gb(vllm)} if not on_top
                   else {"sglang_static": round_gb(vllm), "sglang_activations": round_gb(on_top)})
-        return {"peak_gb_per_gpu": round_gb(peak),
-                "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(ctx)}}
-
-    @cached_property
-    def subphases(self) -> dict[str, dict[str, float]]:
-        return training_subphases(self.arch, self.s)
-
-    @cached_property
-    def training(self) -> dict[str, Any]:
-        return training_phase(self.arch, self.s, self.budget, self.subphases)
+        return {"peak_gb_per_gpu": round_gb(resident + vllm + on_top + CONTEXTS),
+                "components_gb": {"actor_resident": round_gb(resident), **engine, "cuda_contexts": round_gb(CONTEXTS)}}
 
     @cached_property
     def weight_sync(self) -> dict[str, Any]:
         trainer = sync_trainer_side(self.arch, self.s)
         weights = vllm_weights(self.arch, self.s)
-        ctx = (TRAINER_CUDA_CONTEXT_GB + VLLM_CUDA_CONTEXT_GB) * GB
-        peak = sum(trainer.values()) + weights + ctx
-        return {"peak_gb_per_gpu": round_gb(peak),
+        return {"peak_gb_per_gpu": round_gb(sum(trainer.values()) + weights + CONTEXTS),
                 "components_gb": {**{k: round_gb(v) for k, v in trainer.items()}, "vllm_weights": round_gb(weights),
-                                  "cuda_contexts": round_gb(ctx)}}
-
-    @cached_property
-    def host(self) -> dict[str, Any]:
-        return host_ram(self.arch, self.s)
-
-    @cached_property
-    def trainer_allocator(self) -> dict[str, Any]:
-        return trainer_allocator(self.arch, self.s, self.subphases)
-
-    @cached_property
-    def actor_state_gb(self) -> float:
-        return actor_state_gb_per_gpu(self.arch, self.s)
+                                  "cuda_contexts": round_gb(CONTEXTS)}}
 
     @cached_property
     def actor_state_full_gb(self) -> float:

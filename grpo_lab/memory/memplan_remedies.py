@@ -22,6 +22,7 @@ from grpo_lab.verl_keys import A
 LORA = {A + "model.lora_rank": 64, A + "model.lora_alpha": 32, A + "rollout.load_format": "safetensors"}
 OFFLOAD = {A + "actor.fsdp_config.param_offload": True, A + "actor.fsdp_config.optimizer_offload": True}
 FSDP2 = {A + "actor.strategy": "fsdp2"}
+UTILS = tuple(round(k * 0.05, 2) for k in range(19, 1, -1))  # the gpu_memory_utilization values tried, highest first
 
 
 def lora_changes(arch: Arch, s: Settings) -> list[Change]:
@@ -41,8 +42,7 @@ def _best_util(arch: Arch, s: Settings) -> float | None:
     """The highest gpu_memory_utilization (0.05 steps) whose generation phase fits, else the lowest that can start
     (vLLM gets a KV cache for one max_model_len sequence): among the tight ones, the most headroom."""
     fits, tight = [], []
-    for k in range(19, 1, -1):
-        u = round(k * 0.05, 2)
+    for u in UTILS:
         v = phase_result(arch, replace(s, gpu_memory_utilization=u), "generation")[1]
         (fits if v == "fits" else tight if v == "tight" else []).append(u)
     return max(fits) if fits else min(tight, default=None)
@@ -67,11 +67,9 @@ def _best_token_budget(arch: Arch, s: Settings) -> int | None:
 
 def budget_changes(s: Settings, t: int) -> list[Change]:
     """The actor's token budget `t` (first), the log-prob passes' at most twice it (never below one sequence)."""
-    return [Change("ppo_max_token_len_per_gpu", t),
-            Change(A + "rollout.log_prob_max_token_len_per_gpu", max(s.seq_len, min(s.log_prob_max_token_len_per_gpu,
-                                                                                     2 * t))),
-            Change(A + "ref.log_prob_max_token_len_per_gpu", max(s.seq_len, min(s.ref_log_prob_max_token_len_per_gpu,
-                                                                                 2 * t)))]
+    passes = (("rollout.", s.log_prob_max_token_len_per_gpu), ("ref.", s.ref_log_prob_max_token_len_per_gpu))
+    return [Change("ppo_max_token_len_per_gpu", t), *(Change(A + pre + "log_prob_max_token_len_per_gpu",
+                                                             max(s.seq_len, min(now, 2 * t))) for pre, now in passes)]
 
 
 def candidates(arch: Arch, s: Settings) -> list[tuple[list[Change], Settings]]:

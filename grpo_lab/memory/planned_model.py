@@ -30,11 +30,11 @@ class PlannedModel:
     file_positions: int | None = None
 
 
-def _from_config_json(path: Path, source: str) -> Arch:
+def _from_config_json(path: Path) -> Arch:
     cfg = json.loads(path.read_text())
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]
-    return Arch.from_mapping(cfg, source=source)
+    return Arch.from_mapping(cfg, source=str(path))
 
 
 def position_override(cfg: VerlView) -> int | None:
@@ -70,8 +70,8 @@ def _model_files(cfg: VerlView, lab: Lab, environ: Mapping[str, str]) -> Planned
     notes: list[str] = []
     if local is not None and (local / "config.json").is_file():
         try:
-            return PlannedModel(_from_config_json(local / "config.json", str(local / "config.json")), info,
-                              random_weights=facts.random_weights_mark(local / "config.json"))
+            return PlannedModel(_from_config_json(local / "config.json"), info,
+                                random_weights=facts.random_weights_mark(local / "config.json"))
         except (OSError, ValueError, KeyError, TypeError) as e:
             notes.append(f"could not read {local / 'config.json'} ({e}); planning the model group's facts")
     elif local is not None and local.is_dir():  # a folder with no model in it is no model: not the group's either
@@ -81,7 +81,7 @@ def _model_files(cfg: VerlView, lab: Lab, environ: Mapping[str, str]) -> Planned
     cached = facts.hf_cached_config(path, environ) if path and not (local and local.exists()) else None
     if cached is not None:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            return PlannedModel(_from_config_json(cached, str(cached)), info, notes=notes)
+            return PlannedModel(_from_config_json(cached), info, notes=notes)
     if known and all(known.get(k) is not None for k in Arch.FIELDS):
         return PlannedModel(Arch.from_mapping(known, source=f"conf/model ({known.get('name')}: {path})"),
                           info, notes=notes)

@@ -18,13 +18,13 @@ from grpo_lab.cli.apply import Change
 from grpo_lab.cli.knobs import KNOBS, SHORT_KEYS, followers, moved_with, short_key_targets
 from grpo_lab.labconf import Lab
 from grpo_lab.memory.memplan_arch import Settings
-from grpo_lab.memory.verl_view import VerlView, view_of
+from grpo_lab.memory.verl_view import VerlView
 from grpo_lab.verl_keys import A
 
 
 def settings_from_verl(verl: Mapping[str, Any] | VerlView, lab: Lab) -> Settings:
     """The memory-relevant settings of a composed verl config and the job's card and host (`lab`)."""
-    cfg = view_of(verl)
+    cfg = verl if isinstance(verl, VerlView) else VerlView.of(verl)
     actor, ref, rollout, model, data = cfg.actor, cfg.ref, cfg.rollout, cfg.model, cfg.data
     n_gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
     return Settings(
@@ -289,11 +289,9 @@ def batch_facts(cfg: VerlView) -> dict[str, Any]:
     mini = as_int(cfg.actor.ppo_mini_batch_size)
     prompt = as_int(cfg.data.max_prompt_length)
     resp = as_int(cfg.data.max_response_length)
-    tp = max(1, as_int(rollout.tensor_model_parallel_size, 1))
-    rdp = max(1, as_int(rollout.data_parallel_size, 1))
-    rpp = max(1, as_int(rollout.pipeline_model_parallel_size, 1))
-    traj, mini_traj, replica = tb * n, mini * n, tp * rdp * rpp
-    replicas = n_gpus // replica if replica else 0
+    replica = math.prod(max(1, as_int(size, 1)) for size in (  # a rollout replica's GPUs: TP x DP x PP
+        rollout.tensor_model_parallel_size, rollout.data_parallel_size, rollout.pipeline_model_parallel_size))
+    traj, mini_traj, replicas = tb * n, mini * n, n_gpus // replica
     b = {
         "n_gpus": n_gpus, "n_gpus_per_node": per_node, "nnodes": nnodes, "sequence_parallel_size": sp,
         "data_parallel_size": dp, "train_batch_size": tb, "rollout_n": n, "ppo_mini_batch_size": mini,

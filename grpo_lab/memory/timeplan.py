@@ -225,18 +225,18 @@ def sharing(jobs: int, cal: dict[str, Any]) -> dict[str, Any] | None:
                       f"shared the card ({TABLE_MD})"}
 
 
-def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, kv: Mapping[str, Any],
-              cal: dict[str, Any] | None = None) -> dict[str, Any]:
+def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, kv: Mapping[str, Any]) -> dict[str, Any]:
     """The `time` section of plan.json: a steady step per phase, the first step, start-up and the run; `kv`: the
     memory plan's KV cache for these settings."""
-    cal = table() if cal is None else cal
+    cal = table()
     coef = cal.get("coefficients") or {}
     n = max(1, s.n_gpus)
     resp = float(s.max_response_length)
     w = Work(s.train_batch_size * s.rollout_n / n, shape.prompt_tokens, resp, resp)
     feats = features(arch, s, w, card, kv)
     shared = sharing(shape.jobs_on_card, cal)
-    phases = {k: v * (shared["factor"] if shared else 1.0) for k, v in phase_seconds(feats, coef).items()}
+    factor = shared["factor"] if shared else 1.0
+    phases = {k: v * factor for k, v in phase_seconds(feats, coef).items()}
     step = sum(phases.values())
     first = step + float(cal.get("first_step_extra_s", 0.0))
     load_s = 3 * 2.0 * arch.params / (DISK_GB_S * 1e9)
@@ -246,7 +246,7 @@ def time_plan(arch: Arch, s: Settings, card: Card, shape: RunShape, kv: Mapping[
         sv = replace(s, train_batch_size=shape.val_rows, rollout_n=shape.val_n)  # verl validates the whole file
         vw = Work(shape.val_rows * shape.val_n / n, shape.prompt_tokens, resp, resp)
         val_s = phase_seconds({"generation": features(arch, sv, vw, card, kv)["generation"]}, coef)["generation"]
-        val_s = val_s * (shared["factor"] if shared else 1.0) + float(cal.get("validation_extra_s", 0.0))
+        val_s = val_s * factor + float(cal.get("validation_extra_s", 0.0))
         if shape.test_freq and shape.test_freq > 0:
             validations = shape.steps // shape.test_freq
         validations += 1 if shape.val_before_train else 0
