@@ -22,63 +22,201 @@ EMPTY: Mapping[str, Any] = MappingProxyType({})
 _NO = object()  # a key the mapping does not have
 
 
-def _view(name: str, fields: str, **special: Any) -> type:
-    """A frozen view class of one of verl's sections: `fields` (verl's names, space-separated) hold the composed value;
-    in `special`, a view class is a section of its own, Mapping a mapping section (read-only), any other value the
-    default of verl's dataclass for a key verl's YAML leaves out."""
-    spec: list[Any] = [(f, Any) for f in fields.split()]
-    spec += [(f, v) if isinstance(v, type) else (f, Any, dataclasses.field(default=v)) for f, v in special.items()]
-    return dataclasses.make_dataclass(name, spec, namespace={"__module__": __name__}, frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
+class FSDPConfigView:  # verl/workers/config/engine.py FSDPEngineConfig
+    fsdp_size: int
+    param_offload: bool
+    optimizer_offload: bool
+    model_dtype: str
+    ulysses_sequence_parallel_size: int
+    use_torch_compile: bool
 
 
-# verl/workers/config/engine.py FSDPEngineConfig
-FSDPConfigView = _view("FSDPConfigView", "fsdp_size param_offload optimizer_offload model_dtype "
-                       "ulysses_sequence_parallel_size use_torch_compile")
-OptimView = _view("OptimView", "lr")  # verl/workers/config/optimizer.py FSDPOptimizerConfig
-# verl/workers/config/actor.py FSDPActorConfig
-ActorView = _view(
-    "ActorView", "strategy ppo_mini_batch_size ppo_micro_batch_size ppo_micro_batch_size_per_gpu use_dynamic_bsz "
-    "ppo_max_token_len_per_gpu ppo_epochs use_kl_loss kl_loss_coef entropy_coeff calculate_entropy "
-    "calculate_sum_pi_squared entropy_checkpointing entropy_from_logits_with_chunking entropy_from_logits_chunk_size "
-    "use_torch_compile ulysses_sequence_parallel_size", optim=OptimView, fsdp_config=FSDPConfigView)
-# verl/trainer/config/ref/dp_ref.yaml
-RefView = _view("RefView", "log_prob_micro_batch_size log_prob_micro_batch_size_per_gpu log_prob_use_dynamic_bsz "
-                "log_prob_max_token_len_per_gpu entropy_from_logits_with_chunking", fsdp_config=FSDPConfigView)
-# verl/workers/config/rollout.py RolloutConfig, its AgentLoopConfig, SamplingConfig and CheckpointEngineConfig
-RolloutView = _view(
-    "RolloutView", "name mode n gpu_memory_utilization tensor_model_parallel_size data_parallel_size "
-    "pipeline_model_parallel_size free_cache_engine enforce_eager max_num_seqs max_num_batched_tokens "
-    "enable_chunked_prefill max_model_len layered_summon load_format temperature log_prob_micro_batch_size "
-    "log_prob_micro_batch_size_per_gpu log_prob_use_dynamic_bsz log_prob_max_token_len_per_gpu",
-    enable_sleep_mode=True,  # RolloutConfig's default; verl's YAML does not set it
-    engine_kwargs=Mapping, agent=_view("AgentLoopView", "num_workers"), val_kwargs=_view("SamplingView", "n"),
-    checkpoint_engine=_view("CheckpointEngineView", "update_weights_bucket_megabytes"))
-# verl/workers/config/model.py HFModelConfig
-ModelView = _view(
-    "ModelView", "path hf_config_path tokenizer_path lora_rank target_modules use_remove_padding use_fused_kernels "
-    "enable_gradient_checkpointing enable_activation_offload",
-    target_parameters=None,  # HFModelConfig's default; verl's YAML does not set it
-    override_config=Mapping, lora=Mapping)
-# verl/trainer/config/data/legacy_data.yaml
-DataView = _view("DataView", "train_files val_files prompt_key reward_fn_key max_prompt_length max_response_length "
-                 "train_batch_size filter_overlong_prompts", apply_chat_template_kwargs=Mapping)
-# verl/trainer/config/ppo_trainer.yaml trainer
-TrainerView = _view("TrainerView", "n_gpus_per_node nnodes total_epochs total_training_steps test_freq save_freq "
-                    "val_before_train use_v1 logger experiment_name default_local_dir")
-# verl/trainer/config/algorithm.py AlgoConfig and its FilterGroupsConfig
-AlgorithmView = _view("AlgorithmView", "adv_estimator use_kl_in_reward",
-                      filter_groups=_view("FilterGroupsView", "enable metric"))
-CriticView = _view("CriticView", "enable ppo_mini_batch_size")  # verl/workers/config/critic.py CriticConfig
-# verl/workers/config/reward.py RewardConfig, its RewardManagerConfig and RewardModelConfig
-RewardView = _view("RewardView", "", reward_manager=_view("RewardManagerView", "name"),
-                   reward_model=_view("RewardModelView", "enable"), custom_reward_function=Mapping,
-                   reward_kwargs=Mapping)
-# ray_kwargs.ray_init: what verl hands ray.init()
-RayInitView = _view("RayInitView", "num_cpus address _temp_dir", runtime_env=Mapping)
-# verl/trainer/config/ppo_trainer.yaml transfer_queue, its backend and the backend's SimpleStorage
-TransferQueueView = _view("TransferQueueView", "", backend=_view(
-    "TransferQueueBackendView", "storage_backend",
-    SimpleStorage=_view("SimpleStorageView", "num_data_storage_units")))
+@dataclass(frozen=True, kw_only=True)
+class OptimView:  # verl/workers/config/optimizer.py FSDPOptimizerConfig
+    lr: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorView:  # verl/workers/config/actor.py FSDPActorConfig
+    strategy: str
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size: int | None
+    ppo_micro_batch_size_per_gpu: int | None
+    use_dynamic_bsz: bool
+    ppo_max_token_len_per_gpu: int
+    ppo_epochs: int
+    use_kl_loss: bool
+    kl_loss_coef: float
+    entropy_coeff: float
+    calculate_entropy: bool
+    calculate_sum_pi_squared: bool
+    entropy_checkpointing: bool
+    entropy_from_logits_with_chunking: bool
+    entropy_from_logits_chunk_size: int
+    use_torch_compile: bool
+    ulysses_sequence_parallel_size: int
+    optim: OptimView
+    fsdp_config: FSDPConfigView
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefView:  # verl/trainer/config/ref/dp_ref.yaml
+    log_prob_micro_batch_size: int | None
+    log_prob_micro_batch_size_per_gpu: int | None
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
+    entropy_from_logits_with_chunking: bool
+    fsdp_config: FSDPConfigView
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentLoopView:  # verl/workers/config/rollout.py AgentLoopConfig
+    num_workers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingView:  # verl/workers/config/rollout.py SamplingConfig
+    n: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointEngineView:  # verl/workers/config/rollout.py CheckpointEngineConfig
+    update_weights_bucket_megabytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutView:  # verl/workers/config/rollout.py RolloutConfig
+    name: str | None
+    mode: str
+    n: int
+    gpu_memory_utilization: float
+    tensor_model_parallel_size: int
+    data_parallel_size: int
+    pipeline_model_parallel_size: int
+    free_cache_engine: bool
+    enforce_eager: bool
+    enable_sleep_mode: bool = True  # RolloutConfig's default; verl's YAML does not set it
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    max_model_len: int | None
+    layered_summon: bool
+    load_format: str
+    temperature: float
+    log_prob_micro_batch_size: int | None
+    log_prob_micro_batch_size_per_gpu: int | None
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
+    engine_kwargs: Mapping[str, Any]
+    agent: AgentLoopView
+    val_kwargs: SamplingView
+    checkpoint_engine: CheckpointEngineView
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelView:  # verl/workers/config/model.py HFModelConfig
+    path: str
+    hf_config_path: str | None
+    tokenizer_path: str | None
+    lora_rank: int
+    target_modules: Any
+    target_parameters: Any = None  # HFModelConfig's default; verl's YAML does not set it
+    use_remove_padding: bool
+    use_fused_kernels: bool
+    enable_gradient_checkpointing: bool
+    enable_activation_offload: bool
+    override_config: Mapping[str, Any]
+    lora: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataView:  # verl/trainer/config/data/legacy_data.yaml
+    train_files: Any
+    val_files: Any
+    prompt_key: str
+    reward_fn_key: str
+    max_prompt_length: int
+    max_response_length: int
+    train_batch_size: int
+    filter_overlong_prompts: bool
+    apply_chat_template_kwargs: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerView:  # verl/trainer/config/ppo_trainer.yaml trainer
+    n_gpus_per_node: int
+    nnodes: int
+    total_epochs: int
+    total_training_steps: int | None
+    test_freq: int
+    save_freq: int
+    val_before_train: bool
+    use_v1: bool
+    logger: Any
+    experiment_name: str
+    default_local_dir: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilterGroupsView:  # verl/trainer/config/algorithm.py FilterGroupsConfig
+    enable: bool
+    metric: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmView:  # verl/trainer/config/algorithm.py AlgoConfig
+    adv_estimator: str
+    use_kl_in_reward: bool
+    filter_groups: FilterGroupsView
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticView:  # verl/workers/config/critic.py CriticConfig
+    enable: bool | None
+    ppo_mini_batch_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardManagerView:  # verl/workers/config/reward.py RewardManagerConfig
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardModelView:  # verl/workers/config/reward.py RewardModelConfig
+    enable: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardView:  # verl/workers/config/reward.py RewardConfig
+    reward_manager: RewardManagerView
+    reward_model: RewardModelView
+    custom_reward_function: Mapping[str, Any]
+    reward_kwargs: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayInitView:  # ray_kwargs.ray_init: what verl hands ray.init()
+    num_cpus: int | None
+    address: str | None
+    _temp_dir: str | None
+    runtime_env: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimpleStorageView:  # transfer_queue.backend.SimpleStorage
+    num_data_storage_units: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferQueueBackendView:  # transfer_queue.backend
+    storage_backend: str
+    SimpleStorage: SimpleStorageView
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferQueueView:  # verl/trainer/config/ppo_trainer.yaml transfer_queue
+    backend: TransferQueueBackendView
 
 
 # each top-level field of VerlView and the verl section it reads
@@ -137,15 +275,14 @@ def given(verl: Mapping[str, Any], field: str) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else EMPTY
 
 
+_VIEWS = {name: c for name, c in globals().items() if name.endswith("View") and dataclasses.is_dataclass(c)}
+
+
 @functools.cache
 def _kinds(cls: type) -> tuple[tuple[str, Any, Any], ...]:
     """(field, its view class or Mapping for a mapping section or None, its own default: verl's dataclass default)."""
-    out = []
-    for f in dataclasses.fields(cls):
-        t = globals().get(f.type, f.type) if isinstance(f.type, str) else f.type  # VerlView's annotations are text
-        kind = t if dataclasses.is_dataclass(t) else Mapping if t is Mapping or str(t).startswith("Mapping") else None
-        out.append((f.name, kind, None if f.default is dataclasses.MISSING else f.default))
-    return tuple(out)
+    return tuple((f.name, _VIEWS.get(str(f.type)) or (Mapping if str(f.type).startswith("Mapping") else None),
+                  None if f.default is dataclasses.MISSING else f.default) for f in dataclasses.fields(cls))
 
 
 def _child(d: Any, name: str) -> Any:
