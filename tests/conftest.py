@@ -151,7 +151,6 @@ def model_folder(path: Path, option: str = "tiny_qwen3") -> Path:
     an empty model.safetensors (a weights file is there: what the readiness check looks for)."""
     import json
 
-
     arch = load_yaml(CONF / "model" / f"{option}.yaml")["lab"]["model"]
     keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings")
