@@ -362,10 +362,11 @@ OURS = {"countdown": "reward_fn=countdown", "arith_": "reward_fn=strict_format"}
 @per_file_version
 def _file_sources(path: str) -> frozenset[str]:
     """The data_source values of one parquet file."""
-    import pyarrow.parquet as pq  # ~0.3 s, only when a local parquet is there to read
+    import pyarrow.parquet as pq  # ~0.15 s, only when a local parquet is there to read
 
-    try:
-        return frozenset(str(v) for v in pq.read_table(path, columns=["data_source"]).column(0).unique().to_pylist())
+    try:  # ParquetFile.read: read_table would import pyarrow.dataset and pandas (~0.25 s more)
+        column = pq.ParquetFile(path).read(columns=["data_source"]).column(0)
+        return frozenset(str(v) for v in column.unique().to_pylist())
     except Exception:  # unreadable, or no data_source column: rule data_files and verl say so
         return frozenset()
 
