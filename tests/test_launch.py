@@ -126,9 +126,9 @@ def test_ray_is_shut_down_after_a_failed_or_interrupted_job(monkeypatch, exc):
 HEAVY = {"pandas", "numpy", "pyarrow", "torch", "ray", "verl", "vllm", "transformers", "matplotlib"}
 
 
-def _imported(importtime_stderr: str) -> set[str]:
+def _imported(importtime_output: str) -> set[str]:
     """Top-level package names in `python -X importtime` output."""
-    names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", importtime_stderr, re.M)
+    names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", importtime_output, re.M)
     return {n.split(".")[0] for n in names}
 
 
