@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterable
@@ -41,16 +42,15 @@ def batch_fix(tb: int, mini: int, n: int, dp: int, max_tb: int | None = None) ->
     trajectories splitting over the data-parallel GPUs (then the step's do too); about as many updates as before."""
     q = dp // math.gcd(dp, max(1, n))  # the mini-batch must be a multiple of q
     want = max(1, round(tb / mini)) if mini > 0 else 1
-    best: tuple[float, int, int] | None = None
     hi = max(tb, mini, q) * 2 + q
-    for m in range(q, hi + 1, q):
-        for t in {tb, want * m}:
-            if t <= 0 or t % m or (max_tb is not None and t > max_tb):
-                continue
-            cost = abs(t // m - want) / want + abs(t - tb) / max(1, tb) + abs(m - mini) / max(1, mini)
-            if best is None or cost < best[0]:
-                best = (cost, t, m)
-    return (best[1], best[2]) if best else (tb, mini)
+    options = [(t, m) for m in range(q, hi + 1, q) for t in {tb, want * m}
+               if t > 0 and t % m == 0 and (max_tb is None or t <= max_tb)]
+
+    def cost(option: tuple[int, int]) -> float:
+        t, m = option
+        return abs(t // m - want) / want + abs(t - tb) / max(1, tb) + abs(m - mini) / max(1, mini)
+
+    return min(options, key=cost, default=(tb, mini))  # the first of the cheapest, as a strict `<` kept it
 
 
 def _batch_fix_text(c: Ctx, max_tb: int | None = None, split_over: int | None = None) -> str:
@@ -261,20 +261,15 @@ def data_files(c: Ctx) -> Iterable[Problem]:
     for key, value in data_files_of(c):
         files = local_files(value)
         for f in files or ():
-            if not os.path.isfile(f):
-                continue
             low = f.lower()
-            if low.endswith((".json", ".jsonl")):
-                continue  # verl reads these too (datasets' json loader)
-            bad = not low.endswith(".parquet")
-            if not bad:
-                try:
-                    with open(f, "rb") as fh:
-                        fh.seek(-4, os.SEEK_END)
-                        bad = fh.read(4) != b"PAR1"
-                except OSError:
-                    bad = True
-            if bad:
+            if not os.path.isfile(f) or low.endswith((".json", ".jsonl")):
+                continue  # not there (grpo_lab.checks.inputs says so), or json: verl reads it (datasets' json loader)
+            footer = b""
+            if low.endswith(".parquet"):
+                with contextlib.suppress(OSError), open(f, "rb") as fh:  # unreadable or under 4 bytes: no footer
+                    fh.seek(-4, os.SEEK_END)
+                    footer = fh.read(4)
+            if footer != b"PAR1":
                 what = "has no parquet footer (PAR1)" if low.endswith(".parquet") else "is not a .parquet file"
                 flag = "train_file" if "train" in key else "test_file"
                 yield error(f"{key}: {f} {what}: verl's RLHFDataset reads .parquet (or .json/.jsonl) files and "
