@@ -87,12 +87,7 @@ RULES: Registry[Rule] = Registry("rule", RULE_KINDS, "RULE_KINDS in grpo_lab/che
 
 def rule(rule_id: str, *, kind: str, phase: str, launching_only: bool = False) -> Callable[[RuleFn], RuleFn]:
     """Register a rule function under its id, kind and phase (ids are unique; the report's order: RULE_MODULES)."""
-
-    def deco(fn: RuleFn) -> RuleFn:
-        RULES.add(Rule(rule_id, kind, phase, fn, launching_only))
-        return fn
-
-    return deco
+    return lambda fn: RULES.add(Rule(rule_id, kind, phase, fn, launching_only)).fn
 
 
 @dataclass
@@ -134,10 +129,6 @@ class Ctx:
     def plan(self) -> Mapping[str, Any]:
         return self.run.memory
 
-    @property
-    def strict(self) -> bool:
-        return bool(self.lab.preflight.strict)
-
     @cached_property
     def batch(self) -> dict[str, Any]:
         """The Run's batch arithmetic, with what the rules add for the report (token budgets, Ray's CPUs)."""
@@ -159,6 +150,7 @@ def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
     """Every rule (or those named) on this context; a rule that fails is reported as a note, never raised."""
     _load()
     wanted = set(only) if only is not None else None
+    strict = bool(c.lab.preflight.strict)
     out: list[Problem] = []
     for r in RULES.values():
         if (wanted is not None and r.id not in wanted) or (r.launching_only and not c.launching):
@@ -167,8 +159,8 @@ def run_rules(c: Ctx, only: Iterable[str] | None = None) -> list[Problem]:
             for p in r.fn(c) or ():
                 p.rule = p.rule or r.id
                 if p.level == "oom":
-                    p.level = "error" if c.strict else "warn"
-                    if c.strict:
+                    p.level = "error" if strict else "warn"
+                    if strict:
                         p.message += " (preflight.strict=false makes this a warning)"
                 out.append(p)
         except Exception as e:  # a check must never take the launcher down; say what was skipped
