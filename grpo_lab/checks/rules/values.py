@@ -241,12 +241,9 @@ def vllm_kv_cache(c: Ctx) -> Iterable[Problem]:
                   f"actor_rollout_ref.rollout.max_model_len={kv['sequence_length']}")
 
 
-def _how_sure(plan: dict[str, Any], phase: str) -> str:
-    cal = (plan.get("calibration") or {}).get(phase)
-    return calibration.describe(cal) if cal else "not calibrated"
+def _phase_rule(phase: str, job_phase: str):
+    label = phase.replace("_", "-")  # weight-sync
 
-
-def _phase_rule(phase: str, label: str, job_phase: str):
     def check(c: Ctx) -> Iterable[Problem]:
         plan = c.plan
         if not plan.get("phases"):
@@ -257,7 +254,9 @@ def _phase_rule(phase: str, label: str, job_phase: str):
         parts = " + ".join(f"{k.replace('_', ' ')} {val}" for k, val in ph["components_gb"].items() if val)
         if phase == "training":
             parts = f"{ph['peak_of']}: {parts}"
-        margin = float(((plan.get("calibration") or {}).get(phase) or {}).get("margin", 0.0))
+        cal = (plan.get("calibration") or {}).get(phase) or {}
+        margin = float(cal.get("margin", 0.0))
+        how_sure = calibration.describe(cal) if cal else "not calibrated"
         fix = (phase == "generation" and v != "fits" and _pin_fix(c)) or _fix_for(plan, phase)
         if v == "oom":
             comps = ph["components_gb"]
@@ -267,25 +266,24 @@ def _phase_rule(phase: str, label: str, job_phase: str):
             of = " on what is not the engine's exact budget" if exact else ""
             yield oom(f"{label} phase: predicted peak {peak} GB per GPU on {card:g} GB cards, {peak / card - 1:.0%} "
                       f"above the card ({parts}); beyond the plan's margin of {margin:.0%}{of} "
-                      f"({_how_sure(plan, phase)}).{_alternatives(plan, phase)}", fix)
+                      f"({how_sure}).{_alternatives(plan, phase)}", fix)
         elif v == "tight" and peak > card:
             yield warn(f"{label} phase may not fit: predicted peak {peak} GB per GPU, {peak / card - 1:.0%} above the "
                        f"{card:g} GB card, within the plan's margin of {margin:.0%} for this regime, so not refused "
-                       f"({_how_sure(plan, phase)}) ({parts}). If it runs out of memory, apply the fix."
+                       f"({how_sure}) ({parts}). If it runs out of memory, apply the fix."
                        f"{_alternatives(plan, phase)}", fix)
         elif v == "tight":
             yield warn(f"{label} phase is tight: predicted peak {peak} GB of {card:g} GB ({peak / card:.0%}, above "
-                       f"{int(memplan.TIGHT_FRACTION * 100)}%; {_how_sure(plan, phase)}) ({parts})."
+                       f"{int(memplan.TIGHT_FRACTION * 100)}%; {how_sure}) ({parts})."
                        f"{_alternatives(plan, phase)}", fix)
 
     check.__name__ = f"memory_{phase}"
     return rule(f"memory_{phase}", kind="memory", phase=job_phase)(check)
 
 
-# the memory plan's phase, how the message names it, the job's phase (grpo_lab/registry.py PHASES)
-for _phase, _label, _job_phase in (("generation", "generation", "rollout"), ("training", "training", "update"),
-                                   ("weight_sync", "weight-sync", "weight sync")):
-    _phase_rule(_phase, _label, _job_phase)
+# the memory plan's phase, the job's phase (grpo_lab/registry.py PHASES)
+for _phase, _job_phase in (("generation", "rollout"), ("training", "update"), ("weight_sync", "weight sync")):
+    _phase_rule(_phase, _job_phase)
 
 
 @rule("memory_host_ram", kind="memory", phase="any")
@@ -300,9 +298,9 @@ def memory_host_ram(c: Ctx) -> Iterable[Problem]:
         if not fix:  # no override of the model's settings helps: each GPU's processes take ~6 GB of the node's RAM
             s = c.run.planned
             per_gpu = memplan.HOST_PER_GPU_WORKER_GB + memplan.HOST_PER_VLLM_WORKER_GB
-            fixed = max(host["total_gb"] - s.n_gpus // max(1, s.nnodes) * per_gpu, memplan.HOST_BASE_GB)
-            k = int((host["capacity_gb"] - fixed) // per_gpu)
             per_node = s.n_gpus // max(1, s.nnodes)
+            fixed = max(host["total_gb"] - per_node * per_gpu, memplan.HOST_BASE_GB)
+            k = int((host["capacity_gb"] - fixed) // per_gpu)
             fix = (f"ngpus_per_node={k}" if 1 <= k < per_node else
                    f"run where a node has at least {host['total_gb']:.0f} GB of RAM (lab.hardware.host_ram_gb is "
                    f"what the hardware file assumes)")
