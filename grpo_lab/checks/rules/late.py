@@ -115,11 +115,11 @@ def key_unread(c: Ctx) -> Iterable[Problem]:
             if key in seen or thaw(v) == (None if default is MISSING else thaw(default)):
                 continue
             seen.add(key)
-            target = reads + key[len(prefix):] if reads else None
-            now = lookup(c.verl, target) if target else MISSING
-            if target is not None and thaw(now) == thaw(v):
-                continue
-            if target is not None:
+            if reads:
+                target = reads + key[len(prefix):]
+                now = lookup(c.verl, target)
+                if thaw(now) == thaw(v):
+                    continue
                 effect = f"verl reads {target} instead, which is {_shown(now)} here: the run would go with that"
                 fix = f"{'+' if now is MISSING else ''}{target}={_shown(v)}"
             else:
@@ -182,17 +182,6 @@ def _cfg(c: Ctx) -> tuple[str | None, str, dict[str, Any]]:
     cfg = c.cfg.reward.custom_reward_function
     kwargs = cfg.get("reward_kwargs") or {}
     return cfg.get("path") or None, str(cfg.get("name") or ""), thaw(kwargs) if isinstance(kwargs, Mapping) else {}
-
-
-def _probe(c: Ctx) -> dict[str, Any] | None:
-    """The probe's result for this config, or None when there is nothing to probe (no path, missing, no name)."""
-    path, name, kwargs = _cfg(c)
-    if not path or not name:
-        return None
-    f = reward_probe.file_of(str(path))
-    if f is not None and not os.path.isfile(f):
-        return None
-    return reward_probe.probe(str(path), name, kwargs, c.cfg.data.train_files)
 
 
 def _raised_at(r: Mapping[str, Any]) -> str:
@@ -284,11 +273,16 @@ def _fmt(x: Any) -> str:
 
 @rule("reward_fn_result", kind="reward", phase="reward")
 def reward_fn_result(c: Ctx) -> Iterable[Problem]:
-    r = _probe(c)
-    if not r or r.get("stage") not in ("call", "ok"):
-        return
     path, name, kwargs = _cfg(c)
-    where = reward_probe.file_of(str(path)) or str(path)
+    if not path or not name:
+        return  # nothing to probe: rule reward_fn_file says why
+    f = reward_probe.file_of(str(path))
+    if f is not None and not os.path.isfile(f):
+        return
+    r = reward_probe.probe(str(path), name, kwargs, c.cfg.data.train_files)
+    if r.get("stage") not in ("call", "ok"):
+        return
+    where = f or str(path)
     sample = f"data_source={_fmt(r.get('data_source'))}, ground_truth={_fmt(r.get('ground_truth'))} " \
              f"({r.get('row_from')})"
     call = (f"{name}(data_source=..., solution_str=..., ground_truth=..., extra_info=..."
@@ -410,9 +404,7 @@ def _env_on(c: Ctx, name: str) -> bool:
 def agent_loop_workers(c: Ctx) -> Iterable[Problem]:
     """verl #6801 (docs/verl_issues.md): the legacy trainer splits a step's generation requests over the agent loop
     workers in equal parts (DataProto.chunk asserts it unless VERL_AUTO_PADDING is on); the V1 trainer does not."""
-    if bool(c.cfg.trainer.use_v1):
-        return
-    if _env_on(c, "VERL_AUTO_PADDING"):
+    if bool(c.cfg.trainer.use_v1) or _env_on(c, "VERL_AUTO_PADDING"):
         return
     tb, n = c.batch["train_batch_size"], c.batch["rollout_n"]
     workers = as_int(c.cfg.rollout.agent.num_workers, 8)
@@ -441,19 +433,17 @@ def ulysses_sequence_parallel(c: Ctx) -> Iterable[Problem]:
     old, n_gpus = as_int(c.cfg.actor.ulysses_sequence_parallel_size, 1), c.batch["n_gpus"]
     key = A + ("actor." if old > 1 else "actor.fsdp_config.") + "ulysses_sequence_parallel_size"
     arch = c.model.arch
-    heads = arch.num_attention_heads if arch else None
-    kv = arch.num_key_value_heads if arch else None
+    heads, kv = (arch.num_attention_heads, arch.num_key_value_heads) if arch else (None, None)
 
-    def fits(s: int) -> bool:
-        heads_ok = heads is None or (heads % s == 0 and kv is not None and (kv % s == 0 or s % kv == 0))
-        return n_gpus % s == 0 and heads_ok
+    def splits_heads(s: int) -> bool:  # the attention heads, and the key/value heads (or they it); no model: yes
+        return heads is None or (heads % s == 0 and (kv % s == 0 or s % kv == 0))
 
-    good = max(s for s in range(1, sp + 1) if fits(s))
+    good = max(s for s in range(1, sp + 1) if n_gpus % s == 0 and splits_heads(s))
     fix = f"{key}={good}"
     if n_gpus % sp:
         yield error(f"Ulysses sequence parallel size {sp} ({key}) does not divide the {n_gpus} GPUs: verl builds a "
                     f"(data parallel, {sp}) device mesh over them and torch refuses it when the actor is built", fix)
-    elif heads is not None and (heads % sp or not (kv % sp == 0 or sp % kv == 0)):
+    elif not splits_heads(sp):
         what = (f"the model's {heads} attention heads" if heads % sp else
                 f"the model's {kv} key/value heads (nor they it)")
         yield error(f"Ulysses sequence parallel size {sp} ({key}) does not divide {what}: verl 0.9.1 asserts "
