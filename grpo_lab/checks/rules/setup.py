@@ -150,8 +150,7 @@ def ray_cpus(c: Ctx) -> Iterable[Problem]:
     b = c.batch
     per_node, nnodes = max(0, b["n_gpus_per_node"]), b["nnodes"]
     v1, tq = bool(c.cfg.trainer.use_v1), c.cfg.transfer_queue.backend
-    storage, units = tq.storage_backend, as_int(tq.SimpleStorage.num_data_storage_units, 8)
-    units = units if storage == "SimpleStorage" else 0
+    units = as_int(tq.SimpleStorage.num_data_storage_units, 8) if tq.storage_backend == "SimpleStorage" else 0
     once = facts.ray_cpus_per_job(v1, units)
     need_node = facts.ray_cpus_needed(per_node, v1, units) if nnodes == 1 else \
         facts.CPUS_PER_GPU * per_node + math.ceil(once / nnodes)
@@ -294,9 +293,7 @@ def model_key_unknown(c: Ctx) -> Iterable[Problem]:
         return
     if not isinstance(model_cfg, Mapping):
         return
-    for key in model_cfg:
-        if key in known:
-            continue
+    for key in [k for k in model_cfg if k not in known]:
         close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         fix = f"~actor_rollout_ref.model.{key}" + (
