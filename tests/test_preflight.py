@@ -517,7 +517,7 @@ def test_to_json_is_plan_json():
 
 
 def test_no_heavy_imports_and_fast():
-    """Preflight imports neither verl, torch, ray, vllm nor pyarrow (the footer is read by hand)."""
+    """Preflight imports neither verl, torch, ray, vllm nor pyarrow (no data files here: pyarrow reads local ones)."""
     verl, lab = composed()
     code = (
         "import json, sys, time\n"
