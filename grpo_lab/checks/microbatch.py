@@ -28,13 +28,7 @@ PASSES: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
 
 def _values(cfg: VerlView) -> list[tuple[tuple[Any, ...], bool, Any]]:
     """PASSES's values in this config, pass by pass: (its micro-batch sizes, dynamic batching on, token budget)."""
-    actor, rollout, ref = cfg.actor, cfg.rollout, cfg.ref
-    return [((actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size), bool(actor.use_dynamic_bsz),
-             actor.ppo_max_token_len_per_gpu),
-            ((rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size),
-             bool(rollout.log_prob_use_dynamic_bsz), rollout.log_prob_max_token_len_per_gpu),
-            ((ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size), bool(ref.log_prob_use_dynamic_bsz),
-             ref.log_prob_max_token_len_per_gpu)]
+    return [(tuple(map(cfg.at, sizes)), bool(cfg.at(dyn)), cfg.at(budget)) for _, sizes, dyn, budget in PASSES]
 
 
 def sizes_given(cfg: VerlView) -> Iterable[tuple[str, str, Any]]:

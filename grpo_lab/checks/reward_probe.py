@@ -85,14 +85,11 @@ def is_number(x: Any) -> bool:
 
 
 def first_train_file(train_files: Any) -> str | None:
+    """The first of data.train_files that is a file here (facts.local_files: remote ones are skipped)."""
+    from grpo_lab.facts import local_files  # here, not at the top: the child runs this file without grpo_lab
+
     items = train_files if isinstance(train_files, (list, tuple)) else [train_files]
-    for item in items:
-        s = str(item or "")
-        if s and ("://" not in s or s.startswith(FILE_PREFIX)):
-            p = os.path.expanduser(s.removeprefix(FILE_PREFIX))
-            if os.path.isfile(p):
-                return p
-    return None
+    return next((p for item in items for p in local_files(item) or () if os.path.isfile(p)), None)
 
 
 def probe(path: str, name: str, reward_kwargs: Mapping[str, Any] | None, train_files: Any = None) -> dict[str, Any]:
