@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, composed, planned, run_py
 
 from grpo_lab import facts
-from grpo_lab.checks import preflight
-from grpo_lab.checks.preflight import PreflightReport, Problem, parquet_num_rows, run_preflight
+from grpo_lab.checks.preflight import PreflightReport, Problem, run_preflight
+from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE
 from grpo_lab.memory.run import Run
 from grpo_lab.verl_schema import schema
 
@@ -82,7 +82,7 @@ def test_steps_per_epoch_unknown_without_the_file():
 def test_parquet_footer_row_count_matches_pyarrow(tmp_path):
     for rows, group in ((1, None), (7473, 1000), (20000, 333)):
         path = write_parquet(tmp_path / f"t{rows}.parquet", rows, group)
-        assert parquet_num_rows(path) == pq.ParquetFile(path).metadata.num_rows == rows
+        assert facts.parquet_num_rows(path) == pq.ParquetFile(path).metadata.num_rows == rows
 
 
 def test_train_file_smaller_than_a_batch(tmp_path):
@@ -388,7 +388,7 @@ def test_dapo_group_filtering_needs_a_metric():
 def test_qwen3_thinking_with_a_short_response_limit():
     verl, lab = composed()  # Qwen3-1.7B (chat, thinking), 1024 response tokens
     p = only(check(verl, lab).warnings, "thinking_response_length")
-    assert "1024" in p.message and str(preflight.THINKING_MIN_RESPONSE) in p.message and "####" in p.message
+    assert "1024" in p.message and str(THINKING_MIN_RESPONSE) in p.message and "####" in p.message
     assert "model=qwen3_1_7b_base" in p.fix and "max_response_length=2048" in p.fix
     assert "thinking_response_length" not in rules(check(*composed("model=qwen3_1_7b_base")).warnings)
     put(verl, "data.max_response_length", 2048)

@@ -84,7 +84,6 @@ class FixChecker:
         self.before = Counter(p.rule for p in problems if p.level == "error")
         self.apart = run.lab.set_apart
         self._memo: dict[tuple, list[Problem]] = {}
-        self.runs = 0
 
     def parse(self, alt: str) -> list[Change] | None:
         """One alternative's overrides, in the spelling that wins in this config (module docstring)."""
@@ -104,7 +103,6 @@ class FixChecker:
         key = (tuple((c.op, c.key, repr(c.value)) for c in overrides), quick)
         if key not in self._memo:
             v, lb = apply(self.verl, self.lab, overrides)
-            self.runs += 1
             self._memo[key] = run_rules(Ctx.of(v, lb, launching=self.launching, environ=self.environ, quick=quick))
         return self._memo[key]
 

@@ -23,12 +23,10 @@ from grpo_lab.checks.fixes import FixChecker, gist, lora_rank_set
 from grpo_lab.checks.inputs import missing_inputs
 from grpo_lab.checks.plan_text import fit_command, report_text
 from grpo_lab.checks.rules import ALT, Ctx, Problem, launching_only_ids, memory_ids, run_rules
-from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE  # noqa: F401 (re-exported)
 from grpo_lab.cli.apply import parse
-from grpo_lab.facts import parquet_num_rows  # noqa: F401 (re-exported)
 from grpo_lab.memory.run import Run
 
-__all__ = ["Problem", "PreflightReport", "run_preflight", "parquet_num_rows"]
+__all__ = ["Problem", "PreflightReport", "run_preflight"]
 
 
 @dataclass
