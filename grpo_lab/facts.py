@@ -284,16 +284,10 @@ def preset_learning_rates() -> tuple[tuple[float, str], ...]:
 
 def local_files(value: Any) -> list[str] | None:
     """Local paths of data.train_files / val_files (a string or a list); None when any is remote (hdfs://, s3://)."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for item in items:
-        if item is None:
-            continue
-        s = str(item)
-        if "://" in s and not s.startswith("file://"):
-            return None
-        out.append(os.path.expanduser(s.removeprefix("file://")))
-    return out
+    items = [str(i) for i in (value if isinstance(value, (list, tuple)) else [value]) if i is not None]
+    if any("://" in s and not s.startswith("file://") for s in items):
+        return None
+    return [os.path.expanduser(s.removeprefix("file://")) for s in items]
 
 
 def parquet_num_rows(path: str | os.PathLike) -> int:
