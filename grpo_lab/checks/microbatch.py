@@ -26,21 +26,32 @@ PASSES: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
 )
 
 
+def _values(cfg: VerlView) -> list[tuple[tuple[Any, ...], bool, Any]]:
+    """PASSES's values in this config, pass by pass: (its micro-batch sizes, dynamic batching on, token budget)."""
+    actor, rollout, ref = cfg.actor, cfg.rollout, cfg.ref
+    return [((actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size), bool(actor.use_dynamic_bsz),
+             actor.ppo_max_token_len_per_gpu),
+            ((rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size),
+             bool(rollout.log_prob_use_dynamic_bsz), rollout.log_prob_max_token_len_per_gpu),
+            ((ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size), bool(ref.log_prob_use_dynamic_bsz),
+             ref.log_prob_max_token_len_per_gpu)]
+
+
 def sizes_given(cfg: VerlView) -> Iterable[tuple[str, str, Any]]:
     """(pass, key, value) of each micro-batch size the config sets."""
-    for name, keys, _, _ in PASSES:
-        yield from ((name, key, v) for key in keys if (v := cfg.at(key)) is not None)
+    for (name, keys, _, _), (sizes, _, _) in zip(PASSES, _values(cfg)):
+        yield from ((name, key, v) for key, v in zip(keys, sizes) if v is not None)
 
 
 def switches(cfg: VerlView) -> list[tuple[str, bool]]:
     """(key, on) of each pass's dynamic batching switch."""
-    return [(dyn, bool(cfg.at(dyn))) for _, _, dyn, _ in PASSES]
+    return [(dyn, on) for (_, _, dyn, _), (_, on, _) in zip(PASSES, _values(cfg))]
 
 
 def ignored(info: dict[str, Any], cfg: VerlView) -> Iterable[tuple[dict[str, Any], str, str, Any]]:
     """(the user's micro-batch, its pass's dynamic batching switch, token budget key, its value) for each micro-batch
     that dynamic batching makes ineffective in this config."""
     for m in info.get("micro") or ():
-        for name, _, dyn, budget in PASSES:
-            if name == m["pass"] and cfg.at(dyn):
-                yield m, dyn, budget, cfg.at(budget)
+        for (name, _, dyn, budget), (_, on, tokens) in zip(PASSES, _values(cfg)):
+            if name == m["pass"] and on:
+                yield m, dyn, budget, tokens
