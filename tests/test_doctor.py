@@ -10,7 +10,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -608,7 +607,8 @@ def test_make_doctor_on_verls_own_lora_settings_on_one_gpu(tmp_path):
 def test_diagnose_job_dir_uses_verl_config(q4b, tmp_path):
     job = q4b_job(q4b, tmp_path / "job0", SYN / "oom_generation_vllm_sampler.log",
                   **{"actor_rollout_ref.rollout.gpu_memory_utilization": 0.35})
-    text = doctor.diagnose_file(job)
+    log_path, found = doctor.diagnose_path(job)
+    text = doctor.format_diagnoses(found, str(log_path))  # what the launcher prints when a job fails
     assert "oom_generation" in text and "generation phase at 26.24 GB" in text
     ds = doctor.write_diagnosis(job)
     saved = json.loads((job / "diagnosis.json").read_text())
@@ -642,13 +642,15 @@ def test_cli(capsys, tmp_path):
     assert doctor.main([str(tmp_path / "missing.log")]) == 2
 
 
-def test_watch_progress(tmp_path):
+def test_watchdog_message(tmp_path):
     log = tmp_path / "train.log"
     log.write_text(synth.RECORDED_HANG_LOG.read_text().split("*** SIGTERM")[0])
-    assert doctor.watch_progress(log, stale_minutes=5) is None  # just written
-    old = time.time() - 15 * 60
-    os.utime(log, (old, old))
-    msg = doctor.watch_progress(log, stale_minutes=5)
+    wd = doctor.ProgressWatchdog(log, stale_minutes=5, out=lambda s: None)
+    wd._tail.from_end()  # what start() does, without its thread
+    t0 = time.time()
+    wd._last_progress = t0
+    assert wd.check(now=t0 + 60) is None  # not stale yet
+    msg = wd.check(now=t0 + 15 * 60)
     assert msg and "no progress for 15 minutes" in msg and "no step finished yet" in msg
     assert "ray_kwargs.ray_init.num_cpus=13" in msg and "NCCL_P2P_DISABLE=1" in msg
 
@@ -687,8 +689,9 @@ def test_watchdog_thread_warns_once_and_stops(tmp_path):
     wd.stop()
     assert len(seen) == 1 and "no progress" in seen[0]
     assert not any(t.name == "grpo-lab-watchdog" for t in threading.enumerate())
-    with doctor.ProgressWatchdog(log, stale_minutes=60, interval_s=0.01, out=seen.append):
-        time.sleep(0.05)
+    wd = doctor.ProgressWatchdog(log, stale_minutes=60, interval_s=0.01, out=seen.append).start()
+    time.sleep(0.05)
+    wd.stop()
     assert len(seen) == 1
     assert not any(t.name == "grpo-lab-watchdog" for t in threading.enumerate())
 

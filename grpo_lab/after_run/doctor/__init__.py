@@ -7,7 +7,6 @@ from grpo_lab.after_run.doctor.signatures import fatal_line, phase_remedies
 from grpo_lab.after_run.doctor.stops import gone_running
 from grpo_lab.after_run.doctor.verdict import (
                                                diagnose,
-                                               diagnose_file,
                                                diagnose_path,
                                                errors_in,
                                                failure_class,
@@ -16,8 +15,8 @@ from grpo_lab.after_run.doctor.verdict import (
                                                refusal,
                                                write_diagnosis,
 )
-from grpo_lab.after_run.doctor.watchdog import ProgressWatchdog, watch_progress
+from grpo_lab.after_run.doctor.watchdog import ProgressWatchdog
 
-__all__ = ["fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "diagnose", "diagnose_file", "diagnose_path",
+__all__ = ["fatal_line", "Diagnosis", "Log", "ProgressWatchdog", "diagnose", "diagnose_path",
            "errors_in", "failure_class", "format_diagnoses", "gone_running", "job_run", "main", "phase_remedies",
-           "printed_config", "read_json", "read_log", "refusal", "watch_progress", "write_diagnosis"]
+           "printed_config", "read_json", "read_log", "refusal", "write_diagnosis"]

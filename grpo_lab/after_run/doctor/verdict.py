@@ -170,12 +170,6 @@ def format_diagnoses(diagnoses: list[Diagnosis], source: str = "") -> str:
     return "\n".join([head] + [d.format() for d in diagnoses])
 
 
-def diagnose_file(path: str | Path) -> str:
-    """Readable diagnosis of a log file (or job dir); what the launcher prints when a job fails."""
-    log_path, ds = diagnose_path(path)
-    return format_diagnoses(ds, str(log_path))
-
-
 def write_diagnosis(job_dir: str | Path) -> list[Diagnosis]:
     """Diagnose a job dir's train.log and write diagnosis.json beside it."""
     job_dir = Path(job_dir)

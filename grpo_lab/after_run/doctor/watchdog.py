@@ -18,18 +18,6 @@ from grpo_lab.launch.logtail import LogTail
 from grpo_lab.loglines import without_prefixes
 
 
-def watch_progress(log_path: str | Path, stale_minutes: float = 10.0, *, now: float | None = None) -> str | None:
-    """One look at a running job's log: a warning when it has not changed for stale_minutes, else None."""
-    p = Path(log_path)
-    try:
-        idle = (now if now is not None else time.time()) - p.stat().st_mtime
-    except OSError:
-        return None
-    if idle < stale_minutes * 60:
-        return None
-    return _stall_message(read_log(p), idle)
-
-
 def _stall_message(text: str, idle_s: float) -> str:
     steps = Log.of(text[-200_000:]).steps()
     where = f"last step: {max(steps)}" if steps else "no step finished yet"
@@ -57,16 +45,12 @@ class ProgressWatchdog:
         self.interval_s = interval_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.warned = False
-        self.message: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tail = LogTail(self.log_path)
         self._last_progress = time.time()
 
     def start(self) -> ProgressWatchdog:
-        if self._thread is not None:
-            return self
-        self._stop.clear()
         self._last_progress = time.time()
         self._tail.from_end()
         self._thread = threading.Thread(target=self._run, name="grpo-lab-watchdog", daemon=True)
@@ -79,12 +63,6 @@ class ProgressWatchdog:
             self._thread.join(timeout=max(5.0, self.interval_s + 1))
             self._thread = None
 
-    def __enter__(self) -> ProgressWatchdog:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def check(self, now: float | None = None) -> str | None:
         """One poll (the thread calls this every interval_s): reads what the log gained, warns once when stale."""
         now = time.time() if now is None else now
@@ -94,10 +72,10 @@ class ProgressWatchdog:
         if self.warned or idle < self.stale_s:
             return None
         self.warned = True
-        self.message = _stall_message(read_log(self.log_path), idle)
+        message = _stall_message(read_log(self.log_path), idle)
         with contextlib.suppress(Exception):
-            self.out(self.message)
-        return self.message
+            self.out(message)
+        return message
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
