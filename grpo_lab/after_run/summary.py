@@ -20,10 +20,7 @@ if TYPE_CHECKING:  # pandas and the doctor are imported where used: Hydra instan
 
     from grpo_lab.after_run import doctor
 
-try:  # Hydra is a dependency of grpo-lab; the summary itself works without it
-    from hydra.experimental.callback import Callback as _HydraCallback
-except Exception:  # pragma: no cover
-    _HydraCallback = object  # type: ignore[assignment,misc]
+from hydra.experimental.callback import Callback
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +91,11 @@ def job_status(job_dir: Path) -> tuple[str, str, list[doctor.Diagnosis]]:
     return UNFINISHED, "; ".join(d.title for d in diags), diags
 
 
-def summarize_job(job_dir: str | Path, status: tuple[str, str, list[doctor.Diagnosis]] | None = None
-                  ) -> dict[str, Any]:
-    """One job's row of the summary."""
-    job_dir = Path(job_dir)
+def summarize_job(job_dir: Path, status: tuple[str, str, list[doctor.Diagnosis]]) -> dict[str, Any]:
+    """One job's row of the summary, with its job_status."""
     df = M.read_metrics(job_dir)
     steps = M.training_steps(df)
-    word, diag_text, _ = status or job_status(job_dir)
+    word, diag_text, _ = status
     mem = M.train_series(df, "actor/perf/max_memory_allocated_gb")
     val_col = M.primary_val_column(df)  # what a learning-rate sweep is chosen by
     val = {int(k): float(v) for k, v in M.series(df, val_col).items()} if val_col else {}  # by step, in order
@@ -140,14 +135,12 @@ def plan_cells(job_dir: Path) -> dict[str, Any]:
             "planned_run": run_s and duration(run_s), "verdict": (mem.get("verdict") or {}).get("overall")}
 
 
-def summary_table(sweep_dir: str | Path, diagnoses: dict[str, list[doctor.Diagnosis]] | None = None
-                  ) -> tuple[pd.DataFrame, list[str]]:
+def summary_table(sweep_dir: Path, diagnoses: dict[str, list[doctor.Diagnosis]]) -> tuple[pd.DataFrame, list[str]]:
     """One row per job (swept keys as their own columns, after `job`), and the swept keys; `diagnoses` is filled
     with each job's doctor findings, by job name."""
     dirs = job_dirs(sweep_dir)
     statuses = [job_status(d) for d in dirs]
-    if diagnoses is not None:
-        diagnoses.update({d.name: st[2] for d, st in zip(dirs, statuses)})
+    diagnoses.update({d.name: st[2] for d, st in zip(dirs, statuses)})
     rows = [summarize_job(d, st) for d, st in zip(dirs, statuses)]
     overrides = [read_overrides(d) for d in dirs]
     keys = swept_keys(overrides)
@@ -199,7 +192,7 @@ def _cell(v: Any) -> str:
 
 
 def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
-                diagnoses: dict[str, list[doctor.Diagnosis]] | None = None) -> str:
+                diagnoses: dict[str, list[doctor.Diagnosis]]) -> str:
     cols = list(table.columns)
     out = [f"# Sweep summary: {sweep_dir.name}", "",
            f"Swept: {', '.join(f'`{k}`' for k in keys) if keys else '(no override differs across the jobs)'}; "
@@ -223,11 +216,8 @@ def to_markdown(table: pd.DataFrame, keys: list[str], sweep_dir: Path,
     if len(failed):
         out.append("## Failed jobs")
         for _, row in failed.iterrows():
-            diags = (diagnoses or {}).get(str(row["job"]))
-            if diags is None:
-                _, _, diags = job_status(Path(sweep_dir) / str(row["job"]))
             out.append(f"- {row['job']} ({row['status']}): {row['diagnosis'] or 'no known signature'}")
-            out += [f"  - try: `{' '.join(dg.overrides)}`" for dg in diags if dg.overrides]
+            out += [f"  - try: `{' '.join(dg.overrides)}`" for dg in diagnoses[str(row["job"])] if dg.overrides]
         out.append("")
     return "\n".join(out)
 
@@ -312,7 +302,7 @@ def format_summary(sweep_dir: str | Path, table: pd.DataFrame, written: bool = T
 # Hydra callback
 
 
-class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
+class SweepSummaryCallback(Callback):
     """Hydra callback: a failed job's diagnosis.json, each job's report.json, and the sweep summary (registered in
     conf/config.yaml as hydra.callbacks.sweep_summary)."""
 
@@ -333,7 +323,7 @@ class SweepSummaryCallback(_HydraCallback):  # type: ignore[misc,valid-type]
         hydra_cfg = config.hydra
         job_dir = Path(str(hydra_cfg.runtime.output_dir))
         status = doctor.read_json(job_dir / "status.json")
-        failed = _job_failed(job_return) or status.get("status") == "failed"
+        failed = str(getattr(job_return, "status", "")).endswith("FAILED") or status.get("status") == "failed"
         if failed and (job_dir / "train.log").exists():
             diags = doctor.write_diagnosis(job_dir)
             for d in diags:  # "try:" only with something to try
@@ -370,13 +360,6 @@ def _planned_only(config: Any, *, crashed: bool) -> bool:
 
     preflight = OmegaConf.select(config, "preflight", default=None) or {}
     return not crashed and any(bool(preflight.get(k)) for k in ("only", "fit", "fit_write"))
-
-
-def _job_failed(job_return: Any) -> bool:
-    try:
-        return str(getattr(job_return, "status", "")).endswith("FAILED")
-    except Exception:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:
