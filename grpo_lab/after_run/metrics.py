@@ -56,11 +56,7 @@ def read_metrics(run: str | Path, info: MetricsReadResult | None = None) -> pd.D
         if step is None:
             info.skipped += 1
             continue
-        row = rows.setdefault(step, {})
-        for k, v in data.items():
-            num = _number(v)
-            if num is not None:
-                row[k] = num
+        rows.setdefault(step, {}).update({k: num for k, v in data.items() if (num := _number(v)) is not None})
     df = pd.DataFrame.from_dict(rows, orient="index")  # no rows: an empty frame
     df.index.name = "step"
     return df.sort_index()
@@ -94,10 +90,7 @@ def _number(v: object) -> float | None:
 
 def column(df: pd.DataFrame, name: str) -> str | None:
     """The column for a metric, under its current or older name (see ALIASES); None when the run has none."""
-    for cand in ALIASES.get(name, (name,)):
-        if cand in df.columns and df[cand].notna().any():
-            return cand
-    return None
+    return next((c for c in ALIASES.get(name, (name,)) if c in df.columns and df[c].notna().any()), None)
 
 
 def series(df: pd.DataFrame, name: str) -> pd.Series:

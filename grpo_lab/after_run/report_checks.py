@@ -553,9 +553,9 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     done = int(steps.max()) if len(steps) else 0
     total = int_or_none(run.cfg.trainer.total_training_steps)
     of = f" of {total}" if total and total > 0 else ""
-    diags: list[doctor.Diagnosis] = []
-    if st == "failed" or (st is None and run.log_text and not len(steps)):
-        _, diags = doctor.diagnose_path(run.run_dir)
+    gone = doctor.gone_running(run.status)  # None unless status.json says running
+    read_log = st == "failed" or gone or (st is None and run.log_text and not len(steps))
+    diags = doctor.diagnose_path(run.run_dir)[1] if read_log else []
     if st == "ok" and run.status.get("note") == "planned":
         return Check("run", OK, "preflight only (preflight.only=true): nothing was trained; see plan.json."), diags
     if st == "ok" and not len(steps):
@@ -566,9 +566,7 @@ def check_status(run: RunInfo) -> tuple[Check, list[doctor.Diagnosis]]:
     if st == "ok":
         wall = M.finite_float(run.status.get("wall_s"))
         return Check("run", OK, f"finished: {done}{of} steps" + (f" in {wall:.0f} s." if wall else ".")), diags
-    gone = doctor.gone_running(run.status)
     if gone:
-        _, diags = doctor.diagnose_path(run.run_dir)
         what = (_tried([d for d in diags if d.id != "stopped_without_error"])
                 or "nothing in train.log: look at `dmesg` or the system log for the kernel's OOM killer")
         return Check("run", BAD, f"killed at step {done}{of}: status.json still says running, but {gone} "

@@ -59,11 +59,9 @@ class Log:
     @classmethod
     def of(cls, text: str) -> Log:
         raw = loglines.split(text)
-        clean, procs = [], []
-        for line in raw:
-            m = loglines.RAY_PREFIX.match(line)
-            procs.append(m.group(0) if m else "")
-            clean.append(loglines.RANK_PREFIX.sub("", loglines.VLLM_PREFIX.sub("", line[len(procs[-1]):])))
+        procs = [m.group(0) if (m := loglines.RAY_PREFIX.match(line)) else "" for line in raw]
+        clean = [loglines.RANK_PREFIX.sub("", loglines.VLLM_PREFIX.sub("", line[len(proc):]))
+                 for line, proc in zip(raw, procs)]
         return cls(raw, clean, procs)
 
     def find(self, pattern: re.Pattern[str]) -> list[int]:
