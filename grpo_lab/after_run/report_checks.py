@@ -341,8 +341,7 @@ def check_step_plan(run: RunInfo) -> Check:
     if arch is None and st is not None:  # a recorded job folder without .hydra/: the model option of its folder's name
         from grpo_lab.memory.memplan_arch import Arch
 
-        info = facts.model_group_of_folder(str(run.cfg.model.path or "").rstrip("/")
-                                           .rsplit("/", 1)[-1])
+        info = facts.model_group_of_folder(str(run.cfg.model.path or "").rstrip("/").rsplit("/", 1)[-1])
         arch = Arch.from_mapping(info) if info and info.get("hidden_size") else None
     if arch is None or st is None:
         return Check(metric, WARN, f"{_fmt(measured)} s a step; no architecture facts to plan it with.")

@@ -309,7 +309,7 @@ class SweepSummaryCallback(Callback):
     def __init__(self, job_reports: bool = True, plots: bool = True) -> None:
         self.job_reports = job_reports
         self.plots = plots
-        self._sweep_dirs: list[Path] = []
+        self._sweep_dirs: dict[Path, None] = {}  # in the order the jobs name them
 
     def on_job_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
         try:
@@ -336,8 +336,7 @@ class SweepSummaryCallback(Callback):
         if str(hydra_cfg.mode) in ("RunMode.MULTIRUN", "MULTIRUN"):
             sweep = next((d for d in (job_dir.parent, job_dir.parent.parent) if (d / "multirun.yaml").exists()),
                          Path(str(hydra_cfg.sweep.dir)))
-            if sweep not in self._sweep_dirs:
-                self._sweep_dirs.append(sweep)
+            self._sweep_dirs[sweep] = None
             # a plan takes seconds and the sweep's end makes the summary: after each plan it was made again at once
             # (by every worker of jobs side by side, each importing pandas and matplotlib for it). A crash still
             # gets it here, as the sweep's end does not come (a refusal, exit 2, lets the sweep go on)

@@ -173,14 +173,13 @@ def stall(log: Log, run: Run, idle_s: float | None, stale_s: float) -> list[Diag
         return [_cpu_budget_hang(run, log.evidence(unsched), unsched + 1,
                                  "with Ray saying a resource request cannot be scheduled")]
     if cfg_i >= 0 and not steps:
-        after = range(cfg_i + 1, len(log.clean))
-        if not any(_AFTER_CONFIG.search(log.clean[i]) or _WORKERS.search(log.clean[i]) or
-                   _WORKERS_DONE.search(log.clean[i]) for i in after):
+        after = log.clean[cfg_i + 1:]
+        if not any(_AFTER_CONFIG.search(s) or _WORKERS.search(s) or _WORKERS_DONE.search(s) for s in after):
             return [_cpu_budget_hang(run, ev, line, f"right after the config print ({gone})")]
-        if not any(_WORKERS.search(log.clean[i]) or _WORKERS_DONE.search(log.clean[i]) for i in after):
+        if not any(_WORKERS.search(s) or _WORKERS_DONE.search(s) for s in after):
             return [_cpu_budget_hang(run, ev, line, f"after the datasets, before any worker started ({gone})")]
         nccl_i = max(log.find(_WORKERS) or [-1])
-        if nccl_i >= 0 and not any(_WORKERS_DONE.search(log.clean[i]) for i in range(nccl_i, len(log.clean))):
+        if nccl_i >= 0 and not any(_WORKERS_DONE.search(s) for s in log.clean[nccl_i:]):
             return [nccl_diagnosis(run, ev, line,
                                    f"at initialisation (the workers started, FSDP never finished; {gone})")]
     if kill_i is not None and _USER_STOP.search(log.clean[kill_i]):

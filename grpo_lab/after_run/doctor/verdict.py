@@ -36,9 +36,8 @@ def diagnose(text: str, config: dict[str, Any] | None = None, *, lab: Lab | None
     kill); stalls=False: error signatures only (a job known to have finished). No override the job has is suggested."""
     log = Log.of(text)
     run = job_run(with_ray_init(config or printed_config(log), log), lab, plan or {})
-    found = [d for fn in matchers() for d in fn(log, run)]
-    if not found:  # an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/launch/fatal.py)
-        found = engine_died(log)
+    # else an engine or actor that died for no known reason: say so, not "a hang" (grpo_lab/launch/fatal.py)
+    found = [d for fn in matchers() for d in fn(log, run)] or engine_died(log)
     if found or not stalls:
         found.sort(key=lambda d: d.line or 0)
     else:
