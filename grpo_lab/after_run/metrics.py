@@ -78,9 +78,7 @@ def _step_and_data(obj: object) -> tuple[int | None, dict]:
 
 
 def _number(v: object) -> float | None:
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)):
+    if isinstance(v, (int, float)):  # a bool too: 1.0 / 0.0
         f = float(v)
         return f if not math.isinf(f) else None
     if isinstance(v, list) and len(v) == 1:

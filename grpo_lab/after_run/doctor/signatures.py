@@ -467,14 +467,14 @@ def _reward_fn(log: Log, run: Run) -> list[Diagnosis]:
                                                  fm.group(1)):
             user = f"{fm.group(1)}:{fm.group(2)} in {fm.group(3)}"
         elif _EXC_LINE.search(line) and not fm:
-            exc = (j, line)
+            exc = j
             break
     if exc is None:
         return []
     return [Diagnosis(
         id="reward_fn_raised",
         title="The custom reward function raised while scoring answers" + (f" ({user})" if user else ""),
-        evidence=log.evidence(exc[0]), line=exc[0] + 1,
+        evidence=log.evidence(exc), line=exc + 1,
         remedy=("verl's reward manager called reward.custom_reward_function.name on an answer and it raised; verl "
                 "does not catch it, so the step fails. Make the function return a number (or a dict with a numeric "
                 f"'score') for every answer, also an empty or badly formatted one. {remedy_tail}"))]
