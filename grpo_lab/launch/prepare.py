@@ -284,13 +284,12 @@ def pin_side_by_side(run: Run, verl: dict[str, Any]) -> tuple[dict[str, Any], di
     return verl, {"bytes": n, "by": "launcher"}
 
 
-def changed_defaults(verl: Mapping[str, Any], layers: Layers, multirun: bool = False,
-                     defaults: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def changed_defaults(verl: Mapping[str, Any], layers: Layers, multirun: bool = False) -> list[dict[str, Any]]:
     """plan.json's changed_defaults: every leaf of `verl` that differs from verl's default (or that verl does not
     have), and every default leaf that `verl` no longer has; each with what set it (grpo_lab/cli/provenance.py)."""
     from grpo_lab.cli.provenance import verl_defaults
 
-    defaults = verl_defaults() if defaults is None else defaults
+    defaults = verl_defaults()
     out = []
     paths = set()  # every key of verl: its leaves and the sections above them
     for key, ours in flatten(verl):
