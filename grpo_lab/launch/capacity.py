@@ -22,7 +22,6 @@ from grpo_lab import facts
 from grpo_lab.memory import timeplan
 from grpo_lab.progress import progress
 
-CONF = facts.ROOT / "conf"
 COMMAND = "make capacity"
 if TYPE_CHECKING:
     from grpo_lab.memory.run import Run
@@ -74,7 +73,7 @@ class Row:
 
 def options(group: str) -> list[str]:
     """The options of a conf/ group, less those LEFT_OUT."""
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml") if p.stem not in LEFT_OUT)
+    return sorted(p.stem for p in (facts.CONF / group).glob("*.yaml") if p.stem not in LEFT_OUT)
 
 
 def composed(overrides: list[str]) -> Run:
@@ -143,7 +142,7 @@ def grid() -> tuple[list[Row], dict[str, str], dict[str, Any]]:
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+    with initialize_config_dir(config_dir=str(facts.CONF), version_base=None):
         configs = [(m, ()) for m in options("model")] + [FULL_8B]
         pairs = [(h, c) for h in options("hardware") for c in configs]
         rows = {(h, c): row(c[0], h, c[1]) for h, c in progress(pairs, COMMAND, unit="configs")}
