@@ -177,9 +177,6 @@ def _short(host: str) -> str:
     return host.split(".")[0]
 
 
-Runner = Callable[..., "tuple[int, str]"]
-
-
 def run_command(cmd: Sequence[str], capture: bool = False) -> tuple[int, str]:
     """Run cmd; (exit code, its stdout+stderr when capture, else '' with the output going to this task's log). A
     captured command (ray start --head, the node query) that has not returned after 5 minutes counts as failed."""
@@ -223,7 +220,7 @@ class RayNodes:
     num_cpus: int
     num_gpus: int
     wait_s: float
-    run: Runner = run_command
+    run: Callable[..., tuple[int, str]] = run_command
     reachable: Callable[[str, int], bool] = port_open
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
