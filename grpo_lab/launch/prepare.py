@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from grpo_lab.memory.emulate import Emulated
 
 OUR_KEYS = frozenset({"lab", "preflight"}) | SHORT_KEYS
-WORKER_ENV = facts.RAY_ENV_VARS  # what verl hands its Ray workers
 
 
 def split(cfg: DictConfig) -> tuple[dict[str, Any], Lab]:
@@ -176,7 +175,7 @@ def emulate(verl: dict[str, Any], lab: Lab, job: Job) -> Emulated:
     from grpo_lab.memory.emulate import EmulationError
     from grpo_lab.memory.emulate import emulate as for_card
 
-    config = with_value(verl, WORKER_ENV, worker_env(VerlView.of(verl), lab, job.dir))
+    config = with_value(verl, facts.RAY_ENV_VARS, worker_env(VerlView.of(verl), lab, job.dir))
     try:
         return for_card(config, lab, os.environ)
     except EmulationError as e:
