@@ -70,10 +70,6 @@ def question(numbers: list[int], target: int) -> str:
     return f"Numbers: {', '.join(map(str, numbers))}. Target: {target}."
 
 
-def prompt_text(numbers: list[int], target: int) -> str:
-    return f"{ONESHOT}\n\n{question(numbers, target)}"
-
-
 def records(n: int, seed: int, exclude: frozenset | set = frozenset()) -> list[dict]:
     """n distinct problems {numbers, target, expression}; none whose (sorted numbers, target) is in exclude."""
     return distinct(lambda rng: dict(zip(("numbers", "target", "expression"), problem(rng))), n,
@@ -88,8 +84,8 @@ def _key(rec: dict) -> tuple:
 def row(rec: dict, split: str, index: int) -> dict:
     """One verl row: gsm8k_row's layout with the countdown prompt, ground truth and reference answer."""
     numbers, target, expr = rec["numbers"], rec["target"], rec["expression"]
-    out = gsm8k_row(question(numbers, target), f"{expr} = {target}\n#### {target}", split, index, DATA_SOURCE,
-                    prompt_text(numbers, target))
+    asked = question(numbers, target)
+    out = gsm8k_row(asked, f"{expr} = {target}\n#### {target}", split, index, DATA_SOURCE, f"{ONESHOT}\n\n{asked}")
     out["reward_model"]["ground_truth"] = {"target": target, "numbers": numbers}
     out["extra_info"]["answer"] = f"<answer>{expr}</answer>"
     return out
