@@ -174,11 +174,9 @@ def _plan_record(report: Report, prepared: Prepared, job: Job) -> dict[str, Any]
 
 
 def _append(path: Path, text: str) -> None:
-    try:
-        with path.open("a", encoding="utf-8") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
-    except OSError:
-        pass  # a log that cannot be written must not hide the job's own error
+    # a log that cannot be written must not hide the job's own error
+    with contextlib.suppress(OSError), path.open("a", encoding="utf-8") as f:
+        f.write(text if text.endswith("\n") else text + "\n")
 
 
 def next_command(cli: CommandLine | None) -> str:
