@@ -10,6 +10,7 @@ Why verl needs it, what the watcher does, and every fatal line with its source: 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -88,11 +89,8 @@ class FatalWatch:
 
     def start(self) -> FatalWatch:
         self._tail.from_end()
-        try:
-            with self.log_path.open("rb") as f:
-                self._lines = f.read(self._tail.offset).count(b"\n")
-        except OSError:
-            self._lines = 0
+        with contextlib.suppress(OSError), self.log_path.open("rb") as f:  # unreadable: 0 lines so far
+            self._lines = f.read(self._tail.offset).count(b"\n")
         self._job_thread = threading.get_ident()
         self._thread = threading.Thread(target=self._run, name="grpo-lab-fatal-watch", daemon=True)
         self._thread.start()
