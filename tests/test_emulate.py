@@ -194,8 +194,8 @@ def test_allocator_strings_keep_bracketed_lists():
     s = "roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:False"
     assert emulate.parse_alloc_conf(s) == [("roundup_power2_divisions", "[256:1,512:2,>:4]"),
                                            ("expandable_segments", "False")]
-    assert emulate.merge_alloc_conf(s, 0.25) == (s + ",per_process_memory_fraction:0.25", False)
-    assert emulate.merge_alloc_conf(None, 0.25) == ("per_process_memory_fraction:0.25", False)
+    assert emulate.merge_alloc_conf(s, 0.25) == s + ",per_process_memory_fraction:0.25"
+    assert emulate.merge_alloc_conf(None, 0.25) == "per_process_memory_fraction:0.25"
     with pytest.raises(emulate.EmulationError, match="key:value"):
         emulate.parse_alloc_conf("expandable_segments")
 

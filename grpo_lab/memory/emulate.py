@@ -8,6 +8,7 @@ docs/emulation.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import itertools
@@ -82,7 +83,6 @@ def settings(lab: Lab) -> Emulation | None:
 
 def parse_alloc_conf(text: str) -> list[tuple[str, str]]:
     """[(key, value)] of an allocator config string, in order; a value may be a [...] list."""
-    text = text or ""
     depth = itertools.accumulate((ch == "[") - (ch == "]") for ch in text)  # inside [..] after each character
     cuts = [i for i, (ch, d) in enumerate(zip(text, depth)) if ch == "," and d == 0]
     items = [text[a + 1:b] for a, b in itertools.pairwise([-1, *cuts, len(text)])]
@@ -98,13 +98,12 @@ def parse_alloc_conf(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def merge_alloc_conf(user: str | None, fraction: float) -> tuple[str, bool]:
-    """(the user's allocator string with the fraction added, whether the user's own fraction was kept)."""
+def merge_alloc_conf(user: str | None, fraction: float) -> str:
+    """The user's allocator string with the fraction added, unless it has its own (the user's is kept)."""
     pairs = parse_alloc_conf(user or "")
-    kept = any(k == FRACTION_KEY for k, _ in pairs)
-    if not kept:
+    if not any(k == FRACTION_KEY for k, _ in pairs):
         pairs.append((FRACTION_KEY, f"{fraction:.6g}"))
-    return ",".join(f"{k}:{v}" for k, v in pairs), kept
+    return ",".join(f"{k}:{v}" for k, v in pairs)
 
 
 def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str],
@@ -115,7 +114,7 @@ def worker_env(emu: Emulation, env: Mapping[str, Any], environ: Mapping[str, str
     # the user's allocator string: the job's env_vars first (they override the shell's in Ray's workers), then the
     # shell; PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF, the order torch reads them
     user = next((str(src[var]) for var in ALLOC_VARS for src in (env, environ) if src.get(var) not in (None, "")), None)
-    merged, _ = merge_alloc_conf(user, emu.fraction)
+    merged = merge_alloc_conf(user, emu.fraction)
     expandable = any(k == "expandable_segments" and v == "True" for k, v in parse_alloc_conf(merged))
     if cfg.rollout.enable_sleep_mode and expandable:
         raise EmulationError(f"your allocator setting {user!r} turns expandable_segments on; emulation hands it to "
@@ -224,9 +223,6 @@ def torch_knows_fraction_key() -> bool | None:
         return None
     for loc in spec.submodule_search_locations:
         for lib in sorted(Path(loc, "lib").glob("libc10_cuda*.so*")):
-            try:
-                data = lib.read_bytes()
-            except OSError:
-                continue
-            return b"per_process_memory_fraction" in data
+            with contextlib.suppress(OSError):  # an unreadable library: the next one
+                return b"per_process_memory_fraction" in lib.read_bytes()
     return None
