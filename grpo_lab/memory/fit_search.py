@@ -36,9 +36,7 @@ class FitContext:
 
     def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Lab, *, mini: int = 0,
                  ref_offload: Any = None, shape: timeplan.RunShape | None = None):
-        self.arch = arch
-        self.base = base
-        self.lab = lab
+        self.arch, self.base, self.lab = arch, base, lab
         self.mini = mini                # actor.ppo_mini_batch_size (prompts)
         self.ref_offload = ref_offload  # ref.fsdp_config.param_offload as configured
         self._cache: dict[Any, Eval] = {}
@@ -122,9 +120,7 @@ class State:
 
 def _step(ctx: FitContext, st: State, move: Move) -> State | None:
     r = move.choose(ctx, st.s)
-    if isinstance(r, str):
-        return None
-    return _then(ctx, st, move.id, *r)
+    return None if isinstance(r, str) else _then(ctx, st, move.id, *r)
 
 
 def _apply_combo(ctx: FitContext, start: State, combo: Iterable[Move]) -> State | None:
@@ -248,11 +244,8 @@ def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = 
     move id -> why it is not tried)."""
     why = []
     for mid, title, options in SPEED_MOVES:
-        if mid in (skip or {}):
-            why.append(f"{title}: {skip[mid]}")
-            continue
-        opts = options(ctx, st.s)
-        if isinstance(opts, str):
+        opts = skip[mid] if mid in (skip or {}) else options(ctx, st.s)
+        if isinstance(opts, str):  # why the move is left out
             why.append(f"{title}: {opts}")
             continue
         fitting = [(vals, s2) for vals, s2 in opts if ctx.eval(s2).fits]
@@ -273,8 +266,7 @@ def faster(ctx: FitContext, st: State, by: float, skip: dict[str, str] | None = 
 def fits_with(ctx: FitContext, s: memplan.Settings, arch: memplan.Arch | None = None) -> State | None:
     c = ctx if arch is None else FitContext(arch, s, ctx.lab, mini=ctx.mini, ref_offload=ctx.ref_offload,
                                             shape=ctx.shape)
-    best, _ = search(c, State(s, c.eval(s)), combos=False)
-    return best
+    return search(c, State(s, c.eval(s)), combos=False)[0]
 
 
 def _smallest_card(ctx: FitContext, s: memplan.Settings) -> float | None:
@@ -341,15 +333,14 @@ def way_out(ctx: FitContext, s: memplan.Settings, cfg: VerlView, *, lora_fits: S
         arch = memplan.Arch.from_mapping(mm, source=name)
         if arch.params >= cur:
             continue
-        best = fits_with(ctx, replace(s, lora_rank=int(VerlView.of(m).model.lora_rank or 0)), arch)
-        if best is not None:
-            smaller.append((arch.params, name, best))
+        if fits_with(ctx, replace(s, lora_rank=int(VerlView.of(m).model.lora_rank or 0)), arch) is not None:
+            smaller.append((arch.params, name))
     if smaller:
         smaller.sort(key=lambda x: (-x[0], x[1]))
-        p, name, best = smaller[0]
+        p, name = smaller[0]
         hw = ctx.lab.hardware.name
         lines.append(f"a smaller model: model={name} ({p / 1e9:.1f}B) fits these cards"
-                     + (f" (also: {', '.join('model=' + n for _, n, _ in smaller[1:])})" if len(smaller) > 1 else "")
+                     + (f" (also: {', '.join('model=' + n for _, n in smaller[1:])})" if len(smaller) > 1 else "")
                      + f"; its own command: make fit ARGS=\"model={name}" + (f" hardware={hw}" if hw else "") + '"')
     else:
         lines.append("a smaller model: none of conf/model/ fits these cards either")

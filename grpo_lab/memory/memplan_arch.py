@@ -80,8 +80,7 @@ class Arch:
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
     def _attention_params(self) -> int:
-        shapes = self.linear_shapes()
-        return sum(a * b for k, (a, b) in shapes.items() if k.endswith(("q_proj", "k_proj", "v_proj", "o_proj")))
+        return sum(a * b for k, (a, b) in self.linear_shapes().items() if k in ("q_proj", "k_proj", "v_proj", "o_proj"))
 
     def _norm_params(self) -> int:
         return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
@@ -97,9 +96,7 @@ class Arch:
     @cached_property
     def layer_params(self) -> int:
         """Parameters of the largest decoder layer (what FSDP gathers at once for one layer)."""
-        if self.is_moe:
-            return self._sparse_layer_params(self.num_experts)
-        return self._dense_layer_params()
+        return self._sparse_layer_params(self.num_experts) if self.is_moe else self._dense_layer_params()
 
     @cached_property
     def root_params(self) -> int:
