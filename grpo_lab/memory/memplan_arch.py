@@ -242,8 +242,7 @@ class Settings:
     @property
     def fsdp(self) -> int:
         """GPUs one actor shard is split over."""
-        dp = self.n_gpus
-        return dp if self.fsdp_size is None or self.fsdp_size <= 0 or self.fsdp_size >= dp else self.fsdp_size
+        return self.fsdp_size if 0 < self.fsdp_size < self.n_gpus else self.n_gpus
 
     def _tokens(self, dynamic: bool, budget: int, micro: int | None) -> int:
         """Tokens in one micro-batch of a pass on one GPU: its token budget, else its micro-batch of sequences."""
