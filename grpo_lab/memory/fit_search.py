@@ -36,7 +36,9 @@ class FitContext:
 
     def __init__(self, arch: memplan.Arch, base: memplan.Settings, lab: Lab, *, mini: int = 0,
                  ref_offload: Any = None, shape: timeplan.RunShape | None = None):
-        self.arch, self.base, self.lab = arch, base, lab
+        self.arch = arch
+        self.base = base
+        self.lab = lab
         self.mini = mini                # actor.ppo_mini_batch_size (prompts)
         self.ref_offload = ref_offload  # ref.fsdp_config.param_offload as configured
         self._cache: dict[Any, Eval] = {}
