@@ -79,7 +79,7 @@ def test_steps_per_epoch_unknown_without_the_file():
     assert "python -m grpo_lab.tasks.data gsm8k --out /nonexistent` writes it" in n and "make data" not in n
 
 
-def test_parquet_footer_row_count_matches_pyarrow(tmp_path):
+def test_parquet_row_count_is_the_rows_written(tmp_path):
     for rows, group in ((1, None), (7473, 1000), (20000, 333)):
         path = write_parquet(tmp_path / f"t{rows}.parquet", rows, group)
         assert facts.parquet_num_rows(path) == pq.ParquetFile(path).metadata.num_rows == rows
