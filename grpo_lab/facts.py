@@ -107,6 +107,14 @@ def load_yaml_or(path: str | os.PathLike, default: Any) -> Any:
         return default
 
 
+def load_json_or(path: str | os.PathLike, default: Any) -> Any:
+    """A JSON file's data, or `default` when the file is unreadable or not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # conf/'s config groups, composed by Hydra (its compose API follows the defaults lists, `# @package` headers and
 # overrides of other groups): what `python run.py GROUP=OPTION` adds to the config, interpolations as written
@@ -253,10 +261,7 @@ def random_weights_mark(config: Mapping[str, Any] | str | os.PathLike | None) ->
     if config is not None and not isinstance(config, Mapping):
         path = Path(os.path.expanduser(str(config)))
         path = path / "config.json" if path.is_dir() else path
-        try:
-            config = json.loads(path.read_text()) if path.name == "config.json" else {}
-        except (OSError, ValueError):
-            config = {}
+        config = load_json_or(path, {}) if path.name == "config.json" else {}
     mark = (config or {}).get(RANDOM_WEIGHTS_KEY) if isinstance(config, Mapping) else None
     return mark if isinstance(mark, str) and mark else ""
 

@@ -16,7 +16,6 @@ after the others (the sweep summary) are done. A single run sets its exit code i
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+
+from grpo_lab import facts
 
 REFUSED_EXIT = 2  # a config grpo-lab refused: nothing was started (docs/launch.md: exit codes)
 NOT_READY_EXIT = 3  # a plan (preflight.only) that holds, but cannot start on this machine
@@ -61,12 +62,9 @@ def sweep_outcome(sweep_dir: str | os.PathLike) -> SweepOutcome:
     JobStatus: refused = failed with exit 2; not ready = ok with ready_here false), in job order."""
     out = SweepOutcome()
     for status in sorted(Path(sweep_dir).glob("*/status.json"), key=_in_order):
-        try:
-            st = json.loads(status.read_text())
-        except (OSError, ValueError):
-            continue  # a job that wrote no readable status: Hydra or the summary report it
+        st = facts.load_json_or(status, None)
         if not isinstance(st, dict):
-            continue
+            continue  # a job that wrote no readable status: Hydra or the summary report it
         job = os.path.abspath(status.parent)
         if st.get("status") == "failed" and st.get("exit") == REFUSED_EXIT:
             out.refused.append(job)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_lab import facts
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.labconf import Lab, Slurm
 
@@ -407,9 +408,6 @@ def _head_status_done() -> Callable[[], bool]:
         return lambda: False
 
     def done() -> bool:
-        try:
-            return json.loads(status.read_text()).get("status") in ("ok", "failed")
-        except (OSError, ValueError):
-            return False
+        return facts.load_json_or(status, {}).get("status") in ("ok", "failed")
 
     return done

@@ -6,7 +6,6 @@ What is measured, the regimes and how verdicts use them: docs/memory_plan.md.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from typing import Any
 
@@ -46,10 +45,7 @@ def regime_of(arch: Any, s: Any) -> str:
 
 @functools.cache
 def table() -> dict[str, Any]:
-    try:
-        return json.loads(TABLE.read_text())
-    except (OSError, ValueError):
-        return {}
+    return facts.load_json_or(TABLE, {})
 
 
 def entry(regime: str, quantity: str) -> dict[str, Any] | None:

@@ -8,7 +8,6 @@ bandwidth. The model, its terms and its accuracy: docs/time_plan.md.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Mapping
@@ -194,10 +193,7 @@ def recorded_cards() -> dict[str, int]:
 
 
 def table() -> dict[str, Any]:
-    try:
-        return json.loads(TABLE.read_text())
-    except (OSError, ValueError):
-        return {}
+    return facts.load_json_or(TABLE, {})
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@ own pairs, the synthetic tasks), and the error a user's data raises."""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+from grpo_lab.facts import load_json_or
 
 
 class DataError(Exception):
@@ -16,10 +17,7 @@ class DataError(Exception):
 
 def stamp_holds(folder: Path, stamp: str, settings: dict) -> bool:
     """Whether FOLDER/stamp records these settings: what is there was made by them (and is kept)."""
-    try:
-        return json.loads((folder / stamp).read_text()) == settings
-    except (OSError, ValueError):
-        return False
+    return load_json_or(folder / stamp, None) == settings
 
 
 def write_splits(rows_by_split: Mapping[str, list[dict]], out_dir: str | os.PathLike) -> dict[str, Path]:

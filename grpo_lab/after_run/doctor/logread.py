@@ -4,7 +4,6 @@ it, the job's values from its Run, and the Diagnosis every finding is."""
 from __future__ import annotations
 
 import ast
-import json
 import re
 import shlex
 from collections.abc import Mapping
@@ -176,11 +175,8 @@ def read_log(path: Path, limit: int = 32 << 20) -> str:
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from a file, or {} when it is missing or not one (a job folder may be half written)."""
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    data = facts.load_json_or(path, {})
+    return data if isinstance(data, dict) else {}
 
 
 def load_yaml(path: Path) -> dict[str, Any] | None:
