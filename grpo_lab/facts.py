@@ -107,10 +107,10 @@ def load_yaml_or(path: str | os.PathLike, default: Any) -> Any:
         return default
 
 
-def load_json_or(path: str | os.PathLike, default: Any) -> Any:
-    """A JSON file's data, or `default` when the file is unreadable or not JSON."""
+def load_json_or(path: str | os.PathLike, default: Any, encoding: str | None = None) -> Any:
+    """A JSON file's data, or `default` when the file is unreadable or not JSON (encoding None: the locale's)."""
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text(encoding=encoding))
     except (OSError, ValueError):
         return default
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from grpo_lab.facts import CACHE_DIR_ENV as DIR_ENV  # noqa: F401 (the tests set it)
-from grpo_lab.facts import ROOT, atomic_write, cache_dir
+from grpo_lab.facts import ROOT, atomic_write, cache_dir, load_json_or
 from grpo_lab.verl_schema.build import build, stamp, yaml_files
 from grpo_lab.verl_schema.hydra_internals import own_version_base
 
@@ -97,10 +97,7 @@ def valid(doc: Any, key: str) -> bool:
 
 def read(path: Path, key: str) -> dict | None:
     """The document at `path` if it is valid for `key`; None when absent, unreadable, partial or stale."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # absent, not text, not JSON (a cut-off write): built again
-        return None
+    doc = load_json_or(path, None, encoding="utf-8")  # absent, not text, not JSON (a cut-off write): built again
     return doc if valid(doc, key) else None
 
 
