@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from grpo_lab.after_run import doctor
+from grpo_lab.after_run.doctor import command, verdict
 from grpo_lab.after_run.doctor.signatures import SIGNATURES
 from grpo_lab.facts import load_yaml
 from grpo_lab.labconf import Lab
@@ -38,11 +39,11 @@ DOCTOR_TESTS = ("test_doctor.py", "test_fatal.py", "test_preflight_reward.py", "
 
 
 def ids(text: str, **kw) -> list[str]:
-    return [d.id for d in doctor.diagnose(text, **kw)]
+    return [d.id for d in verdict.diagnose(text, **kw)]
 
 
 def one(path: Path, **kw) -> doctor.Diagnosis:
-    ds = doctor.diagnose(path.read_text(), **kw)
+    ds = verdict.diagnose(path.read_text(), **kw)
     assert len(ds) == 1, [d.id for d in ds]
     return ds[0]
 
@@ -185,7 +186,7 @@ def test_the_start_up_time_it_quotes_is_a_recorded_one(tmp_path):
 
 def test_recorded_good_run_has_no_finding():
     # it ends with "DataLoader worker ... is killed by signal: Killed" after the run finished: harmless
-    assert doctor.diagnose(synth.RECORDED_3STEPS_LOG.read_text()) == []
+    assert verdict.diagnose(synth.RECORDED_3STEPS_LOG.read_text()) == []
 
 
 def test_recorded_killed_run_is_not_called_an_error():
@@ -296,8 +297,8 @@ def test_phase_from_frames_without_process_prefix():
              "forward_backward_batch\n    loss.backward()\n"
              '  File "/usr/lib/python3.12/site-packages/torch/nn/functional.py", line 2380, in linear\n'
              f"{OOM_LINE}\n")
-    assert [(d.id, d.phase) for d in doctor.diagnose(gen)] == [("oom_generation", "generation")]
-    assert [(d.id, d.phase) for d in doctor.diagnose(train)] == [("oom_training", "training")]
+    assert [(d.id, d.phase) for d in verdict.diagnose(gen)] == [("oom_generation", "generation")]
+    assert [(d.id, d.phase) for d in verdict.diagnose(train)] == [("oom_training", "training")]
     # no frame at all: said so, with a memory override, not guessed
     assert ids(OOM_LINE) == ["oom_unknown_phase"]
 
@@ -309,7 +310,7 @@ def test_log_prob_pass_oom_is_training_with_entropy_hint():
             "    output = self.actor.infer_batch(data)\n"
             '  File "/root/site/verl/utils/torch_functional.py", line 148, in entropy_from_logits\n'
             f"{OOM_LINE}\n")
-    (d,) = doctor.diagnose(text)
+    (d,) = verdict.diagnose(text)
     assert (d.id, d.phase) == ("oom_training", "training")
     assert "entropy_from_logits_with_chunking" in d.remedy
 
@@ -457,7 +458,7 @@ def test_hydra_new_key_and_host_ram():
     text = ("Could not override 'actor_rollout_ref.model.override_config.attn_implementation'.\n"
             "To append to your config use +actor_rollout_ref.model.override_config.attn_implementation=sdpa\n"
             "Key 'attn_implementation' is not in struct")
-    (d,) = doctor.diagnose(text)
+    (d,) = verdict.diagnose(text)
     assert d.id == "hydra_new_key"
     assert d.overrides == ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
     killed = ("step:1 - a:1\n"
@@ -488,9 +489,9 @@ def _walk(cfg: dict, path: list[str]):
 def test_every_override_names_a_real_key(q4b):
     verl, short = _config_keys()
     texts = [p.read_text() for p in sorted(FIXTURES.glob("*/*.log"))]
-    overrides = {o for t in texts for d in doctor.diagnose(t) for o in d.overrides}
-    job = doctor.job_run(load_yaml(q4b / "verl_config.yaml"),
-                         Lab.of(load_yaml(q4b / ".hydra" / "config.yaml")["lab"]), {})
+    overrides = {o for t in texts for d in verdict.diagnose(t) for o in d.overrides}
+    job = verdict.job_run(load_yaml(q4b / "verl_config.yaml"),
+                          Lab.of(load_yaml(q4b / ".hydra" / "config.yaml")["lab"]), {})
     overrides |= {o for phase in ("training", "generation", "weight_sync")
                   for r in doctor.phase_remedies(job, phase)[1] for o in r["override"].split()}
     assert len(overrides) >= 12
@@ -521,7 +522,7 @@ def test_every_override_names_a_real_key(q4b):
 def test_running_log_is_not_a_hang_until_stale():
     head = "\n".join(synth.RECORDED_HANG_LOG.read_text().split("\n")[:945])  # up to the end of the config print
     assert "SIGTERM" not in head
-    assert doctor.diagnose(head, idle_s=30, stale_minutes=10) == []
+    assert verdict.diagnose(head, idle_s=30, stale_minutes=10) == []
     assert ids(head, idle_s=1200, stale_minutes=10) == ["ray_cpu_budget_hang"]
     assert ids(head) == ["ray_cpu_budget_hang"]  # no idle time given: the log is complete
 
@@ -546,7 +547,7 @@ def test_a_log_that_ends_in_an_exception_is_named_not_called_a_hang():
     silent hang's Ray CPU / NCCL advice (which the same head gets when nothing follows it)."""
     head = "\n".join(synth.RECORDED_HANG_LOG.read_text().split("\n")[:945])
     assert ids(head) == ["ray_cpu_budget_hang"]
-    (d,) = doctor.diagnose(head + "\n" + RAISED_IN_VERL, idle_s=5)  # a raised job is over however fresh its log
+    (d,) = verdict.diagnose(head + "\n" + RAISED_IN_VERL, idle_s=5)  # a raised job is over however fresh its log
     assert d.id == "job_raised" and d.overrides == [] and d.evidence.startswith("ValueError: algorithm.filter_groups")
     assert "verl/trainer/ppo/v1/trainer_base.py:196 in _resolve_filter_groups_metric" in d.title
     assert "num_cpus" not in d.format() and "NCCL_P2P_DISABLE" not in d.format()
@@ -633,13 +634,13 @@ def test_huge_log_keeps_head_and_tail(tmp_path):
 
 
 def test_cli(capsys, tmp_path):
-    assert doctor.main([str(synth.RECORDED_HANG_LOG)]) == 0
+    assert command.main([str(synth.RECORDED_HANG_LOG)]) == 0
     out = capsys.readouterr().out
     assert "ray_cpu_budget_hang" in out and "ray_kwargs.ray_init.num_cpus=13" in out
-    assert doctor.main([str(SYN / "flash_attn2_not_installed.log"), "--json"]) == 0
+    assert command.main([str(SYN / "flash_attn2_not_installed.log"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data[0]["id"] == "flash_attn_import"
-    assert doctor.main([str(tmp_path / "missing.log")]) == 2
+    assert command.main([str(tmp_path / "missing.log")]) == 2
 
 
 def test_watchdog_message(tmp_path):

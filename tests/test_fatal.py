@@ -20,6 +20,7 @@ import pytest
 from conftest import ROOT, write_rows
 
 from grpo_lab.after_run import doctor
+from grpo_lab.after_run.doctor import verdict
 from grpo_lab.after_run.doctor.signatures import fatal_line
 from grpo_lab.launch import fatal
 
@@ -118,16 +119,16 @@ def test_the_doctor_reads_the_recorded_lora_failure_as_a_dead_engine():
     """It used to read it as a stalled start-up and suggest num_cpus and NCCL_P2P_DISABLE (diagnosis.json of the
     recorded LoRA job); now its own signature names the cause (an empty adapter under FSDP1 with peft >= 0.21) and
     the fix; a fatal line that no signature knows is read as a dead engine with its root exception."""
-    (d,) = doctor.diagnose("\n".join(_lora_lines()))
+    (d,) = verdict.diagnose("\n".join(_lora_lines()))
     assert d.id == "lora_empty_adapter" and d.overrides == ["actor_rollout_ref.actor.strategy=fsdp2"]
     assert "StopIteration" in d.title
-    (g,) = doctor.diagnose("\n".join(ln.replace("_create_merged_loras_inplace", "_some_other_call")
-                                      .replace("first_lora: LoRALayerWeights = next(iter(", "x = f((")
-                                      for ln in _lora_lines()))
+    (g,) = verdict.diagnose("\n".join(ln.replace("_create_merged_loras_inplace", "_some_other_call")
+                                       .replace("first_lora: LoRALayerWeights = next(iter(", "x = f((")
+                                       for ln in _lora_lines()))
     assert g.id == "engine_died" and g.overrides == [] and g.phase == "generation"
     assert g.title.startswith("a vLLM worker's call raised: StopIteration")
     # a known signature still wins: the flashinfer failure keeps its own diagnosis and fix
-    assert [x.id for x in doctor.diagnose("\n".join(_flashinfer_block()))] == ["vllm_no_flashinfer"]
+    assert [x.id for x in verdict.diagnose("\n".join(_flashinfer_block()))] == ["vllm_no_flashinfer"]
 
 
 def test_the_doctor_reads_a_dead_ray_actor_as_such():
@@ -141,7 +142,7 @@ def test_the_doctor_reads_a_dead_ray_actor_as_such():
             "(RewardLoopWorker pid=7) OSError: /models/missing does not appear to have a file named config.json\n"
             "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
             "ray::reward_loop_worker_0:RewardLoopWorker.__init__()\n")
-    (d,) = doctor.diagnose(text)
+    (d,) = verdict.diagnose(text)
     assert d.id == "ray_actor_died" and d.overrides == [] and d.phase is None and d.line == 6
     assert d.title == ("a Ray actor of verl's died: OSError: /models/missing does not appear to have a file named "
                        "config.json (/root/site/verl/experimental/reward_loop/worker.py:41 in __init__)")

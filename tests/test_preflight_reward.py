@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, composed, planned, run_py
 
-from grpo_lab.after_run import doctor
+from grpo_lab.after_run.doctor import verdict
 from grpo_lab.checks import reward_probe
 from grpo_lab.checks.preflight import run_preflight
 from grpo_lab.memory.run import Run
@@ -402,14 +402,14 @@ SYN = ROOT / "tests" / "fixtures" / "synthetic"
 
 
 def test_doctor_reward_file_failed_to_load():
-    (d,) = doctor.diagnose((SYN / "reward_fn_import_error.log").read_text())
+    (d,) = verdict.diagnose((SYN / "reward_fn_import_error.log").read_text())
     assert d.id == "reward_fn_load" and "Error loading module from module_path='/home/me/my_reward.py'" in d.evidence
     assert "ModuleNotFoundError: No module named 'my_grader', at /home/me/my_reward.py:3" in d.title
     assert d.overrides == [] and "python run.py ... preflight.only=true" in d.remedy
 
 
 def test_doctor_reward_function_raised_while_scoring():
-    (d,) = doctor.diagnose((SYN / "reward_fn_raised_in_scoring.log").read_text())
+    (d,) = verdict.diagnose((SYN / "reward_fn_raised_in_scoring.log").read_text())
     assert d.id == "reward_fn_raised" and d.evidence == "IndexError: list index out of range"
     assert "(/home/me/my_reward.py:2 in compute_score)" in d.title and "preflight.only=true" in d.remedy
 

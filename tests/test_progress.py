@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from conftest import ROOT, run_py
 
-from grpo_lab.after_run import doctor
+from grpo_lab.after_run.doctor import verdict
 
 SLOW_REWARD = """\
 import time
@@ -43,8 +43,8 @@ def test_slow_reward_probe_prints_a_line_and_train_log_stays_readable(tmp_path):
     log = (job / "train.log").read_text()
     assert len(line.findall(log)) == 1 and "\r" not in log
     without = "".join(x for x in log.splitlines(keepends=True) if not line.match(x.rstrip("\n")))
-    same = [replace(d, line=0) for d in doctor.diagnose(without)]  # the same diagnoses, one line further down
-    assert [replace(d, line=0) for d in doctor.diagnose(log)] == same and same
+    same = [replace(d, line=0) for d in verdict.diagnose(without)]  # the same diagnoses, one line further down
+    assert [replace(d, line=0) for d in verdict.diagnose(log)] == same and same
     made = subprocess.run([sys.executable, "-m", "grpo_lab.after_run.doctor", str(job / "train.log")], cwd=ROOT,
                           capture_output=True, text=True)  # = make doctor LOG=...
     assert made.returncode == 0 and "no known failure signature" in made.stdout, made.stdout + made.stderr
