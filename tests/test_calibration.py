@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, planned, run_py
 
 from grpo_lab.memory import calibration, memplan
+from grpo_lab.memory.memplan_phases import training_phase
 
 SCRIPT = ROOT / "benchmarks" / "calibrate_memplan.py"
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
@@ -155,7 +156,7 @@ def test_measured_regime_refuses_only_beyond_its_measured_error():
                                       "vocab_size": 49152, "tie_word_embeddings": True})  # SmolLM2-135M
     base = memplan.Settings(n_gpus=1, card_gb=139.8, use_dynamic_bsz=True, max_prompt_length=256,
                             max_response_length=256, max_model_len=512, gpu_memory_utilization=0.2)
-    peak = memplan.training_phase(arch, base)["peak_gb_per_gpu"]
+    peak = training_phase(arch, base)["peak_gb_per_gpu"]
     margin = calibration.margin_of(calibration.entry(ONE_GPU_SMALL, "training"))
     assert memplan.memory_plan(arch, base, remedies=False)["calibration"]["training"]["margin"] == margin
     just_over = replace(base, card_gb=peak / (1 + margin / 2))

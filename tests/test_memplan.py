@@ -11,6 +11,7 @@ from conftest import ROOT, composed, run_py
 
 from grpo_lab.memory import memplan, memplan_phases
 from grpo_lab.memory.memplan import Arch, Settings, memory_plan
+from grpo_lab.memory.memplan_phases import activations, actor_state_gb_per_gpu, vllm_activation, vllm_weights
 from grpo_lab.memory.settings import settings_from_verl
 
 
@@ -97,7 +98,7 @@ def test_kv_cache_bytes_per_token_and_waves():
     s = base_settings()
     kv = memplan.kv_cache(a, s)
     # vLLM takes util x the card's real bytes: a "32 GB" card is 32 GiB as CUDA reports it
-    free = (0.4 * 32 * 2**30 - memplan.vllm_weights(a, s) - memplan.vllm_activation(a, s)
+    free = (0.4 * 32 * 2**30 - vllm_weights(a, s) - vllm_activation(a, s)
             - memplan.VLLM_CUDAGRAPH_GB * 1e9)
     assert kv["tokens"] == int(free // a.kv_bytes_per_token)
     assert kv["budget_gb"] == round(0.4 * 32 * 2**30 / 1e9, 2) == 13.74
@@ -162,7 +163,7 @@ def test_more_tokens_more_training_memory():
     assert values[0] < values[1] < values[2]
     # without gradient checkpointing the activations grow much faster with tokens
     s = base_settings(ppo_max_token_len_per_gpu=8192)
-    assert memplan.activations(a, replace(s, gradient_checkpointing=False), 8192) > 10 * memplan.activations(a, s, 8192)
+    assert activations(a, replace(s, gradient_checkpointing=False), 8192) > 10 * activations(a, s, 8192)
 
 
 def test_bigger_model_more_memory():
@@ -172,7 +173,7 @@ def test_bigger_model_more_memory():
     for small, big in zip(archs, archs[1:]):
         ps, pb = peaks(small, s), peaks(big, s)
         assert all(pb[k] > ps[k] for k in ps), (ps, pb)
-        assert memplan.actor_state_gb_per_gpu(big, s) > memplan.actor_state_gb_per_gpu(small, s)
+        assert actor_state_gb_per_gpu(big, s) > actor_state_gb_per_gpu(small, s)
 
 
 def test_offload_and_lora_less_memory():
@@ -180,14 +181,14 @@ def test_offload_and_lora_less_memory():
     base = peaks(a, s)
     opt = peaks(a, replace(s, optimizer_offload=True))
     assert opt["generation"] < base["generation"] and opt["weight_sync"] < base["weight_sync"]
-    assert memplan.actor_state_gb_per_gpu(a, replace(s, optimizer_offload=True)) < memplan.actor_state_gb_per_gpu(a, s)
+    assert actor_state_gb_per_gpu(a, replace(s, optimizer_offload=True)) < actor_state_gb_per_gpu(a, s)
     # verl loads an offloaded optimizer back for the update: the update peak itself does not move
     assert opt["training"] == pytest.approx(base["training"], abs=0.01)
     par = peaks(a, replace(s, param_offload=True))
     assert par["generation"] < base["generation"]
     lora = peaks(a, replace(s, lora_rank=64))
     assert all(lora[k] < base[k] for k in ("generation", "training", "weight_sync")), (lora, base)
-    assert memplan.actor_state_gb_per_gpu(a, replace(s, lora_rank=64)) < 0.4 * memplan.actor_state_gb_per_gpu(a, s)
+    assert actor_state_gb_per_gpu(a, replace(s, lora_rank=64)) < 0.4 * actor_state_gb_per_gpu(a, s)
     # offloading moves bytes into host RAM
     assert (memplan.host_ram(a, replace(s, optimizer_offload=True))["steady_gb"]
             > memplan.host_ram(a, s)["steady_gb"])

@@ -24,21 +24,16 @@ from grpo_lab.memory.memplan_phases import (
     VLLM_CUDA_CONTEXT_GB,
     VLLM_CUDAGRAPH_GB,
     Phases,
-    activations,
     actor_state,
-    actor_state_gb_per_gpu,
     card_bytes,
     host_ram,
     kv_cache,
     optimizer_step_bytes,
     resident_between_phases,
-    training_phase,
     training_subphases,
     update_breakdown,
     update_peak_at,
-    vllm_activation,
     vllm_max_model_len,
-    vllm_weights,
 )
 from grpo_lab.memory.memplan_remedies import find_remedies, lora_changes
 from grpo_lab.memory.memplan_verdicts import PHASES, assess, judge, verdict_of
@@ -50,9 +45,8 @@ __all__ = [
     "GB", "CARD_UNIT_BYTES", "CUBLAS_WORKSPACE_GB", "ENTROPY_BYTES", "ENTROPY_EAGER_BYTES", "HOST_BASE_GB",
     "HOST_PER_GPU_WORKER_GB", "HOST_PER_VLLM_WORKER_GB", "LOGITS_FORWARD_BYTES", "LOGITS_UPDATE_BYTES",
     "TIGHT_FRACTION", "TRAINER_CUDA_CONTEXT_GB", "VLLM_CUDA_CONTEXT_GB", "VLLM_CUDAGRAPH_GB",
-    "activations", "actor_state", "actor_state_gb_per_gpu", "card_bytes", "host_ram", "kv_cache",
-    "optimizer_step_bytes", "resident_between_phases", "training_phase", "training_subphases", "update_breakdown",
-    "update_peak_at", "verdict_of", "vllm_activation", "vllm_max_model_len", "vllm_weights",
+    "actor_state", "card_bytes", "host_ram", "kv_cache", "optimizer_step_bytes", "resident_between_phases",
+    "training_subphases", "update_breakdown", "update_peak_at", "verdict_of", "vllm_max_model_len",
     "lora_changes", "assess", "memory_plan",
 ]
 
