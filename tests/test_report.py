@@ -16,6 +16,7 @@ from conftest import ROOT, run_module
 from grpo_lab.after_run import metrics as M
 from grpo_lab.after_run import report as R
 from grpo_lab.after_run import report_checks as RC
+from grpo_lab.after_run.run_info import RunInfo
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("grpo_lab_fixtures_synth", FIXTURES / "synth.py")
@@ -89,10 +90,10 @@ def test_noisy_flat_reward_is_not_called_rising():
     # pure noise around 0.4, twenty different draws: never "rising"; a falling call only by rare chance (1% level)
     verdicts = []
     for seed in range(20):
-        run = R.RunInfo(run_dir=Path("x"), df=pd.DataFrame(
+        run = RunInfo(run_dir=Path("x"), df=pd.DataFrame(
             {"critic/score/mean": [synth.noisy(lambda s: 0.4, 0.08, seed=seed, lo=0, hi=1)(s) for s in range(1, 31)]},
             index=range(1, 31)))
-        verdicts.append(R.check_reward(run))
+        verdicts.append(RC.check_reward(run))
     assert not any(v.message.startswith("rising") for v in verdicts)
     flat = [v for v in verdicts if v.status == "warn" and "no clear trend" in v.message]
     assert len(flat) >= 18, [v.message[:40] for v in verdicts]
@@ -257,11 +258,11 @@ def test_a_finished_run_without_metrics_is_not_ok(tmp_path):
 
 
 def test_trend_statistics():
-    assert R.trend(pd.Series([0.1, 0.2])) is None
-    assert R.trend(pd.Series([0.1, 0.2, 0.3], index=[1, 2, 3])).direction == "rising"
-    assert R.trend(pd.Series([0.0, 0.0, 0.0], index=[1, 2, 3])).direction == "flat"
+    assert RC.trend(pd.Series([0.1, 0.2])) is None
+    assert RC.trend(pd.Series([0.1, 0.2, 0.3], index=[1, 2, 3])).direction == "rising"
+    assert RC.trend(pd.Series([0.0, 0.0, 0.0], index=[1, 2, 3])).direction == "flat"
     zigzag = pd.Series([0.2, 0.6, 0.1, 0.7, 0.2, 0.6], index=range(1, 7))
-    assert R.trend(zigzag).direction == "flat"
+    assert RC.trend(zigzag).direction == "flat"
 
 
 def test_recorded_one_step_run_is_too_few_to_judge(tmp_path):
@@ -346,12 +347,12 @@ def test_report_holds_the_plan_to_the_allocated_peak(tmp_path):
     line = _memory_line(proc.stdout)
     assert line.lstrip().startswith("[ok  ] actor/perf/max_memory_allocated_gb:"), proc.stdout
     assert "predates the trainer-allocator plan" in line and "not held" in line and "plan / " not in line
-    alloc_gb = _peak_gib(RECORDED_SMOKE, "allocated") * R.GIB_GB
+    alloc_gb = _peak_gib(RECORDED_SMOKE, "allocated") * RC.GIB_GB
     now = {"peak_gb": 6.63, "peaks_gb": {"update": 2.9, "weight_sync": 6.63, "first_weight_sync": 5.48}}
     proc = run_module("grpo_lab.after_run.report", _recorded_smoke_copy(tmp_path / "b", trainer_allocator=now))
     line = _memory_line(proc.stdout)
     assert line.lstrip().startswith("[ok  ]"), proc.stdout
-    assert f"trainer-allocator peak (weight sync) 6.63 GB = {6.63 / R.GIB_GB:.3g} GiB" in line
+    assert f"trainer-allocator peak (weight sync) 6.63 GB = {6.63 / RC.GIB_GB:.3g} GiB" in line
     assert f"plan / allocated {6.63 / alloc_gb:.2f}" in line
     low = round(0.8 * alloc_gb, 2)
     proc = run_module("grpo_lab.after_run.report", _recorded_smoke_copy(
@@ -375,11 +376,11 @@ def test_make_report_on_the_recorded_1_7b_step_compares_the_allocated_peak():
     planned = plan[m.group(1).replace(" ", "_")]
     assert m.group(2) == f"{planned:.4g}", line
     alloc, reserved = _peak_gib(P17, "allocated"), _peak_gib(P17, "reserved")
-    by_alloc, by_reserved = planned / (alloc * R.GIB_GB), planned / (reserved * R.GIB_GB)
+    by_alloc, by_reserved = planned / (alloc * RC.GIB_GB), planned / (reserved * RC.GIB_GB)
     assert f"plan / allocated {by_alloc:.2f}, plan / reserved {by_reserved:.2f}" in line
     assert f"peak {alloc:.3g} GiB allocated, {reserved:.3g} GiB reserved" in line
     # the reserved peak is further from the plan than the report's tolerance, the allocated one within it
-    assert abs(by_reserved - 1) > R.PLAN_OFF >= abs(by_alloc - 1)
+    assert abs(by_reserved - 1) > RC.PLAN_OFF >= abs(by_alloc - 1)
     assert line.lstrip().startswith("[ok  ]"), line
 
 
@@ -410,7 +411,7 @@ def test_recorded_jobs_memory_units_and_plan(recorded_reports):
             m = re.search(r"plan / allocated ([0-9.]+)", msg)
             assert m, (job, msg)
             held += 1
-            assert (mem["status"] == "warn") == (abs(float(m.group(1)) - 1) > R.PLAN_OFF), (job, msg)
+            assert (mem["status"] == "warn") == (abs(float(m.group(1)) - 1) > RC.PLAN_OFF), (job, msg)
         elif plan:
             assert "not held" in msg and "plan / " not in msg, (job, msg)
     assert held >= 5

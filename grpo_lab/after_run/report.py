@@ -9,13 +9,6 @@ from pathlib import Path
 
 from grpo_lab import facts
 from grpo_lab.after_run.job_report import format_report, make_report
-from grpo_lab.after_run.report_checks import GIB_GB, PLAN_OFF, check_reward, trend
-from grpo_lab.after_run.run_info import RunInfo
-
-# the names `from grpo_lab.after_run import report` users take (tests, scripts); the rest from the report_* modules
-__all__ = ["GIB_GB", "PLAN_OFF", "check_reward", "trend", "RunInfo", "make_report", "format_report", "is_sweep_dir",
-           "writes_allowed", "main"]
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # entry points
