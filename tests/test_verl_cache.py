@@ -16,7 +16,8 @@ from conftest import CONF, ROOT
 
 from grpo_lab.cli import overrides
 from grpo_lab.facts import load_yaml
-from grpo_lab.verl_schema import VerlSchema, build, cache_clear, schema, verl_cache
+from grpo_lab.verl_schema import build, schema, verl_cache
+from grpo_lab.verl_schema.api import VerlSchema, cache_clear
 from grpo_lab.verl_schema.hydra_internals import own_version_base, version_base, version_base_as
 from grpo_lab.verl_schema.verl_paths import verl_config_dir
 
