@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT, composed, planned, run_py
 
 from grpo_lab import facts
-from grpo_lab.checks.preflight import PreflightReport, Problem, run_preflight
+from grpo_lab.checks.preflight import PreflightReport, run_preflight
+from grpo_lab.checks.rules import Problem
 from grpo_lab.checks.rules.setup import THINKING_MIN_RESPONSE
 from grpo_lab.memory.run import Run
 from grpo_lab.verl_schema import schema

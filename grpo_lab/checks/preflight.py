@@ -26,8 +26,6 @@ from grpo_lab.checks.rules import ALT, Ctx, Problem, launching_only_ids, memory_
 from grpo_lab.cli.apply import parse
 from grpo_lab.memory.run import Run
 
-__all__ = ["Problem", "PreflightReport", "run_preflight"]
-
 
 @dataclass
 class NotReady:
