@@ -66,11 +66,10 @@ def rows(task: str, style: str, n_train: int, n_test: int, seed: int = 0) -> dic
             for split, recs in (("train", train), ("test", test))}
 
 
-def make(out: str | Path, task: str, style: str, n_train: int, n_test: int, seed: int, force: bool = False,
-         log=print) -> Path:
+def make(out: str | Path, task: str, style: str, n_train: int, n_test: int, seed: int, force: bool = False) -> Path:
     settings = {"version": FORMAT_VERSION, "task": task, "style": style, "train": n_train, "test": n_test,
                 "seed": seed}
-    return build_once(out, STAMP, settings, lambda: rows(task, style, n_train, n_test, seed), force, log,
+    return build_once(out, STAMP, settings, lambda: rows(task, style, n_train, n_test, seed), force,
                       f"task {task}, style {style}, data_source arith_{task}_{style}")
 
 

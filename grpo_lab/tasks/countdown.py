@@ -98,9 +98,9 @@ def rows(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
     return {split: [row(r, split, i) for i, r in enumerate(recs)] for split, recs in (("train", train), ("test", test))}
 
 
-def make(out: str | Path, n_train: int, n_test: int, seed: int, force: bool = False, log=print) -> Path:
+def make(out: str | Path, n_train: int, n_test: int, seed: int, force: bool = False) -> Path:
     settings = {"version": FORMAT_VERSION, "train": n_train, "test": n_test, "seed": seed}
-    return build_once(out, STAMP, settings, lambda: rows(n_train, n_test, seed), force, log,
+    return build_once(out, STAMP, settings, lambda: rows(n_train, n_test, seed), force,
                       f"data_source {DATA_SOURCE}, seed {seed}")
 
 

@@ -115,18 +115,18 @@ def cli_build(parser: argparse.ArgumentParser, argv: list[str] | None, train: tu
     return 0
 
 
-def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool, log, what: str) -> Path:
+def build_once(out_dir: str | os.PathLike, stamp: str, settings: dict, build, force: bool, what: str) -> Path:
     """A generated dataset (tasks.arith, tasks.countdown): kept when OUT/stamp records the same settings (and not
     force), else build() -> {split: rows} (before anything is written: a bad request leaves no files), the splits,
     then the stamp; `what` ends the line that says so. Returns out_dir."""
     out_dir = Path(out_dir)
     if not force and stamp_holds(out_dir, stamp, settings):
-        log(f"kept  {out_dir}/ (same settings; --force rebuilds)")
+        print(f"kept  {out_dir}/ (same settings; --force rebuilds)")
         return out_dir
     rows = build()
     write_splits(rows, out_dir)
     (out_dir / stamp).write_text(json.dumps(settings, indent=2) + "\n")
-    log(f"wrote {out_dir}/: train {len(rows['train'])} rows, test {len(rows['test'])} rows ({what})")
+    print(f"wrote {out_dir}/: train {len(rows['train'])} rows, test {len(rows['test'])} rows ({what})")
     return out_dir
 
 

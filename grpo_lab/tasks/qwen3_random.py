@@ -119,7 +119,7 @@ def full_vocab_tokenizer():
 # ------------------------------------------------------------------------------------------------------ the folder
 
 def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, device: str | None = None,
-          force: bool = False, log=print, **reduced: int | None) -> Path:
+          force: bool = False, **reduced: int | None) -> Path:
     """Build (or keep, when up to date) the random-weight Qwen3 of this size; returns its folder."""
     group, folder = SIZES[size]
     arch = arch_for(size, **reduced)
@@ -145,12 +145,12 @@ def build(size: str, out: str | os.PathLike | None = None, *, seed: int = 0, dev
         info["model_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    if tiny.build_dir(final, settings, force, fill, stamp=STAMP, log=log):
+    if tiny.build_dir(final, settings, force, fill, stamp=STAMP, log=print):
         size_gb = sum(p.stat().st_size for p in final.glob("*.safetensors")) / 1e9
-        log(f"wrote {final}/: Qwen3ForCausalLM {info['params'] / 1e9:.3f}B parameters ({arch.num_hidden_layers} "
-            f"layers, hidden {arch.hidden_size}, vocab {arch.vocab_size}), {size_gb:.2f} GB bf16 safetensors, "
-            f"{MARK}; built on {device} in {time.perf_counter() - t0:.1f}s (tokenizer {info['tokenizer_s']:.1f}s, "
-            f"model init + save {info['model_s']:.1f}s)")
+        print(f"wrote {final}/: Qwen3ForCausalLM {info['params'] / 1e9:.3f}B parameters ({arch.num_hidden_layers} "
+              f"layers, hidden {arch.hidden_size}, vocab {arch.vocab_size}), {size_gb:.2f} GB bf16 safetensors, "
+              f"{MARK}; built on {device} in {time.perf_counter() - t0:.1f}s (tokenizer {info['tokenizer_s']:.1f}s, "
+              f"model init + save {info['model_s']:.1f}s)")
     return final
 
 

