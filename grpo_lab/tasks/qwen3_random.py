@@ -37,9 +37,6 @@ SIZES: dict[str, tuple[str, str]] = {
     "4b": ("qwen3_4b", "qwen3-4b-random-weights"),
     "8b": ("qwen3_8b_lora", "qwen3-8b-random-weights"),
 }
-# Qwen3's published parameter counts (model cards: total, non-embedding), in billions
-PUBLISHED_B = {"0_6b": (0.6, 0.44), "1_7b": (1.7, 1.4), "4b": (4.0, 3.6), "8b": (8.2, 6.95)}
-
 VOCAB_SIZE = 151936
 REGULAR_TOKENS = 151643  # Qwen3's: <|endoftext|> is the first added token, at 151643
 SHARD_SIZE = "5GB"  # safetensors shards, as Qwen publishes them
@@ -54,15 +51,6 @@ def arch_for(size: str, **reduced: int | None) -> tiny.Qwen3Arch:
     m = facts.conf_option("model", SIZES[size][0])["lab"]["model"]
     arch = tiny.Qwen3Arch(**{k: m[k] for k in tiny.Qwen3Arch.__dataclass_fields__})
     return replace(arch, **{k: v for k, v in reduced.items() if v is not None})
-
-
-def param_count(arch: tiny.Qwen3Arch) -> tuple[int, int]:
-    """(all parameters, non-embedding parameters) of a Qwen3ForCausalLM of this architecture: the memory plan's count
-    (grpo_lab/memory/memplan_arch.py), whose root is the embeddings, lm_head and the final norm."""
-    from grpo_lab.memory.memplan_arch import Arch
-
-    a = Arch.from_mapping(asdict(arch))
-    return a.params, a.params - a.root_params + arch.hidden_size
 
 
 # ------------------------------------------------------------------------------------------------------ tokenizer
