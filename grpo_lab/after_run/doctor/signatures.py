@@ -58,7 +58,7 @@ SIGNATURES: Registry[Signature] = Registry("doctor signature", SIGNATURE_KINDS,
                                            "SIGNATURE_KINDS in grpo_lab/after_run/doctor/signatures.py")
 
 
-def signature(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] = (),
+def signature(sid: str, *, kind: str, phase: str,
               first: re.Pattern[str] | None = None) -> Callable[[Callable[..., Any]], Matcher]:
     """Register a matcher under an id it gives (a matcher that gives several has one decorator per id). With `first`:
     a matcher of the log's first line that matches it (line index i, no diagnosis when none does), which returns the
@@ -73,7 +73,7 @@ def signature(sid: str, *, kind: str, phase: str, fatal: tuple[FatalLine, ...] =
                 return [] if i is None else [Diagnosis(**{"id": sid, "evidence": log.evidence(i), "line": i + 1,
                                                           **fn(log, i, run)})]
 
-        SIGNATURES.add(Signature(sid, kind, phase, matcher, fatal))
+        SIGNATURES.add(Signature(sid, kind, phase, matcher))
         return matcher
 
     return deco
