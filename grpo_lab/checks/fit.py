@@ -214,8 +214,7 @@ def command_line(args: list[str]) -> str:
     return "python run.py " + " ".join(shlex.quote(a) for a in args)
 
 
-def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
-                    today: str | None = None) -> str:
+def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str) -> str:
     """conf/experiment/<name>.yaml: header, the user's group choices as `override /group`, their values, the fit's."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -238,10 +237,9 @@ def experiment_yaml(name: str, args: list[str], res: FitResult, *, made_by: str,
         else:
             _put(tree, key, o.value())
             comments[key] = "from the command line"
-    today = today or dt.date.today().isoformat()
     a = res.after or {}
     lines = ["# @package _global_",
-             f"{FITTED} on {today}: every phase below {int(MARGIN * 100)}% of the "
+             f"{FITTED} on {dt.date.today().isoformat()}: every phase below {int(MARGIN * 100)}% of the "
              f"{res.card_gb:g} GB cards ({res.title}).",
              f"#   python run.py experiment={name}",
              f"# made with: {made_by}",
