@@ -70,14 +70,14 @@ class Missing:
         return f"{where} ({self.command})" if self.command else where
 
 
-def maker_for(path: str, group: str | None = None, cwd: str | None = None, force: bool = False) -> str:
+def maker_for(path: str, group: str | None, force: bool = False) -> str:
     """The command that writes `path` ("" when none does): the make target whose output it is; else, when `group`
     (the dataset or model option in use) has a generator that writes a file of that name, that generator with its
     output folder set to the path's folder. Commands of the second kind run from the repository root.
     force: the file is there and wrong: the generator of that path with --force (make keeps the files that are
     there)."""
     p = Path(os.path.abspath(os.path.expanduser(path)))
-    here = Path(os.path.abspath(cwd or os.getcwd()))
+    here = Path(os.path.abspath(os.getcwd()))
     for m in MAKERS:
         for f in m.files:
             if force and f and p in (ROOT / m.out / f, here / m.out / f):  # its path, in the checkout or here
@@ -145,14 +145,14 @@ def has_column(columns: frozenset[str], name: str) -> bool:
     return name in columns or ("." in name and f"{name.split('.')[0]}.*" in columns)
 
 
-def data_command(path: str, group: str | None, columns: frozenset[str], cwd: str | None = None) -> tuple[str, str]:
+def data_command(path: str, group: str | None, columns: frozenset[str]) -> tuple[str, str]:
     """The command that writes a correct data file in place of `path` (its generator again when it is one's output,
     else `make own-data` from the pairs: this file when it has question and answer columns) and the overrides that
     then read what it wrote ("" when it writes `path` itself)."""
-    cmd = maker_for(path, group, cwd, force=True)
+    cmd = maker_for(path, group, force=True)
     if cmd:
         return cmd, ""
-    here = Path(os.path.abspath(cwd or os.getcwd()))
+    here = Path(os.path.abspath(os.getcwd()))
     out = Path("data/own_qa") if here == ROOT else here / "data/own_qa"
     make = "make own-data" if here == ROOT else f"make -C {_sh(ROOT)} own-data OWN_OUT={_sh(out)}"
     then = f"train_file={_sh(out / 'train.parquet')} test_file={_sh(out / 'test.parquet')}"
