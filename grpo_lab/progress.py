@@ -37,12 +37,11 @@ class _Lines:
         self.out.flush()
 
 
-def progress(iterable: Iterable | None = None, desc: str = "", total: float | None = None, unit: str = "it",
-             line: str = LINE) -> tqdm:
+def progress(iterable: Iterable | None = None, desc: str = "", unit: str = "it", line: str = LINE) -> tqdm:
     """tqdm over iterable on stderr, shown after DELAY_S: a bar on a terminal, else a `line` every LINE_EVERY_S."""
     tty = sys.stderr.isatty()
     fmt = line if not tty or line == WAIT_LINE else None  # a bar on a terminal, where there is a total to fill
-    return tqdm(iterable, desc=desc, total=total, unit=unit, delay=DELAY_S, leave=False, disable=False,
+    return tqdm(iterable, desc=desc, unit=unit, delay=DELAY_S, leave=False, disable=False,
                 file=sys.stderr if tty else _Lines(sys.stderr), bar_format=fmt)
 
 
