@@ -191,17 +191,24 @@ def conf_groups() -> tuple[str, ...]:
         return _OPTIONS[""]
 
 
+def option_names(group: str) -> tuple[str, ...]:
+    """A conf/ group's options, in name order (none composed)."""
+    with _COMPOSING:
+        if group not in _OPTIONS:
+            from hydra.core.object_type import ObjectType
+
+            with _conf_hydra() as source:
+                _OPTIONS[group] = tuple(sorted(source.list(group, ObjectType.CONFIG)))
+        return _OPTIONS[group]
+
+
 def conf_options(group: str, options: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
     """{option: what `python run.py GROUP=OPTION` adds to the config} for these options of a conf/ group (None: all
     its options, in name order); an option that does not compose is left out. Each is composed once per process."""
     with _COMPOSING:
-        names = tuple(options) if options is not None else _OPTIONS.get(group)
-        if names is None or any((group, o) not in _COMPOSED for o in names):
-            from hydra.core.object_type import ObjectType
-
-            with _conf_hydra() as source:
-                if names is None:
-                    names = _OPTIONS[group] = tuple(sorted(source.list(group, ObjectType.CONFIG)))
+        names = tuple(options) if options is not None else option_names(group)
+        if any((group, o) not in _COMPOSED for o in names):
+            with _conf_hydra():
                 for o in names:
                     if (group, o) not in _COMPOSED:
                         _COMPOSED[group, o] = _compose(GROUPS_ROOT, [f"{group}={o}"])
@@ -230,10 +237,9 @@ def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
         written = str(doc.get("model_path") or "").replace("${hydra:runtime.cwd}", os.getcwd())
         return bool(path and model.get("name") and path in (written, model.get("hub_id")))
 
-    def docs() -> Iterator[dict[str, Any]]:  # the others are composed only when the chosen one does not plan it
-        if chosen:
-            yield from conf_options("model", [chosen]).values()
-        yield from conf_options("model").values()
+    def docs() -> Iterator[dict[str, Any]]:  # one at a time: the chosen one, then the others until one plans it
+        for name in ([chosen] if chosen else []) + list(option_names("model")):
+            yield from conf_options("model", [name]).values()
 
     return next((_lab(doc, "model") for doc in docs() if plans(doc)), None)
 
