@@ -238,7 +238,7 @@ def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
         return bool(path and model.get("name") and path in (written, model.get("hub_id")))
 
     def docs() -> Iterator[dict[str, Any]]:  # one at a time: the chosen one, then the others until one plans it
-        for name in ([chosen] if chosen else []) + list(option_names("model")):
+        for name in dict.fromkeys(filter(None, (chosen, *option_names("model")))):
             yield from conf_options("model", [name]).values()
 
     return next((_lab(doc, "model") for doc in docs() if plans(doc)), None)
