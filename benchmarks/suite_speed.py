@@ -40,8 +40,7 @@ def run_suite(checkout: Path, args: list[str]) -> tuple[float, int]:
     """(pytest's seconds, tests passed) of one run; exits when pytest's summary line is missing."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": ""}  # as the Makefile: bytecode caches on
     proc = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-m", "pytest", "-q", "-n", "auto", "--dist",
-                           "loadgroup", "-p", "no:cacheprovider", *args], cwd=checkout, env=env, text=True,
-                          capture_output=True)
+                           "loadgroup", *args], cwd=checkout, env=env, text=True, capture_output=True)
     found = SUMMARY.findall(proc.stdout)
     if not found:
         sys.exit(f"suite_speed: no pytest summary in {checkout} (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
