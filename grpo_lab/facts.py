@@ -241,6 +241,11 @@ def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
         for name in dict.fromkeys(filter(None, (chosen, *option_names("model")))):
             yield from conf_options("model", [name]).values()
 
+    # a path written in no conf/ file (your own folder) is planned by no option: nothing to compose
+    cwd = os.getcwd()
+    if not path or not any(path in p.read_text(encoding="utf-8").replace("${hydra:runtime.cwd}", cwd)
+                           for p in CONF.rglob("*.yaml")):
+        return None
     return next((_lab(doc, "model") for doc in docs() if plans(doc)), None)
 
 
