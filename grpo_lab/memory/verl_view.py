@@ -356,9 +356,10 @@ def wrong_types(cfg: VerlView) -> Iterator[tuple[str, Any, Any, str, Any, str]]:
     from grpo_lab.verl_schema import schema
 
     named: dict[str, Any] = {}
+    defaults = schema().defaults
     for key, kind, _, fix, why in NUMBERS:
         v = cfg.at(key)
-        default = schema_get(schema().defaults, key)
+        default = schema_get(defaults, key)
         if v is None and default is None or is_kind(v, kind):
             continue
         if kind is int and isinstance(v, float) and v.is_integer():

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
 
+@functools.cache  # once per process: the rules ask ~300 times per command
 def verl_config_dir() -> str | None:
     """Path of verl/trainer/config of the installed verl, or None when verl is not installed."""
     spec = importlib.util.find_spec("verl")
