@@ -227,6 +227,12 @@ def _lab(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+@functools.cache
+def _conf_text() -> str:
+    """Every YAML file under conf/, read once per process (as the options composed above are)."""
+    return "\n".join(p.read_text(encoding="utf-8") for p in sorted(CONF.rglob("*.yaml")))
+
+
 def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
     """The lab.model of the conf/model option whose model_path or hub_id is `path` (as written, with
     `${hydra:runtime.cwd}` put in; another interpolation is no match): the option `chosen` when it is one, else the
@@ -242,9 +248,7 @@ def model_group(path: str, chosen: str = "") -> dict[str, Any] | None:
             yield from conf_options("model", [name]).values()
 
     # a path written in no conf/ file (your own folder) is planned by no option: nothing to compose
-    cwd = os.getcwd()
-    if not path or not any(path in p.read_text(encoding="utf-8").replace("${hydra:runtime.cwd}", cwd)
-                           for p in CONF.rglob("*.yaml")):
+    if not path or path not in _conf_text().replace("${hydra:runtime.cwd}", os.getcwd()):
         return None
     return next((_lab(doc, "model") for doc in docs() if plans(doc)), None)
 
